@@ -1,0 +1,556 @@
+#pragma once
+// tg::compile(loss, tg::wrt(a, b, ...)) -> a step whose forward and backward are planned at
+// compile time. value_and_grad runs forward and backward as one fused plan; forward/backward
+// split it and pass reduction results through a saved context.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include <boost/hana/tuple.hpp>
+
+#include <typegrad/autodiff/reverse.hpp>
+#include <typegrad/core/error.hpp>
+#include <typegrad/exec/bind.hpp>
+#include <typegrad/exec/execute.hpp>
+
+namespace typegrad {
+
+template <class... Leaves>
+struct wrt_t {
+    using leaves = detail::type_list<Leaves...>;
+};
+
+template <class... Es>
+constexpr auto wrt(Es...) {
+    static_assert((is_leaf_v<typename Es::node_type> && ...),
+                  "typegrad: wrt(...) takes leaves (tg::param), not expressions.");
+    static_assert(((Es::node_type::role == leaf_role::param) && ...),
+                  "typegrad: wrt(...) got a tg::input; only a tg::param has a gradient (declare "
+                  "the leaf with tg::param to differentiate with respect to it).");
+    static_assert(detail::type_list<typename Es::node_type...>::size ==
+                      detail::union_all_t<detail::type_list<typename Es::node_type>...>::size,
+                  "typegrad: wrt(...) names the same leaf twice.");
+    return wrt_t<typename Es::node_type...>{};
+}
+
+namespace backward_autocast {
+struct same_as_forward {};
+}  // namespace backward_autocast
+
+namespace detail {
+
+template <class Binding, class Leaf>
+inline constexpr bool binds_leaf_v = false;
+template <class Leaf>
+inline constexpr bool binds_leaf_v<leaf_binding<Leaf>, Leaf> = true;
+template <class Binding, class Leaf>
+inline constexpr bool grads_leaf_v = false;
+template <class Leaf, bool A>
+inline constexpr bool grads_leaf_v<grad_binding<Leaf, A>, Leaf> = true;
+
+template <class Leaf, class... Bs>
+constexpr std::size_t count_leaf_bindings() { return (std::size_t(binds_leaf_v<Bs, Leaf>) + ... + 0); }
+template <class Leaf, class... Bs>
+constexpr std::size_t count_grad_bindings() { return (std::size_t(grads_leaf_v<Bs, Leaf>) + ... + 0); }
+
+template <class Leaf, class... Bs>
+constexpr std::size_t leaf_binding_index() {
+    constexpr bool hit[] = {binds_leaf_v<Bs, Leaf>..., true};
+    std::size_t i = 0;
+    while (!hit[i]) ++i;
+    return i;
+}
+
+template <class B> struct binding_leaf { using type = void; };
+template <class L> struct binding_leaf<leaf_binding<L>> { using type = L; };
+template <class L, bool A> struct binding_leaf<grad_binding<L, A>> { using type = L; };
+
+template <class Leaf, class Nodes>
+constexpr void check_leaf_binding_usable() {
+    static_assert(contains_v<Leaf, Nodes>,
+                  "typegrad: a tg::bind(...) names a leaf that the compiled graph does not use.");
+}
+template <class Leaf, std::size_t Count>
+constexpr void check_bound_once() {
+    static_assert(Count <= 1, "typegrad: a leaf is bound twice in one call; bind each leaf once.");
+}
+template <class Leaf, bool Bound, bool Needed>
+constexpr void check_has_binding() {
+    static_assert(Bound || !Needed,
+                  "typegrad: the call has no tg::bind(...) for a leaf that the graph reads (the "
+                  "leaf is named in the instantiation below); bind every leaf of the loss.");
+}
+template <class Leaf, bool Bound, bool DynamicShape>
+constexpr void check_shape_known() {
+    static_assert(Bound || !DynamicShape,
+                  "typegrad: a leaf with a dynamic extent has no binding, so its size is unknown; "
+                  "bind it (tg::bind) in this call.");
+}
+template <class Leaf, class WrtList>
+constexpr void check_grad_target() {
+    static_assert(contains_v<Leaf, WrtList>,
+                  "typegrad: grad_into(leaf, buffer) names a leaf that is not in the step's "
+                  "tg::wrt(...) list.");
+}
+
+template <class T>
+struct span_c {
+    const void* begin;
+    const void* end;
+};
+inline bool overlaps(const void* a0, const void* a1, const void* b0, const void* b1) {
+    return std::less<>{}(a0, b1) && std::less<>{}(b0, a1);
+}
+
+// Thread-local scratch per plan: steps are immutable and reentrant across threads, and after
+// the first call at a given size nothing is allocated.
+template <class PP>
+typename PP::value_type* scratch_buffer(std::size_t elements) {
+    using T = typename PP::value_type;
+    thread_local std::vector<T> arena;
+    if (arena.size() < elements + 16) arena.resize(elements + 16);
+    auto addr = reinterpret_cast<std::uintptr_t>(arena.data());
+    const std::size_t skip = ((64 - addr % 64) % 64) / sizeof(T);
+    return arena.data() + skip;
+}
+
+// A leaf bound by the caller (every leaf but a backward seed).
+template <class N>
+constexpr bool is_bound_leaf() {
+    if constexpr (is_leaf_v<N>) return N::role != leaf_role::seed;
+    else return false;
+}
+
+template <class Leaf>
+std::string leaf_label() { return "'" + std::string(Leaf::name()) + "'"; }
+
+}  // namespace detail
+
+template <class Step, class FwdPP>
+class forward_context;
+
+template <class Policy, class Loss, class... Wrt>
+class step {
+public:
+    using loss_node = Loss;
+    using value_type = typename Loss::value_type;
+    using wrt_list = detail::type_list<Wrt...>;
+    static constexpr bool scalar_loss = detail::is_scalar_loss_v<Loss>;
+    using seed_leaf = leaf<"seed", value_type, typename Loss::shape_type, leaf_role::seed>;
+
+    // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf.
+    template <class Leaf, bool Seeded>
+    using grad_node = typename decltype(detail::gradient_expr<
+                                        Loss, std::conditional_t<Seeded, seed_leaf, constant<1>>,
+                                        Leaf>())::node_type;
+
+    template <class... Args>
+    value_type value_and_grad(const Args&... args) const {
+        static_assert(scalar_loss,
+                      "typegrad: value_and_grad(...) needs a scalar loss; for a non-scalar output "
+                      "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
+        using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
+        using stores = decltype(grad_nodes<grads, false>() + loss_store());
+        using nodes = decltype(detail::union_all_t<typename Loss::topo>{} + all_topo<stores>());
+        using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
+                                         value_type>;
+        typename PP::state_type st{};
+        check_calls<PP, grads>(args...);
+        bind_leaves<PP>(st, args...);
+        detail::compute_shapes<PP>(st);
+        check_leaf_sizes<PP>(st, args...);
+        bind_grads<PP, grads>(st, args...);
+        std::array<std::size_t, PP::M + 1> offset{};
+        const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
+        value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
+        value_type loss_slot{};
+        if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = &loss_slot;
+        detail::prepare_scratch<PP>(st, scratch, offset);
+        detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
+        return read_loss<PP>(st, loss_slot);
+    }
+
+    template <class... Args>
+    auto forward(const Args&... args) const {
+        using stores = decltype(loss_store());
+        using nodes = detail::union_all_t<typename Loss::topo>;
+        using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
+                                         value_type>;
+        forward_context<step, PP> ctx;
+        check_calls<PP, detail::type_list<>>(args...);
+        bind_leaves<PP>(ctx.state_, args...);
+        detail::compute_shapes<PP>(ctx.state_);
+        check_leaf_sizes<PP>(ctx.state_, args...);
+        std::array<std::size_t, PP::M + 1> offset{};
+        const std::size_t n = detail::scratch_layout<PP>(ctx.state_, offset);
+        const std::size_t loss_n = detail::node_numel<PP>(ctx.state_, PP::program::template id_of<Loss>);
+        ctx.storage_.assign(n + loss_n + 16, value_type{});
+        value_type* loss_buf = ctx.storage_.data() + n;
+        if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[PP::NS - 1] = loss_buf;
+        detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
+        detail::run_loops<PP, 0>(ctx.state_);
+        if constexpr (Loss::kind != op_kind::elementwise)
+            copy_node_value<PP, Loss>(ctx.state_, loss_buf, loss_n);
+        ctx.loss_ = loss_buf;
+        ctx.loss_size_ = loss_n;
+        return ctx;
+    }
+
+    template <class Ctx, class... Args>
+    void backward(const Ctx& ctx, const Args&... args) const {
+        using FwdPP = typename Ctx::plan_type;
+        static_assert(std::is_same_v<typename Ctx::step_type, step>,
+                      "typegrad: backward(ctx, ...) got a context from another step.");
+        constexpr bool seeded = (detail::is_seed_binding_v<Args> || ...);
+        static_assert(seeded || scalar_loss,
+                      "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
+                      "tg::seed(buffer) with the output's shape.");
+        using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
+        using stores = decltype(grad_nodes<grads, seeded>());
+        using nodes = decltype(all_topo<stores>());
+        using given = decltype(saved_reductions<nodes, FwdPP>());
+        using PP = detail::plan_provider<nodes, stores, detail::type_list<>, given, value_type>;
+        typename PP::state_type st{};
+        check_calls<PP, grads, false>(args...);
+        // Leaves come from the forward call, the seed from this one.
+        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+            (restore_node<PP, FwdPP, Ns>(st, ctx.state_), ...);
+        }(std::make_index_sequence<PP::M>{});
+        if constexpr (seeded) bind_seed<PP, FwdPP>(st, ctx.state_, args...);
+        detail::compute_shapes<PP>(st);
+        if constexpr (seeded) check_seed_size<PP>(st, args...);
+        bind_grads<PP, grads>(st, args...);
+        std::array<std::size_t, PP::M + 1> offset{};
+        const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
+        value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
+        detail::prepare_scratch<PP>(st, scratch, offset);
+        detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
+    }
+
+private:
+    template <class Arg>
+    static constexpr auto grad_list_of() {
+        if constexpr (detail::is_grad_binding_v<Arg>) return detail::type_list<typename Arg::leaf_type>{};
+        else return detail::type_list<>{};
+    }
+    template <class Grads, bool Seeded>
+    static constexpr auto grad_nodes() {
+        return []<class... Ls>(detail::type_list<Ls...>) {
+            return detail::type_list<grad_node<Ls, Seeded>...>{};
+        }(Grads{});
+    }
+    static constexpr auto loss_store() {
+        if constexpr (Loss::kind == op_kind::elementwise) return detail::type_list<Loss>{};
+        else return detail::type_list<>{};
+    }
+    static constexpr auto loss_required() {
+        if constexpr (Loss::kind == op_kind::reduce || Loss::kind == op_kind::meta)
+            return detail::type_list<Loss>{};
+        else return detail::type_list<>{};
+    }
+    template <class Stores>
+    static constexpr auto all_topo() {
+        return []<class... Ss>(detail::type_list<Ss...>) {
+            return detail::union_all_t<typename Ss::topo...>{};
+        }(Stores{});
+    }
+    // Reductions the forward pass computed that the backward reads instead of recomputing.
+    template <class Nodes, class FwdPP>
+    static constexpr auto saved_reductions() {
+        return []<class... Ns>(detail::type_list<Ns...>) {
+            return (detail::type_list<>{} + ... +
+                    std::conditional_t<is_saved<Ns, FwdPP>(), detail::type_list<Ns>, detail::type_list<>>{});
+        }(Nodes{});
+    }
+    template <class N, class FwdPP>
+    static constexpr bool is_saved() {
+        if constexpr (N::kind != op_kind::reduce) return false;
+        else if constexpr (!detail::contains_v<N, typename FwdPP::program::nodes>) return false;
+        else return FwdPP::plan.computed[FwdPP::program::template id_of<N>];
+    }
+
+    template <class Grads, class... Args>
+    static constexpr std::uint64_t accumulate_mask() {
+        static_assert(Grads::size <= 64, "typegrad: at most 64 grad_into bindings per call.");
+        std::uint64_t mask = 0;
+        std::size_t i = 0;
+        ((detail::is_grad_binding_v<Args> ? (mask |= (accumulate_of<Args>() ? (std::uint64_t(1) << i) : 0), ++i) : i), ...);
+        return mask;
+    }
+    template <class Arg>
+    static constexpr bool accumulate_of() {
+        if constexpr (detail::is_grad_binding_v<Arg>) return Arg::accumulate;
+        else return false;
+    }
+
+    template <class PP, class Grads, bool LeavesFromArgs = true, class... Args>
+    static void check_calls(const Args&...) {
+        using nodes = typename PP::program::nodes;
+        (check_arg<nodes, Args, Args...>(), ...);
+        if constexpr (!LeavesFromArgs) {
+            static_assert(!(detail::is_leaf_binding_v<Args> || ...),
+                          "typegrad: backward(ctx, ...) reads the inputs bound in forward(...); it "
+                          "takes only tg::grad_into(...) and tg::seed(...).");
+        } else {
+            // every leaf the plan reads must be bound; dynamic leaves needed for shapes too
+            [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+                (check_leaf_node<PP, Ns, Args...>(), ...);
+            }(std::make_index_sequence<PP::M>{});
+        }
+    }
+    template <class Nodes, class Arg, class... Args>
+    static constexpr void check_arg() {
+        static_assert(detail::is_leaf_binding_v<Arg> || detail::is_grad_binding_v<Arg> ||
+                          detail::is_seed_binding_v<Arg>,
+                      "typegrad: arguments of value_and_grad/forward/backward are tg::bind(...), "
+                      "tg::grad_into(...) and tg::seed(...).");
+        if constexpr (detail::is_leaf_binding_v<Arg>) {
+            using L = typename Arg::leaf_type;
+            detail::check_bound_once<L, detail::count_leaf_bindings<L, Args...>()>();
+        } else if constexpr (detail::is_grad_binding_v<Arg>) {
+            using L = typename Arg::leaf_type;
+            detail::check_grad_target<L, wrt_list>();
+            static_assert(detail::count_grad_bindings<L, Args...>() <= 1,
+                          "typegrad: grad_into names the same leaf twice in one call.");
+        }
+    }
+    template <class PP, std::size_t N, class... Args>
+    static constexpr void check_leaf_node() {
+        using node = typename PP::program::template node_at<N>;
+        if constexpr (detail::is_bound_leaf<node>()) {
+            constexpr bool bound = detail::count_leaf_bindings<node, Args...>() > 0;
+            detail::check_has_binding<node, bound, PP::plan.needed[N]>();
+            detail::check_shape_known<node, bound, !node::shape_type::is_static>();
+        }
+    }
+
+    template <class PP, class... Args>
+    static void bind_leaves(typename PP::state_type& st, const Args&... args) {
+        auto all = std::forward_as_tuple(args...);
+        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+            (bind_leaf_node<PP, Ns, Args...>(st, all), ...);
+        }(std::make_index_sequence<PP::M>{});
+    }
+    template <class PP, std::size_t N, class... Args, class Tuple>
+    static void bind_leaf_node(typename PP::state_type& st, const Tuple& all) {
+        using node = typename PP::program::template node_at<N>;
+        if constexpr (detail::is_bound_leaf<node>()) {
+            std::size_t* e = st.ext.data() + PP::rank_offset[N];
+            if constexpr (detail::count_leaf_bindings<node, Args...>() > 0) {
+                const auto& b = std::get<detail::leaf_binding_index<node, Args...>()>(all);
+                using S = typename node::shape_type;
+                for (std::size_t a = 0; a < S::rank; ++a) {
+                    if (S::extents[a] != dyn && b.extents[a] != S::extents[a])
+                        throw shape_error("typegrad: bind(" + detail::leaf_label<node>().substr(1, node::name().size()) +
+                                          ", ...): axis " + std::to_string(a) + " has extent " +
+                                          std::to_string(b.extents[a]) + " but the leaf declares " +
+                                          std::to_string(S::extents[a]));
+                    e[a] = b.extents[a];
+                }
+                if (b.data == nullptr && PP::plan.needed[N]) {
+                    std::size_t n = 1;
+                    for (std::size_t a = 0; a < S::rank; ++a) n *= e[a];
+                    if (n != 0)
+                        throw binding_error("typegrad: bind(" + std::string(node::name()) +
+                                            ", ...) got a null pointer");
+                }
+                st.ptr[N] = b.data;
+            } else {
+                for (std::size_t a = 0; a < node::shape_type::rank; ++a) e[a] = node::shape_type::extents[a];
+            }
+        }
+    }
+    template <class PP, class... Args>
+    static void check_leaf_sizes(const typename PP::state_type& st, const Args&... args) {
+        (check_leaf_size<PP>(st, args), ...);
+    }
+    template <class PP, class Arg>
+    static void check_leaf_size(const typename PP::state_type& st, const Arg& b) {
+        if constexpr (detail::is_leaf_binding_v<Arg>) {
+            using L = typename Arg::leaf_type;
+            constexpr std::size_t id = PP::program::template id_of<L>;
+            const std::size_t need = detail::node_numel<PP>(st, id);
+            if (b.size != detail::unknown_size && b.size != need)
+                throw shape_error("typegrad: bind(" + std::string(L::name()) + ", ...): the buffer has " +
+                                  std::to_string(b.size) + " elements but extents " +
+                                  detail::extents_text(st.ext.data() + PP::rank_offset[id], L::shape_type::rank) +
+                                  " need " + std::to_string(need));
+        }
+    }
+
+    // Grad destinations: sizes, then aliasing against every input and each other.
+    template <class PP, class Grads, class... Args>
+    static void bind_grads(typename PP::state_type& st, const Args&... args) {
+        std::array<const void*, 2 * sizeof...(Args) + 2> in_ranges{};
+        std::array<const void*, 2 * sizeof...(Args) + 2> out_ranges{};
+        std::size_t n_in = 0, n_out = 0;
+        auto add = [&](const auto& b) {
+            using B = std::remove_cvref_t<decltype(b)>;
+            if constexpr (detail::is_leaf_binding_v<B> || detail::is_seed_binding_v<B> ||
+                          detail::is_grad_binding_v<B>) {
+                std::size_t n = b.size;
+                if constexpr (detail::is_leaf_binding_v<B>) {
+                    constexpr std::size_t id = PP::program::template id_of<typename B::leaf_type>;
+                    if (n == detail::unknown_size) n = detail::node_numel<PP>(st, id);
+                }
+                const auto* p = reinterpret_cast<const unsigned char*>(b.data);
+                auto& r = detail::is_grad_binding_v<B> ? out_ranges : in_ranges;
+                auto& k = detail::is_grad_binding_v<B> ? n_out : n_in;
+                r[2 * k] = p;
+                r[2 * k + 1] = p + n * sizeof(value_type);
+                ++k;
+            }
+        };
+        (add(args), ...);
+        std::size_t gi = 0;
+        (bind_grad<PP, Grads>(st, args, gi), ...);
+        for (std::size_t i = 0; i < n_out; ++i) {
+            if (out_ranges[2 * i] == out_ranges[2 * i + 1]) continue;
+            for (std::size_t j = 0; j < n_in; ++j)
+                if (detail::overlaps(out_ranges[2 * i], out_ranges[2 * i + 1], in_ranges[2 * j], in_ranges[2 * j + 1]))
+                    throw aliasing_error("typegrad: a grad_into buffer overlaps a bound input; "
+                                         "gradients are written while inputs are read");
+            for (std::size_t j = 0; j < i; ++j)
+                if (detail::overlaps(out_ranges[2 * i], out_ranges[2 * i + 1], out_ranges[2 * j], out_ranges[2 * j + 1]))
+                    throw aliasing_error("typegrad: two grad_into buffers overlap");
+        }
+    }
+    template <class PP, class Grads, class Arg>
+    static void bind_grad(typename PP::state_type& st, const Arg& b, std::size_t& gi) {
+        if constexpr (detail::is_grad_binding_v<Arg>) {
+            using L = typename Arg::leaf_type;
+            constexpr std::size_t id = PP::program::template id_of<L>;
+            const std::size_t need = detail::node_numel<PP>(st, id);
+            if (b.size != need)
+                throw shape_error("typegrad: grad_into(" + std::string(L::name()) + ", ...): the buffer has " +
+                                  std::to_string(b.size) + " elements but the gradient has " +
+                                  std::to_string(need));
+            if (b.data == nullptr && need != 0)
+                throw binding_error("typegrad: grad_into(" + std::string(L::name()) + ", ...) got a null pointer");
+            st.out[gi++] = b.data;
+        }
+    }
+
+    template <class PP>
+    static value_type read_loss(const typename PP::state_type& st, value_type slot) {
+        if constexpr (Loss::kind == op_kind::elementwise) return slot;
+        else if constexpr (Loss::kind == op_kind::constant) return static_cast<value_type>(Loss::value);
+        else return *static_cast<const value_type*>(st.ptr[PP::program::template id_of<Loss>]);
+    }
+    template <class PP, class N>
+    static void copy_node_value(const typename PP::state_type& st, value_type* dst, std::size_t n) {
+        if constexpr (N::kind == op_kind::constant) {
+            std::fill(dst, dst + n, static_cast<value_type>(N::value));
+        } else {
+            const auto* src = static_cast<const value_type*>(st.ptr[PP::program::template id_of<N>]);
+            std::copy(src, src + n, dst);
+        }
+    }
+
+    template <class PP, class FwdPP, std::size_t N, class FwdState>
+    static void restore_node(typename PP::state_type& st, const FwdState& fst) {
+        using node = typename PP::program::template node_at<N>;
+        if constexpr (detail::contains_v<node, typename FwdPP::program::nodes>) {
+            constexpr std::size_t f = FwdPP::program::template id_of<node>;
+            if constexpr (node::kind == op_kind::leaf) {
+                for (std::size_t a = 0; a < node::shape_type::rank; ++a)
+                    st.ext[PP::rank_offset[N] + a] = fst.ext[FwdPP::rank_offset[f] + a];
+                st.ptr[N] = fst.ptr[f];
+            } else {
+                if (FwdPP::plan.computed[f]) st.ptr[N] = fst.ptr[f];
+            }
+        } else if constexpr (detail::is_bound_leaf<node>()) {
+            static_assert(node::shape_type::is_static,
+                          "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
+                          "forward pass did not bind; bind it in forward(...).");
+            for (std::size_t a = 0; a < node::shape_type::rank; ++a)
+                st.ext[PP::rank_offset[N] + a] = node::shape_type::extents[a];
+        }
+    }
+    template <class PP, class FwdPP, class FwdState, class... Args>
+    static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
+        constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
+        static_assert(((std::size_t(detail::is_seed_binding_v<Args>) + ... + 0)) == 1,
+                      "typegrad: backward(ctx, ...) takes one tg::seed(...).");
+        auto set = [&](const auto& b) {
+            using B = std::remove_cvref_t<decltype(b)>;
+            if constexpr (detail::is_seed_binding_v<B>) {
+                static_assert(std::is_same_v<typename B::value_type, value_type>,
+                              "typegrad: tg::seed(buffer) needs the output's dtype.");
+                st.ptr[id] = b.data;
+            }
+        };
+        (set(args), ...);
+        using S = typename seed_leaf::shape_type;
+        for (std::size_t a = 0; a < S::rank; ++a)
+            st.ext[PP::rank_offset[id] + a] =
+                fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>] + a];
+    }
+    template <class PP, class... Args>
+    static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
+        constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
+        auto check = [&](const auto& b) {
+            using B = std::remove_cvref_t<decltype(b)>;
+            if constexpr (detail::is_seed_binding_v<B>) {
+                const std::size_t need = detail::node_numel<PP>(st, id);
+                if (b.size != need)
+                    throw shape_error("typegrad: tg::seed(buffer) has " + std::to_string(b.size) +
+                                      " elements but the output has " + std::to_string(need));
+            }
+        };
+        (check(args), ...);
+    }
+
+    template <class, class>
+    friend class forward_context;
+};
+
+// The saved context of a forward pass: the loss value, the extents and addresses of the bound
+// inputs (they must stay alive and unchanged until backward), and the reductions the backward
+// reads. Move-only: the saved addresses point into its own storage.
+template <class Step, class FwdPP>
+class forward_context {
+public:
+    using step_type = Step;
+    using plan_type = FwdPP;
+    using value_type = typename Step::value_type;
+
+    forward_context() = default;
+    forward_context(forward_context&&) noexcept = default;
+    forward_context& operator=(forward_context&&) noexcept = default;
+    forward_context(const forward_context&) = delete;
+    forward_context& operator=(const forward_context&) = delete;
+
+    // The scalar loss.
+    value_type value() const {
+        static_assert(Step::scalar_loss, "typegrad: value() is for scalar outputs; use values().");
+        return *loss_;
+    }
+    // The output's elements in row-major order.
+    std::span<const value_type> values() const { return {loss_, loss_size_}; }
+
+private:
+    typename FwdPP::state_type state_{};
+    std::vector<value_type> storage_;
+    const value_type* loss_ = nullptr;
+    std::size_t loss_size_ = 0;
+    template <class, class, class...>
+    friend class step;
+};
+
+template <class Policy = backward_autocast::same_as_forward, class Loss, class... Leaves>
+constexpr auto compile(Loss, wrt_t<Leaves...>) {
+    static_assert(is_expr_v<std::remove_cvref_t<Loss>>,
+                  "typegrad: compile(loss, wrt(...)) takes a typegrad expression as the loss.");
+    using L = typename Loss::node_type;
+    return step<Policy, L, Leaves...>{};
+}
+
+}  // namespace typegrad

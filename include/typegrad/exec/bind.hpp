@@ -1,0 +1,170 @@
+#pragma once
+// Bindings: caller buffers attached to leaves for one call, never copied.
+//   tg::bind(x, range)            contiguous range (std::vector, std::span, std::array, C array)
+//   tg::bind(x, range, {n, 3})    ... with the dynamic extents spelled out
+//   tg::bind(x, pointer, {n, 3})  pointer + extents
+//   tg::grad_into(W, range)       gradient destination, overwritten
+//   tg::grad_into(W, range, tg::accumulate)   ... added to
+//   tg::seed(range)               incoming gradient of a non-scalar output (backward)
+#include <array>
+#include <cstddef>
+#include <iterator>
+#include <ranges>
+#include <string>
+#include <type_traits>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/graph/node.hpp>
+
+namespace typegrad {
+
+struct accumulate_t {
+    explicit constexpr accumulate_t() = default;
+};
+inline constexpr accumulate_t accumulate{};
+
+namespace detail {
+
+inline constexpr std::size_t unknown_size = static_cast<std::size_t>(-1);
+
+template <class Leaf>
+struct leaf_binding {
+    using leaf_type = Leaf;
+    using value_type = typename Leaf::value_type;
+    static constexpr std::size_t rank = Leaf::shape_type::rank;
+    const value_type* data = nullptr;
+    std::size_t size = unknown_size;  // elements available, when known
+    std::array<std::size_t, rank> extents{};
+    bool extents_given = false;
+};
+
+template <class Leaf, bool Accumulate>
+struct grad_binding {
+    using leaf_type = Leaf;
+    using value_type = typename Leaf::value_type;
+    static constexpr bool accumulate = Accumulate;
+    value_type* data = nullptr;
+    std::size_t size = unknown_size;
+};
+
+template <class T>
+struct seed_binding {
+    using value_type = T;
+    const T* data = nullptr;
+    std::size_t size = unknown_size;
+};
+
+template <class T> inline constexpr bool is_leaf_binding_v = false;
+template <class L> inline constexpr bool is_leaf_binding_v<leaf_binding<L>> = true;
+template <class T> inline constexpr bool is_grad_binding_v = false;
+template <class L, bool A> inline constexpr bool is_grad_binding_v<grad_binding<L, A>> = true;
+template <class T> inline constexpr bool is_seed_binding_v = false;
+template <class T> inline constexpr bool is_seed_binding_v<seed_binding<T>> = true;
+
+template <class R>
+using range_value_t = std::remove_cv_t<std::ranges::range_value_t<R>>;
+
+template <class Leaf, class T>
+constexpr void check_element_type() {
+    static_assert(std::is_same_v<T, typename Leaf::value_type>,
+                  "typegrad: bind(leaf, buffer) needs a buffer whose element type is the leaf's "
+                  "dtype (a float leaf binds float data, a double leaf double data); convert the "
+                  "data first, typegrad never converts silently");
+}
+
+// Extents from the buffer size when at most one is dynamic.
+template <class Leaf>
+std::array<std::size_t, Leaf::shape_type::rank> infer_extents(std::size_t size) {
+    using S = typename Leaf::shape_type;
+    std::array<std::size_t, S::rank> e{};
+    for (std::size_t i = 0; i < S::rank; ++i) e[i] = S::extents[i];
+    if constexpr (S::dyn_count == 1) {
+        const std::size_t fixed = S::static_numel;
+        if (fixed == 0 || size % fixed != 0)
+            throw shape_error("typegrad: bind(" + std::string(Leaf::name()) + ", buffer): " +
+                              std::to_string(size) + " elements cannot fill its static extents");
+        for (std::size_t i = 0; i < S::rank; ++i)
+            if (S::extents[i] == dyn) e[i] = size / fixed;
+    }
+    return e;
+}
+
+}  // namespace detail
+
+template <class E, std::ranges::contiguous_range R>
+    requires std::ranges::sized_range<R>
+auto bind(E, R&& range) {
+    using Leaf = typename E::node_type;
+    static_assert(is_leaf_v<Leaf>, "typegrad: bind(leaf, buffer) binds a leaf (tg::param or "
+                                   "tg::input), not an expression.");
+    detail::check_element_type<Leaf, detail::range_value_t<R>>();
+    static_assert(Leaf::shape_type::dyn_count <= 1,
+                  "typegrad: bind(leaf, buffer) cannot infer two or more dynamic extents from a "
+                  "buffer's size: pass them, bind(leaf, buffer, {n, m})");
+    detail::leaf_binding<Leaf> b;
+    b.data = std::ranges::data(range);
+    b.size = std::ranges::size(range);
+    b.extents = detail::infer_extents<Leaf>(b.size);
+    return b;
+}
+
+template <class E, std::ranges::contiguous_range R>
+    requires std::ranges::sized_range<R>
+auto bind(E, R&& range,
+          std::type_identity_t<std::array<std::size_t, E::node_type::shape_type::rank>> extents) {
+    using Leaf = typename E::node_type;
+    static_assert(is_leaf_v<Leaf>, "typegrad: bind(leaf, buffer, extents) binds a leaf (tg::param "
+                                   "or tg::input), not an expression.");
+    detail::check_element_type<Leaf, detail::range_value_t<R>>();
+    detail::leaf_binding<Leaf> b;
+    b.data = std::ranges::data(range);
+    b.size = std::ranges::size(range);
+    b.extents = extents;
+    b.extents_given = true;
+    return b;
+}
+
+template <class E, class T>
+auto bind(E, const T* pointer,
+          std::type_identity_t<std::array<std::size_t, E::node_type::shape_type::rank>> extents) {
+    using Leaf = typename E::node_type;
+    static_assert(is_leaf_v<Leaf>, "typegrad: bind(leaf, pointer, extents) binds a leaf (tg::param "
+                                   "or tg::input), not an expression.");
+    detail::check_element_type<Leaf, std::remove_cv_t<T>>();
+    detail::leaf_binding<Leaf> b;
+    b.data = pointer;
+    b.extents = extents;
+    b.extents_given = true;
+    return b;
+}
+
+template <class E, std::ranges::contiguous_range R>
+    requires std::ranges::sized_range<R>
+auto grad_into(E, R&& range) {
+    using Leaf = typename E::node_type;
+    static_assert(is_leaf_v<Leaf>, "typegrad: grad_into(leaf, buffer) names a leaf (a tg::param).");
+    static_assert(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>,
+                  "typegrad: grad_into(leaf, buffer) needs a writable buffer.");
+    detail::check_element_type<Leaf, detail::range_value_t<R>>();
+    return detail::grad_binding<Leaf, false>{std::ranges::data(range), std::ranges::size(range)};
+}
+template <class E, std::ranges::contiguous_range R>
+    requires std::ranges::sized_range<R>
+auto grad_into(E e, R&& range, accumulate_t) {
+    auto b = grad_into(e, std::forward<R>(range));
+    return detail::grad_binding<typename E::node_type, true>{b.data, b.size};
+}
+template <class E, class T>
+auto grad_into(E, T* pointer, std::size_t size) {
+    using Leaf = typename E::node_type;
+    detail::check_element_type<Leaf, std::remove_cv_t<T>>();
+    return detail::grad_binding<Leaf, false>{pointer, size};
+}
+
+template <std::ranges::contiguous_range R>
+    requires std::ranges::sized_range<R>
+auto seed(R&& range) {
+    return detail::seed_binding<detail::range_value_t<R>>{std::ranges::data(range), std::ranges::size(range)};
+}
+
+}  // namespace typegrad

@@ -1,0 +1,341 @@
+#pragma once
+// One fused loop of a plan: loads of materialised values, the elementwise body as straight-line
+// code over an array of SIMD values, reductions and stores, all in one pass. The iteration
+// space is coalesced at compile time (adjacent axes that every operand reads the same way are
+// merged), the innermost axis runs over xsimd batches with a scalar tail, and operands that are
+// broadcast along it are loaded once per row.
+#include <array>
+#include <cstddef>
+#include <limits>
+#include <utility>
+
+#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/exec/program.hpp>
+
+namespace typegrad::detail {
+
+// Where a loop's operands live at run time.
+template <std::size_t M, std::size_t NStores, std::size_t TotalRank>
+struct exec_state {
+    std::array<const void*, M> ptr{};                // materialised node buffers
+    std::array<void*, NStores> out{};                // store destinations
+    std::array<std::size_t, TotalRank + 1> ext{};    // run-time extents, node by node
+};
+
+template <class T, reduce_kind K>
+constexpr T reduce_identity() {
+    if constexpr (K == reduce_kind::sum) return T(0);
+    else if constexpr (K == reduce_kind::max) return -std::numeric_limits<T>::infinity();
+    else return std::numeric_limits<T>::infinity();
+}
+template <reduce_kind K, class V>
+inline V reduce_combine(const V& a, const V& b) {
+    if constexpr (K == reduce_kind::sum) return a + b;
+    else if constexpr (K == reduce_kind::max) return simd::max(a, b);
+    else return simd::min(a, b);
+}
+template <reduce_kind K, class T, class A>
+inline T reduce_lanes(const xsimd::batch<T, A>& v) {
+    if constexpr (K == reduce_kind::sum) return simd::reduce_sum(v);
+    else if constexpr (K == reduce_kind::max) return simd::reduce_max(v);
+    else return -simd::reduce_max(-v);
+}
+
+// PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
+// rank_offset (array: start of each node's extents in exec_state::ext), value_type.
+template <class PP, std::size_t L, std::uint64_t AccumulateMask>
+struct loop_kernel {
+    using prog = typename PP::program;
+    using T = typename PP::value_type;
+    using batch_t = simd::batch<T>;
+    static constexpr std::size_t W = simd::width<T>;
+    static constexpr auto& info = prog::info;
+    static constexpr auto& plan = PP::plan;
+    static constexpr loop_plan lp = plan.loops[L];
+    static constexpr std::size_t n_in = lp.in_end - lp.in_begin;
+    static constexpr std::size_t n_body = lp.body_end - lp.body_begin;
+    static constexpr std::size_t n_red = lp.red_end - lp.red_begin;
+    static constexpr std::size_t n_store = lp.store_end - lp.store_begin;
+    static constexpr std::size_t n_slots = n_in + n_body;
+    static constexpr std::size_t n_ops = n_in + n_red + n_store;  // operands with memory
+    static constexpr std::size_t iter_rank = info[lp.iter].rank;
+    static constexpr std::size_t R = iter_rank == 0 ? 1 : iter_rank;
+
+    static constexpr std::size_t slot_id(std::size_t s) {
+        return plan.members[s < n_in ? lp.in_begin + s : lp.body_begin + (s - n_in)];
+    }
+    static constexpr std::size_t slot_of(std::size_t id) {
+        for (std::size_t s = 0; s < n_slots; ++s)
+            if (slot_id(s) == id) return s;
+        return n_slots;  // unreachable for a valid plan
+    }
+    // Operand o: inputs, then reduction targets, then stores. Its node gives its shape.
+    static constexpr std::size_t operand_node(std::size_t o) {
+        if (o < n_in) return plan.members[lp.in_begin + o];
+        if (o < n_in + n_red) return plan.members[lp.red_begin + (o - n_in)];
+        return PP::stores[plan.members[lp.store_begin + (o - n_in - n_red)]];
+    }
+    static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
+        if (iter_rank == 0) return true;
+        const node_info& p = info[operand_node(o)];
+        const node_info& f = info[lp.iter];
+        const std::size_t lead = f.rank - p.rank;
+        if (axis < lead) return true;
+        return p.ext[axis - lead] == 1 && f.ext[axis] != 1;
+    }
+
+    // Coalesced axis groups: group g covers iteration axes [first[g], last[g]].
+    struct groups_t {
+        std::size_t count = 0;
+        std::array<std::size_t, max_rank> first{}, last{};
+    };
+    static constexpr groups_t groups = [] {
+        groups_t g;
+        if (iter_rank == 0) {
+            g.count = 1;
+            return g;
+        }
+        g.first[0] = 0;
+        g.last[0] = 0;
+        g.count = 1;
+        for (std::size_t a = 1; a < iter_rank; ++a) {
+            bool same = true;
+            for (std::size_t o = 0; o < n_ops; ++o)
+                if (broadcast_axis(o, a) != broadcast_axis(o, a - 1)) same = false;
+            if (same) {
+                g.last[g.count - 1] = a;
+            } else {
+                g.first[g.count] = g.last[g.count] = a;
+                ++g.count;
+            }
+        }
+        return g;
+    }();
+    static constexpr std::size_t G = groups.count;
+    static constexpr bool inner_broadcast(std::size_t o) {
+        return broadcast_axis(o, groups.first[G - 1]);
+    }
+
+    template <class State>
+    static std::size_t extent(const State& st, std::size_t node, std::size_t axis) {
+        return st.ext[PP::rank_offset[node] + axis];
+    }
+
+    // Positions of a node's value children (shape-only children are not evaluated).
+    struct picked_t {
+        std::array<std::size_t, max_arity> at{};
+        std::size_t n = 0;
+    };
+    template <std::size_t Id>
+    static constexpr picked_t picked = [] {
+        picked_t r;
+        for (std::size_t i = 0; i < info[Id].arity; ++i)
+            if (!info[Id].shape_only[i]) r.at[r.n++] = i;
+        return r;
+    }();
+    template <std::size_t Id>
+    static constexpr auto value_children() {
+        return []<std::size_t... Js>(std::index_sequence<Js...>) {
+            return std::index_sequence<picked<Id>.at[Js]...>{};
+        }(std::make_index_sequence<picked<Id>.n>{});
+    }
+    template <std::size_t Id, std::size_t K>
+    static constexpr std::size_t child_slot = slot_of(info[Id].child[K]);
+
+    template <class V, std::size_t B, class Values>
+    static void eval_one(Values& v) {
+        constexpr std::size_t id = slot_id(n_in + B);
+        using N = typename prog::template node_at<id>;
+        [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+            v[n_in + B] = N::op::apply(v[child_slot<id, Ks>]...);
+        }(value_children<id>());
+    }
+    template <class V, class Values>
+    static void eval_body(Values& v) {
+        [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
+            (eval_one<V, Bs>(v), ...);
+        }(std::make_index_sequence<n_body>{});
+    }
+
+    template <std::size_t O>
+    static T const_value() {
+        using N = typename prog::template node_at<operand_node(O)>;
+        return static_cast<T>(N::value);
+    }
+
+    template <class State>
+    static void run(State& st) {
+        // Group extents and operand strides (elements) per group.
+        std::array<std::size_t, G> gext{};
+        for (std::size_t g = 0; g < G; ++g) {
+            std::size_t e = 1;
+            if constexpr (iter_rank > 0)
+                for (std::size_t a = groups.first[g]; a <= groups.last[g]; ++a) e *= extent(st, lp.iter, a);
+            gext[g] = e;
+        }
+        std::array<std::array<std::size_t, G>, n_ops + 1> stride{};
+        [&]<std::size_t... Os>(std::index_sequence<Os...>) {
+            ((stride[Os] = operand_strides<Os>(st)), ...);
+        }(std::make_index_sequence<n_ops>{});
+
+        std::array<const T*, n_in + 1> in_ptr{};
+        std::array<T*, n_red + n_store + 1> out_ptr{};
+        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            ((in_ptr[Is] = static_cast<const T*>(st.ptr[operand_node(Is)])), ...);
+        }(std::make_index_sequence<n_in>{});
+        [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
+            ((out_ptr[Rs] = const_cast<T*>(static_cast<const T*>(st.ptr[operand_node(n_in + Rs)]))), ...);
+        }(std::make_index_sequence<n_red>{});
+        [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
+            ((out_ptr[n_red + Ss] = static_cast<T*>(st.out[plan.members[lp.store_begin + Ss]])), ...);
+        }(std::make_index_sequence<n_store>{});
+
+        std::size_t outer = 1;
+        for (std::size_t g = 0; g + 1 < G; ++g) outer *= gext[g];
+        const std::size_t inner = gext[G - 1];
+        std::array<std::size_t, n_ops + 1> off{};
+        std::array<std::size_t, G> idx{};
+        for (std::size_t o = 0; o < outer; ++o) {
+            row(in_ptr, out_ptr, off, inner);
+            // advance the mixed-radix index over the outer groups
+            for (std::size_t g = G - 1; g-- > 0;) {
+                ++idx[g];
+                for (std::size_t k = 0; k < n_ops; ++k) off[k] += stride[k][g];
+                if (idx[g] < gext[g]) break;
+                for (std::size_t k = 0; k < n_ops; ++k) off[k] -= stride[k][g] * idx[g];
+                idx[g] = 0;
+            }
+        }
+    }
+
+    template <std::size_t O, class State>
+    static std::array<std::size_t, G> operand_strides(const State& st) {
+        constexpr std::size_t node = operand_node(O);
+        constexpr std::size_t prank = info[node].rank;
+        std::array<std::size_t, G> s{};
+        if constexpr (iter_rank > 0) {
+            constexpr std::size_t lead = iter_rank - prank;
+            for (std::size_t g = 0; g < G; ++g) {
+                const std::size_t a = groups.last[g];
+                if (broadcast_axis(O, a)) continue;
+                std::size_t stride = 1;
+                for (std::size_t b = a + 1; b < iter_rank; ++b)
+                    if (b >= lead) stride *= extent(st, node, b - lead);
+                s[g] = stride;
+            }
+        }
+        return s;
+    }
+
+    template <class InPtr, class OutPtr, class Off>
+    static void row(const InPtr& in_ptr, const OutPtr& out_ptr, const Off& off, std::size_t inner) {
+        std::array<batch_t, n_slots + 1> v;
+        std::array<T, n_slots + 1> s;
+        // Inputs constant along the row.
+        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            ((load_row_constant<Is>(v, s, in_ptr, off)), ...);
+        }(std::make_index_sequence<n_in>{});
+        std::array<batch_t, n_red + 1> acc;
+        std::array<T, n_red + 1> acc_s;
+        [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
+            ((acc[Rs] = batch_t(reduce_identity<T, red_kind<Rs>()>()),
+              acc_s[Rs] = reduce_identity<T, red_kind<Rs>()>()), ...);
+        }(std::make_index_sequence<n_red>{});
+
+        std::size_t j = 0;
+        for (; j + W <= inner; j += W) {
+            [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+                ((load_vector<Is>(v, in_ptr, off, j)), ...);
+            }(std::make_index_sequence<n_in>{});
+            eval_body<batch_t>(v);
+            finish<batch_t>(v, acc, out_ptr, off, j);
+        }
+        for (; j < inner; ++j) {
+            [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+                ((load_scalar<Is>(s, in_ptr, off, j)), ...);
+            }(std::make_index_sequence<n_in>{});
+            eval_body<T>(s);
+            finish<T>(s, acc_s, out_ptr, off, j);
+        }
+        [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
+            ((close_reduction<Rs>(acc, acc_s, out_ptr, off)), ...);
+        }(std::make_index_sequence<n_red>{});
+    }
+
+    template <std::size_t R_>
+    static constexpr reduce_kind red_kind() {
+        return info[operand_node(n_in + R_)].combine;
+    }
+    template <std::size_t I>
+    static constexpr bool is_constant_input() {
+        return info[operand_node(I)].kind == op_kind::constant;
+    }
+
+    template <std::size_t I, class VB, class VS, class InPtr, class Off>
+    static void load_row_constant(VB& v, VS& s, const InPtr& in_ptr, const Off& off) {
+        if constexpr (is_constant_input<I>()) {
+            v[I] = batch_t(const_value<I>());
+            s[I] = const_value<I>();
+        } else if constexpr (inner_broadcast(I)) {
+            const T x = in_ptr[I][off[I]];
+            v[I] = batch_t(x);
+            s[I] = x;
+        }
+    }
+    template <std::size_t I, class VB, class InPtr, class Off>
+    static void load_vector(VB& v, const InPtr& in_ptr, const Off& off, std::size_t j) {
+        if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
+            v[I] = simd::load(in_ptr[I] + off[I] + j);
+    }
+    template <std::size_t I, class VS, class InPtr, class Off>
+    static void load_scalar(VS& s, const InPtr& in_ptr, const Off& off, std::size_t j) {
+        if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) s[I] = in_ptr[I][off[I] + j];
+    }
+
+    template <class V, class Values, class Acc, class OutPtr, class Off>
+    static void finish(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+        [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
+            ((reduce_step<V, Rs>(v, acc, out_ptr, off, j)), ...);
+        }(std::make_index_sequence<n_red>{});
+        [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
+            ((store_step<V, Ss>(v, out_ptr, off, j)), ...);
+        }(std::make_index_sequence<n_store>{});
+    }
+    template <class V, std::size_t R_, class Values, class Acc, class OutPtr, class Off>
+    static void reduce_step(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+        constexpr std::size_t node = operand_node(n_in + R_);
+        constexpr std::size_t src = slot_of(info[node].child[0]);
+        constexpr reduce_kind K = red_kind<R_>();
+        if constexpr (inner_broadcast(n_in + R_)) {
+            acc[R_] = reduce_combine<K>(acc[R_], v[src]);
+        } else {
+            T* p = out_ptr[R_] + off[n_in + R_] + j;
+            if constexpr (simd::is_batch_v<V>) simd::store(p, reduce_combine<K>(simd::load(p), v[src]));
+            else *p = reduce_combine<K>(*p, v[src]);
+        }
+    }
+    template <std::size_t R_, class Acc, class AccS, class OutPtr, class Off>
+    static void close_reduction(const Acc& acc, const AccS& acc_s, const OutPtr& out_ptr, const Off& off) {
+        if constexpr (inner_broadcast(n_in + R_)) {
+            constexpr reduce_kind K = red_kind<R_>();
+            T* p = out_ptr[R_] + off[n_in + R_];
+            *p = reduce_combine<K>(*p, reduce_combine<K>(reduce_lanes<K>(acc[R_]), acc_s[R_]));
+        }
+    }
+    template <class V, std::size_t S_, class Values, class OutPtr, class Off>
+    static void store_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+        constexpr std::size_t store_index = plan.members[lp.store_begin + S_];
+        constexpr std::size_t src = slot_of(PP::stores[store_index]);
+        constexpr bool accumulate = (AccumulateMask >> store_index) & 1u;
+        T* p = out_ptr[n_red + S_] + off[n_in + n_red + S_] + j;
+        if constexpr (simd::is_batch_v<V>) {
+            if constexpr (accumulate) simd::store(p, simd::load(p) + v[src]);
+            else simd::store(p, v[src]);
+        } else {
+            if constexpr (accumulate) *p += v[src];
+            else *p = v[src];
+        }
+    }
+};
+
+}  // namespace typegrad::detail

@@ -1,0 +1,119 @@
+#pragma once
+// The only header that includes xsimd. Every math function the kernels use is overloaded here
+// for scalars (loop tails) and for xsimd batches, so an op's kernel is one generic lambda-free
+// template. An xsimd upgrade (8.1 hadd -> 9+ reduce_add) touches this file alone.
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+namespace typegrad::simd {
+
+template <class T>
+using batch = xsimd::batch<T>;
+template <class T>
+inline constexpr std::size_t width = batch<T>::size;
+
+template <class T>
+inline constexpr bool is_batch_v = false;
+template <class T, class A>
+inline constexpr bool is_batch_v<xsimd::batch<T, A>> = true;
+
+// ---- memory -----------------------------------------------------------------------------
+template <class T>
+inline batch<T> load(const T* p) { return batch<T>::load_unaligned(p); }
+template <class T>
+inline void store(T* p, const batch<T>& v) { v.store_unaligned(p); }
+template <class T>
+inline T load_scalar(const T* p) { return *p; }
+
+// ---- horizontal -------------------------------------------------------------------------
+template <class T, class A>
+inline T reduce_sum(const xsimd::batch<T, A>& v) { return xsimd::hadd(v); }
+template <class T>
+  requires std::is_arithmetic_v<T>
+inline T reduce_sum(T v) { return v; }
+template <class T, class A>
+inline T reduce_max(const xsimd::batch<T, A>& v) {
+    alignas(64) T lanes[xsimd::batch<T, A>::size];
+    v.store_aligned(lanes);
+    T m = lanes[0];
+    for (std::size_t i = 1; i < xsimd::batch<T, A>::size; ++i)
+        m = (lanes[i] > m || lanes[i] != lanes[i]) ? lanes[i] : m;
+    return m;
+}
+template <class T>
+  requires std::is_arithmetic_v<T>
+inline T reduce_max(T v) { return v; }
+
+// ---- elementwise math: batches ------------------------------------------------------------
+template <class T, class A> inline auto exp(const xsimd::batch<T, A>& x) { return xsimd::exp(x); }
+template <class T, class A> inline auto log(const xsimd::batch<T, A>& x) { return xsimd::log(x); }
+template <class T, class A> inline auto sqrt(const xsimd::batch<T, A>& x) { return xsimd::sqrt(x); }
+template <class T, class A> inline auto sin(const xsimd::batch<T, A>& x) { return xsimd::sin(x); }
+template <class T, class A> inline auto cos(const xsimd::batch<T, A>& x) { return xsimd::cos(x); }
+template <class T, class A> inline auto tanh(const xsimd::batch<T, A>& x) { return xsimd::tanh(x); }
+template <class T, class A> inline auto abs(const xsimd::batch<T, A>& x) { return xsimd::abs(x); }
+template <class T, class A>
+inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) { return xsimd::pow(x, y); }
+// NaN-propagating, as torch.maximum / torch.minimum.
+template <class T, class A>
+inline auto max(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
+    return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::max(a, b)));
+}
+template <class T, class A>
+inline auto min(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
+    return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::min(a, b)));
+}
+template <class T, class A>
+inline auto mask(const xsimd::batch_bool<T, A>& m) {
+    return xsimd::select(m, xsimd::batch<T, A>(T(1)), xsimd::batch<T, A>(T(0)));
+}
+template <class T, class A>
+inline auto select(const xsimd::batch_bool<T, A>& m, const xsimd::batch<T, A>& a,
+                   const xsimd::batch<T, A>& b) {
+    return xsimd::select(m, a, b);
+}
+template <class T, class A>
+inline auto is_finite(const xsimd::batch<T, A>& x) { return xsimd::isfinite(x); }
+
+// ---- elementwise math: scalars ------------------------------------------------------------
+template <class T> requires std::is_floating_point_v<T> inline T exp(T x) { return std::exp(x); }
+template <class T> requires std::is_floating_point_v<T> inline T log(T x) { return std::log(x); }
+template <class T> requires std::is_floating_point_v<T> inline T sqrt(T x) { return std::sqrt(x); }
+template <class T> requires std::is_floating_point_v<T> inline T sin(T x) { return std::sin(x); }
+template <class T> requires std::is_floating_point_v<T> inline T cos(T x) { return std::cos(x); }
+template <class T> requires std::is_floating_point_v<T> inline T tanh(T x) { return std::tanh(x); }
+template <class T> requires std::is_floating_point_v<T> inline T abs(T x) { return std::fabs(x); }
+template <class T> requires std::is_floating_point_v<T> inline T pow(T x, T y) { return std::pow(x, y); }
+template <class T> requires std::is_floating_point_v<T>
+inline T max(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
+template <class T> requires std::is_floating_point_v<T>
+inline T min(T a, T b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
+template <class T> requires std::is_floating_point_v<T>
+inline T mask_of(bool m) { return m ? T(1) : T(0); }
+template <class T> requires std::is_floating_point_v<T>
+inline T select(bool m, T a, T b) { return m ? a : b; }
+template <class T> requires std::is_floating_point_v<T>
+inline bool is_finite(T x) { return std::isfinite(x); }
+
+// Comparisons as 0/1 values of the operands' type (masks carry no gradient).
+template <class V> inline V gt(const V& a, const V& b) {
+    if constexpr (is_batch_v<V>) return mask(a > b); else return mask_of<V>(a > b);
+}
+template <class V> inline V ge(const V& a, const V& b) {
+    if constexpr (is_batch_v<V>) return mask(a >= b); else return mask_of<V>(a >= b);
+}
+template <class V> inline V lt(const V& a, const V& b) {
+    if constexpr (is_batch_v<V>) return mask(a < b); else return mask_of<V>(a < b);
+}
+template <class V> inline V le(const V& a, const V& b) {
+    if constexpr (is_batch_v<V>) return mask(a <= b); else return mask_of<V>(a <= b);
+}
+template <class V> inline V eq(const V& a, const V& b) {
+    if constexpr (is_batch_v<V>) return mask(a == b); else return mask_of<V>(a == b);
+}
+
+}  // namespace typegrad::simd

@@ -1,0 +1,168 @@
+#pragma once
+// Runs a plan: run-time shapes (with the checks that throw before anything is written), scratch
+// sizing, shape-derived scalars, reduction initialisation, then the fused loops stage by stage.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/kernel.hpp>
+#include <typegrad/exec/program.hpp>
+
+namespace typegrad::detail {
+
+template <class List, class T>
+struct list_ids;
+template <class... Ss, class Prog>
+struct list_ids<type_list<Ss...>, Prog> {
+    static constexpr std::array<std::size_t, sizeof...(Ss)> value{Prog::template id_of<Ss>...};
+};
+
+// Everything the planner and kernels need about one (program, outputs) pair.
+// Stores: elementwise nodes written to caller (or scratch) buffers; Required: other nodes whose
+// value must exist afterwards; Given: nodes whose buffers come from a previous forward pass.
+template <class Nodes, class Stores, class Required, class Given, class T>
+struct plan_provider {
+    using program = detail::program<Nodes>;
+    using value_type = T;
+    static constexpr std::size_t M = program::size;
+    static constexpr auto stores = list_ids<Stores, program>::value;
+    static constexpr auto required = list_ids<Required, program>::value;
+    static constexpr auto given = list_ids<Given, program>::value;
+    static constexpr std::size_t NS = stores.size();
+    using request_t = plan_request<M, NS, required.size(), given.size()>;
+    static constexpr request_t request{stores, required, given};
+    static constexpr plan_sizes sizes = measure_plan<M>(program::info, request);
+    static constexpr auto plan = make_plan<M, (sizes.loops ? sizes.loops : 1),
+                                           (sizes.members ? sizes.members : 1)>(program::info, request);
+    static constexpr std::array<std::size_t, M + 1> rank_offset = [] {
+        std::array<std::size_t, M + 1> r{};
+        for (std::size_t i = 0; i < M; ++i) r[i + 1] = r[i] + program::info[i].rank;
+        return r;
+    }();
+    static constexpr std::size_t total_rank = rank_offset[M];
+    using state_type = exec_state<M, NS, total_rank>;
+};
+
+inline std::string extents_text(const std::size_t* e, std::size_t rank) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < rank; ++i) s += (i ? ", " : "") + std::to_string(e[i]);
+    return s + "]";
+}
+
+template <class PP>
+std::size_t node_numel(const typename PP::state_type& st, std::size_t node) {
+    std::size_t n = 1;
+    for (std::size_t a = 0; a < PP::program::info[node].rank; ++a) n *= st.ext[PP::rank_offset[node] + a];
+    return n;
+}
+
+// Fills the extents of every non-leaf node from its children's and checks them. Leaves must
+// have been filled by the caller.
+template <class PP>
+void compute_shapes(typename PP::state_type& st) {
+    constexpr auto& info = PP::program::info;
+    for (std::size_t n = 0; n < PP::M; ++n) {
+        const node_info& ni = info[n];
+        std::size_t* out = st.ext.data() + PP::rank_offset[n];
+        if (ni.kind == op_kind::leaf || ni.kind == op_kind::constant || ni.kind == op_kind::meta) continue;
+        if (ni.kind == op_kind::reduce) {
+            const std::size_t c = ni.child[0];
+            const std::size_t lead = info[c].rank - ni.rank;
+            for (std::size_t a = 0; a < ni.rank; ++a)
+                out[a] = ni.ext[a] != dyn ? ni.ext[a] : st.ext[PP::rank_offset[c] + a + lead];
+            continue;
+        }
+        for (std::size_t a = 0; a < ni.rank; ++a) {
+            std::size_t e = ni.ext[a];
+            if (e == dyn) {
+                for (std::size_t k = 0; k < ni.arity && e == dyn; ++k) {
+                    const node_info& ci = info[ni.child[k]];
+                    const std::size_t lead = ni.rank - ci.rank;
+                    if (a >= lead && ci.ext[a - lead] != 1)
+                        e = st.ext[PP::rank_offset[ni.child[k]] + a - lead];
+                }
+                if (e == dyn) e = 1;
+            }
+            out[a] = e;
+        }
+        for (std::size_t k = 0; k < ni.arity; ++k) {
+            const node_info& ci = info[ni.child[k]];
+            const std::size_t lead = ni.rank - ci.rank;
+            const std::size_t* ce = st.ext.data() + PP::rank_offset[ni.child[k]];
+            for (std::size_t a = 0; a < ci.rank; ++a) {
+                if (ci.ext[a] == 1) continue;  // broadcast
+                if (ce[a] != out[a + lead])
+                    throw shape_error(std::string("typegrad: '") + std::string(ni.name) + "' (node " +
+                                      std::to_string(n) + ") cannot combine extents " +
+                                      extents_text(ce, ci.rank) + " of operand " + std::to_string(k) +
+                                      " ('" + std::string(ci.name) + "') with the result extents " +
+                                      extents_text(out, ni.rank) +
+                                      " (dynamic extents must match exactly; they never broadcast)");
+            }
+        }
+    }
+}
+
+// Scratch elements for the buffers this plan writes itself, each rounded to 64 bytes.
+template <class PP>
+std::size_t scratch_layout(const typename PP::state_type& st, std::array<std::size_t, PP::M + 1>& offset) {
+    constexpr std::size_t pad = 64 / sizeof(typename PP::value_type);
+    std::size_t total = 0;
+    for (std::size_t n = 0; n < PP::M; ++n) {
+        offset[n] = total;
+        if (PP::plan.computed[n]) total += (node_numel<PP>(st, n) + pad - 1) / pad * pad;
+    }
+    offset[PP::M] = total;
+    return total;
+}
+
+template <class PP, std::size_t N>
+void compute_meta(typename PP::state_type& st, typename PP::value_type* buffer) {
+    using node = typename PP::program::template node_at<N>;
+    constexpr auto& info = PP::program::info;
+    using T = typename PP::value_type;
+    if constexpr (node::kind == op_kind::meta) {
+        using target = typename node::op::target_shape;
+        const std::size_t c = info[N].child[0];
+        const std::size_t crank = info[c].rank;
+        const std::size_t lead = crank - target::rank;
+        double removed = 1;
+        for (std::size_t a = 0; a < crank; ++a)
+            if (a < lead || target::extents[a - lead] == 1) removed *= double(st.ext[PP::rank_offset[c] + a]);
+        *buffer = static_cast<T>(1.0 / removed);
+    }
+}
+
+// Points every computed node at its scratch buffer, computes metas, initialises reductions.
+template <class PP>
+void prepare_scratch(typename PP::state_type& st, typename PP::value_type* scratch,
+                     const std::array<std::size_t, PP::M + 1>& offset) {
+    using T = typename PP::value_type;
+    constexpr auto& info = PP::program::info;
+    for (std::size_t n = 0; n < PP::M; ++n) {
+        if (!PP::plan.computed[n]) continue;
+        T* p = scratch + offset[n];
+        st.ptr[n] = p;
+        if (info[n].kind == op_kind::reduce) {
+            const T init = info[n].combine == reduce_kind::sum   ? T(0)
+                           : info[n].combine == reduce_kind::max ? -std::numeric_limits<T>::infinity()
+                                                                 : std::numeric_limits<T>::infinity();
+            std::fill(p, p + node_numel<PP>(st, n), init);
+        }
+    }
+    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+        ((PP::plan.computed[Ns] ? compute_meta<PP, Ns>(st, scratch + offset[Ns]) : void()), ...);
+    }(std::make_index_sequence<PP::M>{});
+}
+
+template <class PP, std::uint64_t AccumulateMask>
+void run_loops(typename PP::state_type& st) {
+    [&]<std::size_t... Ls>(std::index_sequence<Ls...>) {
+        (loop_kernel<PP, Ls, AccumulateMask>::run(st), ...);
+    }(std::make_index_sequence<PP::plan.loop_count>{});
+}
+
+}  // namespace typegrad::detail

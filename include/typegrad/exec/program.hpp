@@ -1,0 +1,288 @@
+#pragma once
+// Lowering: a graph type becomes a flat program of integer ids (one per unique node, children
+// before parents), and every graph algorithm after this point is a constexpr function over
+// std::arrays of those ids. Only kernels go back from an id to its node type.
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include <typegrad/graph/node.hpp>
+#include <typegrad/ops/broadcast.hpp>
+
+namespace typegrad::detail {
+
+inline constexpr std::size_t max_arity = 4;
+
+struct node_info {
+    op_kind kind = op_kind::leaf;
+    std::size_t arity = 0;
+    std::array<std::size_t, max_arity> child{};
+    std::array<bool, max_arity> shape_only{};
+    std::size_t rank = 0;
+    std::array<std::size_t, max_rank> ext{};  // static extents, `dyn` where dynamic
+    reduce_kind combine = reduce_kind::sum;
+    bool is_param = false;
+    std::string_view name{};
+};
+
+template <class N, class List>
+constexpr node_info make_node_info() {
+    node_info r;
+    r.kind = N::kind;
+    r.rank = N::shape_type::rank;
+    for (std::size_t i = 0; i < r.rank; ++i) r.ext[i] = N::shape_type::extents[i];
+    if constexpr (is_leaf_v<N>) {
+        r.name = N::name();
+        r.is_param = N::role == leaf_role::param;
+    } else if constexpr (is_constant_v<N>) {
+        r.name = "constant";
+    } else {
+        using children = typename N::children;
+        static_assert(children::size <= max_arity, "typegrad: internal: op arity above 4");
+        r.arity = children::size;
+        [&]<class... Cs>(type_list<Cs...>) {
+            std::size_t i = 0;
+            ((r.child[i] = index_of_v<Cs, List>, r.shape_only[i] = N::op::shape_only(i), ++i), ...);
+        }(children{});
+        if constexpr (N::kind == op_kind::reduce) r.combine = N::op::combine;
+        r.name = N::op::name;
+    }
+    return r;
+}
+
+template <class List>
+struct program;
+template <class... Ns>
+struct program<type_list<Ns...>> {
+    using nodes = type_list<Ns...>;
+    static constexpr std::size_t size = sizeof...(Ns);
+    static constexpr std::array<node_info, size> info{make_node_info<Ns, nodes>()...};
+    template <std::size_t I>
+    using node_at = type_at_t<I, nodes>;
+    template <class N>
+    static constexpr std::size_t id_of = index_of_v<N, nodes>;
+};
+
+// ---- planning ------------------------------------------------------------------------------
+//
+// Elementwise nodes are never stored: each loop recomputes the ones it needs from materialised
+// values (leaves, constants, shape-derived scalars, reductions of earlier loops). A reduction
+// ends a stage; a loop computes every reduction and store whose inputs are ready in its stage
+// and that iterates over the same (provably equal) shape.
+
+struct loop_plan {
+    std::size_t iter = 0;                       // node whose shape is the iteration space
+    std::size_t stage = 0;
+    std::size_t in_begin = 0, in_end = 0;       // materialised nodes the loop reads
+    std::size_t body_begin = 0, body_end = 0;   // elementwise nodes it computes, in order
+    std::size_t red_begin = 0, red_end = 0;     // reductions it accumulates
+    std::size_t store_begin = 0, store_end = 0; // indices into the store list
+};
+
+template <std::size_t M, std::size_t L, std::size_t K>
+struct plan_data {
+    std::size_t loop_count = 0;
+    std::array<loop_plan, L> loops{};
+    std::array<std::size_t, K> members{};
+    std::array<bool, M> needed{};        // evaluated or read by this plan
+    std::array<bool, M> materialized{};  // has a buffer (or is a constant)
+    std::array<bool, M> computed{};      // this plan writes its buffer (reductions, metas)
+    std::array<std::size_t, M> stage{};
+};
+
+struct plan_sizes {
+    std::size_t loops = 0;
+    std::size_t members = 0;
+};
+
+// Symbolic extents: a static extent, or a class of dynamic extents proven equal (negative).
+using sym_extent = long long;
+
+template <std::size_t M>
+struct symbolic_shapes {
+    std::array<std::array<sym_extent, max_rank>, M> dims{};
+};
+
+template <std::size_t M>
+constexpr std::size_t uf_find(std::array<std::size_t, M * max_rank>& parent, std::size_t a) {
+    while (parent[a] != a) a = parent[a] = parent[parent[a]];
+    return a;
+}
+
+template <std::size_t M>
+constexpr symbolic_shapes<M> symbolic(const std::array<node_info, M>& info) {
+    // Every (node, axis) starts as its own class; elementwise ops, expand and reductions unite
+    // the dynamic axes that the run-time checks force to be equal.
+    std::array<std::size_t, M * max_rank> parent{};
+    for (std::size_t i = 0; i < parent.size(); ++i) parent[i] = i;
+    auto unite = [&](std::size_t a, std::size_t b) {
+        a = uf_find<M>(parent, a);
+        b = uf_find<M>(parent, b);
+        if (a != b) parent[a < b ? b : a] = a < b ? a : b;
+    };
+    auto key = [](std::size_t n, std::size_t axis) { return n * max_rank + axis; };
+    for (std::size_t n = 0; n < M; ++n) {
+        const node_info& ni = info[n];
+        if (ni.kind != op_kind::elementwise && ni.kind != op_kind::reduce) continue;
+        for (std::size_t c = 0; c < ni.arity; ++c) {
+            const bool expand_like = ni.kind == op_kind::elementwise && ni.shape_only[c];
+            if (ni.shape_only[c] && !expand_like) continue;
+            const node_info& ci = info[ni.child[c]];
+            if (ni.kind == op_kind::reduce) {
+                // target axes that are kept line up with the input's trailing axes
+                const std::size_t lead = ci.rank - ni.rank;
+                for (std::size_t a = 0; a < ni.rank; ++a)
+                    if (ni.ext[a] == dyn) unite(key(n, a), key(ni.child[c], a + lead));
+                continue;
+            }
+            const std::size_t lead = ni.rank - ci.rank;
+            for (std::size_t a = 0; a < ci.rank; ++a)
+                if (ci.ext[a] == dyn && ni.ext[a + lead] == dyn) unite(key(n, a + lead), key(ni.child[c], a));
+        }
+    }
+    symbolic_shapes<M> s;
+    for (std::size_t n = 0; n < M; ++n)
+        for (std::size_t a = 0; a < info[n].rank; ++a)
+            s.dims[n][a] = info[n].ext[a] != dyn
+                               ? static_cast<sym_extent>(info[n].ext[a])
+                               : -1 - static_cast<sym_extent>(uf_find<M>(parent, key(n, a)));
+    return s;
+}
+
+template <std::size_t M>
+constexpr bool same_iteration_space(const std::array<node_info, M>& info,
+                                    const symbolic_shapes<M>& s, std::size_t a, std::size_t b) {
+    if (info[a].rank != info[b].rank) return false;
+    for (std::size_t i = 0; i < info[a].rank; ++i)
+        if (s.dims[a][i] != s.dims[b][i]) return false;
+    return true;
+}
+
+// The planner. `stores` are elementwise nodes written to output buffers; `required` are
+// non-elementwise nodes whose value must exist afterwards; `given` nodes are available from
+// outside (saved by a forward pass) and are not recomputed.
+template <std::size_t M, std::size_t NS, std::size_t NR, std::size_t NG>
+struct plan_request {
+    std::array<std::size_t, NS> stores{};
+    std::array<std::size_t, NR> required{};
+    std::array<std::size_t, NG> given{};
+};
+
+struct planner_output {
+    std::vector<loop_plan> loops;
+    std::vector<std::size_t> members;
+};
+
+template <std::size_t M, class Request>
+constexpr auto run_planner(const std::array<node_info, M>& info, const Request& req,
+                           std::array<bool, M>& needed, std::array<bool, M>& materialized,
+                           std::array<bool, M>& computed, std::array<std::size_t, M>& stage) {
+    std::array<bool, M> given{};
+    for (std::size_t g : req.given) given[g] = true;
+
+    // Which nodes are evaluated: walk from the outputs, children before parents is the id order,
+    // so one reverse sweep marks everything reachable through value edges.
+    for (std::size_t s : req.stores) needed[s] = true;
+    for (std::size_t r : req.required) needed[r] = true;
+    for (std::size_t n = M; n-- > 0;) {
+        if (!needed[n] || given[n]) continue;
+        const node_info& ni = info[n];
+        if (ni.kind == op_kind::meta) continue;  // reads shapes only
+        for (std::size_t c = 0; c < ni.arity; ++c)
+            if (!ni.shape_only[c]) needed[ni.child[c]] = true;
+    }
+    for (std::size_t n = 0; n < M; ++n) {
+        if (!needed[n]) continue;
+        const op_kind k = info[n].kind;
+        materialized[n] = given[n] || k != op_kind::elementwise;
+        computed[n] = !given[n] && (k == op_kind::reduce || k == op_kind::meta);
+        if (given[n] || k == op_kind::leaf || k == op_kind::constant || k == op_kind::meta) {
+            stage[n] = 0;
+        } else if (k == op_kind::reduce) {
+            stage[n] = stage[info[n].child[0]] + 1;
+        } else {
+            std::size_t s = 0;
+            for (std::size_t c = 0; c < info[n].arity; ++c)
+                if (!info[n].shape_only[c] && stage[info[n].child[c]] > s) s = stage[info[n].child[c]];
+            stage[n] = s;
+        }
+    }
+    const auto sym = symbolic<M>(info);
+
+    // Loop roots: (iteration node, stage, is_store, id or store index).
+    struct root {
+        std::size_t iter, stage, node;
+        bool store;
+        std::size_t store_index;
+    };
+    std::vector<root> roots;
+    for (std::size_t n = 0; n < M; ++n)
+        if (needed[n] && computed[n] && info[n].kind == op_kind::reduce)
+            roots.push_back({info[n].child[0], stage[info[n].child[0]], n, false, 0});
+    for (std::size_t i = 0; i < req.stores.size(); ++i)
+        roots.push_back({req.stores[i], stage[req.stores[i]], req.stores[i], true, i});
+
+    planner_output out;
+    std::vector<char> taken(roots.size(), 0);
+    std::size_t max_stage = 0;
+    for (const root& r : roots) max_stage = r.stage > max_stage ? r.stage : max_stage;
+    for (std::size_t st = 0; st <= max_stage; ++st) {
+        for (std::size_t i = 0; i < roots.size(); ++i) {
+            if (taken[i] || roots[i].stage != st) continue;
+            loop_plan lp;
+            lp.iter = roots[i].iter;
+            lp.stage = st;
+            std::vector<std::size_t> reds, stores;
+            std::vector<char> in_loop(M, 0);
+            for (std::size_t j = i; j < roots.size(); ++j) {
+                if (taken[j] || roots[j].stage != st ||
+                    !same_iteration_space<M>(info, sym, roots[j].iter, lp.iter))
+                    continue;
+                taken[j] = true;
+                if (roots[j].store) stores.push_back(roots[j].store_index);
+                else reds.push_back(roots[j].node);
+                in_loop[roots[j].iter] = true;
+            }
+            // Close over value edges down to materialised nodes.
+            for (std::size_t n = M; n-- > 0;) {
+                if (!in_loop[n] || materialized[n]) continue;
+                for (std::size_t c = 0; c < info[n].arity; ++c)
+                    if (!info[n].shape_only[c]) in_loop[info[n].child[c]] = true;
+            }
+            lp.in_begin = out.members.size();
+            for (std::size_t n = 0; n < M; ++n)
+                if (in_loop[n] && materialized[n]) out.members.push_back(n);
+            lp.in_end = lp.body_begin = out.members.size();
+            for (std::size_t n = 0; n < M; ++n)
+                if (in_loop[n] && !materialized[n]) out.members.push_back(n);
+            lp.body_end = lp.red_begin = out.members.size();
+            for (std::size_t r : reds) out.members.push_back(r);
+            lp.red_end = lp.store_begin = out.members.size();
+            for (std::size_t s : stores) out.members.push_back(s);
+            lp.store_end = out.members.size();
+            out.loops.push_back(lp);
+        }
+    }
+    return out;
+}
+
+template <std::size_t M, class Request>
+constexpr plan_sizes measure_plan(const std::array<node_info, M>& info, const Request& req) {
+    std::array<bool, M> a{}, b{}, c{};
+    std::array<std::size_t, M> s{};
+    auto out = run_planner<M>(info, req, a, b, c, s);
+    return {out.loops.size(), out.members.size()};
+}
+
+template <std::size_t M, std::size_t L, std::size_t K, class Request>
+constexpr plan_data<M, L, K> make_plan(const std::array<node_info, M>& info, const Request& req) {
+    plan_data<M, L, K> p;
+    auto out = run_planner<M>(info, req, p.needed, p.materialized, p.computed, p.stage);
+    p.loop_count = out.loops.size();
+    for (std::size_t i = 0; i < out.loops.size(); ++i) p.loops[i] = out.loops[i];
+    for (std::size_t i = 0; i < out.members.size(); ++i) p.members[i] = out.members[i];
+    return p;
+}
+
+}  // namespace typegrad::detail

@@ -1,0 +1,131 @@
+#pragma once
+// The graph as a type: leaves, compile-time constants, op nodes and the expr<> wrapper.
+//
+// Every node type carries its own topological order (`topo`, children first, each node once).
+// It is computed when the node type is first formed, i.e. bottom-up as the user's expression
+// is written, so no algorithm ever recurses through the depth of a graph.
+#include <bit>
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+#include <typegrad/core/dtype.hpp>
+#include <typegrad/core/fixed_string.hpp>
+#include <typegrad/core/shape.hpp>
+#include <typegrad/graph/type_list.hpp>
+
+namespace typegrad {
+
+enum class leaf_role { param, input, seed };
+enum class op_kind { leaf, constant, elementwise, reduce, meta };
+
+template <fixed_string Name, class T, class Shape, leaf_role Role>
+struct leaf {
+    static_assert(is_dtype_v<T>, "typegrad: a leaf's element type must be float or double.");
+    static_assert(detail::is_shape_v<Shape>,
+                  "typegrad: a leaf's third template argument must be a tg::shape<...>.");
+    static_assert(Shape::rank <= detail::max_rank, "typegrad: a leaf has more than 8 axes.");
+    using value_type = T;
+    using shape_type = Shape;
+    static constexpr op_kind kind = op_kind::leaf;
+    static constexpr leaf_role role = Role;
+    static constexpr bool requires_grad = Role == leaf_role::param;
+    static constexpr std::string_view name() { return Name.view(); }
+    using topo = detail::type_list<leaf>;
+};
+
+// A double held in a structural type, so that it can be a template argument on every
+// compiler (clang 14 has no floating-point template parameters).
+struct num {
+    std::uint64_t bits;
+    constexpr num(double v) : bits(std::bit_cast<std::uint64_t>(v)) {}
+    constexpr num(float v) : num(static_cast<double>(v)) {}
+    constexpr num(int v) : num(static_cast<double>(v)) {}
+    constexpr num(long v) : num(static_cast<double>(v)) {}
+    constexpr num(long long v) : num(static_cast<double>(v)) {}
+    constexpr double value() const { return std::bit_cast<double>(bits); }
+};
+
+template <num V>
+struct constant {
+    using value_type = weak_scalar;
+    using shape_type = scalar_shape;
+    static constexpr op_kind kind = op_kind::constant;
+    static constexpr bool requires_grad = false;
+    static constexpr double value = V.value();
+    using topo = detail::type_list<constant>;
+};
+
+namespace detail {
+template <class Op, class... Cs>
+constexpr bool any_value_child_requires_grad() {
+    return [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+        return ((!Op::shape_only(Is) && Cs::requires_grad) || ...);
+    }(std::index_sequence_for<Cs...>{});
+}
+}  // namespace detail
+
+template <class Op, class... Children>
+struct node {
+    using op = Op;
+    using children = detail::type_list<Children...>;
+    using rule = typename Op::template rule<Children...>;
+    using value_type = typename rule::value_type;
+    using shape_type = typename rule::shape_type;
+    static constexpr op_kind kind = Op::kind;
+    static constexpr bool requires_grad =
+        Op::differentiable && detail::any_value_child_requires_grad<Op, Children...>();
+    using topo = decltype(detail::union_all_t<typename Children::topo...>{} +
+                          detail::type_list<node>{});
+};
+
+// The user-facing handle. Empty: the whole expression is its type.
+template <class Node>
+struct expr {
+    using node_type = Node;
+    using value_type = typename Node::value_type;
+    using shape_type = typename Node::shape_type;
+    static constexpr bool requires_grad = Node::requires_grad;
+};
+
+template <class T>
+inline constexpr bool is_expr_v = false;
+template <class N>
+inline constexpr bool is_expr_v<expr<N>> = true;
+template <class T>
+concept expression = is_expr_v<std::remove_cvref_t<T>>;
+
+template <class T>
+inline constexpr bool is_leaf_v = false;
+template <fixed_string Name, class T, class S, leaf_role R>
+inline constexpr bool is_leaf_v<leaf<Name, T, S, R>> = true;
+
+template <class T>
+inline constexpr bool is_constant_v = false;
+template <num V>
+inline constexpr bool is_constant_v<constant<V>> = true;
+
+// Leaves. `param` requires grad, `input` does not.
+template <fixed_string Name, class T, class Shape = scalar_shape>
+inline constexpr expr<leaf<Name, T, Shape, leaf_role::param>> param{};
+template <fixed_string Name, class T, class Shape = scalar_shape>
+inline constexpr expr<leaf<Name, T, Shape, leaf_role::input>> input{};
+// A compile-time constant; it takes the dtype of the tensor it meets (a "weak" scalar).
+template <num V>
+inline constexpr expr<constant<V>> lit{};
+
+namespace detail {
+template <class Op, class... Es>
+constexpr expr<node<Op, typename Es::node_type...>> make_node(Es...) {
+    return {};
+}
+// The scalar value of a constant node, or nothing.
+template <class N>
+inline constexpr bool is_constant_value(double v) {
+    if constexpr (is_constant_v<N>) return N::value == v;
+    else return false;
+}
+}  // namespace detail
+
+}  // namespace typegrad

@@ -1,0 +1,167 @@
+#pragma once
+// + - * / and negation: operators on expressions, constant folding, and the identities that
+// keep gradient graphs small (x*1, x+0, -(-x)).
+#include <typegrad/ops/op_base.hpp>
+
+namespace typegrad {
+namespace detail {
+
+struct add_op : elementwise_op {
+    static constexpr const char* name = "add";
+    template <class V> static V apply(const V& a, const V& b) { return a + b; }
+    template <std::size_t I, class G, class Out, class A, class B>
+    static constexpr auto vjp(G g, Out, A, B) { return g; }
+};
+struct sub_op : elementwise_op {
+    static constexpr const char* name = "sub";
+    template <class V> static V apply(const V& a, const V& b) { return a - b; }
+    template <std::size_t I, class G, class Out, class A, class B>
+    static constexpr auto vjp(G g, Out, A, B);
+};
+struct mul_op : elementwise_op {
+    static constexpr const char* name = "mul";
+    template <class V> static V apply(const V& a, const V& b) { return a * b; }
+    template <std::size_t I, class G, class Out, class A, class B>
+    static constexpr auto vjp(G g, Out, A a, B b);
+};
+struct div_op : elementwise_op {
+    static constexpr const char* name = "div";
+    template <class V> static V apply(const V& a, const V& b) { return a / b; }
+    template <std::size_t I, class G, class Out, class A, class B>
+    static constexpr auto vjp(G g, Out out, A a, B b);
+};
+struct neg_op : elementwise_op {
+    static constexpr const char* name = "neg";
+    template <class V> static V apply(const V& a) { return -a; }
+    template <std::size_t I, class G, class Out, class A>
+    static constexpr auto vjp(G g, Out, A);
+};
+
+template <class N>
+inline constexpr bool is_neg_v = false;
+template <class X>
+inline constexpr bool is_neg_v<node<neg_op, X>> = true;
+
+// A constant folds into the other operand only when that cannot change the result's shape.
+template <class Keep, class Const>
+inline constexpr bool identity_applies_v = std::is_same_v<typename Const::shape_type, scalar_shape>;
+
+}  // namespace detail
+
+template <expression A, expression B>
+constexpr auto operator+(A a, B b) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("operator+(a, b)", A, B);
+    using NA = typename A::node_type;
+    using NB = typename B::node_type;
+    if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value + NB::value>;
+    else if constexpr (detail::is_constant_value<NB>(0.0)) return a;
+    else if constexpr (detail::is_constant_value<NA>(0.0)) return b;
+    else return detail::make_node<detail::add_op>(a, b);
+}
+template <expression A, expression B>
+constexpr auto operator-(A a, B b) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("operator-(a, b)", A, B);
+    using NA = typename A::node_type;
+    using NB = typename B::node_type;
+    if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value - NB::value>;
+    else if constexpr (detail::is_constant_value<NB>(0.0)) return a;
+    else return detail::make_node<detail::sub_op>(a, b);
+}
+template <expression A, expression B>
+constexpr auto operator*(A a, B b) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("operator*(a, b)", A, B);
+    using NA = typename A::node_type;
+    using NB = typename B::node_type;
+    if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value * NB::value>;
+    else if constexpr (detail::is_constant_value<NB>(1.0)) return a;
+    else if constexpr (detail::is_constant_value<NA>(1.0)) return b;
+    else return detail::make_node<detail::mul_op>(a, b);
+}
+template <expression A, expression B>
+constexpr auto operator/(A a, B b) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("operator/(a, b)", A, B);
+    using NA = typename A::node_type;
+    using NB = typename B::node_type;
+    if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value / NB::value>;
+    else if constexpr (detail::is_constant_value<NB>(1.0)) return a;
+    else return detail::make_node<detail::div_op>(a, b);
+}
+template <expression A>
+constexpr auto operator-(A a) {
+    using NA = typename A::node_type;
+    if constexpr (is_constant_v<NA>) return lit<-NA::value>;
+    else if constexpr (detail::is_neg_v<NA>) return expr<detail::type_at_t<0, typename NA::children>>{};
+    else return detail::make_node<detail::neg_op>(a);
+}
+template <expression A>
+constexpr auto neg(A a) { return -a; }
+
+// Plain numbers are not graph values: say what to write instead.
+#define TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(op)                                                \
+    template <expression A, class S>                                                              \
+        requires std::is_arithmetic_v<S>                                                          \
+    constexpr auto operator op(A, S) {                                                            \
+        TYPEGRAD_DETAIL_NO_RUNTIME_NUMBER("operator" #op "(expression, number)");                 \
+        return A{};                                                                               \
+    }                                                                                             \
+    template <class S, expression A>                                                              \
+        requires std::is_arithmetic_v<S>                                                          \
+    constexpr auto operator op(S, A) {                                                            \
+        TYPEGRAD_DETAIL_NO_RUNTIME_NUMBER("operator" #op "(number, expression)");                 \
+        return A{};                                                                               \
+    }
+TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(+)
+TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(-)
+TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(*)
+TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(/)
+#undef TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR
+
+namespace detail {
+// Gradient products. An adjoint that is a broadcast constant (the seed of a sum, say) times a
+// value of the same shape is just the constant times the value: the graph stays small and the
+// kernels do not multiply by 1.
+struct expand_op;
+template <class N>
+struct constant_expand {
+    static constexpr bool value = false;
+};
+template <num V, class Like>
+struct constant_expand<node<expand_op, constant<V>, Like>> {
+    static constexpr bool value = true;
+    using like = Like;
+};
+template <class G, class X>
+constexpr bool folds_into() {
+    using NG = typename G::node_type;
+    if constexpr (constant_expand<NG>::value)
+        return std::is_same_v<typename constant_expand<NG>::like::shape_type, typename X::shape_type>;
+    else return false;
+}
+template <expression G, expression X>
+constexpr auto gmul(G g, X x) {
+    if constexpr (folds_into<G, X>()) return expr<type_at_t<0, typename G::node_type::children>>{} * x;
+    else return g * x;
+}
+template <expression G, expression X>
+constexpr auto gdiv(G g, X x) {
+    if constexpr (folds_into<G, X>()) return expr<type_at_t<0, typename G::node_type::children>>{} / x;
+    else return g / x;
+}
+
+template <std::size_t I, class G, class Out, class A, class B>
+constexpr auto sub_op::vjp(G g, Out, A, B) {
+    if constexpr (I == 0) return g; else return -g;
+}
+template <std::size_t I, class G, class Out, class A, class B>
+constexpr auto mul_op::vjp(G g, Out, A a, B b) {
+    if constexpr (I == 0) return gmul(g, b); else return gmul(g, a);
+}
+template <std::size_t I, class G, class Out, class A, class B>
+constexpr auto div_op::vjp(G g, Out out, A, B b) {
+    if constexpr (I == 0) return gdiv(g, b); else return -(gmul(g, out) / b);
+}
+template <std::size_t I, class G, class Out, class A>
+constexpr auto neg_op::vjp(G g, Out, A) { return -g; }
+}  // namespace detail
+
+}  // namespace typegrad

@@ -1,0 +1,73 @@
+#pragma once
+// Comparison masks (0/1 in the operands' dtype, no gradient), where(), detach().
+#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/ops/op_base.hpp>
+
+namespace typegrad {
+namespace detail {
+
+#define TYPEGRAD_DETAIL_MASK_OP(fn)                                                     \
+    struct fn##_op : nondifferentiable_elementwise_op {                                  \
+        static constexpr const char* name = #fn;                                         \
+        template <class V> static V apply(const V& a, const V& b) { return simd::fn(a, b); } \
+    };
+TYPEGRAD_DETAIL_MASK_OP(gt)
+TYPEGRAD_DETAIL_MASK_OP(ge)
+TYPEGRAD_DETAIL_MASK_OP(lt)
+TYPEGRAD_DETAIL_MASK_OP(le)
+TYPEGRAD_DETAIL_MASK_OP(eq)
+#undef TYPEGRAD_DETAIL_MASK_OP
+
+struct detach_op : nondifferentiable_elementwise_op {
+    static constexpr const char* name = "detach";
+    template <class V> static V apply(const V& a) { return a; }
+};
+// x where finite, else 0: keeps stabilising shifts (log_sum_exp's max) finite.
+struct finite_or_zero_op : nondifferentiable_elementwise_op {
+    static constexpr const char* name = "finite_or_zero";
+    template <class V> static V apply(const V& a) { return simd::select(simd::is_finite(a), a, V(0)); }
+};
+
+// where(cond, a, b): cond is a mask (nonzero = true). Gradient flows to the chosen side only.
+struct where_op : elementwise_op {
+    static constexpr const char* name = "where";
+    template <class V>
+    static V apply(const V& c, const V& a, const V& b) { return simd::select(c != V(0), a, b); }
+    template <std::size_t I, class G, class Out, class C, class A, class B>
+    static constexpr auto vjp(G g, Out, C c, A, B);
+};
+
+}  // namespace detail
+
+#define TYPEGRAD_DETAIL_MASK_FN(fn)                                                     \
+    template <expression A, expression B>                                              \
+    constexpr auto fn(A a, B b) {                                                      \
+        TYPEGRAD_DETAIL_CHECK_BROADCAST(#fn "(a, b)", A, B);                           \
+        return detail::make_node<detail::fn##_op>(a, b);                               \
+    }
+TYPEGRAD_DETAIL_MASK_FN(gt)
+TYPEGRAD_DETAIL_MASK_FN(ge)
+TYPEGRAD_DETAIL_MASK_FN(lt)
+TYPEGRAD_DETAIL_MASK_FN(le)
+TYPEGRAD_DETAIL_MASK_FN(eq)
+#undef TYPEGRAD_DETAIL_MASK_FN
+
+template <expression A>
+constexpr auto detach(A a) { return detail::make_node<detail::detach_op>(a); }
+
+template <expression C, expression A, expression B>
+constexpr auto where(C c, A a, B b) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("where(cond, a, b)", A, B);
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("where(cond, a, b)", C, A);
+    return detail::make_node<detail::where_op>(c, a, b);
+}
+
+namespace detail {
+template <std::size_t I, class G, class Out, class C, class A, class B>
+constexpr auto where_op::vjp(G g, Out, C c, A, B) {
+    static_assert(I != 0, "typegrad: internal: where's condition carries no gradient");
+    if constexpr (I == 1) return where(c, g, lit<0>);
+    else return where(c, lit<0>, g);
+}
+}  // namespace detail
+}  // namespace typegrad

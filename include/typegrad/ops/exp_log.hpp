@@ -1,0 +1,72 @@
+#pragma once
+// exp, log, sqrt, square, pow.
+#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/compare.hpp>
+
+namespace typegrad {
+namespace detail {
+
+struct exp_op : elementwise_op {
+    static constexpr const char* name = "exp";
+    template <class V> static V apply(const V& x) { return simd::exp(x); }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out out, X) { return gmul(g, out); }
+};
+struct log_op : elementwise_op {
+    static constexpr const char* name = "log";
+    template <class V> static V apply(const V& x) { return simd::log(x); }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X x) { return gdiv(g, x); }
+};
+struct sqrt_op : elementwise_op {
+    static constexpr const char* name = "sqrt";
+    template <class V> static V apply(const V& x) { return simd::sqrt(x); }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out out, X) { return gmul(g, lit<0.5> / out); }
+};
+struct square_op : elementwise_op {
+    static constexpr const char* name = "square";
+    template <class V> static V apply(const V& x) { return x * x; }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X x) { return gmul(g, x * lit<2>); }
+};
+struct pow_op : elementwise_op {
+    static constexpr const char* name = "pow";
+    template <class V> static V apply(const V& x, const V& y) { return simd::pow(x, y); }
+    template <std::size_t I, class G, class Out, class X, class Y>
+    static constexpr auto vjp(G g, Out out, X x, Y y);
+};
+
+}  // namespace detail
+
+template <expression X> constexpr auto exp(X x) { return detail::make_node<detail::exp_op>(x); }
+template <expression X> constexpr auto log(X x) { return detail::make_node<detail::log_op>(x); }
+template <expression X> constexpr auto sqrt(X x) { return detail::make_node<detail::sqrt_op>(x); }
+template <expression X> constexpr auto square(X x) { return detail::make_node<detail::square_op>(x); }
+
+// pow(x, y) for tensors and for constants (tg::lit<3>); pow(x, 1) is x, pow(x, 2) is square(x).
+template <expression X, expression Y>
+constexpr auto pow(X x, Y y) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("pow(x, y)", X, Y);
+    using NY = typename Y::node_type;
+    if constexpr (detail::is_constant_value<NY>(1.0)) return x;
+    else if constexpr (detail::is_constant_value<NY>(2.0)) return square(x);
+    else return detail::make_node<detail::pow_op>(x, y);
+}
+template <expression X, class S>
+    requires std::is_arithmetic_v<S>
+constexpr auto pow(X x, S) {
+    TYPEGRAD_DETAIL_NO_RUNTIME_NUMBER("pow(x, number)");
+    return x;
+}
+
+namespace detail {
+template <std::size_t I, class G, class Out, class X, class Y>
+constexpr auto pow_op::vjp(G g, Out out, X x, Y y) {
+    // d/dy x^y = x^y log x; taken as 0 where x == 0 and y >= 0, as PyTorch does.
+    if constexpr (I == 0) return gmul(g, y * pow(x, y - lit<1>));
+    else return where(eq(x, lit<0>) * ge(y, lit<0>), lit<0>, gmul(g, out * log(x)));
+}
+}  // namespace detail
+}  // namespace typegrad

@@ -1,0 +1,50 @@
+#pragma once
+// What every op declares: its kind, whether it is differentiable, which children only lend
+// their shape, and its shape/dtype rule. Elementwise ops broadcast like numpy and promote.
+#include <cstddef>
+#include <type_traits>
+
+#include <typegrad/core/dtype.hpp>
+#include <typegrad/core/shape.hpp>
+#include <typegrad/graph/node.hpp>
+
+namespace typegrad::detail {
+
+struct elementwise_op {
+    static constexpr op_kind kind = op_kind::elementwise;
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class... Cs>
+    struct rule {
+        using value_type = promote_t<typename Cs::value_type...>;
+        using shape_type = broadcast_t<typename Cs::shape_type...>;
+    };
+};
+
+// Masks, detach: values flow forward, gradients do not.
+struct nondifferentiable_elementwise_op : elementwise_op {
+    static constexpr bool differentiable = false;
+};
+
+template <class A, class B>
+inline constexpr bool same_shape_v = std::is_same_v<typename A::shape_type, typename B::shape_type>;
+
+}  // namespace typegrad::detail
+
+// Rejects plain numbers in graphs with a sentence that says what to write instead.
+#define TYPEGRAD_DETAIL_NO_RUNTIME_NUMBER(fname)                                               \
+    static_assert(::typegrad::detail::always_false<S>,                                         \
+                  "typegrad: " fname " got a plain number; a number in a graph is part of its " \
+                  "type, so write it as a compile-time constant, e.g. tg::lit<2.5>, or bind a "  \
+                  "run-time value through a tg::input leaf")
+
+#define TYPEGRAD_DETAIL_CHECK_BROADCAST(fname, A, B)                                             \
+    static_assert(::typegrad::detail::broadcastable_v<typename A::shape_type,                    \
+                                                      typename B::shape_type>,                   \
+                  "typegrad: " fname " needs broadcastable shapes: where both operands have a "   \
+                  "static extent on an axis, the extents must be equal or one of them 1")
+
+namespace typegrad::detail {
+template <class>
+inline constexpr bool always_false = false;
+}  // namespace typegrad::detail

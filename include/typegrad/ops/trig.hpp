@@ -1,0 +1,48 @@
+#pragma once
+// sin, cos, tanh, sigmoid.
+#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+
+namespace typegrad {
+namespace detail {
+
+struct sin_op : elementwise_op {
+    static constexpr const char* name = "sin";
+    template <class V> static V apply(const V& x) { return simd::sin(x); }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X x);
+};
+struct cos_op : elementwise_op {
+    static constexpr const char* name = "cos";
+    template <class V> static V apply(const V& x) { return simd::cos(x); }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X x);
+};
+struct tanh_op : elementwise_op {
+    static constexpr const char* name = "tanh";
+    template <class V> static V apply(const V& x) { return simd::tanh(x); }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out out, X) { return gmul(g, lit<1> - out * out); }
+};
+struct sigmoid_op : elementwise_op {
+    static constexpr const char* name = "sigmoid";
+    // 1 / (1 + exp(-x)) overflows to 0 for large negative x and saturates to 1: both correct.
+    template <class V> static V apply(const V& x) { return V(1) / (V(1) + simd::exp(-x)); }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out out, X) { return gmul(g, out * (lit<1> - out)); }
+};
+
+}  // namespace detail
+
+template <expression X> constexpr auto sin(X x) { return detail::make_node<detail::sin_op>(x); }
+template <expression X> constexpr auto cos(X x) { return detail::make_node<detail::cos_op>(x); }
+template <expression X> constexpr auto tanh(X x) { return detail::make_node<detail::tanh_op>(x); }
+template <expression X> constexpr auto sigmoid(X x) { return detail::make_node<detail::sigmoid_op>(x); }
+
+namespace detail {
+template <std::size_t I, class G, class Out, class X>
+constexpr auto sin_op::vjp(G g, Out, X x) { return gmul(g, cos(x)); }
+template <std::size_t I, class G, class Out, class X>
+constexpr auto cos_op::vjp(G g, Out, X x) { return -gmul(g, sin(x)); }
+}  // namespace detail
+}  // namespace typegrad

@@ -1,0 +1,19 @@
+#pragma once
+// typegrad: reverse-mode automatic differentiation in which the computation graph is a type.
+// The only header users need.
+#include <typegrad/core/dtype.hpp>
+#include <typegrad/core/error.hpp>
+#include <typegrad/core/fixed_string.hpp>
+#include <typegrad/core/shape.hpp>
+#include <typegrad/graph/node.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/broadcast.hpp>
+#include <typegrad/ops/compare.hpp>
+#include <typegrad/ops/exp_log.hpp>
+#include <typegrad/ops/log_sum_exp.hpp>
+#include <typegrad/ops/piecewise.hpp>
+#include <typegrad/ops/reduce.hpp>
+#include <typegrad/ops/trig.hpp>
+#include <typegrad/autodiff/reverse.hpp>
+#include <typegrad/autodiff/step.hpp>
+#include <typegrad/exec/bind.hpp>
