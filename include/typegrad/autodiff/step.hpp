@@ -128,9 +128,6 @@ constexpr bool is_bound_leaf() {
     else return false;
 }
 
-template <class Leaf>
-std::string leaf_label() { return "'" + std::string(Leaf::name()) + "'"; }
-
 }  // namespace detail
 
 template <class Step, class FwdPP>
@@ -348,18 +345,16 @@ private:
                 using S = typename node::shape_type;
                 for (std::size_t a = 0; a < S::rank; ++a) {
                     if (S::extents[a] != dyn && b.extents[a] != S::extents[a])
-                        throw shape_error("typegrad: bind(" + detail::leaf_label<node>().substr(1, node::name().size()) +
-                                          ", ...): axis " + std::to_string(a) + " has extent " +
-                                          std::to_string(b.extents[a]) + " but the leaf declares " +
-                                          std::to_string(S::extents[a]));
+                        throw shape_error(detail::message("typegrad: bind(", node::name(), ", ...): axis ", a,
+                                                          " has extent ", b.extents[a],
+                                                          " but the leaf declares ", S::extents[a]));
                     e[a] = b.extents[a];
                 }
                 if (b.data == nullptr && PP::plan.needed[N]) {
                     std::size_t n = 1;
                     for (std::size_t a = 0; a < S::rank; ++a) n *= e[a];
                     if (n != 0)
-                        throw binding_error("typegrad: bind(" + std::string(node::name()) +
-                                            ", ...) got a null pointer");
+                        throw binding_error(detail::message("typegrad: bind(", node::name(), ", ...) got a null pointer"));
                 }
                 st.ptr[N] = b.data;
             } else {
@@ -378,10 +373,11 @@ private:
             constexpr std::size_t id = PP::program::template id_of<L>;
             const std::size_t need = detail::node_numel<PP>(st, id);
             if (b.size != detail::unknown_size && b.size != need)
-                throw shape_error("typegrad: bind(" + std::string(L::name()) + ", ...): the buffer has " +
-                                  std::to_string(b.size) + " elements but extents " +
-                                  detail::extents_text(st.ext.data() + PP::rank_offset[id], L::shape_type::rank) +
-                                  " need " + std::to_string(need));
+                throw shape_error(detail::message("typegrad: bind(", L::name(), ", ...): the buffer has ", b.size,
+                                                  " elements but extents ",
+                                                  detail::extents_text(st.ext.data() + PP::rank_offset[id],
+                                                                       L::shape_type::rank),
+                                                  " need ", need));
         }
     }
 
@@ -429,11 +425,10 @@ private:
             constexpr std::size_t id = PP::program::template id_of<L>;
             const std::size_t need = detail::node_numel<PP>(st, id);
             if (b.size != need)
-                throw shape_error("typegrad: grad_into(" + std::string(L::name()) + ", ...): the buffer has " +
-                                  std::to_string(b.size) + " elements but the gradient has " +
-                                  std::to_string(need));
+                throw shape_error(detail::message("typegrad: grad_into(", L::name(), ", ...): the buffer has ",
+                                                  b.size, " elements but the gradient has ", need));
             if (b.data == nullptr && need != 0)
-                throw binding_error("typegrad: grad_into(" + std::string(L::name()) + ", ...) got a null pointer");
+                throw binding_error(detail::message("typegrad: grad_into(", L::name(), ", ...) got a null pointer"));
             st.out[gi++] = b.data;
         }
     }
@@ -501,8 +496,8 @@ private:
             if constexpr (detail::is_seed_binding_v<B>) {
                 const std::size_t need = detail::node_numel<PP>(st, id);
                 if (b.size != need)
-                    throw shape_error("typegrad: tg::seed(buffer) has " + std::to_string(b.size) +
-                                      " elements but the output has " + std::to_string(need));
+                    throw shape_error(detail::message("typegrad: tg::seed(buffer) has ", b.size,
+                                                      " elements but the output has ", need));
             }
         };
         (check(args), ...);

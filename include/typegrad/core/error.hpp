@@ -1,7 +1,9 @@
 #pragma once
 // Run-time errors. Every one is thrown before anything is written to a caller's buffer.
+#include <concepts>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace typegrad {
 
@@ -20,5 +22,20 @@ struct aliasing_error : error {
 struct binding_error : error {
     using error::error;
 };
+
+namespace detail {
+// Builds an error message by appending (g++ 12 -O3 raises a false -Wrestrict on
+// `"literal" + std::string`, GCC PR105329).
+inline void append_piece(std::string& s, std::string_view piece) { s.append(piece); }
+inline void append_piece(std::string& s, const char* piece) { s.append(piece); }
+template <std::unsigned_integral N>
+void append_piece(std::string& s, N n) { s.append(std::to_string(n)); }
+template <class... Pieces>
+std::string message(const Pieces&... pieces) {
+    std::string s;
+    (append_piece(s, pieces), ...);
+    return s;
+}
+}  // namespace detail
 
 }  // namespace typegrad

@@ -90,7 +90,7 @@ constexpr std::uint16_t float_to_f16_bits(float value) noexcept {
         return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x03ffu));
     }
     if (a >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 = 65504 + ulp/2: rounds to inf
-    if (a >= 0x38800000u) {                        // >= 2^-14: normal f16
+    if (a >= 0x38800000u) {                       // >= 2^-14: normal f16
         // Rebias the exponent (127 -> 15), then round off 13 bits half to even; a carry into the
         // exponent is the correct result and cannot reach infinity below 65520.
         const std::uint32_t r = a - 0x38000000u;
@@ -140,7 +140,8 @@ constexpr std::uint16_t double_to_half_bits(double value) noexcept {
     const std::uint64_t a = u & 0x7fffffffffffffffu;
     if (a >= 0x7ff0000000000000u) {
         if (a == 0x7ff0000000000000u) return sign | Format::exp_mask;
-        const auto payload = static_cast<std::uint16_t>((a >> (52 - Format::mant_bits)) & Format::mant_mask);
+        const auto payload =
+            static_cast<std::uint16_t>((a >> (52 - Format::mant_bits)) & Format::mant_mask);
         return sign | Format::exp_mask | Format::quiet_bit | payload;
     }
     if (a == 0) return sign;
@@ -191,9 +192,7 @@ struct half_operators {
     }
 
     // Bit-level classification; found by ADL, preferred over std::isnan(float) for Half.
-    friend constexpr bool isnan(Half a) noexcept {
-        return (a.bits & 0x7fffu) > Format::exp_mask;
-    }
+    friend constexpr bool isnan(Half a) noexcept { return (a.bits & 0x7fffu) > Format::exp_mask; }
     friend constexpr bool isinf(Half a) noexcept { return (a.bits & 0x7fffu) == Format::exp_mask; }
     friend constexpr bool isfinite(Half a) noexcept {
         return (a.bits & Format::exp_mask) != Format::exp_mask;
@@ -305,11 +304,21 @@ struct numeric_limits<typegrad::bf16> {
     static constexpr typegrad::bf16 lowest() noexcept { return typegrad::bf16::from_bits(0xff7f); }
     static constexpr typegrad::bf16 max() noexcept { return typegrad::bf16::from_bits(0x7f7f); }
     static constexpr typegrad::bf16 epsilon() noexcept { return typegrad::bf16::from_bits(0x3c00); }
-    static constexpr typegrad::bf16 round_error() noexcept { return typegrad::bf16::from_bits(0x3f00); }
-    static constexpr typegrad::bf16 infinity() noexcept { return typegrad::bf16::from_bits(0x7f80); }
-    static constexpr typegrad::bf16 quiet_NaN() noexcept { return typegrad::bf16::from_bits(0x7fc0); }
-    static constexpr typegrad::bf16 signaling_NaN() noexcept { return typegrad::bf16::from_bits(0x7fa0); }
-    static constexpr typegrad::bf16 denorm_min() noexcept { return typegrad::bf16::from_bits(0x0001); }
+    static constexpr typegrad::bf16 round_error() noexcept {
+        return typegrad::bf16::from_bits(0x3f00);
+    }
+    static constexpr typegrad::bf16 infinity() noexcept {
+        return typegrad::bf16::from_bits(0x7f80);
+    }
+    static constexpr typegrad::bf16 quiet_NaN() noexcept {
+        return typegrad::bf16::from_bits(0x7fc0);
+    }
+    static constexpr typegrad::bf16 signaling_NaN() noexcept {
+        return typegrad::bf16::from_bits(0x7fa0);
+    }
+    static constexpr typegrad::bf16 denorm_min() noexcept {
+        return typegrad::bf16::from_bits(0x0001);
+    }
 };
 
 template <>
@@ -342,11 +351,17 @@ struct numeric_limits<typegrad::f16> {
     static constexpr typegrad::f16 lowest() noexcept { return typegrad::f16::from_bits(0xfbff); }
     static constexpr typegrad::f16 max() noexcept { return typegrad::f16::from_bits(0x7bff); }
     static constexpr typegrad::f16 epsilon() noexcept { return typegrad::f16::from_bits(0x1400); }
-    static constexpr typegrad::f16 round_error() noexcept { return typegrad::f16::from_bits(0x3800); }
+    static constexpr typegrad::f16 round_error() noexcept {
+        return typegrad::f16::from_bits(0x3800);
+    }
     static constexpr typegrad::f16 infinity() noexcept { return typegrad::f16::from_bits(0x7c00); }
     static constexpr typegrad::f16 quiet_NaN() noexcept { return typegrad::f16::from_bits(0x7e00); }
-    static constexpr typegrad::f16 signaling_NaN() noexcept { return typegrad::f16::from_bits(0x7d00); }
-    static constexpr typegrad::f16 denorm_min() noexcept { return typegrad::f16::from_bits(0x0001); }
+    static constexpr typegrad::f16 signaling_NaN() noexcept {
+        return typegrad::f16::from_bits(0x7d00);
+    }
+    static constexpr typegrad::f16 denorm_min() noexcept {
+        return typegrad::f16::from_bits(0x0001);
+    }
 };
 
 }  // namespace std

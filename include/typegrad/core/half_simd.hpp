@@ -42,6 +42,14 @@
 namespace typegrad::detail {
 inline namespace TYPEGRAD_DETAIL_HALF_ISA {
 
+// Vector loops run to n rounded down to their block size (i stays a multiple of it). Bounding
+// them by "i + Block <= n" instead leaves GCC unable to bound the scalar tail loop, and with a
+// constant n it then warns (-Waggressive-loop-optimizations, on by default).
+template <std::size_t Block>
+constexpr std::size_t round_down(std::size_t n) noexcept {
+    return n - n % Block;
+}
+
 #if defined(__AVX512F__)
 
 // float -> bf16 bits for 16 lanes: the scalar rounding trick, lane-wise.
@@ -72,11 +80,21 @@ inline __m512 round_to_odd_ps_avx512(__m512d lo, __m512d hi) noexcept {
     const __m256 t_hi = _mm512_cvt_roundpd_ps(hi, truncate);
     const __mmask8 inexact_lo = _mm512_cmp_pd_mask(_mm512_cvtps_pd(t_lo), lo, _CMP_NEQ_UQ);
     const __mmask8 inexact_hi = _mm512_cmp_pd_mask(_mm512_cvtps_pd(t_hi), hi, _CMP_NEQ_UQ);
-    const __mmask16 inexact = static_cast<__mmask16>(
-        static_cast<unsigned>(inexact_lo) | (static_cast<unsigned>(inexact_hi) << 8));
+    const __mmask16 inexact = static_cast<__mmask16>(static_cast<unsigned>(inexact_lo) |
+                                                     (static_cast<unsigned>(inexact_hi) << 8));
     const __m512i both = _mm512_castpd_si512(_mm512_insertf64x4(
         _mm512_castpd256_pd512(_mm256_castps_pd(t_lo)), _mm256_castps_pd(t_hi), 1));
     return _mm512_castsi512_ps(_mm512_mask_or_epi32(both, inexact, both, _mm512_set1_epi32(1)));
+}
+
+// True if a lane holds 0 < |x| < 2^-126. Rounding those to odd needs float subnormals, which
+// MXCSR.FTZ would flush; bf16 (unlike f16) has values there, so such blocks (rare) go scalar.
+inline bool below_float_normal_avx512(__m512d v) noexcept {
+    const __m512i abs_bits =
+        _mm512_and_si512(_mm512_castpd_si512(v), _mm512_set1_epi64(0x7fffffffffffffff));
+    const __m512i one = _mm512_set1_epi64(1);
+    const __m512i float_min_minus_one = _mm512_set1_epi64(0x380fffffffffffff);  // bits(2^-126) - 1
+    return _mm512_cmplt_epu64_mask(_mm512_sub_epi64(abs_bits, one), float_min_minus_one) != 0;
 }
 
 #endif  // __AVX512F__
@@ -110,13 +128,13 @@ inline __m128i round_to_odd_bits_avx2(__m256d x) noexcept {
     const __m128 f = _mm256_cvtpd_ps(x);
     const __m256d back = _mm256_cvtps_pd(f);
     const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffff));
-    const __m256d away = _mm256_cmp_pd(_mm256_and_pd(back, abs_mask), _mm256_and_pd(x, abs_mask),
-                                       _CMP_GT_OQ);
+    const __m256d away =
+        _mm256_cmp_pd(_mm256_and_pd(back, abs_mask), _mm256_and_pd(x, abs_mask), _CMP_GT_OQ);
     const __m256d inexact = _mm256_cmp_pd(back, x, _CMP_NEQ_UQ);
     // The 64-bit lane masks narrowed to 32 bits: their low halves, gathered.
     const __m256i low_halves = _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0);
-    const __m128i away32 = _mm256_castsi256_si128(
-        _mm256_permutevar8x32_epi32(_mm256_castpd_si256(away), low_halves));
+    const __m128i away32 =
+        _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(away), low_halves));
     const __m128i inexact32 = _mm256_castsi256_si128(
         _mm256_permutevar8x32_epi32(_mm256_castpd_si256(inexact), low_halves));
     const __m128i stepped = _mm_add_epi32(_mm_castps_si128(f), away32);  // away32 is 0 or -1
@@ -129,6 +147,15 @@ inline __m256 round_to_odd_ps_avx2(const double* src) noexcept {
     return _mm256_castsi256_ps(_mm256_set_m128i(hi, lo));
 }
 
+// True if a lane holds 0 < |x| < 2^-126 (see below_float_normal_avx512).
+inline bool below_float_normal_avx2(__m256d v) noexcept {
+    const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffff));
+    const __m256d a = _mm256_and_pd(v, abs_mask);
+    const __m256d tiny = _mm256_and_pd(_mm256_cmp_pd(a, _mm256_set1_pd(0x1p-126), _CMP_LT_OQ),
+                                       _mm256_cmp_pd(a, _mm256_setzero_pd(), _CMP_NEQ_OQ));
+    return _mm256_movemask_pd(tiny) != 0;
+}
+
 #endif  // __AVX2__ && !__AVX512F__
 
 // ---- float -> bf16 ----
@@ -138,15 +165,17 @@ inline void convert_n(const float* src, bf16* dst, std::size_t n) noexcept {
     const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i max_subnormal = _mm512_set1_epi32(0x007fffff);
-    for (; i + 32 <= n; i += 32) {
+    for (; i < round_down<32>(n); i += 32) {
         const __m512 lo = _mm512_loadu_ps(src + i);
         const __m512 hi = _mm512_loadu_ps(src + i + 16);
         // vcvtne2ps2bf16 treats subnormal inputs as zero; blocks holding one (rare) take the
         // integer path, which rounds them like the scalar code. (|x| - 1 < 0x7fffff: subnormal.)
         const __mmask16 sub_lo = _mm512_cmplt_epu32_mask(
-            _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(lo), abs_mask), one), max_subnormal);
+            _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(lo), abs_mask), one),
+            max_subnormal);
         const __mmask16 sub_hi = _mm512_cmplt_epu32_mask(
-            _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(hi), abs_mask), one), max_subnormal);
+            _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(hi), abs_mask), one),
+            max_subnormal);
         if ((sub_lo | sub_hi) == 0) {
             const __m512bh packed = _mm512_cvtne2ps_pbh(hi, lo);  // lo fills the low half
             _mm512_storeu_si512(dst + i, std::bit_cast<__m512i>(packed));
@@ -157,12 +186,12 @@ inline void convert_n(const float* src, bf16* dst, std::size_t n) noexcept {
     }
 #endif
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
+    for (; i < round_down<16>(n); i += 16) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
                             bf16_from_ps_avx512(_mm512_loadu_ps(src + i)));
     }
 #elif defined(__AVX2__)
-    for (; i + 16 <= n; i += 16) {
+    for (; i < round_down<16>(n); i += 16) {
         const __m256i lo = bf16_from_ps_avx2(_mm256_loadu_ps(src + i));
         const __m256i hi = bf16_from_ps_avx2(_mm256_loadu_ps(src + i + 8));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), pack_bf16_avx2(lo, hi));
@@ -175,13 +204,13 @@ inline void convert_n(const float* src, bf16* dst, std::size_t n) noexcept {
 inline void convert_n(const bf16* src, float* dst, std::size_t n) noexcept {
     std::size_t i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
+    for (; i < round_down<16>(n); i += 16) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
         const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
         _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(u));
     }
 #elif defined(__AVX2__)
-    for (; i + 8 <= n; i += 8) {
+    for (; i < round_down<8>(n); i += 8) {
         const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
         const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
         _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(u));
@@ -194,12 +223,12 @@ inline void convert_n(const bf16* src, float* dst, std::size_t n) noexcept {
 inline void convert_n(const float* src, f16* dst, std::size_t n) noexcept {
     std::size_t i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
+    for (; i < round_down<16>(n); i += 16) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
                             f16_from_ps_avx512(_mm512_loadu_ps(src + i)));
     }
 #elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8) {
+    for (; i < round_down<8>(n); i += 8) {
         // The immediate selects nearest-even regardless of MXCSR.RC.
         const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
@@ -212,12 +241,12 @@ inline void convert_n(const float* src, f16* dst, std::size_t n) noexcept {
 inline void convert_n(const f16* src, float* dst, std::size_t n) noexcept {
     std::size_t i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
+    for (; i < round_down<16>(n); i += 16) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
         _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
     }
 #elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8) {
+    for (; i < round_down<8>(n); i += 8) {
         const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
     }
@@ -229,13 +258,30 @@ inline void convert_n(const f16* src, float* dst, std::size_t n) noexcept {
 inline void convert_n(const double* src, bf16* dst, std::size_t n) noexcept {
     std::size_t i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-        const __m512 f = round_to_odd_ps_avx512(_mm512_loadu_pd(src + i), _mm512_loadu_pd(src + i + 8));
-        // Not vcvtne2ps2bf16: round-to-odd yields subnormal floats that it would flush.
+    for (; i < round_down<16>(n); i += 16) {
+        const __m512d lo = _mm512_loadu_pd(src + i);
+        const __m512d hi = _mm512_loadu_pd(src + i + 8);
+        if (below_float_normal_avx512(lo) || below_float_normal_avx512(hi)) {
+            for (std::size_t j = i; j < i + 16; ++j) dst[j] = bf16(src[j]);
+            continue;
+        }
+        const __m512 f = round_to_odd_ps_avx512(lo, hi);  // no subnormals: vcvtneps2bf16 is exact
+#if defined(__AVX512BF16__)
+        const __m256i h = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(f));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+#else
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_from_ps_avx512(f));
+#endif
     }
 #elif defined(__AVX2__)
-    for (; i + 16 <= n; i += 16) {
+    for (; i < round_down<16>(n); i += 16) {
+        if (below_float_normal_avx2(_mm256_loadu_pd(src + i)) ||
+            below_float_normal_avx2(_mm256_loadu_pd(src + i + 4)) ||
+            below_float_normal_avx2(_mm256_loadu_pd(src + i + 8)) ||
+            below_float_normal_avx2(_mm256_loadu_pd(src + i + 12))) {
+            for (std::size_t j = i; j < i + 16; ++j) dst[j] = bf16(src[j]);
+            continue;
+        }
         const __m256i lo = bf16_from_ps_avx2(round_to_odd_ps_avx2(src + i));
         const __m256i hi = bf16_from_ps_avx2(round_to_odd_ps_avx2(src + i + 8));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), pack_bf16_avx2(lo, hi));
@@ -248,12 +294,14 @@ inline void convert_n(const double* src, bf16* dst, std::size_t n) noexcept {
 inline void convert_n(const double* src, f16* dst, std::size_t n) noexcept {
     std::size_t i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-        const __m512 f = round_to_odd_ps_avx512(_mm512_loadu_pd(src + i), _mm512_loadu_pd(src + i + 8));
+    // Unlike bf16, f16 rounds every float subnormal to zero, so FTZ/DAZ cannot matter here.
+    for (; i < round_down<16>(n); i += 16) {
+        const __m512 f =
+            round_to_odd_ps_avx512(_mm512_loadu_pd(src + i), _mm512_loadu_pd(src + i + 8));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), f16_from_ps_avx512(f));
     }
 #elif defined(__AVX2__) && defined(__F16C__)
-    for (; i + 8 <= n; i += 8) {
+    for (; i < round_down<8>(n); i += 8) {
         const __m128i h = _mm256_cvtps_ph(round_to_odd_ps_avx2(src + i), _MM_FROUND_TO_NEAREST_INT);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
     }

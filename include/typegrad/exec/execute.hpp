@@ -48,8 +48,12 @@ struct plan_provider {
 
 inline std::string extents_text(const std::size_t* e, std::size_t rank) {
     std::string s = "[";
-    for (std::size_t i = 0; i < rank; ++i) s += (i ? ", " : "") + std::to_string(e[i]);
-    return s + "]";
+    for (std::size_t i = 0; i < rank; ++i) {
+        if (i) s.append(", ");
+        s.append(std::to_string(e[i]));
+    }
+    s.append("]");
+    return s;
 }
 
 template <class PP>
@@ -95,12 +99,10 @@ void compute_shapes(typename PP::state_type& st) {
             for (std::size_t a = 0; a < ci.rank; ++a) {
                 if (ci.ext[a] == 1) continue;  // broadcast
                 if (ce[a] != out[a + lead])
-                    throw shape_error(std::string("typegrad: '") + std::string(ni.name) + "' (node " +
-                                      std::to_string(n) + ") cannot combine extents " +
-                                      extents_text(ce, ci.rank) + " of operand " + std::to_string(k) +
-                                      " ('" + std::string(ci.name) + "') with the result extents " +
-                                      extents_text(out, ni.rank) +
-                                      " (dynamic extents must match exactly; they never broadcast)");
+                    throw shape_error(message("typegrad: '", ni.name, "' (node ", n, ") cannot combine extents ",
+                                              extents_text(ce, ci.rank), " of operand ", k, " ('", ci.name,
+                                              "') with the result extents ", extents_text(out, ni.rank),
+                                              " (dynamic extents must match exactly; they never broadcast)"));
             }
         }
     }

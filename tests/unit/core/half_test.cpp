@@ -5,6 +5,10 @@
 
 #include <catch2/catch.hpp>
 
+#if defined(__SSE2__)
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr
+#endif
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -29,7 +33,7 @@ constexpr float float_of(std::uint32_t u) { return std::bit_cast<float>(u); }
 constexpr std::uint64_t bits_of(double x) { return std::bit_cast<std::uint64_t>(x); }
 constexpr double double_of(std::uint64_t u) { return std::bit_cast<double>(u); }
 
-// ---- Independent reference --------------------------------------------------------------------
+// ---- Independent reference ----------------------------------------------------------------------
 // Decodes bit patterns with ldexp and rounds by searching the sorted table of finite magnitudes
 // for the neighbours of |x| and comparing |x| with their midpoint. It shares no code or tricks with
 // the library. long double is exact for every float, double and (x87/binary128) int64 input; the
@@ -69,8 +73,9 @@ long double ref_value(std::uint16_t b) {  // finite patterns only
     const int m = format<T>::mant_bits;
     const int e = (b & exp_mask<T>) >> m;
     const int f = b & mant_mask<T>;
-    const long double mag = e == 0 ? std::ldexp(static_cast<long double>(f), 1 - bias<T> - m)
-                                   : std::ldexp(static_cast<long double>(f + (1 << m)), e - bias<T> - m);
+    const long double mag =
+        e == 0 ? std::ldexp(static_cast<long double>(f), 1 - bias<T> - m)
+               : std::ldexp(static_cast<long double>(f + (1 << m)), e - bias<T> - m);
     return (b & 0x8000u) ? -mag : mag;
 }
 
@@ -78,7 +83,8 @@ template <class T>
 const std::vector<long double>& magnitudes() {
     static const std::vector<long double> table = [] {
         std::vector<long double> t;
-        for (unsigned b = 0; b <= max_finite<T>; ++b) t.push_back(ref_value<T>(static_cast<std::uint16_t>(b)));
+        for (unsigned b = 0; b <= max_finite<T>; ++b)
+            t.push_back(ref_value<T>(static_cast<std::uint16_t>(b)));
         return t;
     }();
     return table;
@@ -94,7 +100,8 @@ std::uint16_t ref_round(long double x) {
     // (even) infinity: a tie with it rounds to infinity.
     const long double beyond = std::ldexp(1.0L, bias<T> + 1);
     if (a >= (mags.back() + beyond) / 2) return sign | exp_mask<T>;
-    const auto lo = static_cast<std::uint16_t>(std::upper_bound(mags.begin(), mags.end(), a) - mags.begin() - 1);
+    const auto lo = static_cast<std::uint16_t>(std::upper_bound(mags.begin(), mags.end(), a) -
+                                               mags.begin() - 1);
     const long double lower = mags[lo];
     if (lower == a) return sign | lo;
     const long double upper = lo == max_finite<T> ? beyond : mags[lo + 1u];
@@ -108,13 +115,15 @@ std::uint16_t ref_round(long double x) {
 template <class T>
 std::uint16_t expected_nan(float x) {
     const std::uint32_t u = bits_of(x);
-    const auto payload = static_cast<std::uint16_t>((u >> (23 - format<T>::mant_bits)) & mant_mask<T>);
+    const auto payload =
+        static_cast<std::uint16_t>((u >> (23 - format<T>::mant_bits)) & mant_mask<T>);
     return static_cast<std::uint16_t>(((u >> 16) & 0x8000u) | exp_mask<T> | quiet_bit<T> | payload);
 }
 template <class T>
 std::uint16_t expected_nan(double x) {
     const std::uint64_t u = bits_of(x);
-    const auto payload = static_cast<std::uint16_t>((u >> (52 - format<T>::mant_bits)) & mant_mask<T>);
+    const auto payload =
+        static_cast<std::uint16_t>((u >> (52 - format<T>::mant_bits)) & mant_mask<T>);
     return static_cast<std::uint16_t>(((u >> 48) & 0x8000u) | exp_mask<T> | quiet_bit<T> | payload);
 }
 
@@ -153,8 +162,10 @@ std::vector<float> float_sample() {
         }
     }
     for (int i = 0; i < 1'000'000; ++i) out.push_back(float_of(any(rng)));
-    std::uniform_int_distribution<std::uint32_t> near_f16(0x32000000u, 0x47ffffffu);  // 2^-27 .. 2^17
-    for (int i = 0; i < 200'000; ++i) out.push_back(float_of(near_f16(rng) | (any(rng) & 0x80000000u)));
+    // 2^-27 .. 2^17
+    std::uniform_int_distribution<std::uint32_t> near_f16(0x32000000u, 0x47ffffffu);
+    for (int i = 0; i < 200'000; ++i)
+        out.push_back(float_of(near_f16(rng) | (any(rng) & 0x80000000u)));
     return out;
 }
 
@@ -180,7 +191,8 @@ std::vector<double> double_sample(const std::vector<float>& floats) {
     std::uniform_int_distribution<std::uint64_t> any;
     for (int i = 0; i < 300'000; ++i) out.push_back(double_of(any(rng)));
     std::uniform_int_distribution<std::uint64_t> near(0x3600000000000000u, 0x4810000000000000u);
-    for (int i = 0; i < 300'000; ++i) out.push_back(double_of(near(rng) | (any(rng) & (1ull << 63))));
+    for (int i = 0; i < 300'000; ++i)
+        out.push_back(double_of(near(rng) | (any(rng) & (1ull << 63))));
     return out;
 }
 
@@ -206,16 +218,19 @@ void check_against_reference(const std::vector<Src>& xs) {
 
 // Values that exercise every special case of the bulk paths.
 std::vector<float> float_edge_values() {
+    using lim = std::numeric_limits<float>;
+    // clang-format off
     return {0.0f, -0.0f, 1.0f, -1.0f, 0x1.01p0f, 0x1.03p0f, 257.0f, 65504.0f, 65519.0f, 65520.0f,
-            -65520.0f, 65536.0f, std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-            std::numeric_limits<float>::min(), 0x1p-24f, 0x1p-25f, 0x3p-26f, 0x1.ffcp-15f,
-            float_of(0x7fc00000u), float_of(0xffc00001u), float_of(0x7f800001u), float_of(0xff812345u),
-            float_of(0x7fa02000u), float_of(0x7f7f8000u), float_of(0x7f7f7fffu)};
+            -65520.0f, 65536.0f, lim::max(), -lim::max(), lim::infinity(), -lim::infinity(),
+            lim::min(), 0x1p-24f, 0x1p-25f, 0x3p-26f, 0x1.ffcp-15f,
+            float_of(0x7fc00000u), float_of(0xffc00001u), float_of(0x7f800001u),
+            float_of(0xff812345u), float_of(0x7fa02000u), float_of(0x7f7f8000u),
+            float_of(0x7f7f7fffu)};
+    // clang-format on
 }
 std::vector<float> float_subnormals() {
-    return {float_of(0x00000001u), float_of(0x80008000u), float_of(0x00008001u), float_of(0x00018000u),
-            float_of(0x807fffffu), float_of(0x00400000u)};
+    return {float_of(0x00000001u), float_of(0x80008000u), float_of(0x00008001u),
+            float_of(0x00018000u), float_of(0x807fffffu), float_of(0x00400000u)};
 }
 
 }  // namespace
@@ -311,17 +326,17 @@ TEST_CASE("numeric_limits", "[half]") {
     REQUIRE(f16(65504.0f + 16.0f).bits == LH::infinity().bits);
 }
 
-// ---- Exact rounding cases -------------------------------------------------------------------------
+// ---- Exact rounding cases -----------------------------------------------------------------------
 
 TEST_CASE("bf16 rounding: exact cases", "[half]") {
     REQUIRE(bf16(1.0f).bits == 0x3f80);
-    REQUIRE(bf16(0x1.01p0f).bits == 0x3f80);          // 1 + 2^-8: tie, 1 has the even mantissa
-    REQUIRE(bf16(0x1.03p0f).bits == 0x3f82);          // 1 + 3*2^-8: tie, goes up to 1 + 2^-6
-    REQUIRE(bf16(0x1.010002p0f).bits == 0x3f81);      // just above the tie
-    REQUIRE(bf16(0x1.00fffep0f).bits == 0x3f80);      // just below the tie
-    REQUIRE(float(bf16(257.0f)) == 256.0f);           // tie between 256 (even) and 258
-    REQUIRE(float(bf16(259.0f)) == 260.0f);           // tie between 258 (odd) and 260
-    REQUIRE(float(bf16(65536.0f)) == 65536.0f);       // f16 overflows here, bf16 does not
+    REQUIRE(bf16(0x1.01p0f).bits == 0x3f80);      // 1 + 2^-8: tie, 1 has the even mantissa
+    REQUIRE(bf16(0x1.03p0f).bits == 0x3f82);      // 1 + 3*2^-8: tie, goes up to 1 + 2^-6
+    REQUIRE(bf16(0x1.010002p0f).bits == 0x3f81);  // just above the tie
+    REQUIRE(bf16(0x1.00fffep0f).bits == 0x3f80);  // just below the tie
+    REQUIRE(float(bf16(257.0f)) == 256.0f);       // tie between 256 (even) and 258
+    REQUIRE(float(bf16(259.0f)) == 260.0f);       // tie between 258 (odd) and 260
+    REQUIRE(float(bf16(65536.0f)) == 65536.0f);   // f16 overflows here, bf16 does not
     REQUIRE_THAT(float(bf16(3.0e38f)), Catch::Matchers::WithinRel(3.0e38f, 0x1p-8f));
     REQUIRE(bf16(float_of(0x7f7f7fffu)).bits == 0x7f7f);  // below the overflow tie
     REQUIRE(bf16(float_of(0x7f7f8000u)).bits == 0x7f80);  // overflow tie: to infinity
@@ -342,12 +357,12 @@ TEST_CASE("bf16 rounding: exact cases", "[half]") {
 
 TEST_CASE("f16 rounding: exact cases", "[half]") {
     REQUIRE(f16(1.0f).bits == 0x3c00);
-    REQUIRE(f16(0x1.002p0f).bits == 0x3c00);   // 1 + 2^-11: tie to even 1
-    REQUIRE(f16(0x1.006p0f).bits == 0x3c02);   // 1 + 3*2^-11: tie to even 1 + 2^-9
+    REQUIRE(f16(0x1.002p0f).bits == 0x3c00);  // 1 + 2^-11: tie to even 1
+    REQUIRE(f16(0x1.006p0f).bits == 0x3c02);  // 1 + 3*2^-11: tie to even 1 + 2^-9
     REQUIRE(f16(65504.0f).bits == 0x7bff);
     REQUIRE(f16(65519.0f).bits == 0x7bff);
     REQUIRE(f16(std::nextafter(65520.0f, 0.0f)).bits == 0x7bff);
-    REQUIRE(f16(65520.0f).bits == 0x7c00);     // = max + ulp/2: tie with 2^16, whose pattern is even
+    REQUIRE(f16(65520.0f).bits == 0x7c00);  // = max + ulp/2: tie with 2^16, whose pattern is even
     REQUIRE(f16(-65520.0f).bits == 0xfc00);
     REQUIRE(f16(256.0f * 256.0f).bits == 0x7c00);
     REQUIRE(bf16(256.0f * 256.0f).bits == 0x4780);
@@ -357,14 +372,14 @@ TEST_CASE("f16 rounding: exact cases", "[half]") {
     REQUIRE(std::signbit(float(f16(-0.0f))));
     // Subnormals: the quantum is 2^-24.
     REQUIRE(f16(0x1p-24f).bits == 0x0001);
-    REQUIRE(f16(0x1p-25f).bits == 0x0000);     // half the quantum: tie to even 0
+    REQUIRE(f16(0x1p-25f).bits == 0x0000);  // half the quantum: tie to even 0
     REQUIRE(f16(-0x1p-25f).bits == 0x8000);
     REQUIRE(f16(0x1.000002p-25f).bits == 0x0001);
-    REQUIRE(f16(0x3p-26f).bits == 0x0001);     // 0.75 quanta
-    REQUIRE(f16(0x3p-25f).bits == 0x0002);     // 1.5 quanta: tie to even 2
-    REQUIRE(f16(0x5p-25f).bits == 0x0002);     // 2.5 quanta: tie to even 2
-    REQUIRE(f16(0x1p-14f).bits == 0x0400);     // smallest normal
-    REQUIRE(f16(0x1.ffcp-15f).bits == 0x0400); // 1023.5 quanta: tie, rounds up into the normals
+    REQUIRE(f16(0x3p-26f).bits == 0x0001);      // 0.75 quanta
+    REQUIRE(f16(0x3p-25f).bits == 0x0002);      // 1.5 quanta: tie to even 2
+    REQUIRE(f16(0x5p-25f).bits == 0x0002);      // 2.5 quanta: tie to even 2
+    REQUIRE(f16(0x1p-14f).bits == 0x0400);      // smallest normal
+    REQUIRE(f16(0x1.ffcp-15f).bits == 0x0400);  // 1023.5 quanta: tie, rounds up into the normals
     REQUIRE(f16(0x1.ff8p-15f).bits == 0x03ff);
     REQUIRE(f16(std::numeric_limits<float>::denorm_min()).bits == 0x0000);
     REQUIRE(float(f16::from_bits(0x0001)) == 0x1p-24f);
@@ -432,9 +447,10 @@ TEST_CASE("double and integer sources round once", "[half]") {
     REQUIRE(f16(std::numeric_limits<std::int64_t>::min()).bits == 0xfc00);
 }
 
-// ---- Exhaustive and sampled checks -----------------------------------------------------------
+// ---- Exhaustive and sampled checks --------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("every bit pattern widens exactly and narrows back to itself", "[half]", bf16, f16) {
+TEMPLATE_TEST_CASE("every bit pattern widens exactly and narrows back to itself", "[half]", bf16,
+                   f16) {
     std::size_t bad = 0;
     std::string first;
     for (std::uint32_t b = 0; b <= 0xffff; ++b) {
@@ -443,7 +459,8 @@ TEMPLATE_TEST_CASE("every bit pattern widens exactly and narrows back to itself"
         const float f = h;
         bool ok = true;
         if (is_nan_bits<TestType>(bits)) {
-            // NaN stays NaN, with its sign; narrowing returns it quiet with the same leading payload.
+            // NaN stays NaN, with its sign; narrowing returns it quiet with the same leading
+            // payload.
             const auto quiet = static_cast<std::uint16_t>(bits | quiet_bit<TestType>);
             ok = std::isnan(f) && std::signbit(f) == ((bits & 0x8000u) != 0) && isnan(h) &&
                  TestType(f).bits == quiet && TestType(static_cast<double>(f)).bits == quiet;
@@ -454,7 +471,8 @@ TEMPLATE_TEST_CASE("every bit pattern widens exactly and narrows back to itself"
             ok = static_cast<long double>(f) == want &&
                  std::signbit(f) == ((bits & 0x8000u) != 0) && TestType(f).bits == bits &&
                  TestType(static_cast<double>(f)).bits == bits && !isnan(h) &&
-                 isinf(h) == std::isinf(f) && isfinite(h) == std::isfinite(f) && signbit(h) == std::signbit(f);
+                 isinf(h) == std::isinf(f) && isfinite(h) == std::isfinite(f) &&
+                 signbit(h) == std::signbit(f);
         }
         if (!ok && bad++ == 0) first = hex(b);
     }
@@ -487,7 +505,8 @@ TEST_CASE("int64 -> bf16/f16 match the reference", "[half]") {
         for (int i = 0; i < 200'000; ++i) {
             // Random magnitudes at every scale, with long runs of low zero or one bits (ties).
             const std::uint64_t raw = any(rng) >> (any(rng) % 64);
-            const auto v = static_cast<std::int64_t>(i % 3 == 0 ? raw : (i % 3 == 1 ? raw | 1u : raw & ~std::uint64_t{0xffff}));
+            const auto v = static_cast<std::int64_t>(
+                i % 3 == 0 ? raw : (i % 3 == 1 ? raw | 1u : raw & ~std::uint64_t{0xffff}));
             for (std::int64_t x : {v, -v}) {
                 if (bf16(x).bits != ref_round<bf16>(static_cast<long double>(x))) ++bad;
                 if (f16(x).bits != ref_round<f16>(static_cast<long double>(x))) ++bad;
@@ -517,7 +536,7 @@ TEST_CASE("f16 agrees with the compiler's _Float16", "[half]") {
 }
 #endif
 
-// ---- Arithmetic and comparisons ----------------------------------------------------------------
+// ---- Arithmetic and comparisons -----------------------------------------------------------------
 
 TEST_CASE("arithmetic computes in float and rounds once", "[half]") {
     STATIC_REQUIRE(std::is_same_v<decltype(bf16() + bf16()), bf16>);
@@ -531,7 +550,8 @@ TEST_CASE("arithmetic computes in float and rounds once", "[half]") {
     REQUIRE((f16(60000.0f) + f16(10000.0f)).bits == 0x7c00);
     REQUIRE(float(f16(1.0f) / f16(3.0f)) == float(f16(1.0f / 3.0f)));
     REQUIRE_THAT(float(f16(1.0f) / f16(3.0f)), Catch::Matchers::WithinRel(1.0f / 3.0f, 0x1p-11f));
-    REQUIRE_THAT(float(bf16(3.14159265f) * bf16(2.0f)), Catch::Matchers::WithinRel(6.2831853f, 0x1p-8f));
+    REQUIRE_THAT(float(bf16(3.14159265f) * bf16(2.0f)),
+                 Catch::Matchers::WithinRel(6.2831853f, 0x1p-8f));
     REQUIRE(float(bf16(5.0f) - bf16(7.0f)) == -2.0f);
 
     bf16 acc(0.0f);
@@ -552,8 +572,10 @@ TEST_CASE("arithmetic computes in float and rounds once", "[half]") {
         const auto a = f16::from_bits(static_cast<std::uint16_t>(any(rng)));
         const auto b = f16::from_bits(static_cast<std::uint16_t>(any(rng)));
         if (isnan(a) || isnan(b)) continue;
-        const long double exact_sum = static_cast<long double>(float(a)) + static_cast<long double>(float(b));
-        const long double exact_prod = static_cast<long double>(float(a)) * static_cast<long double>(float(b));
+        const long double exact_sum =
+            static_cast<long double>(float(a)) + static_cast<long double>(float(b));
+        const long double exact_prod =
+            static_cast<long double>(float(a)) * static_cast<long double>(float(b));
         if ((a + b).bits != f16(float(a) + float(b)).bits) ++bad;
         if (!std::isnan(exact_sum) && (a + b).bits != ref_round<f16>(exact_sum) &&
             !(exact_sum == 0 && float(a + b) == 0.0f))  // sign of an exact zero sum: float's rules
@@ -577,11 +599,11 @@ TEST_CASE("comparisons follow IEEE through float", "[half]") {
     REQUIRE((nan <=> bf16(1.0f)) == std::partial_ordering::unordered);
     REQUIRE(bf16(1.0f) < 1.5f);  // mixed comparisons use the built-in float ones
     REQUIRE(f16(2.0f) == 2);
-    REQUIRE(std::isnan(nan));    // std:: classification works through the float conversion
+    REQUIRE(std::isnan(nan));  // std:: classification works through the float conversion
     REQUIRE(isnan(nan));
 }
 
-// ---- Bulk conversions -------------------------------------------------------------------------
+// ---- Bulk conversions ---------------------------------------------------------------------------
 
 namespace {
 
@@ -596,8 +618,8 @@ void check_bulk(const std::vector<Src>& src, std::size_t offset, std::size_t n) 
     for (std::size_t i = 0; i < n; ++i) {
         const std::uint16_t want = T(src[offset + i]).bits;
         if (got[i + 1].bits != want && bad++ == 0)
-            first = "index " + std::to_string(i) + " src " + hex(bits_of(src[offset + i])) + ": got " +
-                    hex(got[i + 1].bits) + ", want " + hex(want);
+            first = "index " + std::to_string(i) + " src " + hex(bits_of(src[offset + i])) +
+                    ": got " + hex(got[i + 1].bits) + ", want " + hex(want);
     }
     INFO("n = " << n << ", offset " << offset << "; " << first);
     REQUIRE(bad == 0);
@@ -631,8 +653,9 @@ std::vector<float> bulk_floats(bool with_subnormals) {
         const float x = float_of(any(rng));
         if (!with_subnormals && std::fpclassify(x) == FP_SUBNORMAL) continue;
         v.push_back(x);
-        v.push_back(float_of(bits_of(x) & 0xffff8000u));                          // bf16 ties
-        v.push_back(float_of((bits_of(x) & 0x8fffe000u) | 0x30000000u | 0x1000u));  // f16-range ties
+        v.push_back(float_of(bits_of(x) & 0xffff8000u));  // bf16 ties
+        v.push_back(
+            float_of((bits_of(x) & 0x8fffe000u) | 0x30000000u | 0x1000u));  // f16-range ties
     }
     std::shuffle(v.begin() + 40, v.end(), rng);
     return v;
@@ -640,13 +663,15 @@ std::vector<float> bulk_floats(bool with_subnormals) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("convert_n narrows bit-identically to the scalar conversion", "[half][simd]", bf16, f16) {
+TEMPLATE_TEST_CASE("convert_n narrows bit-identically to the scalar conversion", "[half][simd]",
+                   bf16, f16) {
     for (bool with_subnormals : {false, true}) {
         const std::vector<float> src = bulk_floats(with_subnormals);
         std::vector<double> dsrc(src.begin(), src.end());
         std::mt19937_64 rng(3u);
         for (double& d : dsrc) {  // perturb below float precision so double inputs round once
-            if (std::isfinite(d) && d != 0 && rng() % 2 == 0) d = std::nextafter(d, rng() % 2 ? 1e308 : -1e308);
+            if (std::isfinite(d) && d != 0 && rng() % 2 == 0)
+                d = std::nextafter(d, rng() % 2 ? 1e308 : -1e308);
         }
         for (std::size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 1000}) {
             for (std::size_t offset : {0, 1, 3}) {
@@ -663,9 +688,11 @@ TEMPLATE_TEST_CASE("convert_n narrows bit-identically to the scalar conversion",
     check_bulk<TestType>(doubles, 0, doubles.size());
 }
 
-TEMPLATE_TEST_CASE("convert_n widens every bit pattern like the scalar conversion", "[half][simd]", bf16, f16) {
+TEMPLATE_TEST_CASE("convert_n widens every bit pattern like the scalar conversion", "[half][simd]",
+                   bf16, f16) {
     std::vector<TestType> all;
-    for (std::uint32_t b = 0; b <= 0xffff; ++b) all.push_back(TestType::from_bits(static_cast<std::uint16_t>(b)));
+    for (std::uint32_t b = 0; b <= 0xffff; ++b)
+        all.push_back(TestType::from_bits(static_cast<std::uint16_t>(b)));
     for (std::size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 1000}) {
         check_widen<float>(all, 5, n);
         check_widen<double>(all, 5, n);
@@ -673,3 +700,40 @@ TEMPLATE_TEST_CASE("convert_n widens every bit pattern like the scalar conversio
     check_widen<float>(all, 0, all.size());
     check_widen<double>(all, 0, all.size());
 }
+
+#if defined(__SSE2__)
+// The scalar conversions are integer code and the vector paths either ignore MXCSR (immediate
+// rounding, vcvtne*) or are written not to depend on it; check that with FTZ/DAZ and every
+// rounding mode, where the float subnormals and the round-to-odd steps would notice.
+TEMPLATE_TEST_CASE("convert_n does not depend on MXCSR", "[half][simd]", bf16, f16) {
+    std::vector<float> src = bulk_floats(true);
+    for (std::uint32_t u = 1; u < 0x00800000u; u += 4099)
+        src.push_back(float_of(u));  // float subnormals
+    std::vector<double> dsrc(src.begin(), src.end());
+    for (std::uint32_t u = 0; u < 4000; ++u)  // doubles at and below float's subnormals
+        dsrc.push_back(std::ldexp(1.0 + u * 0x1p-12, -150 + static_cast<int>(u % 30)) *
+                       (u % 2 ? -1 : 1));
+    std::vector<TestType> want(src.size()), want_d(dsrc.size());
+    for (std::size_t i = 0; i < src.size(); ++i) want[i] = TestType(src[i]);
+    for (std::size_t i = 0; i < dsrc.size(); ++i) want_d[i] = TestType(dsrc[i]);
+
+    const unsigned saved = _mm_getcsr();
+    for (unsigned mode : {0x0000u, 0x8040u, 0x2000u, 0x4000u, 0x6000u, 0xe040u}) {  // FTZ|DAZ, RC
+        std::vector<TestType> got(src.size()), got_d(dsrc.size());
+        std::vector<float> wide(src.size());
+        _mm_setcsr((saved & ~0xe040u) | mode);
+        tg::detail::convert_n(src.data(), got.data(), src.size());
+        tg::detail::convert_n(dsrc.data(), got_d.data(), dsrc.size());
+        tg::detail::convert_n(want.data(), wide.data(), want.size());
+        _mm_setcsr(saved);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < src.size(); ++i) {
+            bad += got[i].bits != want[i].bits;
+            bad += bits_of(wide[i]) != bits_of(float(want[i]));
+        }
+        for (std::size_t i = 0; i < dsrc.size(); ++i) bad += got_d[i].bits != want_d[i].bits;
+        INFO("MXCSR mode bits " << hex(mode));
+        REQUIRE(bad == 0);
+    }
+}
+#endif

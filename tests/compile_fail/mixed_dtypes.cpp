@@ -1,0 +1,9 @@
+// EXPECT: typegrad: an elementwise op mixes float and double operands
+#include <typegrad/typegrad.hpp>
+namespace tg = typegrad;
+int main() {
+    constexpr auto x = tg::param<"x", float, tg::shape<3>>;
+    constexpr auto y = tg::param<"y", double, tg::shape<3>>;
+    auto e = x * y;
+    (void)e;
+}

@@ -1,0 +1,19 @@
+// A consumer of the installed package: value and gradient of sum(exp(x) * y).
+#include <typegrad/typegrad.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+namespace tg = typegrad;
+constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
+constexpr auto y = tg::input<"y", double, tg::shape<tg::dyn>>;
+
+int main() {
+    std::vector<double> xd{0.0, 1.0}, yd{2.0, 3.0}, gx(2);
+    auto step = tg::compile(tg::sum(tg::exp(x) * y), tg::wrt(x));
+    const double l = step.value_and_grad(tg::bind(x, xd), tg::bind(y, yd), tg::grad_into(x, gx));
+    std::printf("loss %.6f grad %.6f %.6f\n", l, gx[0], gx[1]);
+    const double e = std::exp(1.0);
+    return std::abs(l - (2 + 3 * e)) < 1e-12 && std::abs(gx[1] - 3 * e) < 1e-12 ? 0 : 1;
+}

@@ -1,0 +1,92 @@
+#pragma once
+// One gradient checker for every op (after Stan's expect_ad): the analytic gradient of a
+// double-precision loss against central finite differences, for every element of every
+// param, at the caller's points.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <typegrad/typegrad.hpp>
+
+namespace typegrad::testing {
+
+template <class Leaf>
+struct leaf_data {
+    Leaf leaf;
+    std::vector<double> values;
+    std::array<std::size_t, Leaf::shape_type::rank> extents;
+};
+
+// Extents default to the leaf's static ones; pass them for dynamic leaves.
+template <class Leaf>
+leaf_data<Leaf> at(Leaf leaf, std::vector<double> values,
+                   std::array<std::size_t, Leaf::shape_type::rank> extents = Leaf::shape_type::extents) {
+    return {leaf, std::move(values), extents};
+}
+
+inline std::vector<double> uniform(std::size_t n, double lo, double hi, unsigned seed = 1) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> d(lo, hi);
+    std::vector<double> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+struct tolerance {
+    double absolute = 1e-6;
+    double relative = 1e-6;
+};
+
+// Checks d loss / d leaf for every leaf in `data` (all must be tg::param).
+template <class Loss, class... Leaves>
+void check_gradient(Loss loss, tolerance tol, leaf_data<Leaves>... data) {
+    auto step = compile(loss, wrt(data.leaf...));
+    auto data_t = std::make_tuple(data...);
+    std::tuple<std::conditional_t<true, std::vector<double>, Leaves>...> grads{std::vector<double>(data.values.size())...};
+    auto value_at = [&](auto& d_t) {
+        return std::apply([&](auto&... d) { return step.value_and_grad(bind(d.leaf, d.values, d.extents)...); }, d_t);
+    };
+    const double value = [&] {
+        return std::apply(
+            [&](auto&... d) {
+                return std::apply(
+                    [&](auto&... g) {
+                        return step.value_and_grad(bind(d.leaf, d.values, d.extents)..., grad_into(d.leaf, g)...);
+                    },
+                    grads);
+            },
+            data_t);
+    }();
+    REQUIRE(std::isfinite(value));
+    auto check_leaf = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+        auto& d = std::get<I>(data_t);
+        const auto& g = std::get<I>(grads);
+        for (std::size_t k = 0; k < d.values.size(); ++k) {
+            const double x0 = d.values[k];
+            const double h = 1e-6 * std::max(1.0, std::abs(x0));
+            d.values[k] = x0 + h;
+            const double up = value_at(data_t);
+            d.values[k] = x0 - h;
+            const double down = value_at(data_t);
+            d.values[k] = x0;
+            const double numeric = (up - down) / (2 * h);
+            INFO("leaf " << decltype(d.leaf)::node_type::name() << " element " << k << " at " << x0
+                         << ": analytic " << g[k] << " numeric " << numeric);
+            CHECK(std::abs(g[k] - numeric) <= tol.absolute + tol.relative * std::abs(numeric));
+        }
+    };
+    [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+        (check_leaf(std::integral_constant<std::size_t, Is>{}), ...);
+    }(std::index_sequence_for<Leaves...>{});
+}
+
+template <class Loss, class... Leaves>
+void check_gradient(Loss loss, leaf_data<Leaves>... data) {
+    check_gradient(loss, tolerance{}, data...);
+}
+
+}  // namespace typegrad::testing

@@ -1,0 +1,155 @@
+// The evaluator: bindings, static and dynamic shapes, odd sizes, broadcasting, accumulation,
+// forward/backward with a saved context, seeds, and errors that leave every buffer untouched.
+#include <check_gradient.hpp>
+
+#include <array>
+#include <cstring>
+#include <numeric>
+#include <span>
+
+namespace tg = typegrad;
+
+namespace {
+constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+constexpr auto y = tg::param<"y", float, tg::shape<tg::dyn>>;
+constexpr auto xs = tg::param<"x", float, tg::shape<5>>;
+constexpr auto ys = tg::param<"y", float, tg::shape<5>>;
+
+// The same math in double, for reference.
+double expmul_ref(const std::vector<float>& a, const std::vector<float>& b) {
+    double s = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) s += std::exp(double(a[i])) * double(b[i]);
+    return s;
+}
+}  // namespace
+
+TEST_CASE("odd sizes around the SIMD width and a million", "[exec]") {
+    auto step = tg::compile(tg::sum(tg::exp(x) * y), tg::wrt(x, y));
+    const std::size_t W = tg::simd::width<float>;
+    for (std::size_t n : {std::size_t(0), std::size_t(1), W - 1, W, W + 1, 3 * W + 5, std::size_t(1000000)}) {
+        std::vector<float> a(n), b(n), ga(n, -7.f), gb(n, -7.f);
+        for (std::size_t i = 0; i < n; ++i) {
+            a[i] = float(std::sin(double(i))) * 0.5f;
+            b[i] = float(std::cos(double(i)));
+        }
+        const float l = step.value_and_grad(tg::bind(x, a), tg::bind(y, b), tg::grad_into(x, ga), tg::grad_into(y, gb));
+        INFO("n = " << n);
+        CHECK(std::abs(double(l) - expmul_ref(a, b)) <= 1e-5 * (1.0 + double(n)));
+        for (std::size_t i = 0; i < n; ++i) {
+            const float e = std::exp(a[i]);
+            if (std::abs(ga[i] - e * b[i]) > 1e-5f * (1 + std::abs(e * b[i])) ||
+                std::abs(gb[i] - e) > 1e-5f * e) {
+                FAIL("gradient mismatch at " << i);
+            }
+        }
+    }
+}
+
+TEST_CASE("static and dynamic shapes give the same results", "[exec]") {
+    std::vector<float> a{0.1f, -0.2f, 0.3f, 0.4f, -0.5f}, b{1, 2, 3, 4, 5};
+    std::vector<float> g1(5), g2(5), h1(5), h2(5);
+    const float l1 = tg::compile(tg::sum(tg::tanh(x) * y), tg::wrt(x, y))
+                         .value_and_grad(tg::bind(x, a), tg::bind(y, b), tg::grad_into(x, g1), tg::grad_into(y, h1));
+    const float l2 = tg::compile(tg::sum(tg::tanh(xs) * ys), tg::wrt(xs, ys))
+                         .value_and_grad(tg::bind(xs, a), tg::bind(ys, b), tg::grad_into(xs, g2), tg::grad_into(ys, h2));
+    CHECK(l1 == l2);
+    CHECK(g1 == g2);
+    CHECK(h1 == h2);
+}
+
+TEST_CASE("bindings take vectors, spans, arrays, C arrays and pointer + extents", "[exec][bind]") {
+    auto step = tg::compile(tg::sum(xs * ys), tg::wrt(xs));
+    float ca[5] = {1, 2, 3, 4, 5};
+    std::array<float, 5> sa{1, 1, 1, 1, 1};
+    std::vector<float> g(5);
+    CHECK(step.value_and_grad(tg::bind(xs, ca), tg::bind(ys, sa), tg::grad_into(xs, g)) == 15.f);
+    CHECK(g == std::vector<float>{1, 1, 1, 1, 1});
+    std::span<const float> sp(ca);
+    const float* p = sa.data();
+    float garr[5];
+    CHECK(step.value_and_grad(tg::bind(xs, sp), tg::bind(ys, p, {5}), tg::grad_into(xs, garr)) == 15.f);
+    CHECK(garr[4] == 1.f);
+    constexpr auto m = tg::param<"m", double, tg::shape<tg::dyn, tg::dyn>>;
+    std::vector<double> md(6, 0.5), gm(6);
+    CHECK(tg::compile(tg::sum(m), tg::wrt(m)).value_and_grad(tg::bind(m, md, {2, 3}), tg::grad_into(m, gm)) == 3.0);
+    CHECK(gm == std::vector<double>(6, 1.0));
+}
+
+TEST_CASE("broadcast operands receive summed gradients", "[exec][broadcast]") {
+    constexpr auto a = tg::param<"a", double, tg::shape<tg::dyn, 3>>;
+    constexpr auto r = tg::param<"r", double, tg::shape<3>>;
+    constexpr auto s = tg::param<"s", double>;
+    auto step = tg::compile(tg::sum(a * r + s), tg::wrt(a, r, s));
+    std::vector<double> ad{1, 2, 3, 4, 5, 6}, rd{1, 10, 100}, sd{0.5}, ga(6), gr(3), gs(1);
+    const double l = step.value_and_grad(tg::bind(a, ad, {2, 3}), tg::bind(r, rd), tg::bind(s, sd),
+                                         tg::grad_into(a, ga), tg::grad_into(r, gr), tg::grad_into(s, gs));
+    CHECK(l == (1 + 20 + 300 + 4 + 50 + 600) + 6 * 0.5);
+    CHECK(ga == std::vector<double>{1, 10, 100, 1, 10, 100});
+    CHECK(gr == std::vector<double>{5, 7, 9});
+    CHECK(gs == std::vector<double>{6});
+}
+
+TEST_CASE("grad_into overwrites by default and can accumulate", "[exec][bind]") {
+    auto step = tg::compile(tg::sum(xs * ys), tg::wrt(xs, ys));
+    std::vector<float> a{1, 2, 3, 4, 5}, b{2, 2, 2, 2, 2}, ga(5, 100.f), gb(5, 100.f);
+    step.value_and_grad(tg::bind(xs, a), tg::bind(ys, b), tg::grad_into(xs, ga), tg::grad_into(ys, gb, tg::accumulate));
+    CHECK(ga == std::vector<float>{2, 2, 2, 2, 2});
+    CHECK(gb == std::vector<float>{101, 102, 103, 104, 105});
+}
+
+TEST_CASE("forward then backward equals value_and_grad", "[exec][context]") {
+    auto step = tg::compile(tg::log_sum_exp(tg::sin(x) * y) + tg::max(x), tg::wrt(x, y));
+    std::vector<float> a{0.5f, -1.f, 2.f, 0.25f}, b{1.f, 3.f, -2.f, 0.5f};
+    std::vector<float> g1(4), g2(4), h1(4), h2(4);
+    const float l = step.value_and_grad(tg::bind(x, a), tg::bind(y, b), tg::grad_into(x, g1), tg::grad_into(y, h1));
+    auto ctx = step.forward(tg::bind(x, a), tg::bind(y, b));
+    CHECK(ctx.value() == l);
+    auto moved = std::move(ctx);  // the context owns its saved values
+    step.backward(moved, tg::grad_into(x, g2), tg::grad_into(y, h2));
+    for (int i = 0; i < 4; ++i) {
+        CHECK_THAT(g2[i], Catch::Matchers::WithinRel(g1[i], 1e-6f));
+        CHECK_THAT(h2[i], Catch::Matchers::WithinRel(h1[i], 1e-6f));
+    }
+}
+
+TEST_CASE("a non-scalar output is differentiated with a seed", "[exec][context]") {
+    constexpr auto v = tg::param<"v", double, tg::shape<3>>;
+    auto step = tg::compile(tg::exp(v) * v, tg::wrt(v));
+    std::vector<double> d{0, 1, 2}, seed{1, 2, 3}, g(3);
+    auto ctx = step.forward(tg::bind(v, d));
+    REQUIRE(ctx.values().size() == 3);
+    CHECK(ctx.values()[1] == std::exp(1.0));
+    step.backward(ctx, tg::grad_into(v, g), tg::seed(seed));
+    for (int i = 0; i < 3; ++i) CHECK_THAT(g[i], Catch::Matchers::WithinRel(seed[i] * std::exp(d[i]) * (1 + d[i]), 1e-14));
+}
+
+TEST_CASE("run-time errors throw before anything is written", "[exec][errors]") {
+    auto step = tg::compile(tg::sum(tg::exp(x) * y), tg::wrt(x, y));
+    std::vector<float> a{1, 2, 3}, b{1, 2}, ga{9, 9, 9}, gb{9, 9};
+    const auto a0 = a, b0 = b, ga0 = ga, gb0 = gb;
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, a), tg::bind(y, b), tg::grad_into(x, ga), tg::grad_into(y, gb)),
+                    tg::shape_error);
+    CHECK((a == a0 && b == b0 && ga == ga0 && gb == gb0));
+    // wrong gradient size
+    std::vector<float> b3{1, 2, 3};
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, a), tg::bind(y, b3), tg::grad_into(x, ga), tg::grad_into(y, gb)),
+                    tg::shape_error);
+    CHECK(ga == ga0);
+    // explicit extents that disagree with the buffer
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, a, {4}), tg::bind(y, b3)), tg::shape_error);
+    // static extent contradicted
+    constexpr auto s3 = tg::param<"s", float, tg::shape<3>>;
+    CHECK_THROWS_AS(tg::compile(tg::sum(s3), tg::wrt(s3)).value_and_grad(tg::bind(s3, b)), tg::shape_error);
+    // a gradient written over an input, or two gradients over each other
+    std::vector<float> both(3, 1.f);
+    const auto both0 = both;
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, both), tg::bind(y, b3), tg::grad_into(x, both)), tg::aliasing_error);
+    CHECK(both == both0);
+    std::vector<float> shared(3, 5.f);
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, a), tg::bind(y, b3), tg::grad_into(x, shared),
+                                        tg::grad_into(y, std::span<float>(shared))),
+                    tg::aliasing_error);
+    CHECK(shared == std::vector<float>(3, 5.f));
+    // all typegrad errors share one base
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, a), tg::bind(y, b)), tg::error);
+}

@@ -1,0 +1,104 @@
+// Compile-time facts: graph types, common subexpressions, gradient types, shape rules.
+#include <catch2/catch.hpp>
+
+#include <type_traits>
+
+#include <typegrad/typegrad.hpp>
+#include <typegrad/exec/program.hpp>
+
+namespace tg = typegrad;
+
+namespace {
+constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+constexpr auto y = tg::input<"y", float, tg::shape<tg::dyn>>;
+constexpr auto W = tg::param<"W", float, tg::shape<4, 3>>;
+constexpr auto b = tg::param<"b", float, tg::shape<3>>;
+
+template <class E>
+using node_t = typename E::node_type;
+template <class E>
+constexpr std::size_t unique_nodes = node_t<E>::topo::size;
+}  // namespace
+
+TEST_CASE("an expression is its type", "[graph]") {
+    using L = decltype(tg::sum(tg::exp(x) * y));
+    STATIC_REQUIRE(std::is_empty_v<L>);
+    STATIC_REQUIRE(std::is_same_v<typename L::value_type, float>);
+    STATIC_REQUIRE(std::is_same_v<typename L::shape_type, tg::shape<>>);
+    STATIC_REQUIRE(L::requires_grad);
+    STATIC_REQUIRE_FALSE(decltype(tg::exp(y))::requires_grad);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::exp(x)), decltype(tg::exp(x))>);
+}
+
+TEST_CASE("identical subexpressions are one node", "[graph][cse]") {
+    using E = decltype(tg::exp(x) * tg::exp(x));
+    // x, exp(x), mul: exp(x) appears once in the topological order
+    STATIC_REQUIRE(unique_nodes<E> == 3);
+    using F = decltype(tg::sum(tg::exp(x) * y) + tg::sum(tg::exp(x) * y));
+    STATIC_REQUIRE(unique_nodes<F> == 6);
+    using P = tg::detail::program<typename node_t<F>::topo>;
+    STATIC_REQUIRE(P::size == 6);
+    // children always come before parents
+    constexpr bool ordered = [] {
+        for (std::size_t i = 0; i < P::size; ++i)
+            for (std::size_t c = 0; c < P::info[i].arity; ++c)
+                if (P::info[i].child[c] >= i) return false;
+        return true;
+    }();
+    STATIC_REQUIRE(ordered);
+}
+
+TEST_CASE("broadcasting is decided by the types", "[graph][shape]") {
+    STATIC_REQUIRE(std::is_same_v<typename decltype(W * b)::shape_type, tg::shape<4, 3>>);
+    STATIC_REQUIRE(std::is_same_v<typename decltype(W + tg::lit<1>)::shape_type, tg::shape<4, 3>>);
+    using D = decltype(tg::param<"d", float, tg::shape<tg::dyn, 1>>);
+    STATIC_REQUIRE(std::is_same_v<typename decltype(D{} * b)::shape_type, tg::shape<tg::dyn, 3>>);
+    STATIC_REQUIRE(tg::detail::broadcastable_v<tg::shape<4, 3>, tg::shape<3>>);
+    STATIC_REQUIRE_FALSE(tg::detail::broadcastable_v<tg::shape<4, 3>, tg::shape<4>>);
+    STATIC_REQUIRE(tg::detail::broadcastable_v<tg::shape<tg::dyn>, tg::shape<5>>);
+}
+
+TEST_CASE("constants fold and identities vanish", "[graph]") {
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::lit<2> * tg::lit<3>), std::remove_const_t<decltype(tg::lit<6>)>>);
+    STATIC_REQUIRE(std::is_same_v<decltype(x * tg::lit<1>), std::remove_const_t<decltype(x)>>);
+    STATIC_REQUIRE(std::is_same_v<decltype(-(-x)), std::remove_const_t<decltype(x)>>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::pow(x, tg::lit<2>)), decltype(tg::square(x))>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::lit<2.5>)::value_type, tg::weak_scalar>);
+    STATIC_REQUIRE(std::is_same_v<decltype(x * tg::lit<2.5>)::value_type, float>);
+}
+
+TEST_CASE("grad_t names the gradient expression", "[graph][autodiff]") {
+    using L = decltype(tg::sum(tg::exp(x) * y));
+    // d/dx sum(exp(x) * y) = y * exp(x): the unit seed folds away
+    STATIC_REQUIRE(std::is_same_v<tg::grad_t<L, decltype(x)>, decltype(y * tg::exp(x))>);
+    using Q = decltype(tg::sum(tg::square(x)));
+    STATIC_REQUIRE(std::is_same_v<tg::grad_t<Q, decltype(x)>, decltype(x * tg::lit<2>)>);
+    // gradients are expressions: grad of grad
+    using H = tg::grad_t<decltype(tg::sum(tg::grad_t<decltype(tg::sum(tg::exp(x) * tg::exp(x))), decltype(x)>{})),
+                         decltype(x)>;
+    STATIC_REQUIRE(std::is_same_v<typename H::shape_type, tg::shape<tg::dyn>>);
+    STATIC_REQUIRE(std::is_same_v<typename H::value_type, float>);
+    // a leaf the loss does not reach gets zeros of its own shape and dtype
+    using Z = tg::grad_t<L, decltype(W)>;
+    STATIC_REQUIRE(std::is_same_v<typename Z::shape_type, tg::shape<4, 3>>);
+    // broadcast operands get their gradient summed back to their own shape
+    using B = tg::grad_t<decltype(tg::sum(W * b)), decltype(b)>;
+    STATIC_REQUIRE(std::is_same_v<typename B::shape_type, tg::shape<3>>);
+}
+
+TEST_CASE("the plan fuses value and gradient of elementwise math into one loop", "[graph][plan]") {
+    auto loss = tg::sum(tg::exp(x) * y);
+    using G = tg::grad_t<decltype(loss), decltype(x)>;
+    using nodes = decltype(typename node_t<decltype(loss)>::topo{} + tg::detail::type_list<node_t<G>>{});
+    using PP = tg::detail::plan_provider<nodes, tg::detail::type_list<node_t<G>>,
+                                         tg::detail::type_list<node_t<decltype(loss)>>,
+                                         tg::detail::type_list<>, float>;
+    STATIC_REQUIRE(PP::plan.loop_count == 1);
+    // log_sum_exp needs its max, then its sum, then the gradient: three passes
+    using LSE = decltype(tg::log_sum_exp(x));
+    using GL = tg::grad_t<LSE, decltype(x)>;
+    using nodes2 = tg::detail::union_all_t<typename node_t<LSE>::topo, typename node_t<GL>::topo>;
+    using PP2 = tg::detail::plan_provider<nodes2, tg::detail::type_list<node_t<GL>>,
+                                          tg::detail::type_list<>, tg::detail::type_list<>, float>;
+    STATIC_REQUIRE(PP2::plan.loop_count == 3);
+}
