@@ -505,6 +505,21 @@ private:
 
     template <class, class>
     friend class forward_context;
+
+public:
+    // The plans value_and_grad and forward use when every wrt leaf gets a gradient; inspection
+    // (describe, to_dot) reads them. A template, so that nothing is planned unless asked for.
+    template <class Unused = void>
+    struct plans {
+        using grad_stores = decltype(grad_nodes<wrt_list, false>());
+        using joint_stores = decltype(grad_stores{} + loss_store());
+        using joint = detail::plan_provider<
+            decltype(detail::union_all_t<typename Loss::topo>{} + all_topo<joint_stores>()),
+            joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
+        using forward = detail::plan_provider<detail::union_all_t<typename Loss::topo>,
+                                              decltype(loss_store()), decltype(loss_required()),
+                                              detail::type_list<>, value_type>;
+    };
 };
 
 // The saved context of a forward pass: the loss value, the extents and addresses of the bound
