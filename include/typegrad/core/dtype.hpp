@@ -2,6 +2,7 @@
 // Element types and promotion. Scalars written in expressions (tg::lit) are "weak", as Python
 // scalars are in PyTorch: they take the dtype of the tensor they meet.
 #include <concepts>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 
@@ -13,11 +14,17 @@ struct weak_scalar {};
 template <class T>
 inline constexpr bool is_dtype_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
+// Integer inputs carry class labels (cross_entropy, one_hot); they never enter fused loops.
+template <class T>
+inline constexpr bool is_index_type_v = std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
+
 template <class T>
 constexpr std::string_view dtype_name() {
     if constexpr (std::is_same_v<T, float>) return "f32";
     else if constexpr (std::is_same_v<T, double>) return "f64";
     else if constexpr (std::is_same_v<T, weak_scalar>) return "scalar";
+    else if constexpr (std::is_same_v<T, std::int32_t>) return "i32";
+    else if constexpr (std::is_same_v<T, std::int64_t>) return "i64";
     else return "?";
 }
 

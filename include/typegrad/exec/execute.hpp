@@ -63,49 +63,93 @@ std::size_t node_numel(const typename PP::state_type& st, std::size_t node) {
     return n;
 }
 
-// Fills the extents of every non-leaf node from its children's and checks them. Leaves must
-// have been filled by the caller.
 template <class PP>
-void compute_shapes(typename PP::state_type& st) {
+void dense_strides(typename PP::state_type& st, std::size_t n) {
+    const std::size_t rank = PP::program::info[n].rank;
+    std::ptrdiff_t stride = 1;
+    for (std::size_t a = rank; a-- > 0;) {
+        st.stride[PP::rank_offset[n] + a] = stride;
+        stride *= static_cast<std::ptrdiff_t>(st.ext[PP::rank_offset[n] + a]);
+    }
+}
+
+template <class PP>
+tensor_ref ref_of(const typename PP::state_type& st, std::size_t n) {
+    return {st.ptr[n], st.ext.data() + PP::rank_offset[n], st.stride.data() + PP::rank_offset[n],
+            PP::program::info[n].rank};
+}
+
+// Elementwise and reduction extents from the children's, with the broadcasting checks.
+template <class PP>
+void elementwise_shape(typename PP::state_type& st, std::size_t n) {
     constexpr auto& info = PP::program::info;
-    for (std::size_t n = 0; n < PP::M; ++n) {
-        const node_info& ni = info[n];
-        std::size_t* out = st.ext.data() + PP::rank_offset[n];
-        if (ni.kind == op_kind::leaf || ni.kind == op_kind::constant || ni.kind == op_kind::meta) continue;
-        if (ni.kind == op_kind::reduce) {
-            const std::size_t c = ni.child[0];
-            const std::size_t lead = info[c].rank - ni.rank;
-            for (std::size_t a = 0; a < ni.rank; ++a)
-                out[a] = ni.ext[a] != dyn ? ni.ext[a] : st.ext[PP::rank_offset[c] + a + lead];
-            continue;
-        }
-        for (std::size_t a = 0; a < ni.rank; ++a) {
-            std::size_t e = ni.ext[a];
-            if (e == dyn) {
-                for (std::size_t k = 0; k < ni.arity && e == dyn; ++k) {
-                    const node_info& ci = info[ni.child[k]];
-                    const std::size_t lead = ni.rank - ci.rank;
-                    if (a >= lead && ci.ext[a - lead] != 1)
-                        e = st.ext[PP::rank_offset[ni.child[k]] + a - lead];
-                }
-                if (e == dyn) e = 1;
+    const node_info& ni = info[n];
+    std::size_t* out = st.ext.data() + PP::rank_offset[n];
+    if (ni.kind == op_kind::reduce) {
+        const std::size_t c = ni.child[0];
+        const std::size_t lead = info[c].rank - ni.rank;
+        for (std::size_t a = 0; a < ni.rank; ++a)
+            out[a] = ni.ext[a] != dyn ? ni.ext[a] : st.ext[PP::rank_offset[c] + a + lead];
+        return;
+    }
+    for (std::size_t a = 0; a < ni.rank; ++a) {
+        std::size_t e = ni.ext[a];
+        if (e == dyn) {
+            for (std::size_t k = 0; k < ni.arity && e == dyn; ++k) {
+                const node_info& ci = info[ni.child[k]];
+                const std::size_t lead = ni.rank - ci.rank;
+                if (a >= lead && ci.ext[a - lead] != 1) e = st.ext[PP::rank_offset[ni.child[k]] + a - lead];
             }
-            out[a] = e;
+            if (e == dyn) e = 1;
         }
-        for (std::size_t k = 0; k < ni.arity; ++k) {
-            const node_info& ci = info[ni.child[k]];
-            const std::size_t lead = ni.rank - ci.rank;
-            const std::size_t* ce = st.ext.data() + PP::rank_offset[ni.child[k]];
-            for (std::size_t a = 0; a < ci.rank; ++a) {
-                if (ci.ext[a] == 1) continue;  // broadcast
-                if (ce[a] != out[a + lead])
-                    throw shape_error(message("typegrad: '", ni.name, "' (node ", n, ") cannot combine extents ",
-                                              extents_text(ce, ci.rank), " of operand ", k, " ('", ci.name,
-                                              "') with the result extents ", extents_text(out, ni.rank),
-                                              " (dynamic extents must match exactly; they never broadcast)"));
-            }
+        out[a] = e;
+    }
+    for (std::size_t k = 0; k < ni.arity; ++k) {
+        const node_info& ci = info[ni.child[k]];
+        const std::size_t lead = ni.rank - ci.rank;
+        const std::size_t* ce = st.ext.data() + PP::rank_offset[ni.child[k]];
+        for (std::size_t a = 0; a < ci.rank; ++a) {
+            if (ci.ext[a] == 1) continue;  // broadcast
+            if (ce[a] != out[a + lead])
+                throw shape_error(message("typegrad: '", ni.name, "' (node ", n, ") cannot combine extents ",
+                                          extents_text(ce, ci.rank), " of operand ", k, " ('", ci.name,
+                                          "') with the result extents ", extents_text(out, ni.rank),
+                                          " (dynamic extents must match exactly; they never broadcast)"));
         }
     }
+}
+
+template <class PP, std::size_t N>
+void shape_node(typename PP::state_type& st) {
+    using node = typename PP::program::template node_at<N>;
+    constexpr op_kind kind = node::kind;
+    if constexpr (kind == op_kind::leaf) {
+        dense_strides<PP>(st, N);
+    } else if constexpr (kind == op_kind::elementwise || kind == op_kind::reduce) {
+        elementwise_shape<PP>(st, N);
+        dense_strides<PP>(st, N);
+    } else if constexpr (kind == op_kind::view) {
+        constexpr std::size_t c = PP::program::info[N].child[0];
+        const tensor_ref in = ref_of<PP>(st, c);
+        std::size_t* out = st.ext.data() + PP::rank_offset[N];
+        std::ptrdiff_t* stride = st.stride.data() + PP::rank_offset[N];
+        node::op::template layout<node>(in, out, stride, st.view_offset[N]);
+    } else if constexpr (kind == op_kind::kernel) {
+        constexpr std::size_t arity = PP::program::info[N].arity;
+        std::array<tensor_ref, arity> in{};
+        for (std::size_t k = 0; k < arity; ++k) in[k] = ref_of<PP>(st, PP::program::info[N].child[k]);
+        node::op::template extents<node>(in.data(), st.ext.data() + PP::rank_offset[N]);
+        dense_strides<PP>(st, N);
+    }
+}
+
+// Fills extents and strides of every non-leaf node from its children's, checking them. Leaf
+// extents must have been filled by the caller. Throws before anything is written.
+template <class PP>
+void compute_shapes(typename PP::state_type& st) {
+    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+        (shape_node<PP, Ns>(st), ...);
+    }(std::make_index_sequence<PP::M>{});
 }
 
 // Scratch elements for the buffers this plan writes itself, each rounded to 64 bytes.
@@ -158,13 +202,66 @@ void prepare_scratch(typename PP::state_type& st, typename PP::value_type* scrat
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
         ((PP::plan.computed[Ns] ? compute_meta<PP, Ns>(st, scratch + offset[Ns]) : void()), ...);
     }(std::make_index_sequence<PP::M>{});
+    // Views alias their input (children first, so chains of views resolve in one sweep).
+    for (std::size_t n = 0; n < PP::M; ++n) {
+        if (info[n].kind != op_kind::view || !PP::plan.needed[n] || st.ptr[n] != nullptr) continue;
+        const auto* base = static_cast<const T*>(st.ptr[info[n].child[0]]);
+        st.ptr[n] = base ? base + st.view_offset[n] : nullptr;
+    }
+}
+
+// The order of work: for each stage, its kernels (in id order) then its loops.
+struct step_item {
+    bool is_loop;
+    std::size_t index;  // loop index or kernel node id
+};
+template <class PP>
+constexpr std::size_t schedule_size() {
+    std::size_t n = PP::plan.loop_count;
+    for (std::size_t i = 0; i < PP::M; ++i)
+        if (PP::plan.computed[i] && PP::program::info[i].kind == op_kind::kernel) ++n;
+    return n;
+}
+template <class PP>
+constexpr auto schedule() {
+    std::array<step_item, schedule_size<PP>() + 1> r{};
+    std::size_t k = 0;
+    for (std::size_t s = 0; s <= PP::plan.max_stage; ++s) {
+        for (std::size_t i = 0; i < PP::M; ++i)
+            if (PP::plan.computed[i] && PP::program::info[i].kind == op_kind::kernel && PP::plan.stage[i] == s)
+                r[k++] = {false, i};
+        for (std::size_t l = 0; l < PP::plan.loop_count; ++l)
+            if (PP::plan.loops[l].stage == s) r[k++] = {true, l};
+    }
+    return r;
+}
+
+template <class PP, std::size_t N>
+void run_kernel(typename PP::state_type& st) {
+    using node = typename PP::program::template node_at<N>;
+    using T = typename node::value_type;
+    constexpr std::size_t arity = PP::program::info[N].arity;
+    std::array<tensor_ref, arity> in{};
+    for (std::size_t k = 0; k < arity; ++k) in[k] = ref_of<PP>(st, PP::program::info[N].child[k]);
+    node::op::template run<node>(in.data(), const_cast<T*>(static_cast<const T*>(st.ptr[N])),
+                                 st.ext.data() + PP::rank_offset[N]);
+}
+
+template <class PP>
+inline constexpr auto schedule_v = schedule<PP>();
+
+template <class PP, std::uint64_t AccumulateMask, std::size_t I>
+void run_item(typename PP::state_type& st) {
+    constexpr step_item item = schedule_v<PP>[I];
+    if constexpr (item.is_loop) loop_kernel<PP, item.index, AccumulateMask>::run(st);
+    else run_kernel<PP, item.index>(st);
 }
 
 template <class PP, std::uint64_t AccumulateMask>
 void run_loops(typename PP::state_type& st) {
-    [&]<std::size_t... Ls>(std::index_sequence<Ls...>) {
-        (loop_kernel<PP, Ls, AccumulateMask>::run(st), ...);
-    }(std::make_index_sequence<PP::plan.loop_count>{});
+    [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+        (run_item<PP, AccumulateMask, Is>(st), ...);
+    }(std::make_index_sequence<schedule_size<PP>()>{});
 }
 
 }  // namespace typegrad::detail

@@ -77,6 +77,7 @@ struct loop_plan {
     std::size_t in_begin = 0, in_end = 0;       // materialised nodes the loop reads
     std::size_t body_begin = 0, body_end = 0;   // elementwise nodes it computes, in order
     std::size_t red_begin = 0, red_end = 0;     // reductions it accumulates
+    std::size_t mat_begin = 0, mat_end = 0;     // elementwise nodes it writes to scratch
     std::size_t store_begin = 0, store_end = 0; // indices into the store list
 };
 
@@ -88,7 +89,8 @@ struct plan_data {
     std::array<bool, M> needed{};        // evaluated or read by this plan
     std::array<bool, M> materialized{};  // has a buffer (or is a constant)
     std::array<bool, M> computed{};      // this plan writes its buffer (reductions, metas)
-    std::array<std::size_t, M> stage{};
+    std::array<std::size_t, M> stage{};  // the first stage whose loops can read the node
+    std::size_t max_stage = 0;
 };
 
 struct plan_sizes {
@@ -174,6 +176,9 @@ struct planner_output {
     std::vector<std::size_t> members;
 };
 
+// Stage semantics: ready[n] is the first stage whose loops can read n. Kernels of stage s run
+// before the loops of stage s; a loop of stage s makes its reductions and materialisations
+// ready at s + 1.
 template <std::size_t M, class Request>
 constexpr auto run_planner(const std::array<node_info, M>& info, const Request& req,
                            std::array<bool, M>& needed, std::array<bool, M>& materialized,
@@ -181,8 +186,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
     std::array<bool, M> given{};
     for (std::size_t g : req.given) given[g] = true;
 
-    // Which nodes are evaluated: walk from the outputs, children before parents is the id order,
-    // so one reverse sweep marks everything reachable through value edges.
+    // Which nodes are evaluated: one reverse sweep over the id order (children come first).
     for (std::size_t s : req.stores) needed[s] = true;
     for (std::size_t r : req.required) needed[r] = true;
     for (std::size_t n = M; n-- > 0;) {
@@ -192,36 +196,55 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
         for (std::size_t c = 0; c < ni.arity; ++c)
             if (!ni.shape_only[c]) needed[ni.child[c]] = true;
     }
+    // Views and kernels read buffers: their elementwise inputs are materialised.
+    std::array<bool, M> store_in_scratch{};
+    for (std::size_t n = 0; n < M; ++n) {
+        if (!needed[n] || given[n]) continue;
+        const op_kind k = info[n].kind;
+        if (k != op_kind::view && k != op_kind::kernel) continue;
+        for (std::size_t c = 0; c < info[n].arity; ++c) {
+            const std::size_t ch = info[n].child[c];
+            if (!info[n].shape_only[c] && !given[ch] && info[ch].kind == op_kind::elementwise)
+                store_in_scratch[ch] = true;
+        }
+    }
+    std::array<std::size_t, M> loop_stage{};
     for (std::size_t n = 0; n < M; ++n) {
         if (!needed[n]) continue;
-        const op_kind k = info[n].kind;
-        materialized[n] = given[n] || k != op_kind::elementwise;
-        computed[n] = !given[n] && (k == op_kind::reduce || k == op_kind::meta);
+        const node_info& ni = info[n];
+        const op_kind k = ni.kind;
+        materialized[n] = given[n] || k != op_kind::elementwise || store_in_scratch[n];
+        computed[n] = !given[n] && (k == op_kind::reduce || k == op_kind::meta || k == op_kind::kernel ||
+                                    store_in_scratch[n]);
+        std::size_t s = 0;
+        for (std::size_t c = 0; c < ni.arity; ++c)
+            if (!ni.shape_only[c] && stage[ni.child[c]] > s) s = stage[ni.child[c]];
         if (given[n] || k == op_kind::leaf || k == op_kind::constant || k == op_kind::meta) {
             stage[n] = 0;
-        } else if (k == op_kind::reduce) {
-            stage[n] = stage[info[n].child[0]] + 1;
+        } else if (k == op_kind::reduce || store_in_scratch[n]) {
+            loop_stage[n] = s;
+            stage[n] = s + 1;
         } else {
-            std::size_t s = 0;
-            for (std::size_t c = 0; c < info[n].arity; ++c)
-                if (!info[n].shape_only[c] && stage[info[n].child[c]] > s) s = stage[info[n].child[c]];
+            loop_stage[n] = s;  // elementwise (computed in a loop of stage s), view, kernel
             stage[n] = s;
         }
     }
     const auto sym = symbolic<M>(info);
 
-    // Loop roots: (iteration node, stage, is_store, id or store index).
+    // Loop roots: reductions (iterate over their input), materialisations and stores.
     struct root {
         std::size_t iter, stage, node;
-        bool store;
+        int what;  // 0 reduction, 1 materialisation into scratch, 2 store to an output
         std::size_t store_index;
     };
     std::vector<root> roots;
-    for (std::size_t n = 0; n < M; ++n)
-        if (needed[n] && computed[n] && info[n].kind == op_kind::reduce)
-            roots.push_back({info[n].child[0], stage[info[n].child[0]], n, false, 0});
+    for (std::size_t n = 0; n < M; ++n) {
+        if (!needed[n] || given[n]) continue;
+        if (info[n].kind == op_kind::reduce) roots.push_back({info[n].child[0], loop_stage[n], n, 0, 0});
+        else if (store_in_scratch[n]) roots.push_back({n, loop_stage[n], n, 1, 0});
+    }
     for (std::size_t i = 0; i < req.stores.size(); ++i)
-        roots.push_back({req.stores[i], stage[req.stores[i]], req.stores[i], true, i});
+        roots.push_back({req.stores[i], loop_stage[req.stores[i]], req.stores[i], 2, i});
 
     planner_output out;
     std::vector<char> taken(roots.size(), 0);
@@ -233,32 +256,44 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
             loop_plan lp;
             lp.iter = roots[i].iter;
             lp.stage = st;
-            std::vector<std::size_t> reds, stores;
+            std::vector<std::size_t> reds, mats, stores;
             std::vector<char> in_loop(M, 0);
             for (std::size_t j = i; j < roots.size(); ++j) {
                 if (taken[j] || roots[j].stage != st ||
                     !same_iteration_space<M>(info, sym, roots[j].iter, lp.iter))
                     continue;
                 taken[j] = true;
-                if (roots[j].store) stores.push_back(roots[j].store_index);
+                if (roots[j].what == 2) stores.push_back(roots[j].store_index);
+                else if (roots[j].what == 1) mats.push_back(roots[j].node);
                 else reds.push_back(roots[j].node);
                 in_loop[roots[j].iter] = true;
             }
-            // Close over value edges down to materialised nodes.
+            // Close over value edges down to materialised nodes (a materialisation root is
+            // computed in this loop, so it is not an input of it).
             for (std::size_t n = M; n-- > 0;) {
-                if (!in_loop[n] || materialized[n]) continue;
+                if (!in_loop[n]) continue;
+                bool own_root = false;
+                for (std::size_t m : mats) own_root = own_root || m == n;
+                if (materialized[n] && !own_root) continue;
                 for (std::size_t c = 0; c < info[n].arity; ++c)
                     if (!info[n].shape_only[c]) in_loop[info[n].child[c]] = true;
             }
+            auto is_own = [&](std::size_t n) {
+                for (std::size_t m : mats)
+                    if (m == n) return true;
+                return false;
+            };
             lp.in_begin = out.members.size();
             for (std::size_t n = 0; n < M; ++n)
-                if (in_loop[n] && materialized[n]) out.members.push_back(n);
+                if (in_loop[n] && materialized[n] && !is_own(n)) out.members.push_back(n);
             lp.in_end = lp.body_begin = out.members.size();
             for (std::size_t n = 0; n < M; ++n)
-                if (in_loop[n] && !materialized[n]) out.members.push_back(n);
+                if (in_loop[n] && (!materialized[n] || is_own(n))) out.members.push_back(n);
             lp.body_end = lp.red_begin = out.members.size();
             for (std::size_t r : reds) out.members.push_back(r);
-            lp.red_end = lp.store_begin = out.members.size();
+            lp.red_end = lp.mat_begin = out.members.size();
+            for (std::size_t m : mats) out.members.push_back(m);
+            lp.mat_end = lp.store_begin = out.members.size();
             for (std::size_t s : stores) out.members.push_back(s);
             lp.store_end = out.members.size();
             out.loops.push_back(lp);
@@ -280,6 +315,8 @@ constexpr plan_data<M, L, K> make_plan(const std::array<node_info, M>& info, con
     plan_data<M, L, K> p;
     auto out = run_planner<M>(info, req, p.needed, p.materialized, p.computed, p.stage);
     p.loop_count = out.loops.size();
+    for (std::size_t i = 0; i < M; ++i)
+        if (p.needed[i] && p.stage[i] > p.max_stage) p.max_stage = p.stage[i];
     for (std::size_t i = 0; i < out.loops.size(); ++i) p.loops[i] = out.loops[i];
     for (std::size_t i = 0; i < out.members.size(); ++i) p.members[i] = out.members[i];
     return p;

@@ -18,11 +18,16 @@
 namespace typegrad {
 
 enum class leaf_role { param, input, seed };
-enum class op_kind { leaf, constant, elementwise, reduce, meta };
+// elementwise: fused into loops; reduce: ends a loop; meta: a scalar computed from shapes;
+// view: a zero-copy reinterpretation (strides) of a materialised value; kernel: its own routine
+// (matmul, ...) reading and writing materialised buffers.
+enum class op_kind { leaf, constant, elementwise, reduce, meta, view, kernel };
 
 template <fixed_string Name, class T, class Shape, leaf_role Role>
 struct leaf {
-    static_assert(is_dtype_v<T>, "typegrad: a leaf's element type must be float or double.");
+    static_assert(is_dtype_v<T> || (Role == leaf_role::input && is_index_type_v<T>),
+                  "typegrad: a leaf's element type must be float or double (an input may also "
+                  "hold std::int32_t or std::int64_t class labels).");
     static_assert(detail::is_shape_v<Shape>,
                   "typegrad: a leaf's third template argument must be a tg::shape<...>.");
     static_assert(Shape::rank <= detail::max_rank, "typegrad: a leaf has more than 8 axes.");
@@ -31,6 +36,7 @@ struct leaf {
     static constexpr op_kind kind = op_kind::leaf;
     static constexpr leaf_role role = Role;
     static constexpr bool requires_grad = Role == leaf_role::param;
+    static constexpr bool contiguous = true;
     static constexpr std::string_view name() { return Name.view(); }
     using topo = detail::type_list<leaf>;
 };
@@ -54,6 +60,7 @@ struct constant {
     static constexpr op_kind kind = op_kind::constant;
     static constexpr bool requires_grad = false;
     static constexpr double value = V.value();
+    static constexpr bool contiguous = true;
     using topo = detail::type_list<constant>;
 };
 
@@ -63,6 +70,14 @@ constexpr bool any_value_child_requires_grad() {
     return [&]<std::size_t... Is>(std::index_sequence<Is...>) {
         return ((!Op::shape_only(Is) && Cs::requires_grad) || ...);
     }(std::index_sequence_for<Cs...>{});
+}
+}  // namespace detail
+
+namespace detail {
+template <class Op, class... Cs>
+constexpr bool node_contiguous() {
+    if constexpr (Op::kind == op_kind::view) return Op::keeps_contiguity && (Cs::contiguous && ...);
+    else return true;
 }
 }  // namespace detail
 
@@ -76,6 +91,8 @@ struct node {
     static constexpr op_kind kind = Op::kind;
     static constexpr bool requires_grad =
         Op::differentiable && detail::any_value_child_requires_grad<Op, Children...>();
+    // Row-major and dense when materialised (views may permute or skip).
+    static constexpr bool contiguous = detail::node_contiguous<Op, Children...>();
     using topo = decltype(detail::union_all_t<typename Children::topo...>{} +
                           detail::type_list<node>{});
 };

@@ -10,7 +10,6 @@
 #endif
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cmath>
 #include <compare>
@@ -255,7 +254,7 @@ TEST_CASE("bf16/f16 are 16-bit trivially copyable storage types", "[half]") {
     STATIC_REQUIRE(!std::is_constructible_v<bf16, long double>);
 }
 
-TEST_CASE("conversions are constexpr", "[half]") {
+TEST_CASE("bf16/f16 conversions are constexpr", "[half]") {
     STATIC_REQUIRE(bf16(1.0f).bits == 0x3f80);
     STATIC_REQUIRE(bf16(0x1.01p0f).bits == 0x3f80);
     STATIC_REQUIRE(f16(65520.0f).bits == 0x7c00);
@@ -269,7 +268,7 @@ TEST_CASE("conversions are constexpr", "[half]") {
     STATIC_REQUIRE(isnan(std::numeric_limits<f16>::quiet_NaN()));
 }
 
-TEST_CASE("traits", "[half]") {
+TEST_CASE("is_reduced_precision and compute_type", "[half]") {
     STATIC_REQUIRE(tg::is_reduced_precision_v<bf16>);
     STATIC_REQUIRE(tg::is_reduced_precision_v<f16>);
     STATIC_REQUIRE(tg::is_reduced_precision_v<const f16>);
@@ -284,7 +283,7 @@ TEST_CASE("traits", "[half]") {
     STATIC_REQUIRE(std::is_same_v<tg::compute_type_t<int>, int>);
 }
 
-TEST_CASE("numeric_limits", "[half]") {
+TEST_CASE("numeric_limits of bf16 and f16", "[half]") {
     using LB = std::numeric_limits<bf16>;
     using LH = std::numeric_limits<f16>;
     STATIC_REQUIRE(LB::is_specialized);
@@ -387,7 +386,8 @@ TEST_CASE("f16 rounding: exact cases", "[half]") {
     REQUIRE(float(f16::from_bits(0x8200)) == -0x1p-15f);
 }
 
-TEST_CASE("NaN narrowing keeps sign and leading payload and sets the quiet bit", "[half]") {
+TEST_CASE("bf16/f16 NaN narrowing keeps sign and leading payload and sets the quiet bit",
+          "[half]") {
     REQUIRE(bf16(float_of(0x7fc00000u)).bits == 0x7fc0);
     REQUIRE(bf16(float_of(0xffc00001u)).bits == 0xffc0);
     REQUIRE(bf16(float_of(0x7f800001u)).bits == 0x7fc0);  // signalling, payload only in low bits
@@ -409,7 +409,7 @@ TEST_CASE("NaN narrowing keeps sign and leading payload and sets the quiet bit",
     REQUIRE((-bf16::from_bits(0x7fc0)).bits == 0xffc0);
 }
 
-TEST_CASE("double and integer sources round once", "[half]") {
+TEST_CASE("bf16/f16 from double and integers rounds once", "[half]") {
     // Via float these would round twice: the first rounding creates a tie for the second.
     const double above_tie = 1.0 + 0x1p-8 + 0x1p-30;
     REQUIRE(bf16(static_cast<float>(above_tie)).bits == 0x3f80);
@@ -449,8 +449,8 @@ TEST_CASE("double and integer sources round once", "[half]") {
 
 // ---- Exhaustive and sampled checks --------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("every bit pattern widens exactly and narrows back to itself", "[half]", bf16,
-                   f16) {
+TEMPLATE_TEST_CASE("bf16/f16: every bit pattern widens exactly and narrows back to itself",
+                   "[half]", bf16, f16) {
     std::size_t bad = 0;
     std::string first;
     for (std::uint32_t b = 0; b <= 0xffff; ++b) {
@@ -538,7 +538,7 @@ TEST_CASE("f16 agrees with the compiler's _Float16", "[half]") {
 
 // ---- Arithmetic and comparisons -----------------------------------------------------------------
 
-TEST_CASE("arithmetic computes in float and rounds once", "[half]") {
+TEST_CASE("bf16/f16 arithmetic computes in float and rounds once", "[half]") {
     STATIC_REQUIRE(std::is_same_v<decltype(bf16() + bf16()), bf16>);
     STATIC_REQUIRE(std::is_same_v<decltype(f16() * f16()), f16>);
     STATIC_REQUIRE(std::is_same_v<decltype(-f16()), f16>);
@@ -585,7 +585,7 @@ TEST_CASE("arithmetic computes in float and rounds once", "[half]") {
     REQUIRE(bad == 0);
 }
 
-TEST_CASE("comparisons follow IEEE through float", "[half]") {
+TEST_CASE("bf16/f16 comparisons follow IEEE through float", "[half]") {
     const bf16 nan = std::numeric_limits<bf16>::quiet_NaN();
     REQUIRE(bf16(-0.0f) == bf16(0.0f));
     REQUIRE(f16(-0.0f) == f16(0.0f));

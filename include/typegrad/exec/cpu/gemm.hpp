@@ -63,15 +63,29 @@ inline void unroll(F&& f) {
 
 // C[MR x NR] = (add ? C : 0) + A * B over kc, where a is a packed MR-row micro-panel
 // (a[p * MR + i]) and b a packed NR-column micro-panel (b[p * NR + j]).
+#ifndef PF_DIST
+#define PF_DIST 0
+#endif
 template <class T, std::size_t MR, std::size_t NV>
 inline void micro_kernel(std::size_t kc, const T* a, const T* b, T* c, std::size_t ldc, bool add) {
     using V = simd::batch<T>;
     constexpr std::size_t W = simd::width<T>;
     constexpr std::size_t NR = NV * W;
+    // C is touched only after the k loop: start fetching its lines now, so that the misses
+    // (a large C lives in L3 or memory) overlap the FMAs instead of following them.
+    unroll<MR>([&](auto i) {
+        __builtin_prefetch(c + i * ldc, 1, 3);
+        __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
+    });
     V acc[MR][NV];
     unroll<MR>([&](auto i) { unroll<NV>([&](auto v) { acc[i][v] = V(T(0)); }); });
     for (std::size_t p = 0; p < kc; ++p) {
         V bv[NV];
+        if constexpr (PF_DIST > 0) {
+            unroll<(NR * sizeof(T) + 63) / 64>([&](auto l) { __builtin_prefetch(reinterpret_cast<const char*>(b + PF_DIST * NR) + 64 * l, 0, 3); });
+            if constexpr (MR * sizeof(T) >= 64) __builtin_prefetch(a + PF_DIST * MR, 0, 3);
+            else if (p % (64 / (MR * sizeof(T))) == 0) __builtin_prefetch(a + PF_DIST * MR, 0, 3);
+        }
         unroll<NV>([&](auto v) { bv[v] = simd::load(b + v * W); });
         unroll<MR>([&](auto i) {
             const V ai(a[i]);

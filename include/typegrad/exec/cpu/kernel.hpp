@@ -20,6 +20,16 @@ struct exec_state {
     std::array<const void*, M> ptr{};                // materialised node buffers
     std::array<void*, NStores> out{};                // store destinations
     std::array<std::size_t, TotalRank + 1> ext{};    // run-time extents, node by node
+    std::array<std::ptrdiff_t, TotalRank + 1> stride{};  // element strides of materialised nodes
+    std::array<std::ptrdiff_t, M> view_offset{};     // element offset of a view into its input
+};
+
+// What a view or kernel op sees of a materialised operand.
+struct tensor_ref {
+    const void* data;
+    const std::size_t* ext;
+    const std::ptrdiff_t* stride;
+    std::size_t rank;
 };
 
 template <class T, reduce_kind K>
@@ -55,9 +65,11 @@ struct loop_kernel {
     static constexpr std::size_t n_in = lp.in_end - lp.in_begin;
     static constexpr std::size_t n_body = lp.body_end - lp.body_begin;
     static constexpr std::size_t n_red = lp.red_end - lp.red_begin;
+    static constexpr std::size_t n_mat = lp.mat_end - lp.mat_begin;
     static constexpr std::size_t n_store = lp.store_end - lp.store_begin;
     static constexpr std::size_t n_slots = n_in + n_body;
-    static constexpr std::size_t n_ops = n_in + n_red + n_store;  // operands with memory
+    static constexpr std::size_t n_out = n_red + n_mat + n_store;
+    static constexpr std::size_t n_ops = n_in + n_out;  // operands with memory
     static constexpr std::size_t iter_rank = info[lp.iter].rank;
     static constexpr std::size_t R = iter_rank == 0 ? 1 : iter_rank;
 
@@ -69,11 +81,21 @@ struct loop_kernel {
             if (slot_id(s) == id) return s;
         return n_slots;  // unreachable for a valid plan
     }
-    // Operand o: inputs, then reduction targets, then stores. Its node gives its shape.
+    // Operand o: inputs, then reduction targets, materialisations, stores. Its node gives its shape.
     static constexpr std::size_t operand_node(std::size_t o) {
         if (o < n_in) return plan.members[lp.in_begin + o];
         if (o < n_in + n_red) return plan.members[lp.red_begin + (o - n_in)];
-        return PP::stores[plan.members[lp.store_begin + (o - n_in - n_red)]];
+        if (o < n_in + n_red + n_mat) return plan.members[lp.mat_begin + (o - n_in - n_red)];
+        return PP::stores[plan.members[lp.store_begin + (o - n_in - n_red - n_mat)]];
+    }
+    // Views may be strided arbitrarily: loops reading one keep every axis apart.
+    static constexpr bool reads_views = [] {
+        for (std::size_t o = 0; o < n_in; ++o)
+            if (info[operand_node(o)].kind == op_kind::view) return true;
+        return false;
+    }();
+    static constexpr bool is_view_input(std::size_t o) {
+        return o < n_in && info[operand_node(o)].kind == op_kind::view;
     }
     static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
         if (iter_rank == 0) return true;
@@ -99,7 +121,7 @@ struct loop_kernel {
         g.last[0] = 0;
         g.count = 1;
         for (std::size_t a = 1; a < iter_rank; ++a) {
-            bool same = true;
+            bool same = !reads_views;
             for (std::size_t o = 0; o < n_ops; ++o)
                 if (broadcast_axis(o, a) != broadcast_axis(o, a - 1)) same = false;
             if (same) {
@@ -173,62 +195,73 @@ struct loop_kernel {
                 for (std::size_t a = groups.first[g]; a <= groups.last[g]; ++a) e *= extent(st, lp.iter, a);
             gext[g] = e;
         }
-        std::array<std::array<std::size_t, G>, n_ops + 1> stride{};
+        std::array<std::array<std::ptrdiff_t, G>, n_ops + 1> stride{};
         [&]<std::size_t... Os>(std::index_sequence<Os...>) {
             ((stride[Os] = operand_strides<Os>(st)), ...);
         }(std::make_index_sequence<n_ops>{});
 
         std::array<const T*, n_in + 1> in_ptr{};
-        std::array<T*, n_red + n_store + 1> out_ptr{};
+        std::array<T*, n_out + 1> out_ptr{};
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
             ((in_ptr[Is] = static_cast<const T*>(st.ptr[operand_node(Is)])), ...);
         }(std::make_index_sequence<n_in>{});
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
             ((out_ptr[Rs] = const_cast<T*>(static_cast<const T*>(st.ptr[operand_node(n_in + Rs)]))), ...);
-        }(std::make_index_sequence<n_red>{});
+        }(std::make_index_sequence<n_red + n_mat>{});
         [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
-            ((out_ptr[n_red + Ss] = static_cast<T*>(st.out[plan.members[lp.store_begin + Ss]])), ...);
+            ((out_ptr[n_red + n_mat + Ss] = static_cast<T*>(st.out[plan.members[lp.store_begin + Ss]])), ...);
         }(std::make_index_sequence<n_store>{});
+        std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
+        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            ((inner_stride[Is] = is_view_input(Is) ? stride[Is][G - 1] : 1), ...);
+        }(std::make_index_sequence<n_in>{});
 
         std::size_t outer = 1;
         for (std::size_t g = 0; g + 1 < G; ++g) outer *= gext[g];
         const std::size_t inner = gext[G - 1];
-        std::array<std::size_t, n_ops + 1> off{};
+        std::array<std::ptrdiff_t, n_ops + 1> off{};
         std::array<std::size_t, G> idx{};
         for (std::size_t o = 0; o < outer; ++o) {
-            row(in_ptr, out_ptr, off, inner);
+            row(in_ptr, out_ptr, off, inner, inner_stride);
             // advance the mixed-radix index over the outer groups
             for (std::size_t g = G - 1; g-- > 0;) {
                 ++idx[g];
                 for (std::size_t k = 0; k < n_ops; ++k) off[k] += stride[k][g];
                 if (idx[g] < gext[g]) break;
-                for (std::size_t k = 0; k < n_ops; ++k) off[k] -= stride[k][g] * idx[g];
+                for (std::size_t k = 0; k < n_ops; ++k) off[k] -= stride[k][g] * std::ptrdiff_t(idx[g]);
                 idx[g] = 0;
             }
         }
     }
 
+    // Element stride of each axis group: inputs use their node's strides (views may be anything),
+    // outputs are dense row-major buffers of their own shape.
     template <std::size_t O, class State>
-    static std::array<std::size_t, G> operand_strides(const State& st) {
+    static std::array<std::ptrdiff_t, G> operand_strides(const State& st) {
         constexpr std::size_t node = operand_node(O);
         constexpr std::size_t prank = info[node].rank;
-        std::array<std::size_t, G> s{};
+        std::array<std::ptrdiff_t, G> s{};
         if constexpr (iter_rank > 0) {
             constexpr std::size_t lead = iter_rank - prank;
             for (std::size_t g = 0; g < G; ++g) {
                 const std::size_t a = groups.last[g];
                 if (broadcast_axis(O, a)) continue;
-                std::size_t stride = 1;
-                for (std::size_t b = a + 1; b < iter_rank; ++b)
-                    if (b >= lead) stride *= extent(st, node, b - lead);
-                s[g] = stride;
+                if constexpr (O < n_in) {
+                    s[g] = st.stride[PP::rank_offset[node] + (a - lead)];
+                } else {
+                    std::ptrdiff_t stride = 1;
+                    for (std::size_t b = a + 1; b < iter_rank; ++b)
+                        if (b >= lead) stride *= static_cast<std::ptrdiff_t>(extent(st, node, b - lead));
+                    s[g] = stride;
+                }
             }
         }
         return s;
     }
 
-    template <class InPtr, class OutPtr, class Off>
-    static void row(const InPtr& in_ptr, const OutPtr& out_ptr, const Off& off, std::size_t inner) {
+    template <class InPtr, class OutPtr, class Off, class InnerStride>
+    static void row(const InPtr& in_ptr, const OutPtr& out_ptr, const Off& off, std::size_t inner,
+                    const InnerStride& inner_stride) {
         std::array<batch_t, n_slots + 1> v;
         std::array<T, n_slots + 1> s;
         // Inputs constant along the row.
@@ -245,14 +278,14 @@ struct loop_kernel {
         std::size_t j = 0;
         for (; j + W <= inner; j += W) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                ((load_vector<Is>(v, in_ptr, off, j)), ...);
+                ((load_vector<Is>(v, in_ptr, off, j, inner_stride)), ...);
             }(std::make_index_sequence<n_in>{});
             eval_body<batch_t>(v);
             finish<batch_t>(v, acc, out_ptr, off, j);
         }
         for (; j < inner; ++j) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                ((load_scalar<Is>(s, in_ptr, off, j)), ...);
+                ((load_scalar<Is>(s, in_ptr, off, j, inner_stride)), ...);
             }(std::make_index_sequence<n_in>{});
             eval_body<T>(s);
             finish<T>(s, acc_s, out_ptr, off, j);
@@ -282,14 +315,28 @@ struct loop_kernel {
             s[I] = x;
         }
     }
-    template <std::size_t I, class VB, class InPtr, class Off>
-    static void load_vector(VB& v, const InPtr& in_ptr, const Off& off, std::size_t j) {
-        if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
+    template <std::size_t I, class VB, class InPtr, class Off, class InnerStride>
+    static void load_vector(VB& v, const InPtr& in_ptr, const Off& off, std::size_t j,
+                            const InnerStride& inner_stride) {
+        if constexpr (is_view_input(I) && !inner_broadcast(I)) {
+            const std::ptrdiff_t st = inner_stride[I];
+            const T* p = in_ptr[I] + off[I];
+            if (st == 1) {
+                v[I] = simd::load(p + j);
+            } else {
+                alignas(64) T lanes[W];
+                for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(j + l) * st];
+                v[I] = simd::load(lanes);
+            }
+        } else if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
             v[I] = simd::load(in_ptr[I] + off[I] + j);
+        }
     }
-    template <std::size_t I, class VS, class InPtr, class Off>
-    static void load_scalar(VS& s, const InPtr& in_ptr, const Off& off, std::size_t j) {
-        if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) s[I] = in_ptr[I][off[I] + j];
+    template <std::size_t I, class VS, class InPtr, class Off, class InnerStride>
+    static void load_scalar(VS& s, const InPtr& in_ptr, const Off& off, std::size_t j,
+                            const InnerStride& inner_stride) {
+        if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
+            s[I] = in_ptr[I][off[I] + std::ptrdiff_t(j) * inner_stride[I]];
     }
 
     template <class V, class Values, class Acc, class OutPtr, class Off>
@@ -297,9 +344,19 @@ struct loop_kernel {
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
             ((reduce_step<V, Rs>(v, acc, out_ptr, off, j)), ...);
         }(std::make_index_sequence<n_red>{});
+        [&]<std::size_t... Ms>(std::index_sequence<Ms...>) {
+            ((mat_step<V, Ms>(v, out_ptr, off, j)), ...);
+        }(std::make_index_sequence<n_mat>{});
         [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
             ((store_step<V, Ss>(v, out_ptr, off, j)), ...);
         }(std::make_index_sequence<n_store>{});
+    }
+    template <class V, std::size_t M_, class Values, class OutPtr, class Off>
+    static void mat_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+        constexpr std::size_t src = slot_of(plan.members[lp.mat_begin + M_]);
+        T* p = out_ptr[n_red + M_] + off[n_in + n_red + M_] + j;
+        if constexpr (simd::is_batch_v<V>) simd::store(p, v[src]);
+        else *p = v[src];
     }
     template <class V, std::size_t R_, class Values, class Acc, class OutPtr, class Off>
     static void reduce_step(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
@@ -327,7 +384,7 @@ struct loop_kernel {
         constexpr std::size_t store_index = plan.members[lp.store_begin + S_];
         constexpr std::size_t src = slot_of(PP::stores[store_index]);
         constexpr bool accumulate = (AccumulateMask >> store_index) & 1u;
-        T* p = out_ptr[n_red + S_] + off[n_in + n_red + S_] + j;
+        T* p = out_ptr[n_red + n_mat + S_] + off[n_in + n_red + n_mat + S_] + j;
         if constexpr (simd::is_batch_v<V>) {
             if constexpr (accumulate) simd::store(p, simd::load(p) + v[src]);
             else simd::store(p, v[src]);

@@ -1,0 +1,442 @@
+#pragma once
+// tg::describe(step): what a compiled step computes, as text (the TORCH_LOGS=compiled_autograd
+// of typegrad). Three sections:
+//   forward graph   every node of the loss, children first
+//   backward graph  the nodes the gradients add, and the forward values they read: recomputed
+//                   (never stored, evaluated again where needed) or saved (reductions)
+//   kernel plan     the fused loops of value_and_grad and of forward
+// TYPEGRAD_LOG=graphs prints the same text to stderr on the first call of each step type.
+//
+// Only the step's *type* is read, through its nested plans<> (see autodiff/step.hpp); this
+// header does not include step.hpp, so step.hpp can include it for the log hook.
+#include <algorithm>
+#include <charconv>
+#include <concepts>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <typegrad/core/dtype.hpp>
+#include <typegrad/exec/program.hpp>
+#include <typegrad/graph/node.hpp>
+#include <typegrad/graph/type_list.hpp>
+
+namespace typegrad {
+namespace detail {
+
+// ---- extension point ----------------------------------------------------------------------
+//
+// Extra text and Graphviz attributes for the nodes of one op (hooks use it). Either specialise
+// this trait for Op, or give Op the static member functions
+//     static std::string describe_extra();   // appended to the node's describe() line and
+//                                            // as a last line of its DOT label
+//     static std::string dot_attributes();   // extra DOT attributes, e.g. `color="#7b1fa2"`
+// The members need no include of this header, so an op header can provide them freely.
+template <class Op>
+struct describe_node_extra {
+    static std::string text() {
+        if constexpr (requires { { Op::describe_extra() } -> std::convertible_to<std::string>; })
+            return std::string(Op::describe_extra());
+        else return {};
+    }
+    static std::string dot_attributes() {
+        if constexpr (requires { { Op::dot_attributes() } -> std::convertible_to<std::string>; })
+            return std::string(Op::dot_attributes());
+        else return {};
+    }
+};
+
+// ---- a step, flattened to plain data --------------------------------------------------------
+//
+// Everything below the per-type extraction (make_step_view) is ordinary run-time code over
+// vectors, so describing a step instantiates little beyond what compiling it already did.
+
+struct node_facts {
+    std::string_view dtype;
+    leaf_role role = leaf_role::input;
+    double value = 0;         // constants
+    std::string extra;        // describe_node_extra<Op>::text()
+    std::string dot_attributes;
+};
+
+// How the backward part uses a forward node.
+enum class backward_use : unsigned char { none, leaf, constant, recomputed, saved };
+
+struct loop_view {
+    std::size_t stage = 0;
+    std::size_t iter = 0;  // node whose shape is the iteration space
+    std::vector<std::size_t> inputs, body, reductions, materialized, stores;  // node ids
+};
+
+struct plan_view {
+    std::vector<loop_view> loops;
+    std::vector<char> computed;  // per node: this plan writes its buffer
+};
+
+struct step_view {
+    std::vector<node_info> info;  // the value_and_grad (joint) program; ids are its ids
+    std::vector<node_facts> facts;
+    std::vector<char> listed;     // first occurrence of its type (later ones are never used)
+    std::vector<char> forward;    // part of the loss's own graph
+    std::vector<backward_use> use;
+    std::vector<std::vector<std::size_t>> grad_of;  // per node: indices into wrt
+    std::vector<std::string_view> wrt_names;
+    std::vector<std::size_t> wrt_ids;                // the leaves (info.size() if absent)
+    std::size_t loss = 0;
+    plan_view joint, fwd;
+
+    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+    std::size_t size() const { return info.size(); }
+};
+
+template <class N>
+node_facts facts_of() {
+    node_facts f;
+    f.dtype = dtype_name<typename N::value_type>();
+    if constexpr (is_leaf_v<N>) {
+        f.role = N::role;
+    } else if constexpr (is_constant_v<N>) {
+        f.value = N::value;
+    } else {
+        f.extra = describe_node_extra<typename N::op>::text();
+        f.dot_attributes = describe_node_extra<typename N::op>::dot_attributes();
+    }
+    return f;
+}
+
+// Loops that materialise elementwise values into scratch (newer planners) list them apart.
+template <class LP>
+std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
+    if constexpr (requires { lp.mat_begin; lp.mat_end; }) return {lp.mat_begin, lp.mat_end};
+    else return {0, 0};
+}
+
+// `to_view[i]`: the step_view id of the plan's node i.
+template <class PP>
+plan_view make_plan_view(const std::vector<std::size_t>& to_view, std::size_t view_size) {
+    constexpr auto& plan = PP::plan;
+    plan_view v;
+    v.computed.assign(view_size, 0);
+    for (std::size_t n = 0; n < PP::M; ++n)
+        if (plan.computed[n]) v.computed[to_view[n]] = 1;
+    auto ids = [&](std::size_t b, std::size_t e) {
+        std::vector<std::size_t> r;
+        for (std::size_t k = b; k < e; ++k) r.push_back(to_view[plan.members[k]]);
+        return r;
+    };
+    for (std::size_t l = 0; l < plan.loop_count; ++l) {
+        const auto& lp = plan.loops[l];
+        loop_view lv;
+        lv.stage = lp.stage;
+        lv.iter = to_view[lp.iter];
+        lv.inputs = ids(lp.in_begin, lp.in_end);
+        lv.body = ids(lp.body_begin, lp.body_end);
+        lv.reductions = ids(lp.red_begin, lp.red_end);
+        const auto [mb, me] = materialized_range(lp);
+        lv.materialized = ids(mb, me);
+        for (std::size_t k = lp.store_begin; k < lp.store_end; ++k)
+            lv.stores.push_back(to_view[PP::stores[plan.members[k]]]);
+        v.loops.push_back(std::move(lv));
+    }
+    return v;
+}
+
+// Marks the forward values the gradient nodes read: a reduction the forward pass computed is
+// saved; leaves and constants are read as they are; everything else is evaluated again from
+// those (its own inputs are followed).
+inline void mark_backward_uses(step_view& v) {
+    const std::size_t m = v.size();
+    std::vector<char> reach(m, 0);
+    for (std::size_t n = 0; n < m; ++n)
+        if (v.listed[n] && (!v.forward[n] || !v.grad_of[n].empty())) reach[n] = 1;
+    v.use.assign(m, backward_use::none);
+    for (std::size_t n = m; n-- > 0;) {
+        if (!reach[n]) continue;
+        const node_info& ni = v.info[n];
+        if (v.forward[n]) {
+            if (ni.kind == op_kind::leaf) v.use[n] = backward_use::leaf;
+            else if (ni.kind == op_kind::constant) v.use[n] = backward_use::constant;
+            else if (ni.kind == op_kind::reduce && v.fwd.computed[n]) v.use[n] = backward_use::saved;
+            else v.use[n] = backward_use::recomputed;
+            if (v.use[n] != backward_use::recomputed) continue;
+        }
+        for (std::size_t c = 0; c < ni.arity; ++c)
+            if (!ni.shape_only[c]) reach[ni.child[c]] = 1;
+    }
+}
+
+template <class Step>
+step_view make_step_view() {
+    using plans = typename Step::template plans<>;
+    using joint = typename plans::joint;
+    using fwd = typename plans::forward;
+    using nodes = typename joint::program::nodes;
+    using fwd_nodes = typename fwd::program::nodes;
+    constexpr std::size_t m = joint::program::size;
+
+    step_view v;
+    v.info.assign(joint::program::info.begin(), joint::program::info.end());
+    std::vector<std::size_t> first;  // id of the first node of the same type
+    [&]<class... Ns>(type_list<Ns...>) {
+        v.facts = {facts_of<Ns>()...};
+        first = {index_of_v<Ns, nodes>...};
+    }(nodes{});
+    v.listed.assign(m, 0);
+    for (std::size_t i = 0; i < m; ++i) v.listed[i] = first[i] == i;
+    v.forward.assign(m, 0);
+    std::vector<std::size_t> fwd_to_view;
+    [&]<class... Fs>(type_list<Fs...>) {
+        fwd_to_view = {index_of_v<Fs, nodes>...};
+    }(fwd_nodes{});
+    for (std::size_t id : fwd_to_view) v.forward[id] = 1;
+    std::vector<std::size_t> identity(m);
+    for (std::size_t i = 0; i < m; ++i) identity[i] = i;
+    v.joint = make_plan_view<joint>(identity, m);
+    v.fwd = make_plan_view<fwd>(fwd_to_view, m);
+
+    v.loss = index_of_v<typename Step::loss_node, nodes>;
+    v.grad_of.assign(m, {});
+    [&]<class... Ls>(type_list<Ls...>) {
+        v.wrt_names = {Ls::name()...};
+        v.wrt_ids = {index_of_v<Ls, nodes>...};
+    }(typename Step::wrt_list{});
+    // value_and_grad stores the gradients in wrt order, then an elementwise loss.
+    for (std::size_t w = 0; w < v.wrt_names.size() && w < joint::stores.size(); ++w)
+        v.grad_of[joint::stores[w]].push_back(w);
+    mark_backward_uses(v);
+    return v;
+}
+
+// ---- text -------------------------------------------------------------------------------
+
+inline std::string number_text(double x) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, x);
+    return std::string(buf, r.ptr);
+}
+
+inline std::string shape_text(const node_info& ni) {
+    std::string s = "[";
+    for (std::size_t a = 0; a < ni.rank; ++a) {
+        if (a) s += ", ";
+        s += ni.ext[a] == dyn ? std::string("?") : std::to_string(ni.ext[a]);
+    }
+    return s + "]";
+}
+
+inline std::string type_text(const step_view& v, std::size_t n) {
+    return std::string(v.facts[n].dtype) + " " + shape_text(v.info[n]);
+}
+
+inline std::string id_text(std::size_t n) { return "%" + std::to_string(n); }
+
+// "x", "1", "exp": what a node is, in one word (a leaf's name, a constant's value).
+inline std::string op_text(const step_view& v, std::size_t n) {
+    const node_info& ni = v.info[n];
+    if (ni.kind == op_kind::constant) return number_text(v.facts[n].value);
+    return std::string(ni.name);
+}
+
+// "param x", "constant 1", "expand(%17, shape=%5)"
+inline std::string definition_text(const step_view& v, std::size_t n) {
+    const node_info& ni = v.info[n];
+    if (ni.kind == op_kind::leaf) {
+        const leaf_role r = v.facts[n].role;
+        return std::string(r == leaf_role::param ? "param " : r == leaf_role::input ? "input " : "seed ") +
+               std::string(ni.name);
+    }
+    if (ni.kind == op_kind::constant) return "constant " + number_text(v.facts[n].value);
+    std::string s = std::string(ni.name) + "(";
+    for (std::size_t c = 0; c < ni.arity; ++c) {
+        if (c) s += ", ";
+        if (ni.shape_only[c]) s += "shape=";
+        s += id_text(ni.child[c]);
+    }
+    return s + ")";
+}
+
+// "grad of x", "loss": the outputs a node is.
+inline std::string output_labels(const step_view& v, std::size_t n) {
+    std::string s;
+    for (std::size_t w : v.grad_of[n]) {
+        if (!s.empty()) s += ", ";
+        s += "grad of " + std::string(v.wrt_names[w]);
+    }
+    if (n == v.loss) s += s.empty() ? "loss" : ", loss";
+    return s;
+}
+
+inline std::string_view use_text(backward_use u) {
+    switch (u) {
+        case backward_use::leaf: return "leaf";
+        case backward_use::constant: return "constant";
+        case backward_use::recomputed: return "recomputed";
+        case backward_use::saved: return "saved";
+        case backward_use::none: break;
+    }
+    return "";
+}
+
+// One node per line: "  %3 = mul(%1, %2)    f32 [1000]    [loss]".
+inline void append_node_lines(std::string& out, const step_view& v, const std::vector<std::size_t>& ids,
+                              bool show_use) {
+    std::size_t w1 = 0, w2 = 0;
+    std::vector<std::string> lhs, types;
+    for (std::size_t n : ids) {
+        lhs.push_back(id_text(n) + " = " + definition_text(v, n));
+        types.push_back(type_text(v, n));
+        w1 = std::max(w1, lhs.back().size());
+        w2 = std::max(w2, types.back().size());
+    }
+    w1 = std::min<std::size_t>(w1, 48);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::size_t n = ids[i];
+        std::string tags;
+        auto tag = [&](std::string_view t) {
+            if (t.empty()) return;
+            if (!tags.empty()) tags += ", ";
+            tags += t;
+        };
+        if (show_use) tag(use_text(v.use[n]));
+        tag(output_labels(v, n));
+        tag(v.facts[n].extra);
+        std::string line = "  " + lhs[i];
+        line.append(w1 + 2 > lhs[i].size() ? w1 + 2 - lhs[i].size() : 1, ' ');
+        line += types[i];
+        if (!tags.empty()) {
+            line.append(w2 + 2 - types[i].size(), ' ');
+            line += "[" + tags + "]";
+        }
+        out += line + "\n";
+    }
+}
+
+inline std::string count_text(std::size_t n, std::string_view one, std::string_view many) {
+    return std::to_string(n) + " " + std::string(n == 1 ? one : many);
+}
+
+inline void append_plan(std::string& out, const step_view& v, const plan_view& p, std::string_view title) {
+    out += "kernel plan: " + std::string(title) + " (" + count_text(p.loops.size(), "loop", "loops") + ")\n";
+    auto list = [&](std::string_view what, const std::vector<std::size_t>& ids, bool labelled) {
+        if (ids.empty()) return;
+        std::string line = "    " + std::string(what) + ":";
+        line.append(what.size() < 12 ? 12 - what.size() : 1, ' ');
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            if (i) line += ", ";
+            const bool is_constant = v.info[ids[i]].kind == op_kind::constant;
+            line += id_text(ids[i]) + (is_constant ? " constant " : " ") + op_text(v, ids[i]);
+            const std::string labels = labelled ? output_labels(v, ids[i]) : std::string();
+            if (!labels.empty()) line += " (" + labels + ")";
+        }
+        out += line + "\n";
+    };
+    for (std::size_t l = 0; l < p.loops.size(); ++l) {
+        const loop_view& lp = p.loops[l];
+        out += "  loop " + std::to_string(l) + ": stage " + std::to_string(lp.stage) + ", over " +
+               shape_text(v.info[lp.iter]) + " (shape of " + id_text(lp.iter) + ")\n";
+        list("reads", lp.inputs, false);
+        list("fused", lp.body, false);
+        list("reduces", lp.reductions, true);
+        list("materializes", lp.materialized, true);
+        list("stores", lp.stores, true);
+    }
+}
+
+inline std::string describe_view(const step_view& v) {
+    std::string out;
+    out += "typegrad step: loss " + id_text(v.loss) + " " + op_text(v, v.loss) + " (" + type_text(v, v.loss) +
+           "), wrt ";
+    for (std::size_t w = 0; w < v.wrt_names.size(); ++w) {
+        if (w) out += ", ";
+        out += std::string(v.wrt_names[w]);
+        if (v.wrt_ids[w] < v.size()) out += " (" + id_text(v.wrt_ids[w]) + ")";
+    }
+    if (v.wrt_names.empty()) out += "nothing";
+    out += "\n\n";
+
+    std::vector<std::size_t> fwd_ids, bwd_ids;
+    std::size_t added = 0, saved = 0, recomputed = 0, read = 0;
+    for (std::size_t n = 0; n < v.size(); ++n) {
+        if (!v.listed[n]) continue;
+        if (v.forward[n]) fwd_ids.push_back(n);
+        if (!v.forward[n] || v.use[n] != backward_use::none) bwd_ids.push_back(n);
+        if (!v.forward[n]) ++added;
+        saved += v.use[n] == backward_use::saved;
+        recomputed += v.use[n] == backward_use::recomputed;
+        read += v.use[n] == backward_use::leaf || v.use[n] == backward_use::constant;
+    }
+    out += "forward graph (" + count_text(fwd_ids.size(), "node", "nodes") + ")\n";
+    append_node_lines(out, v, fwd_ids, false);
+    out += "\nbackward graph (" + count_text(added, "new node", "new nodes") + "; from the forward graph: " +
+           std::to_string(saved) + " saved, " + std::to_string(recomputed) + " recomputed, " +
+           std::to_string(read) + " read as is)\n";
+    append_node_lines(out, v, bwd_ids, true);
+    out += "\n";
+    append_plan(out, v, v.joint, "value_and_grad");
+    out += "\n";
+    append_plan(out, v, v.fwd, "forward");
+    return out;
+}
+
+// ---- TYPEGRAD_LOG -----------------------------------------------------------------------
+
+// TYPEGRAD_LOG is a comma- or space-separated list of topics; "graphs" (or "all") turns this on.
+inline bool log_topic_enabled(const char* setting, std::string_view topic) {
+    if (setting == nullptr) return false;
+    const std::string_view s(setting);
+    std::size_t i = 0;
+    while (i < s.size()) {
+        const std::size_t j = std::min(s.find_first_of(", ", i), s.size());
+        const std::string_view t = s.substr(i, j - i);
+        if (t == topic || t == "all") return true;
+        i = j + 1;
+    }
+    return false;
+}
+
+inline bool log_graphs_enabled() {
+    static const bool on = log_topic_enabled(std::getenv("TYPEGRAD_LOG"), "graphs");
+    return on;
+}
+
+}  // namespace detail
+
+// A compiled step (tg::compile(...)): what describe and to_dot accept.
+template <class S>
+concept inspectable_step = requires {
+    typename S::template plans<>::joint;
+    typename S::template plans<>::forward;
+    typename S::loss_node;
+    typename S::wrt_list;
+};
+
+template <inspectable_step Step>
+std::string describe(const Step&) {
+    return detail::describe_view(detail::make_step_view<Step>());
+}
+
+namespace detail {
+
+// The step hook for TYPEGRAD_LOG=graphs: prints describe() to stderr on the first call of each
+// step type (thread-safe: a function-local static). With the variable unset it costs one
+// branch and allocates nothing. Define TYPEGRAD_NO_LOG to compile it out entirely (describe()
+// is then not instantiated for every step).
+template <class Step>
+void log_graphs_once() {
+#ifndef TYPEGRAD_NO_LOG
+    if (!log_graphs_enabled()) return;
+    [[maybe_unused]] static const bool printed = [] {
+        const std::string text = "typegrad: TYPEGRAD_LOG=graphs\n" + describe_view(make_step_view<Step>());
+        std::fwrite(text.data(), 1, text.size(), stderr);
+        std::fflush(stderr);
+        return true;
+    }();
+#endif
+}
+
+}  // namespace detail
+}  // namespace typegrad
