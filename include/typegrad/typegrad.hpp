@@ -11,9 +11,12 @@
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/log_sum_exp.hpp>
+#include <typegrad/ops/loss.hpp>
+#include <typegrad/ops/matmul.hpp>
 #include <typegrad/ops/piecewise.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/trig.hpp>
+#include <typegrad/ops/view.hpp>
 #include <typegrad/autodiff/reverse.hpp>
 #include <typegrad/autodiff/step.hpp>
 #include <typegrad/exec/bind.hpp>

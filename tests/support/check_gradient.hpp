@@ -36,26 +36,46 @@ inline std::vector<double> uniform(std::size_t n, double lo, double hi, unsigned
     return v;
 }
 
+// Bindings held fixed during a check (inputs that are not differentiated, e.g. class labels).
+template <class... Bs>
+struct fixed_bindings {
+    std::tuple<Bs...> bindings;
+};
+template <class... Bs>
+fixed_bindings<Bs...> fixed(Bs... bs) {
+    return {std::make_tuple(bs...)};
+}
+
 struct tolerance {
     double absolute = 1e-6;
     double relative = 1e-6;
 };
 
 // Checks d loss / d leaf for every leaf in `data` (all must be tg::param).
-template <class Loss, class... Leaves>
-void check_gradient(Loss loss, tolerance tol, leaf_data<Leaves>... data) {
+template <class Loss, class... Fixed, class... Leaves>
+void check_gradient(Loss loss, tolerance tol, fixed_bindings<Fixed...> fixed_in, leaf_data<Leaves>... data) {
     auto step = compile(loss, wrt(data.leaf...));
     auto data_t = std::make_tuple(data...);
     std::tuple<std::conditional_t<true, std::vector<double>, Leaves>...> grads{std::vector<double>(data.values.size())...};
     auto value_at = [&](auto& d_t) {
-        return std::apply([&](auto&... d) { return step.value_and_grad(bind(d.leaf, d.values, d.extents)...); }, d_t);
+        return std::apply(
+            [&](auto&... d) {
+                return std::apply([&](auto&... f) { return step.value_and_grad(f..., bind(d.leaf, d.values, d.extents)...); },
+                                  fixed_in.bindings);
+            },
+            d_t);
     };
     const double value = [&] {
         return std::apply(
             [&](auto&... d) {
                 return std::apply(
                     [&](auto&... g) {
-                        return step.value_and_grad(bind(d.leaf, d.values, d.extents)..., grad_into(d.leaf, g)...);
+                        return std::apply(
+                            [&](auto&... f) {
+                                return step.value_and_grad(f..., bind(d.leaf, d.values, d.extents)...,
+                                                           grad_into(d.leaf, g)...);
+                            },
+                            fixed_in.bindings);
                     },
                     grads);
             },
@@ -85,8 +105,16 @@ void check_gradient(Loss loss, tolerance tol, leaf_data<Leaves>... data) {
 }
 
 template <class Loss, class... Leaves>
+void check_gradient(Loss loss, tolerance tol, leaf_data<Leaves>... data) {
+    check_gradient(loss, tol, fixed_bindings<>{}, data...);
+}
+template <class Loss, class... Leaves>
 void check_gradient(Loss loss, leaf_data<Leaves>... data) {
-    check_gradient(loss, tolerance{}, data...);
+    check_gradient(loss, tolerance{}, fixed_bindings<>{}, data...);
+}
+template <class Loss, class... Fixed, class... Leaves>
+void check_gradient(Loss loss, fixed_bindings<Fixed...> f, leaf_data<Leaves>... data) {
+    check_gradient(loss, tolerance{}, f, data...);
 }
 
 }  // namespace typegrad::testing

@@ -129,11 +129,12 @@ void shape_node(typename PP::state_type& st) {
         elementwise_shape<PP>(st, N);
         dense_strides<PP>(st, N);
     } else if constexpr (kind == op_kind::view) {
-        constexpr std::size_t c = PP::program::info[N].child[0];
-        const tensor_ref in = ref_of<PP>(st, c);
+        constexpr std::size_t arity = PP::program::info[N].arity;
+        std::array<tensor_ref, arity> in{};
+        for (std::size_t k = 0; k < arity; ++k) in[k] = ref_of<PP>(st, PP::program::info[N].child[k]);
         std::size_t* out = st.ext.data() + PP::rank_offset[N];
         std::ptrdiff_t* stride = st.stride.data() + PP::rank_offset[N];
-        node::op::template layout<node>(in, out, stride, st.view_offset[N]);
+        node::op::template layout<node>(in.data(), out, stride, st.view_offset[N]);
     } else if constexpr (kind == op_kind::kernel) {
         constexpr std::size_t arity = PP::program::info[N].arity;
         std::array<tensor_ref, arity> in{};

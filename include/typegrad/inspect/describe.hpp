@@ -213,6 +213,15 @@ step_view make_step_view() {
 
 // ---- text -------------------------------------------------------------------------------
 
+// Concatenation by appending only: `"literal" + std::string(...)` inserts at the front, which
+// trips GCC 12's -Wrestrict false positive at -O3.
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+    std::string s;
+    (s.append(std::string_view(parts)), ...);
+    return s;
+}
+
 inline std::string number_text(double x) {
     char buf[64];
     const auto r = std::to_chars(buf, buf + sizeof buf, x);
@@ -225,14 +234,15 @@ inline std::string shape_text(const node_info& ni) {
         if (a) s += ", ";
         s += ni.ext[a] == dyn ? std::string("?") : std::to_string(ni.ext[a]);
     }
-    return s + "]";
+    s += ']';
+    return s;
 }
 
 inline std::string type_text(const step_view& v, std::size_t n) {
-    return std::string(v.facts[n].dtype) + " " + shape_text(v.info[n]);
+    return cat(v.facts[n].dtype, " ", shape_text(v.info[n]));
 }
 
-inline std::string id_text(std::size_t n) { return "%" + std::to_string(n); }
+inline std::string id_text(std::size_t n) { return cat("%", std::to_string(n)); }
 
 // "x", "1", "exp": what a node is, in one word (a leaf's name, a constant's value).
 inline std::string op_text(const step_view& v, std::size_t n) {
@@ -246,17 +256,17 @@ inline std::string definition_text(const step_view& v, std::size_t n) {
     const node_info& ni = v.info[n];
     if (ni.kind == op_kind::leaf) {
         const leaf_role r = v.facts[n].role;
-        return std::string(r == leaf_role::param ? "param " : r == leaf_role::input ? "input " : "seed ") +
-               std::string(ni.name);
+        return cat(r == leaf_role::param ? "param " : r == leaf_role::input ? "input " : "seed ", ni.name);
     }
-    if (ni.kind == op_kind::constant) return "constant " + number_text(v.facts[n].value);
-    std::string s = std::string(ni.name) + "(";
+    if (ni.kind == op_kind::constant) return cat("constant ", number_text(v.facts[n].value));
+    std::string s = cat(ni.name, "(");
     for (std::size_t c = 0; c < ni.arity; ++c) {
         if (c) s += ", ";
         if (ni.shape_only[c]) s += "shape=";
         s += id_text(ni.child[c]);
     }
-    return s + ")";
+    s += ')';
+    return s;
 }
 
 // "grad of x", "loss": the outputs a node is.
@@ -264,7 +274,8 @@ inline std::string output_labels(const step_view& v, std::size_t n) {
     std::string s;
     for (std::size_t w : v.grad_of[n]) {
         if (!s.empty()) s += ", ";
-        s += "grad of " + std::string(v.wrt_names[w]);
+        s += "grad of ";
+        s += v.wrt_names[w];
     }
     if (n == v.loss) s += s.empty() ? "loss" : ", loss";
     return s;
@@ -273,7 +284,7 @@ inline std::string output_labels(const step_view& v, std::size_t n) {
 inline std::string_view use_text(backward_use u) {
     switch (u) {
         case backward_use::leaf: return "leaf";
-        case backward_use::constant: return "constant";
+        case backward_use::constant: break;  // "constant 2" says it already
         case backward_use::recomputed: return "recomputed";
         case backward_use::saved: return "saved";
         case backward_use::none: break;
@@ -287,7 +298,7 @@ inline void append_node_lines(std::string& out, const step_view& v, const std::v
     std::size_t w1 = 0, w2 = 0;
     std::vector<std::string> lhs, types;
     for (std::size_t n : ids) {
-        lhs.push_back(id_text(n) + " = " + definition_text(v, n));
+        lhs.push_back(cat(id_text(n), " = ", definition_text(v, n)));
         types.push_back(type_text(v, n));
         w1 = std::max(w1, lhs.back().size());
         w2 = std::max(w2, types.back().size());
@@ -304,40 +315,41 @@ inline void append_node_lines(std::string& out, const step_view& v, const std::v
         if (show_use) tag(use_text(v.use[n]));
         tag(output_labels(v, n));
         tag(v.facts[n].extra);
-        std::string line = "  " + lhs[i];
-        line.append(w1 + 2 > lhs[i].size() ? w1 + 2 - lhs[i].size() : 1, ' ');
-        line += types[i];
+        out += "  ";
+        out += lhs[i];
+        out.append(w1 + 2 > lhs[i].size() ? w1 + 2 - lhs[i].size() : 1, ' ');
+        out += types[i];
         if (!tags.empty()) {
-            line.append(w2 + 2 - types[i].size(), ' ');
-            line += "[" + tags + "]";
+            out.append(w2 + 2 - types[i].size(), ' ');
+            out += cat("[", tags, "]");
         }
-        out += line + "\n";
+        out += '\n';
     }
 }
 
 inline std::string count_text(std::size_t n, std::string_view one, std::string_view many) {
-    return std::to_string(n) + " " + std::string(n == 1 ? one : many);
+    return cat(std::to_string(n), " ", n == 1 ? one : many);
 }
 
 inline void append_plan(std::string& out, const step_view& v, const plan_view& p, std::string_view title) {
-    out += "kernel plan: " + std::string(title) + " (" + count_text(p.loops.size(), "loop", "loops") + ")\n";
+    out += cat("kernel plan: ", title, " (", count_text(p.loops.size(), "loop", "loops"), ")\n");
     auto list = [&](std::string_view what, const std::vector<std::size_t>& ids, bool labelled) {
         if (ids.empty()) return;
-        std::string line = "    " + std::string(what) + ":";
-        line.append(what.size() < 12 ? 12 - what.size() : 1, ' ');
+        out += cat("    ", what, ":");
+        out.append(what.size() < 12 ? 12 - what.size() : 1, ' ');
         for (std::size_t i = 0; i < ids.size(); ++i) {
-            if (i) line += ", ";
+            if (i) out += ", ";
             const bool is_constant = v.info[ids[i]].kind == op_kind::constant;
-            line += id_text(ids[i]) + (is_constant ? " constant " : " ") + op_text(v, ids[i]);
+            out += cat(id_text(ids[i]), is_constant ? " constant " : " ", op_text(v, ids[i]));
             const std::string labels = labelled ? output_labels(v, ids[i]) : std::string();
-            if (!labels.empty()) line += " (" + labels + ")";
+            if (!labels.empty()) out += cat(" (", labels, ")");
         }
-        out += line + "\n";
+        out += '\n';
     };
     for (std::size_t l = 0; l < p.loops.size(); ++l) {
         const loop_view& lp = p.loops[l];
-        out += "  loop " + std::to_string(l) + ": stage " + std::to_string(lp.stage) + ", over " +
-               shape_text(v.info[lp.iter]) + " (shape of " + id_text(lp.iter) + ")\n";
+        out += cat("  loop ", std::to_string(l), ": stage ", std::to_string(lp.stage), ", over ",
+                   shape_text(v.info[lp.iter]), " (shape of ", id_text(lp.iter), ")\n");
         list("reads", lp.inputs, false);
         list("fused", lp.body, false);
         list("reduces", lp.reductions, true);
@@ -347,13 +359,12 @@ inline void append_plan(std::string& out, const step_view& v, const plan_view& p
 }
 
 inline std::string describe_view(const step_view& v) {
-    std::string out;
-    out += "typegrad step: loss " + id_text(v.loss) + " " + op_text(v, v.loss) + " (" + type_text(v, v.loss) +
-           "), wrt ";
+    std::string out = cat("typegrad step: loss ", id_text(v.loss), " ", op_text(v, v.loss), " (",
+                          type_text(v, v.loss), "), wrt ");
     for (std::size_t w = 0; w < v.wrt_names.size(); ++w) {
         if (w) out += ", ";
-        out += std::string(v.wrt_names[w]);
-        if (v.wrt_ids[w] < v.size()) out += " (" + id_text(v.wrt_ids[w]) + ")";
+        out += v.wrt_names[w];
+        if (v.wrt_ids[w] < v.size()) out += cat(" (", id_text(v.wrt_ids[w]), ")");
     }
     if (v.wrt_names.empty()) out += "nothing";
     out += "\n\n";
@@ -369,15 +380,15 @@ inline std::string describe_view(const step_view& v) {
         recomputed += v.use[n] == backward_use::recomputed;
         read += v.use[n] == backward_use::leaf || v.use[n] == backward_use::constant;
     }
-    out += "forward graph (" + count_text(fwd_ids.size(), "node", "nodes") + ")\n";
+    out += cat("forward graph (", count_text(fwd_ids.size(), "node", "nodes"), ")\n");
     append_node_lines(out, v, fwd_ids, false);
-    out += "\nbackward graph (" + count_text(added, "new node", "new nodes") + "; from the forward graph: " +
-           std::to_string(saved) + " saved, " + std::to_string(recomputed) + " recomputed, " +
-           std::to_string(read) + " read as is)\n";
+    out += cat("\nbackward graph (", count_text(added, "new node", "new nodes"), "; from the forward graph: ",
+               std::to_string(saved), " saved, ", std::to_string(recomputed), " recomputed, ",
+               std::to_string(read), " read as is)\n");
     append_node_lines(out, v, bwd_ids, true);
-    out += "\n";
+    out += '\n';
     append_plan(out, v, v.joint, "value_and_grad");
-    out += "\n";
+    out += '\n';
     append_plan(out, v, v.fwd, "forward");
     return out;
 }
@@ -430,7 +441,7 @@ void log_graphs_once() {
 #ifndef TYPEGRAD_NO_LOG
     if (!log_graphs_enabled()) return;
     [[maybe_unused]] static const bool printed = [] {
-        const std::string text = "typegrad: TYPEGRAD_LOG=graphs\n" + describe_view(make_step_view<Step>());
+        const std::string text = cat("typegrad: TYPEGRAD_LOG=graphs\n", describe_view(make_step_view<Step>()));
         std::fwrite(text.data(), 1, text.size(), stderr);
         std::fflush(stderr);
         return true;

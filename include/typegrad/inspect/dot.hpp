@@ -27,7 +27,8 @@ inline std::string dot_quote(std::string_view s) {
         }
         r += c;
     }
-    return r + "\"";
+    r += '"';
+    return r;
 }
 
 // ColorBrewer Set3: light enough for black text, distinct enough for a dozen loops.
@@ -41,7 +42,7 @@ inline std::string_view loop_colour(std::size_t l) {
 
 inline std::string dot_node(const step_view& v, std::size_t n, const std::vector<std::vector<std::size_t>>& loops_of) {
     const node_info& ni = v.info[n];
-    std::string label = op_text(v, n) + "\n" + type_text(v, n);
+    std::string label = cat(op_text(v, n), "\n", type_text(v, n));
     std::string tags;
     auto tag = [&](std::string_view t) {
         if (t.empty()) return;
@@ -51,52 +52,48 @@ inline std::string dot_node(const step_view& v, std::size_t n, const std::vector
     if (v.use[n] == backward_use::saved) tag("saved");
     tag(output_labels(v, n));
     tag(v.facts[n].extra);
-    if (!tags.empty()) label += "\n" + tags;
+    if (!tags.empty()) label += cat("\n", tags);
 
-    std::string tooltip = id_text(n) + " = " + definition_text(v, n);
-    if (v.use[n] != backward_use::none) tooltip += " [" + std::string(use_text(v.use[n])) + "]";
+    std::string tooltip = cat(id_text(n), " = ", definition_text(v, n));
+    if (!use_text(v.use[n]).empty()) tooltip += cat(" [", use_text(v.use[n]), "]");
 
-    std::string attrs = "label=" + dot_quote(label) + ", tooltip=" + dot_quote(tooltip);
-    std::vector<std::string_view> style;
+    std::string attrs = cat("label=", dot_quote(label), ", tooltip=", dot_quote(tooltip));
+    std::string style;
     if (ni.kind == op_kind::leaf || ni.kind == op_kind::constant) {
-        attrs += ", shape=ellipse";
-        style.push_back("filled");
-        attrs += ni.kind == op_kind::constant ? ", fillcolor=\"#f4f4f4\"" : ", fillcolor=\"#ffffff\"";
+        attrs += ni.kind == op_kind::constant ? ", shape=ellipse, fillcolor=\"#f4f4f4\""
+                                              : ", shape=ellipse, fillcolor=\"#ffffff\"";
         if (ni.kind == op_kind::leaf && v.facts[n].role == leaf_role::param) attrs += ", penwidth=1.6";
+        style = "filled";
     } else if (loops_of[n].empty()) {
-        style.push_back("filled");
         attrs += ", fillcolor=\"#e0e0e0\"";
-    } else if (loops_of[n].size() == 1) {
-        style.push_back("filled");
-        attrs += ", fillcolor=\"" + std::string(loop_colour(loops_of[n][0])) + "\"";
+        style = "filled";
     } else {
-        style.push_back("striped");
+        // Several loops compute the same value: one stripe per loop.
         std::string colours;
         for (std::size_t l : loops_of[n]) {
             if (!colours.empty()) colours += ':';
             colours += loop_colour(l);
         }
-        attrs += ", fillcolor=\"" + colours + "\"";
+        attrs += cat(", fillcolor=\"", colours, "\"");
+        style = loops_of[n].size() == 1 ? "filled" : "striped";
     }
-    if (v.use[n] == backward_use::recomputed) style.push_back("dashed");
+    if (v.use[n] == backward_use::recomputed) style += ",dashed";
     if (v.use[n] == backward_use::saved) attrs += ", color=\"#d62728\", penwidth=2.5";
     if (!v.grad_of[n].empty() || n == v.loss) attrs += ", peripheries=2";
-    std::string style_text;
-    for (std::string_view s : style) style_text += (style_text.empty() ? "" : ",") + std::string(s);
-    attrs += ", style=" + dot_quote(style_text);
-    if (!v.facts[n].dot_attributes.empty()) attrs += ", " + v.facts[n].dot_attributes;
-    return "    n" + std::to_string(n) + " [" + attrs + "];\n";
+    attrs += cat(", style=", dot_quote(style));
+    if (!v.facts[n].dot_attributes.empty()) attrs += cat(", ", v.facts[n].dot_attributes);
+    return cat("    n", std::to_string(n), " [", attrs, "];\n");
 }
 
 inline std::string loop_summary(const step_view& v, const loop_view& lp, std::size_t l) {
-    std::string s = "loop " + std::to_string(l) + " (stage " + std::to_string(lp.stage) + ")\nover " +
-                    shape_text(v.info[lp.iter]) + ", " + std::to_string(lp.body.size()) + " fused ops";
+    std::string s = cat("loop ", std::to_string(l), " (stage ", std::to_string(lp.stage), ")\nover ",
+                        shape_text(v.info[lp.iter]), ", ", std::to_string(lp.body.size()), " fused ops");
     auto names = [&](std::string_view what, const std::vector<std::size_t>& ids) {
         if (ids.empty()) return;
-        s += "\n" + std::string(what) + ":";
+        s += cat("\n", what, ":");
         for (std::size_t n : ids) {
             const std::string labels = output_labels(v, n);
-            s += " " + (labels.empty() ? op_text(v, n) : labels);
+            s += cat(" ", labels.empty() ? op_text(v, n) : labels);
         }
     };
     names("reduces", lp.reductions);
@@ -119,9 +116,9 @@ inline std::string to_dot_view(const step_view& v) {
     out += "  node [fontname=\"Helvetica\", fontsize=10, shape=box, color=\"#444444\"];\n";
     out += "  edge [color=\"#666666\", arrowsize=0.6];\n";
     auto cluster = [&](std::string_view name, std::string_view label, std::string_view colour, bool forward) {
-        out += "  subgraph " + std::string(name) + " {\n";
-        out += "    label=" + dot_quote(label) + "; labeljust=l; style=rounded; color=\"" + std::string(colour) +
-               "\"; fontcolor=\"" + std::string(colour) + "\";\n";
+        out += cat("  subgraph ", name, " {\n");
+        out += cat("    label=", dot_quote(label), "; labeljust=l; style=rounded; color=\"", colour,
+                   "\"; fontcolor=\"", colour, "\";\n");
         for (std::size_t n = 0; n < v.size(); ++n)
             if (v.listed[n] && bool(v.forward[n]) == forward) out += dot_node(v, n, loops_of);
         out += "  }\n";
@@ -130,31 +127,32 @@ inline std::string to_dot_view(const step_view& v) {
     cluster("cluster_backward", "backward", "#e6550d", false);
 
     out += "  subgraph cluster_plan {\n";
-    out += "    label=" + dot_quote("value_and_grad: " + count_text(v.joint.loops.size(), "fused loop", "fused loops")) +
-           "; labeljust=l; style=rounded; color=\"#555555\"; fontcolor=\"#555555\";\n";
+    out += cat("    label=",
+               dot_quote(cat("value_and_grad: ", count_text(v.joint.loops.size(), "fused loop", "fused loops"))),
+               "; labeljust=l; style=rounded; color=\"#555555\"; fontcolor=\"#555555\";\n");
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
-        out += "    loop" + std::to_string(l) + " [shape=note, style=filled, fillcolor=\"" +
-               std::string(loop_colour(l)) + "\", label=" + dot_quote(loop_summary(v, v.joint.loops[l], l)) + "];\n";
-    out += "    key [shape=plaintext, fontsize=9, label=" +
-           dot_quote("fill: the loop(s) computing a node\ndashed: recomputed by the backward\n"
-                     "red: saved reduction\ndouble border: gradient or loss") +
-           "];\n";
-    // Stack the loop boxes in execution order.
+        out += cat("    loop", std::to_string(l), " [shape=note, style=filled, fillcolor=\"", loop_colour(l),
+                   "\", label=", dot_quote(loop_summary(v, v.joint.loops[l], l)), "];\n");
+    out += cat("    key [shape=plaintext, fontsize=9, label=",
+               dot_quote("fill: the loop(s) computing a node\ndashed: recomputed by the backward\n"
+                         "red: saved reduction\ndouble border: gradient or loss"),
+               "];\n");
+    // Stack the loop boxes in execution order under the key.
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
-        out += "    " + (l ? "loop" + std::to_string(l - 1) : std::string("key")) + " -> loop" + std::to_string(l) +
-               " [style=invis];\n";
+        out += cat("    ", l ? cat("loop", std::to_string(l - 1)) : std::string("key"), " -> loop", std::to_string(l),
+                   " [style=invis];\n");
     out += "  }\n";
 
     for (std::size_t n = 0; n < v.size(); ++n) {
         if (!v.listed[n]) continue;
         const node_info& ni = v.info[n];
-        for (std::size_t c = 0; c < ni.arity; ++c) {
-            out += "  n" + std::to_string(ni.child[c]) + " -> n" + std::to_string(n);
-            out += ni.shape_only[c] ? " [style=dashed, color=\"#aaaaaa\", arrowhead=empty, tooltip=\"shape only\"];\n"
-                                    : ";\n";
-        }
+        for (std::size_t c = 0; c < ni.arity; ++c)
+            out += cat("  n", std::to_string(ni.child[c]), " -> n", std::to_string(n),
+                       ni.shape_only[c] ? " [style=dashed, color=\"#aaaaaa\", arrowhead=empty, tooltip=\"shape only\"];\n"
+                                        : ";\n");
     }
-    return out + "}\n";
+    out += "}\n";
+    return out;
 }
 
 }  // namespace detail

@@ -1,5 +1,6 @@
 #pragma once
-// log(sum(exp(x))) without overflow: shift by the (detached) maximum.
+// log_sum_exp, softmax and log_softmax, numerically stable: the shift by the maximum is
+// detached, so the gradient is exactly softmax and no exp overflows.
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/reduce.hpp>
 
@@ -7,13 +8,42 @@ namespace typegrad {
 namespace detail {
 template <expression X>
 constexpr auto finite_or_zero(X x) { return make_node<finite_or_zero_op>(x); }
+
+template <int Axis, expression X>
+constexpr auto log_sum_exp_keepdim(X x) {
+    auto shift = detach(finite_or_zero(max(x, axes<Axis>, keepdim)));
+    return shift + log(sum(exp(x - shift), axes<Axis>, keepdim));
+}
 }  // namespace detail
 
-// The shift carries no gradient, so d/dx = softmax(x) exactly; an all -inf input gives -inf.
+// Over all elements; an all -inf input gives -inf.
 template <expression X>
 constexpr auto log_sum_exp(X x) {
     auto shift = detach(detail::finite_or_zero(max(x)));
     return shift + log(sum(exp(x - shift)));
+}
+template <expression X, int Axis>
+constexpr auto log_sum_exp(X x, axes_t<Axis>) {
+    static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
+                  "typegrad: log_sum_exp(x, tg::axes<a>) names an axis x does not have.");
+    return detail::drop_axes<typename X::shape_type, Axis>(detail::log_sum_exp_keepdim<Axis>(x));
+}
+template <expression X, int Axis>
+constexpr auto log_sum_exp(X x, axes_t<Axis>, keepdim_t) {
+    static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
+                  "typegrad: log_sum_exp(x, tg::axes<a>) names an axis x does not have.");
+    return detail::log_sum_exp_keepdim<Axis>(x);
+}
+
+template <expression X, int Axis = -1>
+constexpr auto log_softmax(X x, axes_t<Axis> = {}) {
+    static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
+                  "typegrad: log_softmax(x, tg::axes<a>) names an axis x does not have.");
+    return x - detail::log_sum_exp_keepdim<Axis>(x);
+}
+template <expression X, int Axis = -1>
+constexpr auto softmax(X x, axes_t<Axis> a = {}) {
+    return exp(log_softmax(x, a));
 }
 
 }  // namespace typegrad

@@ -1,26 +1,141 @@
 #pragma once
-// Whole-tensor reductions: sum, mean, max, min.
+// Reductions: over the whole tensor (tg::sum(x)) or over chosen axes (tg::sum(x, tg::axes<0, 2>),
+// with tg::keepdim to keep them as extent 1), for sum, mean, max and min.
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/compare.hpp>
+#include <typegrad/ops/view.hpp>
 
 namespace typegrad {
+
+template <int... Axes>
+struct axes_t {};
+template <int... Axes>
+inline constexpr axes_t<Axes...> axes{};
+struct keepdim_t {
+    explicit constexpr keepdim_t() = default;
+};
+inline constexpr keepdim_t keepdim{};
+
+namespace detail {
+
+template <class S, int... Axes>
+constexpr bool axes_valid() {
+    std::array<bool, max_rank> seen{};
+    for (int a : {Axes...}) {
+        const int n = a < 0 ? int(S::rank) + a : a;
+        if (n < 0 || n >= int(S::rank) || seen[std::size_t(n)]) return false;
+        seen[std::size_t(n)] = true;
+    }
+    return true;
+}
+template <class S, int... Axes>
+constexpr bool reduced_axis(std::size_t i) {
+    for (int a : {Axes...})
+        if ((a < 0 ? int(S::rank) + a : a) == int(i)) return true;
+    return false;
+}
+// X's shape with the reduced axes set to 1.
+template <class S, int... Axes>
+struct keepdim_shape {
+    template <std::size_t... Is>
+    static auto make(std::index_sequence<Is...>) -> shape<(reduced_axis<S, Axes...>(Is) ? 1 : S::extents[Is])...>;
+    using type = decltype(make(std::make_index_sequence<S::rank>{}));
+};
+
+// The reduced axes, highest first, so that squeezing them one by one keeps indices valid.
+template <class S, int... Axes>
+struct descending_axes {
+    static constexpr auto value = [] {
+        std::array<std::size_t, sizeof...(Axes)> r{std::size_t(Axes < 0 ? int(S::rank) + Axes : Axes)...};
+        std::sort(r.begin(), r.end(), [](std::size_t a, std::size_t b) { return a > b; });
+        return r;
+    }();
+};
+template <std::size_t K, class Desc, expression E>
+constexpr auto squeeze_chain(E e) {
+    if constexpr (K == Desc::value.size()) return e;
+    else return squeeze_chain<K + 1, Desc>(make_node<squeeze_op<Desc::value[K]>>(e));
+}
+template <class S, int... Axes, expression E>
+constexpr auto drop_axes(E e) {
+    return squeeze_chain<0, descending_axes<S, Axes...>>(e);
+}
+
+template <reduce_kind K, bool Keep, int... Axes, expression X>
+constexpr auto reduce_axes(X x) {
+    using S = typename X::shape_type;
+    using target = typename keepdim_shape<S, Axes...>::type;
+    auto r = make_node<reduce_op<K, target>>(x);
+    if constexpr (Keep) return r;
+    else return drop_axes<S, Axes...>(r);
+}
+
+}  // namespace detail
+
+#define TYPEGRAD_DETAIL_CHECK_AXES(fname)                                                          \
+    static_assert(detail::axes_valid<typename X::shape_type, Axes...>(),                           \
+                  "typegrad: " fname "(x, tg::axes<...>) names an axis x does not have, or one "   \
+                  "axis twice.")
 
 template <expression X>
 constexpr auto sum(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::sum, scalar_shape>>(x);
 }
+template <expression X, int... Axes>
+constexpr auto sum(X x, axes_t<Axes...>) {
+    TYPEGRAD_DETAIL_CHECK_AXES("sum");
+    return detail::reduce_axes<detail::reduce_kind::sum, false, Axes...>(x);
+}
+template <expression X, int... Axes>
+constexpr auto sum(X x, axes_t<Axes...>, keepdim_t) {
+    TYPEGRAD_DETAIL_CHECK_AXES("sum");
+    return detail::reduce_axes<detail::reduce_kind::sum, true, Axes...>(x);
+}
+
 template <expression X>
 constexpr auto mean(X x) {
     return sum(x) * detail::make_node<detail::inv_count_op<scalar_shape>>(x);
 }
+template <expression X, int... Axes>
+constexpr auto mean(X x, axes_t<Axes...>, keepdim_t) {
+    TYPEGRAD_DETAIL_CHECK_AXES("mean");
+    using target = typename detail::keepdim_shape<typename X::shape_type, Axes...>::type;
+    return sum(x, axes<Axes...>, keepdim) * detail::make_node<detail::inv_count_op<target>>(x);
+}
+template <expression X, int... Axes>
+constexpr auto mean(X x, axes_t<Axes...> a) {
+    return detail::drop_axes<typename X::shape_type, Axes...>(mean(x, a, keepdim));
+}
+
 template <expression X>
 constexpr auto max(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::max, scalar_shape>>(x);
+}
+template <expression X, int... Axes>
+constexpr auto max(X x, axes_t<Axes...>) {
+    TYPEGRAD_DETAIL_CHECK_AXES("max");
+    return detail::reduce_axes<detail::reduce_kind::max, false, Axes...>(x);
+}
+template <expression X, int... Axes>
+constexpr auto max(X x, axes_t<Axes...>, keepdim_t) {
+    TYPEGRAD_DETAIL_CHECK_AXES("max");
+    return detail::reduce_axes<detail::reduce_kind::max, true, Axes...>(x);
 }
 template <expression X>
 constexpr auto min(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::min, scalar_shape>>(x);
 }
+template <expression X, int... Axes>
+constexpr auto min(X x, axes_t<Axes...>) {
+    TYPEGRAD_DETAIL_CHECK_AXES("min");
+    return detail::reduce_axes<detail::reduce_kind::min, false, Axes...>(x);
+}
+template <expression X, int... Axes>
+constexpr auto min(X x, axes_t<Axes...>, keepdim_t) {
+    TYPEGRAD_DETAIL_CHECK_AXES("min");
+    return detail::reduce_axes<detail::reduce_kind::min, true, Axes...>(x);
+}
+#undef TYPEGRAD_DETAIL_CHECK_AXES
 
 namespace detail {
 template <reduce_kind K, class Target>
@@ -29,7 +144,7 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
     if constexpr (K == reduce_kind::sum) {
         return broadcast_like(g, x);
     } else {
-        // Ties share the gradient evenly (torch.max / torch.amax over all elements).
+        // Ties share the gradient evenly (torch.max / torch.amax).
         auto hit = eq(x, out);
         return broadcast_like(g, x) * hit / sum_to<Target>(hit);
     }

@@ -1,0 +1,92 @@
+#pragma once
+// Losses: mse_loss, cross_entropy (logits + integer class labels), nll_loss and
+// binary_cross_entropy_with_logits, each a mean over the batch as PyTorch's default reduction.
+#include <cstdint>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/ops/exp_log.hpp>
+#include <typegrad/ops/log_sum_exp.hpp>
+#include <typegrad/ops/piecewise.hpp>
+#include <typegrad/ops/reduce.hpp>
+
+namespace typegrad {
+namespace detail {
+
+// one_hot_like(labels, like): a (N, C) tensor of like's dtype and shape, 1 where the column is
+// the row's label. Labels outside [0, C) throw before anything is written (labels are leaves,
+// so this kernel runs before every loop).
+struct one_hot_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "one_hot";
+    static constexpr bool differentiable = false;
+    static constexpr bool shape_only(std::size_t i) { return i == 1; }
+    template <class Labels, class Like>
+    struct rule {
+        using value_type = typename Like::value_type;
+        using shape_type = typename Like::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        if (in[0].ext[0] != in[1].ext[0])
+            throw shape_error(message("typegrad: cross_entropy/nll_loss: ", in[0].ext[0], " labels for ",
+                                      in[1].ext[0], " rows"));
+        ext[0] = in[1].ext[0];
+        ext[1] = in[1].ext[1];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using label_t = typename type_at_t<0, typename N::children>::value_type;
+        const auto* labels = static_cast<const label_t*>(in[0].data);
+        const std::size_t rows = ext[0], classes = ext[1];
+        for (std::size_t i = 0; i < rows; ++i) {
+            const label_t l = labels[std::ptrdiff_t(i) * in[0].stride[0]];
+            if (l < 0 || std::size_t(l) >= classes)
+                throw shape_error(message("typegrad: cross_entropy/nll_loss: label ", std::size_t(l < 0 ? -l : l),
+                                          l < 0 ? " (negative)" : "", " of row ", i, " is not a class in [0, ",
+                                          classes, ")"));
+        }
+        std::fill(out, out + rows * classes, T(0));
+        for (std::size_t i = 0; i < rows; ++i) out[i * classes + std::size_t(labels[std::ptrdiff_t(i) * in[0].stride[0]])] = T(1);
+    }
+};
+
+template <class Labels, class Like>
+constexpr void check_labels() {
+    static_assert(is_index_type_v<typename Labels::value_type>,
+                  "typegrad: cross_entropy/nll_loss take integer class labels (a tg::input of "
+                  "std::int32_t or std::int64_t).");
+    static_assert(Labels::shape_type::rank == 1 && Like::shape_type::rank == 2,
+                  "typegrad: cross_entropy/nll_loss take (N, C) scores and N labels.");
+}
+
+}  // namespace detail
+
+template <expression A, expression B>
+constexpr auto mse_loss(A a, B b) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("mse_loss(a, b)", A, B);
+    return mean(square(a - b));
+}
+
+// log_probs: (N, C) log-probabilities; labels: N integer classes.
+template <expression L, expression Y>
+constexpr auto nll_loss(L log_probs, Y labels) {
+    detail::check_labels<Y, L>();
+    auto picked = log_probs * detail::make_node<detail::one_hot_op>(labels, log_probs);
+    return -mean(sum(picked, axes<1>));
+}
+
+// logits: (N, C) scores; labels: N integer classes.
+template <expression L, expression Y>
+constexpr auto cross_entropy(L logits, Y labels) {
+    detail::check_labels<Y, L>();
+    return nll_loss(log_softmax(logits, axes<1>), labels);
+}
+
+// mean(max(x, 0) - x y + log(1 + exp(-|x|))): stable for large |x|.
+template <expression X, expression Y>
+constexpr auto binary_cross_entropy_with_logits(X logits, Y targets) {
+    TYPEGRAD_DETAIL_CHECK_BROADCAST("binary_cross_entropy_with_logits(x, y)", X, Y);
+    return mean(relu(logits) - logits * targets + log(lit<1> + exp(-abs(logits))));
+}
+
+}  // namespace typegrad

@@ -1,0 +1,171 @@
+#pragma once
+// matmul with PyTorch's shape rules (1-D, 2-D and batched 3-D operands), dot and linear.
+// matmul is a kernel boundary: it reads materialised operands (transposed views included, handed
+// to the GEMM as transpose flags instead of copies) and writes a dense result.
+#include <algorithm>
+#include <vector>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/gemm.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/reduce.hpp>
+#include <typegrad/ops/view.hpp>
+
+namespace typegrad {
+namespace detail {
+
+template <class SA, class SB>
+struct matmul_shape {
+    static constexpr std::size_t ra = SA::rank, rb = SB::rank;
+    static constexpr std::size_t m = SA::extents[ra - 2], k = SA::extents[ra - 1];
+    static constexpr std::size_t k2 = SB::extents[rb - 2], n = SB::extents[rb - 1];
+    static constexpr std::size_t ba = ra == 3 ? SA::extents[0] : 1, bb = rb == 3 ? SB::extents[0] : 1;
+    static constexpr bool batched = ra == 3 || rb == 3;
+    static constexpr std::size_t batch = ba == 1 ? bb : bb == 1 ? ba : (ba == dyn ? bb : ba);
+    static constexpr bool inner_ok = k == dyn || k2 == dyn || k == k2;
+    static constexpr bool batch_ok = ba == 1 || bb == 1 || ba == dyn || bb == dyn || ba == bb;
+    using type = std::conditional_t<batched, shape<batch, m, n>, shape<m, n>>;
+};
+
+struct matmul_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "matmul";
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class A, class B>
+    struct rule {
+        using value_type = promote_t<typename A::value_type, typename B::value_type>;
+        using shape_type = typename matmul_shape<typename A::shape_type, typename B::shape_type>::type;
+    };
+
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        const Ref& a = in[0];
+        const Ref& b = in[1];
+        const std::size_t m = a.ext[a.rank - 2], k = a.ext[a.rank - 1];
+        const std::size_t k2 = b.ext[b.rank - 2], n = b.ext[b.rank - 1];
+        if (k != k2)
+            throw shape_error(message("typegrad: matmul(a, b): a's last extent (", k,
+                                      ") differs from b's second-to-last (", k2, ")"));
+        if constexpr (N::shape_type::rank == 3) {
+            const std::size_t ba = a.rank == 3 ? a.ext[0] : 1, bb = b.rank == 3 ? b.ext[0] : 1;
+            if (ba != bb && ba != 1 && bb != 1)
+                throw shape_error(message("typegrad: matmul(a, b): batch extents ", ba, " and ", bb, " differ"));
+            ext[0] = std::max(ba, bb);
+            ext[1] = m;
+            ext[2] = n;
+        } else {
+            ext[0] = m;
+            ext[1] = n;
+        }
+    }
+
+    // One operand as the GEMM sees it: a transpose flag and row stride, or a dense copy when
+    // neither of its two inner axes is unit-stride.
+    template <class T, class Ref>
+    struct operand {
+        const T* data;
+        transpose trans;
+        std::size_t ld;
+        std::size_t batch_stride;
+        std::vector<T> copy;
+        operand(const Ref& r, std::size_t batch) {
+            const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
+            const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
+            const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
+            data = static_cast<const T*>(r.data);
+            if (sc == 1 && sr >= std::ptrdiff_t(cols)) {
+                trans = transpose::no;
+                ld = std::size_t(sr);
+                batch_stride = std::size_t(sb);
+            } else if (sr == 1 && sc >= std::ptrdiff_t(rows)) {
+                trans = transpose::yes;
+                ld = std::size_t(sc);
+                batch_stride = std::size_t(sb);
+            } else {
+                const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
+                copy.resize(nb * rows * cols);
+                for (std::size_t b = 0; b < nb; ++b)
+                    for (std::size_t i = 0; i < rows; ++i)
+                        for (std::size_t j = 0; j < cols; ++j)
+                            copy[(b * rows + i) * cols + j] =
+                                data[std::ptrdiff_t(b) * (r.rank == 3 ? r.stride[0] : 0) +
+                                     std::ptrdiff_t(i) * sr + std::ptrdiff_t(j) * sc];
+                data = copy.data();
+                trans = transpose::no;
+                ld = cols;
+                batch_stride = nb == 1 ? 0 : rows * cols;
+            }
+            (void)batch;
+        }
+    };
+
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        constexpr bool batched = N::shape_type::rank == 3;
+        const std::size_t batch = batched ? ext[0] : 1;
+        const std::size_t m = ext[batched ? 1 : 0], n = ext[batched ? 2 : 1];
+        const std::size_t k = in[0].ext[in[0].rank - 1];
+        operand<T, Ref> a(in[0], batch), b(in[1], batch);
+        gemm_batched<T>(batch, a.trans, b.trans, m, n, k, a.data, a.ld, a.batch_stride, b.data, b.ld,
+                        b.batch_stride, out, n, m * n, false);
+    }
+
+    template <std::size_t I, class G, class Out, class A, class B>
+    static constexpr auto vjp(G g, Out, A a, B b);
+};
+
+}  // namespace detail
+
+// PyTorch's matmul for ranks 1-3: 1-D operands get a unit axis that the result drops again.
+template <expression A, expression B>
+constexpr auto matmul(A a, B b) {
+    using SA = typename A::shape_type;
+    using SB = typename B::shape_type;
+    static_assert(SA::rank >= 1 && SA::rank <= 3 && SB::rank >= 1 && SB::rank <= 3,
+                  "typegrad: matmul(a, b) takes operands of rank 1, 2 or 3.");
+    if constexpr (SA::rank == 1 && SB::rank == 1) {
+        static_assert(SA::extents[0] == dyn || SB::extents[0] == dyn || SA::extents[0] == SB::extents[0],
+                      "typegrad: matmul(a, b) of two vectors needs equal lengths.");
+        return sum(a * b);
+    } else if constexpr (SA::rank == 1) {
+        return squeeze<-2>(matmul(unsqueeze<0>(a), b));
+    } else if constexpr (SB::rank == 1) {
+        return squeeze<-1>(matmul(a, unsqueeze<1>(b)));
+    } else {
+        using rule = detail::matmul_shape<SA, SB>;
+        static_assert(rule::inner_ok,
+                      "typegrad: matmul(a, b) needs a's last extent to equal b's second-to-last extent.");
+        static_assert(rule::batch_ok, "typegrad: matmul(a, b) needs equal (or 1) batch extents.");
+        return detail::make_node<detail::matmul_op>(a, b);
+    }
+}
+
+// Inner product of two vectors (fused elementwise, no GEMM).
+template <expression A, expression B>
+constexpr auto dot(A a, B b) {
+    static_assert(A::shape_type::rank == 1 && B::shape_type::rank == 1,
+                  "typegrad: dot(a, b) takes two vectors.");
+    return matmul(a, b);
+}
+
+// x W^T (+ b), as torch.nn.functional.linear: W is (out_features, in_features).
+template <expression X, expression W>
+constexpr auto linear(X x, W w) {
+    static_assert(W::shape_type::rank == 2, "typegrad: linear(x, W, b) needs a 2-D weight (out, in).");
+    return matmul(x, transpose(w));
+}
+template <expression X, expression W, expression B>
+constexpr auto linear(X x, W w, B b) {
+    static_assert(B::shape_type::rank == 1, "typegrad: linear(x, W, b) needs a 1-D bias.");
+    return linear(x, w) + b;
+}
+
+namespace detail {
+template <std::size_t I, class G, class Out, class A, class B>
+constexpr auto matmul_op::vjp(G g, Out, A a, B b) {
+    if constexpr (I == 0) return typegrad::matmul(g, typegrad::transpose(b));
+    else return typegrad::matmul(typegrad::transpose(a), g);
+}
+}  // namespace detail
+}  // namespace typegrad

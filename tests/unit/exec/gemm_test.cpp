@@ -1,0 +1,302 @@
+// The packed GEMM against a long-double triple loop: every transpose combination, sizes around
+// the micro-tile and cache blocks, padded leading dimensions, accumulation, batches with
+// broadcast operands, and threaded results bitwise equal to serial ones.
+#include <catch2/catch.hpp>
+
+#include <typegrad/exec/cpu/gemm.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using typegrad::detail::transpose;
+using std::size_t;
+
+template <class T>
+using config = typegrad::detail::gemm_impl::default_config<T>;
+
+// Stored matrices with padded rows (ld > row length), filled from a fixed seed.
+template <class T>
+struct matrix {
+    size_t rows = 0, cols = 0, ld = 0;
+    std::vector<T> data;
+    matrix(size_t r, size_t c, size_t pad, std::mt19937_64& rng) : rows(r), cols(c), ld(c + pad) {
+        std::uniform_real_distribution<double> u(-1.0, 1.0);
+        data.resize(std::max<size_t>(r * ld, 1));
+        for (T& x : data) x = T(u(rng));
+    }
+};
+
+struct case_spec {
+    transpose ta, tb;
+    size_t m, n, k;
+    bool accumulate;
+    size_t pad_a = 3, pad_b = 5, pad_c = 7;
+};
+
+std::string describe(const case_spec& s) {
+    return "ta=" + std::to_string(int(s.ta)) + " tb=" + std::to_string(int(s.tb)) + " m=" + std::to_string(s.m) +
+           " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " acc=" + std::to_string(s.accumulate);
+}
+
+// Runs one product with gemm and checks every element of C (padding included) against a long
+// double reference, within the classic bound (k + 2) eps sum_p |a_ip b_pj| (+ the C term).
+template <class T>
+void check_gemm(const case_spec& s, std::uint64_t seed) {
+    INFO(describe(s));
+    std::mt19937_64 rng(seed);
+    const matrix<T> a = s.ta == transpose::no ? matrix<T>(s.m, s.k, s.pad_a, rng) : matrix<T>(s.k, s.m, s.pad_a, rng);
+    const matrix<T> b = s.tb == transpose::no ? matrix<T>(s.k, s.n, s.pad_b, rng) : matrix<T>(s.n, s.k, s.pad_b, rng);
+    matrix<T> c(s.m, s.n, s.pad_c, rng);
+    const std::vector<T> c0 = c.data;
+    if (!s.accumulate)  // an overwrite must never read C
+        for (size_t i = 0; i < s.m; ++i)
+            for (size_t j = 0; j < s.n; ++j) c.data[i * c.ld + j] = std::numeric_limits<T>::quiet_NaN();
+    const auto op_a = [&](size_t i, size_t p) { return s.ta == transpose::no ? a.data[i * a.ld + p] : a.data[p * a.ld + i]; };
+    const auto op_b = [&](size_t p, size_t j) { return s.tb == transpose::no ? b.data[p * b.ld + j] : b.data[j * b.ld + p]; };
+
+    typegrad::detail::gemm<T>(s.ta, s.tb, s.m, s.n, s.k, a.data.data(), a.ld, b.data.data(), b.ld, c.data.data(), c.ld,
+                              s.accumulate);
+
+    const long double eps = std::numeric_limits<T>::epsilon();
+    size_t bad = 0;
+    for (size_t i = 0; i < s.m; ++i) {
+        for (size_t j = 0; j < c.ld; ++j) {
+            const T got = c.data[i * c.ld + j];
+            if (j >= s.n) {  // row padding is never touched
+                if (std::memcmp(&got, &c0[i * c.ld + j], sizeof(T)) != 0) ++bad;
+                continue;
+            }
+            long double ref = s.accumulate ? c0[i * c.ld + j] : 0.0L, mag = std::abs(ref);
+            for (size_t p = 0; p < s.k; ++p) {
+                const long double t = static_cast<long double>(op_a(i, p)) * op_b(p, j);
+                ref += t;
+                mag += std::abs(t);
+            }
+            const long double tol = (s.k + 2) * eps * mag + std::numeric_limits<T>::min();
+            if (!(std::abs(got - ref) <= tol)) {
+                if (bad < 5) UNSCOPED_INFO("C(" << i << "," << j << ") = " << got << ", expected " << double(ref));
+                ++bad;
+            }
+        }
+    }
+    CHECK(bad == 0);
+}
+
+constexpr transpose both[] = {transpose::no, transpose::yes};
+
+template <class T>
+void edge_sizes() {
+    constexpr size_t MR = config<T>::MR, NR = config<T>::NR;
+    const std::vector<size_t> dims{0, 1, 2, 3, MR - 1, MR + 1, NR - 1, NR + 1, 17};
+    std::uint64_t seed = 1;
+    for (transpose ta : both)
+        for (transpose tb : both)
+            for (size_t m : dims)
+                for (size_t n : dims)
+                    for (size_t k : {size_t(0), size_t(1), size_t(3), size_t(17)})
+                        check_gemm<T>({ta, tb, m, n, k, (m + n + k) % 2 == 1}, seed++);
+}
+
+template <class T>
+void block_sizes() {
+    constexpr size_t MR = config<T>::MR, NR = config<T>::NR, KC = config<T>::KC, MC = config<T>::MC;
+    std::uint64_t seed = 1000;
+    for (transpose ta : both) {
+        for (transpose tb : both) {
+            for (bool acc : {false, true}) {
+                check_gemm<T>({ta, tb, 100, 37, 513, acc}, seed++);
+                // crosses KC (two rank-KC updates, the second accumulating) and MC blocks
+                check_gemm<T>({ta, tb, MC + MR + 1, 2 * NR + 3, KC + 1, acc}, seed++);
+                check_gemm<T>({ta, tb, 3, NR * 3, 2 * KC + 5, acc}, seed++);
+            }
+        }
+    }
+    // random shapes, random paddings
+    std::mt19937_64 rng(7);
+    std::uniform_int_distribution<size_t> dim(1, 90), pad(0, 9), bit(0, 1);
+    for (int t = 0; t < 24; ++t) {
+        case_spec s{bit(rng) ? transpose::yes : transpose::no, bit(rng) ? transpose::yes : transpose::no,
+                    dim(rng), dim(rng), dim(rng), bit(rng) == 1, pad(rng), pad(rng), pad(rng)};
+        check_gemm<T>(s, seed++);
+    }
+}
+
+// Restores the thread settings a test changes, even when it fails.
+class thread_settings {
+public:
+    thread_settings() {
+        if (const char* v = std::getenv("TYPEGRAD_NUM_THREADS")) saved_ = v;
+    }
+    ~thread_settings() {
+        typegrad::detail::set_num_threads(0);
+        if (saved_) setenv("TYPEGRAD_NUM_THREADS", saved_->c_str(), 1);
+        else unsetenv("TYPEGRAD_NUM_THREADS");
+    }
+    thread_settings(const thread_settings&) = delete;
+    thread_settings& operator=(const thread_settings&) = delete;
+
+private:
+    std::optional<std::string> saved_;
+};
+
+template <class T>
+std::vector<T> run_batched(size_t batch, transpose ta, transpose tb, size_t m, size_t n, size_t k, size_t stride_a,
+                           size_t stride_b, bool accumulate) {
+    std::mt19937_64 rng(42);
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    const size_t lda = (ta == transpose::no ? k : m) + 1, ldb = (tb == transpose::no ? n : k) + 2, ldc = n + 3;
+    std::vector<T> a(std::max<size_t>(stride_a * (batch - 1) + (ta == transpose::no ? m : k) * lda, 1));
+    std::vector<T> b(std::max<size_t>(stride_b * (batch - 1) + (tb == transpose::no ? k : n) * ldb, 1));
+    std::vector<T> c(batch * m * ldc);
+    for (T& x : a) x = T(u(rng));
+    for (T& x : b) x = T(u(rng));
+    for (T& x : c) x = T(u(rng));
+    typegrad::detail::gemm_batched<T>(batch, ta, tb, m, n, k, a.data(), lda, stride_a, b.data(), ldb, stride_b,
+                                      c.data(), ldc, m * ldc, accumulate);
+    return c;
+}
+
+template <class T>
+void threads_match_serial() {
+    thread_settings restore;
+    struct shape {
+        size_t batch, m, n, k;
+    };
+    // above the parallel threshold; odd sizes so that the blocks end mid micro-tile
+    for (const shape sh : {shape{1, 301, 263, 130}, shape{1, 1000, 19, 129}, shape{1, 9, 700, 400},
+                           shape{3, 150, 141, 77}, shape{12, 40, 37, 300}}) {
+        for (transpose ta : both) {
+            for (transpose tb : both) {
+                INFO("batch=" << sh.batch << " m=" << sh.m << " n=" << sh.n << " k=" << sh.k << " ta=" << int(ta)
+                              << " tb=" << int(tb));
+                const size_t sa = ((ta == transpose::no ? sh.k : sh.m) + 1) * (ta == transpose::no ? sh.m : sh.k);
+                setenv("TYPEGRAD_NUM_THREADS", "1", 1);
+                const auto serial = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
+                for (const char* threads : {"2", "3", "8"}) {
+                    setenv("TYPEGRAD_NUM_THREADS", threads, 1);
+                    const auto par = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
+                    REQUIRE(par.size() == serial.size());
+                    CHECK(std::memcmp(par.data(), serial.data(), par.size() * sizeof(T)) == 0);
+                }
+                // the internal override wins over the environment
+                typegrad::detail::set_num_threads(5);
+                const auto over = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
+                typegrad::detail::set_num_threads(0);
+                CHECK(std::memcmp(over.data(), serial.data(), over.size() * sizeof(T)) == 0);
+            }
+        }
+    }
+    CHECK(typegrad::detail::default_thread_pool().size() >= 1);  // the pool did take part
+}
+
+template <class T>
+void batched_matches_single() {
+    constexpr size_t m = 13, n = 21, k = 9;
+    for (transpose ta : both) {
+        for (transpose tb : both) {
+            for (bool acc : {false, true}) {
+                INFO("ta=" << int(ta) << " tb=" << int(tb) << " acc=" << acc);
+                const size_t rows_a = ta == transpose::no ? m : k, lda = (ta == transpose::no ? k : m) + 1;
+                const size_t rows_b = tb == transpose::no ? k : n, ldb = (tb == transpose::no ? n : k) + 2;
+                const size_t ldc = n + 3;
+                for (auto [sa, sb] : {std::pair{rows_a * lda, rows_b * ldb}, std::pair{size_t(0), rows_b * ldb},
+                                      std::pair{rows_a * lda, size_t(0)}}) {
+                    constexpr size_t batch = 4;
+                    const auto all = run_batched<T>(batch, ta, tb, m, n, k, sa, sb, acc);
+                    // Each product again, alone, through gemm.
+                    std::mt19937_64 rng(42);
+                    std::uniform_real_distribution<double> u(-1.0, 1.0);
+                    std::vector<T> a(std::max<size_t>(sa * (batch - 1) + rows_a * lda, 1));
+                    std::vector<T> b(std::max<size_t>(sb * (batch - 1) + rows_b * ldb, 1));
+                    std::vector<T> c(batch * m * ldc);
+                    for (T& x : a) x = T(u(rng));
+                    for (T& x : b) x = T(u(rng));
+                    for (T& x : c) x = T(u(rng));
+                    for (size_t g = 0; g < batch; ++g)
+                        typegrad::detail::gemm<T>(ta, tb, m, n, k, a.data() + g * sa, lda, b.data() + g * sb, ldb,
+                                                  c.data() + g * m * ldc, ldc, acc);
+                    CHECK(std::memcmp(all.data(), c.data(), c.size() * sizeof(T)) == 0);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gemm: edge tiles and tiny sizes, all transposes", "[exec][gemm]") {
+    edge_sizes<float>();
+    edge_sizes<double>();
+}
+
+TEST_CASE("gemm: sizes across cache blocks, padded strides, random shapes", "[exec][gemm]") {
+    block_sizes<float>();
+    block_sizes<double>();
+}
+
+TEST_CASE("gemm: k = 0 zeroes C or leaves it when accumulating", "[exec][gemm]") {
+    std::vector<float> c(4 * 6, std::numeric_limits<float>::quiet_NaN());
+    const float dummy = 0;
+    typegrad::detail::gemm<float>(transpose::no, transpose::yes, 4, 5, 0, &dummy, 1, &dummy, 1, c.data(), 6, false);
+    for (size_t i = 0; i < 4; ++i) {
+        for (size_t j = 0; j < 5; ++j) CHECK(c[i * 6 + j] == 0.f);
+        CHECK(std::isnan(c[i * 6 + 5]));
+    }
+    std::vector<double> d(6, 2.5);
+    const double dd = 0;
+    typegrad::detail::gemm<double>(transpose::yes, transpose::no, 2, 3, 0, &dd, 1, &dd, 1, d.data(), 3, true);
+    for (double x : d) CHECK(x == 2.5);
+}
+
+TEST_CASE("gemm_batched: equals one gemm per product, stride 0 broadcasts", "[exec][gemm]") {
+    batched_matches_single<float>();
+    batched_matches_single<double>();
+}
+
+TEST_CASE("gemm: threaded results are bitwise equal to serial ones", "[exec][gemm][threads]") {
+    threads_match_serial<float>();
+    threads_match_serial<double>();
+}
+
+TEST_CASE("gemm: TYPEGRAD_NUM_THREADS and set_num_threads", "[exec][gemm][threads]") {
+    thread_settings restore;
+    setenv("TYPEGRAD_NUM_THREADS", "3", 1);
+    CHECK(typegrad::detail::num_threads() == 3);
+    setenv("TYPEGRAD_NUM_THREADS", "1", 1);
+    CHECK(typegrad::detail::num_threads() == 1);
+    setenv("TYPEGRAD_NUM_THREADS", "lots", 1);  // ignored: falls back to the hardware
+    CHECK(typegrad::detail::num_threads() >= 1);
+    typegrad::detail::set_num_threads(6);
+    CHECK(typegrad::detail::num_threads() == 6);
+}
+
+TEST_CASE("thread_pool: runs every task once, rethrows, runs nested calls inline", "[exec][threads]") {
+    typegrad::detail::thread_pool pool;
+    std::vector<std::atomic<int>> hits(1000);
+    pool.parallel_for(hits.size(), 4, [&](size_t i) { hits[i].fetch_add(1); });
+    for (auto& h : hits) CHECK(h.load() == 1);
+
+    std::atomic<int> inner{0};
+    pool.parallel_for(8, 4, [&](size_t) { pool.parallel_for(10, 4, [&](size_t) { inner.fetch_add(1); }); });
+    CHECK(inner.load() == 80);
+
+    CHECK_THROWS_AS(pool.parallel_for(100, 3,
+                                      [](size_t i) {
+                                          if (i == 17) throw std::runtime_error("task 17");
+                                      }),
+                    std::runtime_error);
+    // still usable afterwards
+    std::atomic<int> n{0};
+    pool.parallel_for(50, 3, [&](size_t) { n.fetch_add(1); });
+    CHECK(n.load() == 50);
+}
