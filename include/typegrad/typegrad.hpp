@@ -10,6 +10,7 @@
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/exp_log.hpp>
+#include <typegrad/ops/hook.hpp>
 #include <typegrad/ops/log_sum_exp.hpp>
 #include <typegrad/ops/loss.hpp>
 #include <typegrad/ops/matmul.hpp>
@@ -19,4 +20,5 @@
 #include <typegrad/ops/view.hpp>
 #include <typegrad/autodiff/reverse.hpp>
 #include <typegrad/autodiff/step.hpp>
+#include <typegrad/autodiff/tape.hpp>
 #include <typegrad/exec/bind.hpp>

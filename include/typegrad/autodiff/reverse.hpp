@@ -13,6 +13,7 @@
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
+#include <typegrad/ops/hook.hpp>
 
 namespace typegrad {
 namespace detail {
@@ -89,7 +90,10 @@ struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
             } else {
                 using more = typename children_contributions<
                     N, adjoint, std::make_index_sequence<N::children::size>>::type;
-                return reverse_state<decltype(rest{} + more{}), Results>{};
+                // retain_grad nodes keep their adjoint for grad_into, and pass it on
+                using results = std::conditional_t<is_retained_v<N>,
+                                                   decltype(Results{} + type_list<pending<N, adjoint>>{}), Results>;
+                return reverse_state<decltype(rest{} + more{}), results>{};
             }
         }
     }

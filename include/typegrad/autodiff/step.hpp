@@ -4,6 +4,7 @@
 // split it and pass reduction results through a saved context.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -21,6 +22,9 @@
 #include <typegrad/exec/execute.hpp>
 
 namespace typegrad {
+
+// The number of distinct plans (graph x call signature) run so far in this process.
+inline std::size_t plan_count();
 
 template <class... Leaves>
 struct wrt_t {
@@ -93,9 +97,9 @@ constexpr void check_shape_known() {
                   "typegrad: a leaf with a dynamic extent has no binding, so its size is unknown; "
                   "bind it (tg::bind) in this call.");
 }
-template <class Leaf, class WrtList>
+template <class Leaf, class WrtList, class LossTopo>
 constexpr void check_grad_target() {
-    static_assert(contains_v<Leaf, WrtList>,
+    static_assert(contains_v<Leaf, WrtList> || (retained_node_v<Leaf> && contains_v<Leaf, LossTopo>),
                   "typegrad: grad_into(leaf, buffer) names a leaf that is not in the step's "
                   "tg::wrt(...) list.");
 }
@@ -119,6 +123,25 @@ typename PP::value_type* scratch_buffer(std::size_t elements) {
     auto addr = reinterpret_cast<std::uintptr_t>(arena.data());
     const std::size_t skip = ((64 - addr % 64) % 64) / sizeof(T);
     return arena.data() + skip;
+}
+
+// How many distinct plans this process has run: a plan is a type, built by the compiler, so a
+// step with dynamic extents runs every size with one plan (tg::plan_count() observes it).
+inline std::atomic<std::size_t>& plan_counter() {
+    static std::atomic<std::size_t> n{0};
+    return n;
+}
+template <class PP>
+void note_plan_use() {
+    static const bool counted = (plan_counter().fetch_add(1, std::memory_order_relaxed), true);
+    (void)counted;
+}
+
+// A readable name for messages: a leaf's, or the op of a retained node.
+template <class N>
+constexpr std::string_view display_name() {
+    if constexpr (is_leaf_v<N>) return N::name();
+    else return "retain_grad(...)";
 }
 
 // A leaf bound by the caller (every leaf but a backward seed).
@@ -167,10 +190,13 @@ public:
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
         value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
+        check_post_hooks<PP>(st, args...);
+        detail::note_plan_use<PP>();
         value_type loss_slot{};
         if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = &loss_slot;
         detail::prepare_scratch<PP>(st, scratch, offset);
         detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
+        run_post_hooks<PP>(st, args...);
         return read_loss<PP>(st, loss_slot);
     }
 
@@ -191,6 +217,7 @@ public:
         ctx.storage_.assign(n + loss_n + 16, value_type{});
         value_type* loss_buf = ctx.storage_.data() + n;
         if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[PP::NS - 1] = loss_buf;
+        detail::note_plan_use<PP>();
         detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
         detail::run_loops<PP, 0>(ctx.state_);
         if constexpr (Loss::kind != op_kind::elementwise)
@@ -227,8 +254,11 @@ public:
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
         value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
+        check_post_hooks<PP>(st, args...);
+        detail::note_plan_use<PP>();
         detail::prepare_scratch<PP>(st, scratch, offset);
         detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
+        run_post_hooks<PP>(st, args...);
     }
 
 private:
@@ -313,7 +343,7 @@ private:
             detail::check_bound_once<L, detail::count_leaf_bindings<L, Args...>()>();
         } else if constexpr (detail::is_grad_binding_v<Arg>) {
             using L = typename Arg::leaf_type;
-            detail::check_grad_target<L, wrt_list>();
+            detail::check_grad_target<L, wrt_list, typename Loss::topo>();
             static_assert(detail::count_grad_bindings<L, Args...>() <= 1,
                           "typegrad: grad_into names the same leaf twice in one call.");
         }
@@ -357,6 +387,7 @@ private:
                         throw binding_error(detail::message("typegrad: bind(", node::name(), ", ...) got a null pointer"));
                 }
                 st.ptr[N] = b.data;
+                st.mut[N] = b.mutable_data;
             } else {
                 for (std::size_t a = 0; a < node::shape_type::rank; ++a) e[a] = node::shape_type::extents[a];
             }
@@ -384,8 +415,8 @@ private:
     // Grad destinations: sizes, then aliasing against every input and each other.
     template <class PP, class Grads, class... Args>
     static void bind_grads(typename PP::state_type& st, const Args&... args) {
-        std::array<const void*, 2 * sizeof...(Args) + 2> in_ranges{};
-        std::array<const void*, 2 * sizeof...(Args) + 2> out_ranges{};
+        std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> in_ranges{};
+        std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> out_ranges{};
         std::size_t n_in = 0, n_out = 0;
         auto add = [&](const auto& b) {
             using B = std::remove_cvref_t<decltype(b)>;
@@ -405,6 +436,21 @@ private:
             }
         };
         (add(args), ...);
+        // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
+        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+            auto leaf_range = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+                using node = typename PP::program::template node_at<N>;
+                if constexpr (is_leaf_v<node>) {
+                    if (st.ptr[N] == nullptr) return;
+                    const auto* p = static_cast<const unsigned char*>(st.ptr[N]);
+                    in_ranges[2 * n_in] = p;
+                    in_ranges[2 * n_in + 1] = p + detail::node_numel<PP>(st, N) * sizeof(typename node::value_type);
+                    ++n_in;
+                }
+            };
+            (leaf_range(std::integral_constant<std::size_t, Ns>{}), ...);
+            (void)leaf_range;
+        }(std::make_index_sequence<PP::M>{});
         std::size_t gi = 0;
         (bind_grad<PP, Grads>(st, args, gi), ...);
         for (std::size_t i = 0; i < n_out; ++i) {
@@ -425,12 +471,57 @@ private:
             constexpr std::size_t id = PP::program::template id_of<L>;
             const std::size_t need = detail::node_numel<PP>(st, id);
             if (b.size != need)
-                throw shape_error(detail::message("typegrad: grad_into(", L::name(), ", ...): the buffer has ",
+                throw shape_error(detail::message("typegrad: grad_into(", detail::display_name<L>(), ", ...): the buffer has ",
                                                   b.size, " elements but the gradient has ", need));
             if (b.data == nullptr && need != 0)
-                throw binding_error(detail::message("typegrad: grad_into(", L::name(), ", ...) got a null pointer"));
+                throw binding_error(detail::message("typegrad: grad_into(", detail::display_name<L>(), ", ...) got a null pointer"));
             st.out[gi++] = b.data;
         }
+    }
+
+    // Post-accumulate hooks of wrt leaves whose gradient this call writes.
+    using post_hooks = decltype([]<class... Ns>(detail::type_list<Ns...>) {
+        return (detail::type_list<>{} + ... +
+                std::conditional_t<detail::is_post_hook_v<Ns>, detail::type_list<Ns>, detail::type_list<>>{});
+    }(typename Loss::topo{}));
+
+    template <class PP, class... Args>
+    static void check_post_hooks(const typename PP::state_type& st, const Args&...) {
+        [&]<class... Hs>(detail::type_list<Hs...>) {
+            auto one = [&]<class H>(std::type_identity<H>) {
+                using L = typename detail::underlying_leaf<detail::type_at_t<0, typename H::children>>::type;
+                if constexpr ((detail::grads_leaf_v<Args, L> || ...)) {
+                    if (st.mut[PP::program::template id_of<L>] == nullptr)
+                        throw binding_error(detail::message("typegrad: post_accumulate_grad_hook on ", L::name(),
+                                                            " writes the param, but it was bound read-only; bind "
+                                                            "a writable buffer"));
+                }
+            };
+            (one(std::type_identity<Hs>{}), ...);
+            (void)one;
+        }(post_hooks{});
+    }
+    template <class PP, class... Args>
+    static void run_post_hooks(typename PP::state_type& st, const Args&... args) {
+        [&]<class... Hs>(detail::type_list<Hs...>) {
+            auto one = [&]<class H>(std::type_identity<H>) {
+                using L = typename detail::underlying_leaf<detail::type_at_t<0, typename H::children>>::type;
+                using F = typename H::op::hook_type;
+                auto grad_ptr = [&](const auto& b) -> value_type* {
+                    using B = std::remove_cvref_t<decltype(b)>;
+                    if constexpr (detail::grads_leaf_v<B, L>) return b.data;
+                    else return nullptr;
+                };
+                value_type* g = nullptr;
+                ((g = g ? g : grad_ptr(args)), ...);
+                if (!g) return;
+                constexpr std::size_t id = PP::program::template id_of<L>;
+                std::span<const std::size_t> ext(st.ext.data() + PP::rank_offset[id], L::shape_type::rank);
+                F{}(grad_view<value_type>{static_cast<value_type*>(st.mut[id]), ext}, grad_view<value_type>{g, ext});
+            };
+            (one(std::type_identity<Hs>{}), ...);
+            (void)one;
+        }(post_hooks{});
     }
 
     template <class PP>
@@ -458,6 +549,7 @@ private:
                 for (std::size_t a = 0; a < node::shape_type::rank; ++a)
                     st.ext[PP::rank_offset[N] + a] = fst.ext[FwdPP::rank_offset[f] + a];
                 st.ptr[N] = fst.ptr[f];
+                st.mut[N] = fst.mut[f];
             } else {
                 if (FwdPP::plan.computed[f]) st.ptr[N] = fst.ptr[f];
             }
@@ -554,6 +646,8 @@ private:
     template <class, class, class...>
     friend class step;
 };
+
+inline std::size_t plan_count() { return detail::plan_counter().load(); }
 
 template <class Policy = backward_autocast::same_as_forward, class Loss, class... Leaves>
 constexpr auto compile(Loss, wrt_t<Leaves...>) {

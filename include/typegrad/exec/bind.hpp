@@ -24,6 +24,14 @@ struct accumulate_t {
 inline constexpr accumulate_t accumulate{};
 
 namespace detail {
+struct retain_grad_op;
+}
+template <class N>
+inline constexpr bool retained_node_v = false;
+template <class X>
+inline constexpr bool retained_node_v<node<detail::retain_grad_op, X>> = true;
+
+namespace detail {
 
 inline constexpr std::size_t unknown_size = static_cast<std::size_t>(-1);
 
@@ -33,6 +41,7 @@ struct leaf_binding {
     using value_type = typename Leaf::value_type;
     static constexpr std::size_t rank = Leaf::shape_type::rank;
     const value_type* data = nullptr;
+    value_type* mutable_data = nullptr;  // set when bound from a writable buffer (post hooks write)
     std::size_t size = unknown_size;  // elements available, when known
     std::array<std::size_t, rank> extents{};
     bool extents_given = false;
@@ -103,6 +112,8 @@ auto bind(E, R&& range) {
                   "buffer's size: pass them, bind(leaf, buffer, {n, m})");
     detail::leaf_binding<Leaf> b;
     b.data = std::ranges::data(range);
+    if constexpr (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+        b.mutable_data = std::ranges::data(range);
     b.size = std::ranges::size(range);
     b.extents = detail::infer_extents<Leaf>(b.size);
     return b;
@@ -118,6 +129,8 @@ auto bind(E, R&& range,
     detail::check_element_type<Leaf, detail::range_value_t<R>>();
     detail::leaf_binding<Leaf> b;
     b.data = std::ranges::data(range);
+    if constexpr (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+        b.mutable_data = std::ranges::data(range);
     b.size = std::ranges::size(range);
     b.extents = extents;
     b.extents_given = true;
@@ -125,7 +138,7 @@ auto bind(E, R&& range,
 }
 
 template <class E, class T>
-auto bind(E, const T* pointer,
+auto bind(E, T* pointer,
           std::type_identity_t<std::array<std::size_t, E::node_type::shape_type::rank>> extents) {
     using Leaf = typename E::node_type;
     static_assert(is_leaf_v<Leaf>, "typegrad: bind(leaf, pointer, extents) binds a leaf (tg::param "
@@ -133,6 +146,7 @@ auto bind(E, const T* pointer,
     detail::check_element_type<Leaf, std::remove_cv_t<T>>();
     detail::leaf_binding<Leaf> b;
     b.data = pointer;
+    if constexpr (!std::is_const_v<T>) b.mutable_data = pointer;
     b.extents = extents;
     b.extents_given = true;
     return b;
@@ -142,7 +156,9 @@ template <class E, std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
 auto grad_into(E, R&& range) {
     using Leaf = typename E::node_type;
-    static_assert(is_leaf_v<Leaf>, "typegrad: grad_into(leaf, buffer) names a leaf (a tg::param).");
+    static_assert(is_leaf_v<Leaf> || retained_node_v<Leaf>,
+                  "typegrad: grad_into(leaf, buffer) names a leaf (a tg::param) or a tg::retain_grad(...) "
+                  "expression.");
     static_assert(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>,
                   "typegrad: grad_into(leaf, buffer) needs a writable buffer.");
     detail::check_element_type<Leaf, detail::range_value_t<R>>();

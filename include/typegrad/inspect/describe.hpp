@@ -10,6 +10,7 @@
 // Only the step's *type* is read, through its nested plans<> (see autodiff/step.hpp); this
 // header does not include step.hpp, so step.hpp can include it for the log hook.
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <concepts>
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,15 +54,104 @@ struct describe_node_extra {
 
 // ---- a step, flattened to plain data --------------------------------------------------------
 //
-// Everything below the per-type extraction (make_step_view) is ordinary run-time code over
-// vectors, so describing a step instantiates little beyond what compiling it already did.
+// Per step type there are only constexpr tables (step_tables<Step>) and one small function;
+// the rest is ordinary run-time code (cold: it runs once, if ever), compiled once per
+// translation unit however many steps it describes.
 
+// What program::info lacks about a node; its type knows it.
 struct node_facts {
     std::string_view dtype;
     leaf_role role = leaf_role::input;
-    double value = 0;         // constants
-    std::string extra;        // describe_node_extra<Op>::text()
-    std::string dot_attributes;
+    double value = 0;                           // constants
+    std::string (*extra)() = nullptr;           // describe_node_extra<Op>::text
+    std::string (*dot_attributes)() = nullptr;  // describe_node_extra<Op>::dot_attributes
+};
+
+template <class N>
+constexpr node_facts facts_of() {
+    node_facts f;
+    f.dtype = dtype_name<typename N::value_type>();
+    if constexpr (is_leaf_v<N>) {
+        f.role = N::role;
+    } else if constexpr (is_constant_v<N>) {
+        f.value = N::value;
+    } else {
+        f.extra = &describe_node_extra<typename N::op>::text;
+        f.dot_attributes = &describe_node_extra<typename N::op>::dot_attributes;
+    }
+    return f;
+}
+
+// A plan_provider's plan, by address (`ids[i]`: the step_view id of the plan's node i).
+struct plan_ref {
+    const loop_plan* loops = nullptr;
+    std::size_t loop_count = 0;
+    const std::size_t* members = nullptr;
+    const bool* computed = nullptr;
+    const std::size_t* stores = nullptr;
+    const std::size_t* ids = nullptr;
+    std::size_t size = 0;
+};
+
+struct step_ref {
+    const node_info* info = nullptr;  // the value_and_grad (joint) program
+    const node_facts* facts = nullptr;
+    const std::size_t* first = nullptr;  // id of the first node of the same type
+    std::size_t size = 0;
+    plan_ref joint, fwd;
+    std::size_t loss = 0;
+    const std::string_view* wrt_names = nullptr;
+    const std::size_t* wrt_ids = nullptr;
+    std::size_t wrt_count = 0;
+};
+
+template <class PP, class ToView>
+constexpr plan_ref plan_ref_of(const ToView& ids) {
+    return {PP::plan.loops.data(), PP::plan.loop_count, PP::plan.members.data(), PP::plan.computed.data(),
+            PP::stores.data(),     ids.data(),          PP::M};
+}
+
+template <class... Ns>
+constexpr std::array<node_facts, sizeof...(Ns)> facts_table(type_list<Ns...>) {
+    return {facts_of<Ns>()...};
+}
+// Each node's id in Nodes (the first occurrence of its type).
+template <class Nodes, class... Ns>
+constexpr std::array<std::size_t, sizeof...(Ns)> id_table(type_list<Ns...>) {
+    return {index_of_v<Ns, Nodes>...};
+}
+template <class... Ls>
+constexpr std::array<std::string_view, sizeof...(Ls)> name_table(type_list<Ls...>) {
+    return {Ls::name()...};
+}
+
+template <class Step>
+struct step_tables {
+    using plans = typename Step::template plans<>;
+    using joint = typename plans::joint;
+    using fwd = typename plans::forward;
+    using nodes = typename joint::program::nodes;
+    static constexpr std::size_t m = joint::program::size;
+    static constexpr auto facts = facts_table(nodes{});
+    static constexpr auto first = id_table<nodes>(nodes{});
+    static constexpr auto fwd_ids = id_table<nodes>(typename fwd::program::nodes{});
+    static constexpr auto wrt_names = name_table(typename Step::wrt_list{});
+    static constexpr auto wrt_ids = id_table<nodes>(typename Step::wrt_list{});
+
+    static step_ref ref() {
+        step_ref r;
+        r.info = joint::program::info.data();
+        r.facts = facts.data();
+        r.first = first.data();
+        r.size = m;
+        r.joint = plan_ref_of<joint>(first);  // the joint program's ids are the view's ids
+        r.fwd = plan_ref_of<fwd>(fwd_ids);
+        r.loss = index_of_v<typename Step::loss_node, nodes>;
+        r.wrt_names = wrt_names.data();
+        r.wrt_ids = wrt_ids.data();
+        r.wrt_count = wrt_names.size();
+        return r;
+    }
 };
 
 // How the backward part uses a forward node.
@@ -77,36 +168,27 @@ struct plan_view {
     std::vector<char> computed;  // per node: this plan writes its buffer
 };
 
+struct node_view {
+    std::string_view dtype;
+    leaf_role role = leaf_role::input;
+    double value = 0;
+    std::string extra, dot_attributes;
+};
+
 struct step_view {
     std::vector<node_info> info;  // the value_and_grad (joint) program; ids are its ids
-    std::vector<node_facts> facts;
+    std::vector<node_view> facts;
     std::vector<char> listed;     // first occurrence of its type (later ones are never used)
     std::vector<char> forward;    // part of the loss's own graph
     std::vector<backward_use> use;
     std::vector<std::vector<std::size_t>> grad_of;  // per node: indices into wrt
     std::vector<std::string_view> wrt_names;
-    std::vector<std::size_t> wrt_ids;                // the leaves (info.size() if absent)
+    std::vector<std::size_t> wrt_ids;                // the leaves (size() if absent)
     std::size_t loss = 0;
     plan_view joint, fwd;
 
-    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
     std::size_t size() const { return info.size(); }
 };
-
-template <class N>
-node_facts facts_of() {
-    node_facts f;
-    f.dtype = dtype_name<typename N::value_type>();
-    if constexpr (is_leaf_v<N>) {
-        f.role = N::role;
-    } else if constexpr (is_constant_v<N>) {
-        f.value = N::value;
-    } else {
-        f.extra = describe_node_extra<typename N::op>::text();
-        f.dot_attributes = describe_node_extra<typename N::op>::dot_attributes();
-    }
-    return f;
-}
 
 // Loops that materialise elementwise values into scratch (newer planners) list them apart.
 template <class LP>
@@ -115,31 +197,28 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
     else return {0, 0};
 }
 
-// `to_view[i]`: the step_view id of the plan's node i.
-template <class PP>
-plan_view make_plan_view(const std::vector<std::size_t>& to_view, std::size_t view_size) {
-    constexpr auto& plan = PP::plan;
+[[gnu::cold]] inline plan_view make_plan_view(const plan_ref& p, std::size_t view_size) {
     plan_view v;
     v.computed.assign(view_size, 0);
-    for (std::size_t n = 0; n < PP::M; ++n)
-        if (plan.computed[n]) v.computed[to_view[n]] = 1;
+    for (std::size_t n = 0; n < p.size; ++n)
+        if (p.computed[n]) v.computed[p.ids[n]] = 1;
     auto ids = [&](std::size_t b, std::size_t e) {
         std::vector<std::size_t> r;
-        for (std::size_t k = b; k < e; ++k) r.push_back(to_view[plan.members[k]]);
+        for (std::size_t k = b; k < e; ++k) r.push_back(p.ids[p.members[k]]);
         return r;
     };
-    for (std::size_t l = 0; l < plan.loop_count; ++l) {
-        const auto& lp = plan.loops[l];
+    for (std::size_t l = 0; l < p.loop_count; ++l) {
+        const loop_plan& lp = p.loops[l];
         loop_view lv;
         lv.stage = lp.stage;
-        lv.iter = to_view[lp.iter];
+        lv.iter = p.ids[lp.iter];
         lv.inputs = ids(lp.in_begin, lp.in_end);
         lv.body = ids(lp.body_begin, lp.body_end);
         lv.reductions = ids(lp.red_begin, lp.red_end);
         const auto [mb, me] = materialized_range(lp);
         lv.materialized = ids(mb, me);
-        for (std::size_t k = lp.store_begin; k < lp.store_end; ++k)
-            lv.stores.push_back(to_view[PP::stores[plan.members[k]]]);
+        for (std::size_t k = lp.store_begin; k < lp.store_end; ++k)  // members hold store indices
+            lv.stores.push_back(p.ids[p.stores[p.members[k]]]);
         v.loops.push_back(std::move(lv));
     }
     return v;
@@ -148,7 +227,7 @@ plan_view make_plan_view(const std::vector<std::size_t>& to_view, std::size_t vi
 // Marks the forward values the gradient nodes read: a reduction the forward pass computed is
 // saved; leaves and constants are read as they are; everything else is evaluated again from
 // those (its own inputs are followed).
-inline void mark_backward_uses(step_view& v) {
+[[gnu::cold]] inline void mark_backward_uses(step_view& v) {
     const std::size_t m = v.size();
     std::vector<char> reach(m, 0);
     for (std::size_t n = 0; n < m; ++n)
@@ -169,46 +248,35 @@ inline void mark_backward_uses(step_view& v) {
     }
 }
 
-template <class Step>
-step_view make_step_view() {
-    using plans = typename Step::template plans<>;
-    using joint = typename plans::joint;
-    using fwd = typename plans::forward;
-    using nodes = typename joint::program::nodes;
-    using fwd_nodes = typename fwd::program::nodes;
-    constexpr std::size_t m = joint::program::size;
-
+[[gnu::cold]] inline step_view build_step_view(const step_ref& r) {
+    const std::size_t m = r.size;
     step_view v;
-    v.info.assign(joint::program::info.begin(), joint::program::info.end());
-    std::vector<std::size_t> first;  // id of the first node of the same type
-    [&]<class... Ns>(type_list<Ns...>) {
-        v.facts = {facts_of<Ns>()...};
-        first = {index_of_v<Ns, nodes>...};
-    }(nodes{});
+    v.info.assign(r.info, r.info + m);
+    v.facts.resize(m);
     v.listed.assign(m, 0);
-    for (std::size_t i = 0; i < m; ++i) v.listed[i] = first[i] == i;
+    for (std::size_t i = 0; i < m; ++i) {
+        const node_facts& f = r.facts[i];
+        v.facts[i] = {f.dtype, f.role, f.value, f.extra ? f.extra() : std::string(),
+                      f.dot_attributes ? f.dot_attributes() : std::string()};
+        v.listed[i] = r.first[i] == i;
+    }
     v.forward.assign(m, 0);
-    std::vector<std::size_t> fwd_to_view;
-    [&]<class... Fs>(type_list<Fs...>) {
-        fwd_to_view = {index_of_v<Fs, nodes>...};
-    }(fwd_nodes{});
-    for (std::size_t id : fwd_to_view) v.forward[id] = 1;
-    std::vector<std::size_t> identity(m);
-    for (std::size_t i = 0; i < m; ++i) identity[i] = i;
-    v.joint = make_plan_view<joint>(identity, m);
-    v.fwd = make_plan_view<fwd>(fwd_to_view, m);
-
-    v.loss = index_of_v<typename Step::loss_node, nodes>;
+    for (std::size_t i = 0; i < r.fwd.size; ++i) v.forward[r.fwd.ids[i]] = 1;
+    v.joint = make_plan_view(r.joint, m);
+    v.fwd = make_plan_view(r.fwd, m);
+    v.loss = r.loss;
+    v.wrt_names.assign(r.wrt_names, r.wrt_names + r.wrt_count);
+    v.wrt_ids.assign(r.wrt_ids, r.wrt_ids + r.wrt_count);
     v.grad_of.assign(m, {});
-    [&]<class... Ls>(type_list<Ls...>) {
-        v.wrt_names = {Ls::name()...};
-        v.wrt_ids = {index_of_v<Ls, nodes>...};
-    }(typename Step::wrt_list{});
     // value_and_grad stores the gradients in wrt order, then an elementwise loss.
-    for (std::size_t w = 0; w < v.wrt_names.size() && w < joint::stores.size(); ++w)
-        v.grad_of[joint::stores[w]].push_back(w);
+    for (std::size_t w = 0; w < r.wrt_count; ++w) v.grad_of[r.joint.stores[w]].push_back(w);
     mark_backward_uses(v);
     return v;
+}
+
+template <class Step>
+step_view make_step_view() {
+    return build_step_view(step_tables<Step>::ref());
 }
 
 // ---- text -------------------------------------------------------------------------------
@@ -222,13 +290,13 @@ std::string cat(const Parts&... parts) {
     return s;
 }
 
-inline std::string number_text(double x) {
+[[gnu::cold]] inline std::string number_text(double x) {
     char buf[64];
     const auto r = std::to_chars(buf, buf + sizeof buf, x);
     return std::string(buf, r.ptr);
 }
 
-inline std::string shape_text(const node_info& ni) {
+[[gnu::cold]] inline std::string shape_text(const node_info& ni) {
     std::string s = "[";
     for (std::size_t a = 0; a < ni.rank; ++a) {
         if (a) s += ", ";
@@ -238,21 +306,21 @@ inline std::string shape_text(const node_info& ni) {
     return s;
 }
 
-inline std::string type_text(const step_view& v, std::size_t n) {
+[[gnu::cold]] inline std::string type_text(const step_view& v, std::size_t n) {
     return cat(v.facts[n].dtype, " ", shape_text(v.info[n]));
 }
 
-inline std::string id_text(std::size_t n) { return cat("%", std::to_string(n)); }
+[[gnu::cold]] inline std::string id_text(std::size_t n) { return cat("%", std::to_string(n)); }
 
 // "x", "1", "exp": what a node is, in one word (a leaf's name, a constant's value).
-inline std::string op_text(const step_view& v, std::size_t n) {
+[[gnu::cold]] inline std::string op_text(const step_view& v, std::size_t n) {
     const node_info& ni = v.info[n];
     if (ni.kind == op_kind::constant) return number_text(v.facts[n].value);
     return std::string(ni.name);
 }
 
 // "param x", "constant 1", "expand(%17, shape=%5)"
-inline std::string definition_text(const step_view& v, std::size_t n) {
+[[gnu::cold]] inline std::string definition_text(const step_view& v, std::size_t n) {
     const node_info& ni = v.info[n];
     if (ni.kind == op_kind::leaf) {
         const leaf_role r = v.facts[n].role;
@@ -270,7 +338,7 @@ inline std::string definition_text(const step_view& v, std::size_t n) {
 }
 
 // "grad of x", "loss": the outputs a node is.
-inline std::string output_labels(const step_view& v, std::size_t n) {
+[[gnu::cold]] inline std::string output_labels(const step_view& v, std::size_t n) {
     std::string s;
     for (std::size_t w : v.grad_of[n]) {
         if (!s.empty()) s += ", ";
@@ -293,8 +361,8 @@ inline std::string_view use_text(backward_use u) {
 }
 
 // One node per line: "  %3 = mul(%1, %2)    f32 [1000]    [loss]".
-inline void append_node_lines(std::string& out, const step_view& v, const std::vector<std::size_t>& ids,
-                              bool show_use) {
+[[gnu::cold]] inline void append_node_lines(std::string& out, const step_view& v,
+                                            const std::vector<std::size_t>& ids, bool show_use) {
     std::size_t w1 = 0, w2 = 0;
     std::vector<std::string> lhs, types;
     for (std::size_t n : ids) {
@@ -327,11 +395,12 @@ inline void append_node_lines(std::string& out, const step_view& v, const std::v
     }
 }
 
-inline std::string count_text(std::size_t n, std::string_view one, std::string_view many) {
+[[gnu::cold]] inline std::string count_text(std::size_t n, std::string_view one, std::string_view many) {
     return cat(std::to_string(n), " ", n == 1 ? one : many);
 }
 
-inline void append_plan(std::string& out, const step_view& v, const plan_view& p, std::string_view title) {
+[[gnu::cold]] inline void append_plan(std::string& out, const step_view& v, const plan_view& p,
+                                      std::string_view title) {
     out += cat("kernel plan: ", title, " (", count_text(p.loops.size(), "loop", "loops"), ")\n");
     auto list = [&](std::string_view what, const std::vector<std::size_t>& ids, bool labelled) {
         if (ids.empty()) return;
@@ -358,7 +427,7 @@ inline void append_plan(std::string& out, const step_view& v, const plan_view& p
     }
 }
 
-inline std::string describe_view(const step_view& v) {
+[[gnu::cold]] inline std::string describe_view(const step_view& v) {
     std::string out = cat("typegrad step: loss ", id_text(v.loss), " ", op_text(v, v.loss), " (",
                           type_text(v, v.loss), "), wrt ");
     for (std::size_t w = 0; w < v.wrt_names.size(); ++w) {
@@ -441,7 +510,8 @@ void log_graphs_once() {
 #ifndef TYPEGRAD_NO_LOG
     if (!log_graphs_enabled()) return;
     [[maybe_unused]] static const bool printed = [] {
-        const std::string text = cat("typegrad: TYPEGRAD_LOG=graphs\n", describe_view(make_step_view<Step>()));
+        const std::string text =
+            cat("typegrad: TYPEGRAD_LOG=graphs\n", describe_view(make_step_view<Step>()));
         std::fwrite(text.data(), 1, text.size(), stderr);
         std::fflush(stderr);
         return true;

@@ -17,7 +17,7 @@ namespace typegrad {
 namespace detail {
 
 // Text inside a DOT "..." string; `\n` in the result is Graphviz's centred line break.
-inline std::string dot_quote(std::string_view s) {
+[[gnu::cold]] inline std::string dot_quote(std::string_view s) {
     std::string r = "\"";
     for (char c : s) {
         if (c == '"' || c == '\\') r += '\\';
@@ -40,7 +40,8 @@ inline std::string_view loop_colour(std::size_t l) {
     return loop_palette[l % (sizeof loop_palette / sizeof loop_palette[0])];
 }
 
-inline std::string dot_node(const step_view& v, std::size_t n, const std::vector<std::vector<std::size_t>>& loops_of) {
+[[gnu::cold]] inline std::string dot_node(const step_view& v, std::size_t n,
+                                          const std::vector<std::vector<std::size_t>>& loops_of) {
     const node_info& ni = v.info[n];
     std::string label = cat(op_text(v, n), "\n", type_text(v, n));
     std::string tags;
@@ -85,7 +86,7 @@ inline std::string dot_node(const step_view& v, std::size_t n, const std::vector
     return cat("    n", std::to_string(n), " [", attrs, "];\n");
 }
 
-inline std::string loop_summary(const step_view& v, const loop_view& lp, std::size_t l) {
+[[gnu::cold]] inline std::string loop_summary(const step_view& v, const loop_view& lp, std::size_t l) {
     std::string s = cat("loop ", std::to_string(l), " (stage ", std::to_string(lp.stage), ")\nover ",
                         shape_text(v.info[lp.iter]), ", ", std::to_string(lp.body.size()), " fused ops");
     auto names = [&](std::string_view what, const std::vector<std::size_t>& ids) {
@@ -102,7 +103,7 @@ inline std::string loop_summary(const step_view& v, const loop_view& lp, std::si
     return s;
 }
 
-inline std::string to_dot_view(const step_view& v) {
+[[gnu::cold]] inline std::string to_dot_view(const step_view& v) {
     std::vector<std::vector<std::size_t>> loops_of(v.size());
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l) {
         const loop_view& lp = v.joint.loops[l];
@@ -127,8 +128,9 @@ inline std::string to_dot_view(const step_view& v) {
     cluster("cluster_backward", "backward", "#e6550d", false);
 
     out += "  subgraph cluster_plan {\n";
-    out += cat("    label=",
-               dot_quote(cat("value_and_grad: ", count_text(v.joint.loops.size(), "fused loop", "fused loops"))),
+    const std::string plan_title =
+        cat("value_and_grad: ", count_text(v.joint.loops.size(), "fused loop", "fused loops"));
+    out += cat("    label=", dot_quote(plan_title),
                "; labeljust=l; style=rounded; color=\"#555555\"; fontcolor=\"#555555\";\n");
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
         out += cat("    loop", std::to_string(l), " [shape=note, style=filled, fillcolor=\"", loop_colour(l),
@@ -139,17 +141,19 @@ inline std::string to_dot_view(const step_view& v) {
                "];\n");
     // Stack the loop boxes in execution order under the key.
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
-        out += cat("    ", l ? cat("loop", std::to_string(l - 1)) : std::string("key"), " -> loop", std::to_string(l),
-                   " [style=invis];\n");
+        out += cat("    ", l ? cat("loop", std::to_string(l - 1)) : std::string("key"), " -> loop",
+                   std::to_string(l), " [style=invis];\n");
     out += "  }\n";
 
+    // Edges child -> parent; a shape-only operand (expand's `like`) is a dashed, hollow arrow.
+    constexpr std::string_view shape_edge =
+        " [style=dashed, color=\"#aaaaaa\", arrowhead=empty, tooltip=\"shape only\"];\n";
     for (std::size_t n = 0; n < v.size(); ++n) {
         if (!v.listed[n]) continue;
         const node_info& ni = v.info[n];
         for (std::size_t c = 0; c < ni.arity; ++c)
             out += cat("  n", std::to_string(ni.child[c]), " -> n", std::to_string(n),
-                       ni.shape_only[c] ? " [style=dashed, color=\"#aaaaaa\", arrowhead=empty, tooltip=\"shape only\"];\n"
-                                        : ";\n");
+                       ni.shape_only[c] ? shape_edge : ";\n");
     }
     out += "}\n";
     return out;

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -33,81 +34,94 @@ enum class transpose { no, yes };
 
 namespace gemm_impl {
 
-// Register blocking: the micro-tile is MR rows x NV vectors. Accumulators (MR * NV), the NV
-// B vectors and one A broadcast must fit the register file: 32 vector registers with AVX-512
-// (8 x 2 leaves room to spare; 6 x 4, 12 x 2 and 14 x 2 measured the same within noise, and
-// the narrower NR wastes less on padding), 16 otherwise (the classic 6 x 2).
+// Register blocking: the micro-tile is MR rows x NV vectors. The accumulators (MR * NV), the NV
+// B vectors and one A broadcast must fit the register file: 32 vector registers with AVX-512,
+// 16 otherwise (the classic 6 x 2 vectors). With AVX-512, float uses 8 x 2 (8 x 32): 6 x 4,
+// 8 x 3, 12 x 2 and 14 x 2 measured the same within noise, and a narrow NR wastes less on
+// padding. Double uses 6 x 4 (6 x 32): it loads 10 operands per 24 FMAs instead of 10 per 16,
+// which is what double's twice-as-heavy data needs (5-8% faster than 8 x 2 at n >= 1024).
 // Cache blocking (tuned on Zen 4: 32 KiB L1d, 1 MiB L2 per core):
-//   KC  the depth of a rank-KC update. Large, to amortise loading and storing the C tile
-//       (MR x NR) over KC FMAs per element; a micro-kernel reads (MR + NR) * sizeof(T) bytes
-//       per MR * NV FMAs, little enough to stream the A micro-panels from L2.
-//   MC  the packed A block (MC x KC) takes a third (float) to a fifth (double) of L2, leaving
-//       room for the B micro-panel in use and for C.
+//   KC  the depth of one rank-KC update. Large, to amortise the load and store of the C tile
+//       over KC FMAs per element; the A and B micro-panels then exceed L1 and stream from L2,
+//       which their rate allows (under 16 bytes per FMA cycle; L2 delivers 32 or more).
+//   MC  the packed A block (MC x KC) takes about a third (float) or a quarter (double) of L2,
+//       leaving room for the B micro-panel in use and the C lines.
 //   NC  the packed B panel (KC x NC) lives in L2/L3; wide, so that A is packed once per KC
 //       block for all but huge n.
 template <class T>
 struct default_config {
     static constexpr bool wide_regs = sizeof(simd::batch<T>) == 64;
-    static constexpr std::size_t NV = 2;
-    static constexpr std::size_t MR = wide_regs ? 8 : 6;
+    static constexpr std::size_t NV = wide_regs && sizeof(T) == 8 ? 4 : 2;
+    static constexpr std::size_t MR = wide_regs && sizeof(T) == 4 ? 8 : 6;
     static constexpr std::size_t NR = NV * simd::width<T>;
-    static constexpr std::size_t KC = sizeof(T) == 4 ? 384 : 256;
+    static constexpr std::size_t KC = 384;
     static constexpr std::size_t MC = (sizeof(T) == 4 ? 240 : 96) / MR * MR;
     static constexpr std::size_t NC = 4096 / NR * NR;
 };
 
+// Straight-line code for the packing loops: f(0_c), f(1_c), ... f(N-1_c). Forced inline: an
+// optimiser that declines (GCC at -O3 did, in an earlier lambda-based micro-kernel) would leave
+// the loop body as calls through memory.
 template <std::size_t... I, class F>
-inline void unroll_impl(std::index_sequence<I...>, F&& f) {
+[[gnu::always_inline]] inline void unroll_impl(std::index_sequence<I...>, F&& f) {
     (f(std::integral_constant<std::size_t, I>{}), ...);
 }
-// f(0_c), f(1_c), ... f(N-1_c), as straight-line code.
 template <std::size_t N, class F>
-inline void unroll(F&& f) {
+[[gnu::always_inline]] inline void unroll(F&& f) {
     unroll_impl(std::make_index_sequence<N>{}, f);
 }
 
-// C[MR x NR] = (add ? C : 0) + A * B over kc, where a is a packed MR-row micro-panel
-// (a[p * MR + i]) and b a packed NR-column micro-panel (b[p * NR + j]).
-template <class T, std::size_t MR, std::size_t NV>
-inline void micro_kernel(std::size_t kc, const T* a, const T* b, T* c, std::size_t ldc, bool add) {
-    using V = simd::batch<T>;
-    constexpr std::size_t W = simd::width<T>;
-    constexpr std::size_t NR = NV * W;
-    // C is touched only after the k loop: start fetching its lines now, so that the misses
-    // (a large C lives in L3 or memory) overlap the FMAs instead of following them.
-    unroll<MR>([&](auto i) {
-        __builtin_prefetch(c + i * ldc, 1, 3);
-        __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
-    });
-    // C is touched only after the k loop: start fetching its lines now, so that the misses
-    // (a large C lives in L3 or memory) overlap the FMAs instead of following them.
-    unroll<MR>([&](auto i) {
-        __builtin_prefetch(c + i * ldc, 1, 3);
-        __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
-    });
-    V acc[MR][NV];
-    unroll<MR>([&](auto i) { unroll<NV>([&](auto v) { acc[i][v] = V(T(0)); }); });
-    for (std::size_t p = 0; p < kc; ++p) {
-        V bv[NV];
-        unroll<NV>([&](auto v) { bv[v] = simd::load(b + v * W); });
-        unroll<MR>([&](auto i) {
-            const V ai(a[i]);
-            unroll<NV>([&](auto v) { acc[i][v] = xsimd::fma(ai, bv[v], acc[i][v]); });
-        });
-        a += MR;
-        b += NR;
-    }
-    if (add) {
-        unroll<MR>([&](auto i) {
-            unroll<NV>([&](auto v) {
-                T* ci = c + i * ldc + v * W;
-                simd::store(ci, simd::load(static_cast<const T*>(ci)) + acc[i][v]);
-            });
-        });
-    } else {
-        unroll<MR>([&](auto i) { unroll<NV>([&](auto v) { simd::store(c + i * ldc + v * W, acc[i][v]); }); });
-    }
+// x * y + z, fused where the target has FMA. xsimd 8.1 has no AVX-512 fma kernel: its generic
+// one is x * y + z over two batch operators, which GCC contracts (-ffp-contract=fast) but clang
+// (-ffp-contract=on) does not, doubling the kernel's arithmetic. One expression on the native
+// vector type (a GCC/clang vector extension) is contracted by both.
+template <class V>
+[[gnu::always_inline]] inline V fmadd(const V& x, const V& y, const V& z) {
+    using R = typename V::register_type;
+    if constexpr (requires(R r) { r * r + r; })
+        return V(R(x) * R(y) + R(z));
+    else
+        return xsimd::fma(x, y, z);
 }
+
+// C[MR x NR] = (add ? C : 0) + A * B over kc, where a is a packed MR-row micro-panel
+// (a[p * MR + i]) and b a packed NR-column micro-panel (b[p * NR + j]). Written with fold
+// expressions over index packs, not lambdas, so that the MR * NV accumulators are plain locals
+// the compiler keeps in registers at every optimisation level that inlines at all.
+template <class T, std::size_t MR, std::size_t NV>
+struct micro_kernel {
+    using V = simd::batch<T>;
+    static constexpr std::size_t W = simd::width<T>;
+    static constexpr std::size_t NR = NV * W;
+
+    static void run(std::size_t kc, const T* a, const T* b, T* c, std::size_t ldc, bool add) {
+        tile(kc, a, b, c, ldc, add, std::make_index_sequence<MR * NV>{}, std::make_index_sequence<NV>{},
+             std::make_index_sequence<MR>{});
+    }
+
+private:
+    // I: accumulator (row I / NV, vector I % NV), J: B vector, R: row.
+    template <std::size_t... I, std::size_t... J, std::size_t... R>
+    [[gnu::always_inline]] static inline void tile(std::size_t kc, const T* a, const T* b, T* c, std::size_t ldc,
+                                                   bool add, std::index_sequence<I...>, std::index_sequence<J...>,
+                                                   std::index_sequence<R...>) {
+        // C is touched only after the k loop: start fetching its lines now, so that the misses
+        // (a large C lives in L3 or memory) overlap the FMAs instead of following them.
+        (__builtin_prefetch(c + R * ldc, 1, 3), ...);
+        (__builtin_prefetch(c + R * ldc + NR - 1, 1, 3), ...);
+        V acc[MR * NV] = {(static_cast<void>(I), V(T(0)))...};
+        for (std::size_t p = 0; p < kc; ++p, a += MR, b += NR) {
+            const V bv[NV] = {simd::load(b + J * W)...};
+            ((acc[I] = fmadd(V(a[I / NV]), bv[I % NV], acc[I])), ...);
+        }
+        if (add)
+            (simd::store(c + (I / NV) * ldc + (I % NV) * W,
+                         simd::load(static_cast<const T*>(c + (I / NV) * ldc + (I % NV) * W)) + acc[I]),
+             ...);
+        else
+            (simd::store(c + (I / NV) * ldc + (I % NV) * W, acc[I]), ...);
+    }
+};
 
 // Grown on demand, never shrunk: steady-state calls allocate nothing. 64-byte aligned so that
 // packed micro-panels start on cache lines.
@@ -147,68 +161,73 @@ inline thread_buffers<T>& buffers() {
     return bufs;
 }
 
-// Packs op(A)[0..mc) x [0..kc) into ceil(mc / MR) micro-panels, each kc x MR (p-major), zero
-// padding the rows past mc. op(A)(i, p) is a[i * lda + p], or a[p * lda + i] when transposed.
-template <class T, std::size_t MR>
-inline void pack_a(transpose ta, std::size_t mc, std::size_t kc, const T* a, std::size_t lda, T* out) {
-    for (std::size_t i0 = 0; i0 < mc; i0 += MR, out += MR * kc) {
-        const std::size_t mr = std::min(MR, mc - i0);
-        if (ta == transpose::yes) {
-            // Each p is a contiguous run of rows: a row copy.
-            const T* src = a + i0;
-            for (std::size_t p = 0; p < kc; ++p, src += lda) {
-                T* dst = out + p * MR;
-                std::size_t i = 0;
-                for (; i < mr; ++i) dst[i] = src[i];
-                for (; i < MR; ++i) dst[i] = T(0);
-            }
-        } else if (mr == MR) {
-            // MR row streams read in step, written interleaved.
-            const T* src = a + i0 * lda;
-            for (std::size_t p = 0; p < kc; ++p) {
-                T* dst = out + p * MR;
-                unroll<MR>([&](auto i) { dst[i] = src[i * lda + p]; });
-            }
-        } else {
-            const T* src = a + i0 * lda;
-            for (std::size_t p = 0; p < kc; ++p) {
-                T* dst = out + p * MR;
-                std::size_t i = 0;
-                for (; i < mr; ++i) dst[i] = src[i * lda + p];
-                for (; i < MR; ++i) dst[i] = T(0);
-            }
+// Packing: op(A) and op(B) are cut into micro-panels of R lanes (R = MR rows of op(A), or
+// R = NR columns of op(B)) by kc deep, each stored p-major (panel[p * R + lane]) and the panels
+// one after the other; lanes past `len` are zero. Which routine applies depends on how the
+// stored matrix lays the lanes out: each of its rows holds consecutive lanes (copy), or one
+// lane (gather). Loop orders measured on a 384 x 512 float panel (ld 512).
+
+// Lanes are contiguous: row p of src holds lanes 0..len (A transposed, B not transposed).
+// Panels are packed in groups spanning at least 64 lanes, row by row: each source row is read
+// in runs of whole cache lines, and each panel's output is still written sequentially.
+template <class T, std::size_t R>
+inline void pack_copy(std::size_t kc, std::size_t len, const T* src, std::size_t ld, T* out) {
+    constexpr std::size_t group = R >= 64 ? 1 : 64 / R;
+    const std::size_t full = len / R;
+    for (std::size_t s0 = 0; s0 < full; s0 += group) {
+        const std::size_t s1 = std::min(full, s0 + group);
+        const T* row = src + s0 * R;
+        for (std::size_t p = 0; p < kc; ++p, row += ld)
+            for (std::size_t s = s0; s < s1; ++s) std::memcpy(out + s * R * kc + p * R, row + (s - s0) * R, R * sizeof(T));
+    }
+    if (const std::size_t r = len - full * R; r != 0) {
+        const T* row = src + full * R;
+        T* dst = out + full * R * kc;
+        for (std::size_t p = 0; p < kc; ++p, row += ld, dst += R) {
+            std::size_t l = 0;
+            for (; l < r; ++l) dst[l] = row[l];
+            for (; l < R; ++l) dst[l] = T(0);
         }
     }
 }
 
-// Packs op(B)[0..kc) x [0..nc) into ceil(nc / NR) micro-panels, each kc x NR (p-major), zero
-// padding the columns past nc. op(B)(p, j) is b[p * ldb + j], or b[j * ldb + p] when transposed.
+// Lanes are strided: row l of src holds lane l for p = 0..kc (A not transposed, B transposed).
+// Groups of G lanes walk their rows in step: G read streams, G-element runs written (2.3x
+// faster than one lane at a time for R = 32, and no slower for R = 8).
+template <class T, std::size_t R>
+inline void pack_gather(std::size_t kc, std::size_t len, const T* src, std::size_t ld, T* out) {
+    constexpr std::size_t G = R < 8 ? R : 8;
+    for (std::size_t l0 = 0; l0 < len; l0 += R, out += R * kc) {
+        const std::size_t r = std::min(R, len - l0);
+        std::size_t g = 0;
+        for (; g + G <= r; g += G) {
+            const T* rows = src + (l0 + g) * ld;
+            for (std::size_t p = 0; p < kc; ++p) {
+                T* dst = out + p * R + g;
+                unroll<G>([&](auto l) { dst[l] = rows[l * ld + p]; });
+            }
+        }
+        for (std::size_t l = g; l < r; ++l) {
+            const T* row = src + (l0 + l) * ld;
+            for (std::size_t p = 0; p < kc; ++p) out[p * R + l] = row[p];
+        }
+        for (std::size_t l = r; l < R; ++l)
+            for (std::size_t p = 0; p < kc; ++p) out[p * R + l] = T(0);
+    }
+}
+
+// op(A)[0..mc) x [0..kc) into MR-row panels; op(A)(i, p) is a[i * lda + p], or a[p * lda + i].
+template <class T, std::size_t MR>
+inline void pack_a(transpose ta, std::size_t mc, std::size_t kc, const T* a, std::size_t lda, T* out) {
+    if (ta == transpose::yes) pack_copy<T, MR>(kc, mc, a, lda, out);
+    else pack_gather<T, MR>(kc, mc, a, lda, out);
+}
+
+// op(B)[0..kc) x [0..nc) into NR-column panels; op(B)(p, j) is b[p * ldb + j], or b[j * ldb + p].
 template <class T, std::size_t NR>
 inline void pack_b(transpose tb, std::size_t kc, std::size_t nc, const T* b, std::size_t ldb, T* out) {
-    constexpr std::size_t W = simd::width<T>;
-    for (std::size_t j0 = 0; j0 < nc; j0 += NR, out += NR * kc) {
-        const std::size_t nr = std::min(NR, nc - j0);
-        if (tb == transpose::no && nr == NR) {
-            const T* src = b + j0;
-            for (std::size_t p = 0; p < kc; ++p, src += ldb)
-                unroll<NR / W>([&](auto v) { simd::store(out + p * NR + v * W, simd::load(src + v * W)); });
-        } else if (tb == transpose::no) {
-            const T* src = b + j0;
-            for (std::size_t p = 0; p < kc; ++p, src += ldb) {
-                T* dst = out + p * NR;
-                std::size_t j = 0;
-                for (; j < nr; ++j) dst[j] = src[j];
-                for (; j < NR; ++j) dst[j] = T(0);
-            }
-        } else {
-            // Column j of op(B) is a contiguous row of B: read along it, write with stride NR.
-            const T* src = b + j0 * ldb;
-            for (std::size_t j = 0; j < nr; ++j, src += ldb)
-                for (std::size_t p = 0; p < kc; ++p) out[p * NR + j] = src[p];
-            for (std::size_t j = nr; j < NR; ++j)
-                for (std::size_t p = 0; p < kc; ++p) out[p * NR + j] = T(0);
-        }
-    }
+    if (tb == transpose::no) pack_copy<T, NR>(kc, nc, b, ldb, out);
+    else pack_gather<T, NR>(kc, nc, b, ldb, out);
 }
 
 template <class T>
@@ -259,11 +278,11 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
                         const T* a_panel = ap + ir * kc;
                         T* c_tile = op.c + (ic + ir) * op.ldc + jc + jr;
                         if (mr == MR && nr == NR) {
-                            micro_kernel<T, MR, NV>(kc, a_panel, b_panel, c_tile, op.ldc, add);
+                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, c_tile, op.ldc, add);
                         } else {
                             // Same FMA chain into a full-size scratch tile, then the same
                             // lane-wise add as the full-tile path.
-                            micro_kernel<T, MR, NV>(kc, a_panel, b_panel, edge, NR, false);
+                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, edge, NR, false);
                             for (std::size_t i = 0; i < mr; ++i)
                                 for (std::size_t j = 0; j < nr; ++j)
                                     c_tile[i * op.ldc + j] =
@@ -276,9 +295,22 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
     }
 }
 
-// Below this many multiply-adds in total a call stays on the calling thread, and each thread
-// gets at least this much work: waking the pool costs microseconds.
+// A call of fewer multiply-adds than parallel_threshold stays on the calling thread, and each
+// thread gets at least min_work_per_thread of them: waking the pool costs microseconds, while
+// 2^20 multiply-adds take some 20 us on one core.
 inline constexpr std::size_t parallel_threshold = std::size_t(1) << 21;
+inline constexpr std::size_t min_work_per_thread = std::size_t(1) << 20;
+
+// How many threads a call runs on: n_threads (0: num_threads()), fewer for small products.
+inline std::size_t plan_threads(std::size_t batch, std::size_t m, std::size_t n, std::size_t k,
+                                std::size_t n_threads) {
+    // In double: the product of four sizes can overflow size_t, and is only compared.
+    const double work = double(batch) * double(m) * double(n) * double(k);
+    if (work < double(parallel_threshold)) return 1;
+    if (n_threads == 0) n_threads = num_threads();  // getenv: only for calls that can use it
+    const double by_work = std::min(work / double(min_work_per_thread), double(max_threads));
+    return std::max<std::size_t>(1, std::min(n_threads, std::size_t(by_work)));
+}
 
 // Splits t threads into a tm x tn grid over an m x n product, preferring square-ish blocks
 // (least packing traffic) that are at least one micro-tile each way.
@@ -318,12 +350,7 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
     const auto op_of = [&](std::size_t g) {
         return operands<T>{ta, tb, k, a + g * stride_a, lda, b + g * stride_b, ldb, c + g * stride_c, ldc, accumulate};
     };
-    // Saturating: the product only has to be compared with a threshold.
-    const double work = double(batch) * double(m) * double(n) * double(k);
-    const std::size_t by_work = work >= double(max_threads * parallel_threshold)
-                                    ? max_threads
-                                    : std::size_t(work / double(parallel_threshold));
-    const std::size_t threads = std::min(n_threads, std::max<std::size_t>(by_work, 1));
+    const std::size_t threads = plan_threads(batch, m, n, k, n_threads);
     if (threads <= 1) {
         for (std::size_t g = 0; g < batch; ++g) gemm_block<T, Config>(op_of(g), 0, m, 0, n);
         return;
@@ -354,7 +381,7 @@ void gemm(transpose ta, transpose tb, std::size_t m, std::size_t n, std::size_t 
           std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double");
     gemm_impl::gemm_batched<T, gemm_impl::default_config<T>>(1, ta, tb, m, n, k, a, lda, 0, b, ldb, 0, c, ldc, 0,
-                                                             accumulate, num_threads());
+                                                             accumulate, 0);
 }
 
 // `batch` independent products; stride_a / stride_b / stride_c are the element distances between
@@ -366,7 +393,7 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
                   std::size_t stride_b, T* c, std::size_t ldc, std::size_t stride_c, bool accumulate) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm_batched: float or double");
     gemm_impl::gemm_batched<T, gemm_impl::default_config<T>>(batch, ta, tb, m, n, k, a, lda, stride_a, b, ldb,
-                                                             stride_b, c, ldc, stride_c, accumulate, num_threads());
+                                                             stride_b, c, ldc, stride_c, accumulate, 0);
 }
 
 }  // namespace typegrad::detail

@@ -22,6 +22,7 @@ struct exec_state {
     std::array<std::size_t, TotalRank + 1> ext{};    // run-time extents, node by node
     std::array<std::ptrdiff_t, TotalRank + 1> stride{};  // element strides of materialised nodes
     std::array<std::ptrdiff_t, M> view_offset{};     // element offset of a view into its input
+    std::array<void*, M> mut{};                      // writable leaf buffers (post hooks)
 };
 
 // What a view or kernel op sees of a materialised operand.

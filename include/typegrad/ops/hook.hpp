@@ -1,0 +1,217 @@
+#pragma once
+// Backward hooks as graph nodes (Compiled Autograd's view of hooks, at compile time).
+//
+//   tg::hook(e, f)        f transforms the total gradient flowing into e, before it propagates
+//                         (on a leaf: before accumulation into grad_into). Elementwise hooks
+//                         (f(g) for scalars and SIMD batches, e.g. [](auto g) { return g + 10; })
+//                         are fused into the backward loops; tensor hooks (f(tg::grad_view<T>))
+//                         see and may rewrite the whole gradient. Hooks on one node run in the
+//                         order they were added.
+//   tg::post_accumulate_grad_hook(p, f)   f(param, grad) runs once p's gradient is complete.
+//   tg::retain_grad(e)    e's gradient can be requested with grad_into(e', buffer).
+//
+// A hook is part of the graph's type, so it is a stateless callable (a captureless lambda or a
+// default-constructible function object); state it needs lives outside (globals, bound inputs).
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+
+#include <typegrad/ops/arithmetic.hpp>
+
+namespace typegrad {
+
+// The whole gradient of one node, writable, row-major.
+template <class T>
+struct grad_view {
+    T* data;
+    std::span<const std::size_t> extents;
+    std::size_t size() const {
+        std::size_t n = 1;
+        for (std::size_t e : extents) n *= e;
+        return n;
+    }
+    T& operator[](std::size_t i) const { return data[i]; }
+    T* begin() const { return data; }
+    T* end() const { return data + size(); }
+};
+
+namespace detail {
+
+// An elementwise hook maps a value to a value; anything else must take the whole gradient (a
+// tensor hook names tg::grad_view<T> in its signature, so a generic elementwise lambda is never
+// instantiated with a view).
+template <class F, class T>
+constexpr bool elementwise_hook() {
+    if constexpr (std::is_invocable_v<const F&, T>) return !std::is_void_v<std::invoke_result_t<const F&, T>>;
+    else return false;
+}
+template <class F, class T>
+inline constexpr bool is_elementwise_hook_v = elementwise_hook<F, T>();
+template <class F, class T>
+constexpr bool tensor_hook() {
+    if constexpr (is_elementwise_hook_v<F, T>) return false;
+    else return std::is_invocable_v<const F&, grad_view<T>>;
+}
+template <class F, class T>
+inline constexpr bool is_tensor_hook_v = tensor_hook<F, T>();
+
+template <class F>
+struct hook_apply_op : nondifferentiable_elementwise_op {
+    static constexpr const char* name = "hook";
+    template <class V> static V apply(const V& g) { return V(F{}(g)); }
+};
+
+template <class F>
+struct tensor_hook_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "tensor_hook";
+    static constexpr bool differentiable = false;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class G>
+    struct rule {
+        using value_type = typename G::value_type;
+        using shape_type = typename G::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = in[0].ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        const std::size_t rank = in[0].rank;
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < rank; ++a) n *= ext[a];
+        const auto* g = static_cast<const T*>(in[0].data);
+        // the gradient is materialised densely by a loop, but may be a strided view
+        for (std::size_t e = 0; e < n; ++e) {
+            std::size_t r = e;
+            std::ptrdiff_t off = 0;
+            for (std::size_t a = rank; a-- > 0;) {
+                off += std::ptrdiff_t(r % ext[a]) * in[0].stride[a];
+                r /= ext[a];
+            }
+            out[e] = g[off];
+        }
+        F{}(grad_view<T>{out, std::span<const std::size_t>(ext, rank)});
+    }
+};
+
+template <class F, class T>
+constexpr void check_hook() {
+    static_assert(std::is_default_constructible_v<F>,
+                  "typegrad: hook(e, f): f is part of the graph's type and must be stateless (a "
+                  "captureless lambda or a default-constructible function object).");
+    static_assert(is_tensor_hook_v<F, T> || is_elementwise_hook_v<F, T>,
+                  "typegrad: hook(e, f): f must map a gradient value to a value (f(g), called on "
+                  "scalars and SIMD batches) or take the whole gradient as tg::grad_view<T>.");
+}
+
+template <class T, class F, expression G>
+constexpr auto apply_hook(G g) {
+    if constexpr (is_tensor_hook_v<F, T>) return make_node<tensor_hook_op<F>>(g);
+    else return make_node<hook_apply_op<F>>(g);
+}
+
+// Identity forward; the backward applies Fs... in order to the incoming gradient.
+template <class... Fs>
+struct hook_op : elementwise_op {
+    static constexpr const char* name = "hooked";
+    template <class V> static V apply(const V& x) { return x; }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X) {
+        using T = typename X::value_type;
+        return apply_hooks<T, Fs...>(g);
+    }
+    template <class T, class F0, class... Rest, expression G>
+    static constexpr auto apply_hooks(G g) {
+        if constexpr (sizeof...(Rest) == 0) return apply_hook<T, F0>(g);
+        else return apply_hooks<T, Rest...>(apply_hook<T, F0>(g));
+    }
+};
+
+template <class N>
+struct hooked {
+    static constexpr bool value = false;
+};
+template <class... Fs, class X>
+struct hooked<node<hook_op<Fs...>, X>> {
+    static constexpr bool value = true;
+    using inner = X;
+    template <class F>
+    using with = node<hook_op<Fs..., F>, X>;
+};
+
+// f(param, grad) after the gradient of the param is written.
+template <class F>
+struct post_accumulate_hook_op : elementwise_op {
+    static constexpr const char* name = "post_accumulate_grad_hook";
+    using hook_type = F;
+    template <class V> static V apply(const V& x) { return x; }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X) { return g; }
+};
+template <class N>
+inline constexpr bool is_post_hook_v = false;
+template <class F, class X>
+inline constexpr bool is_post_hook_v<node<post_accumulate_hook_op<F>, X>> = true;
+
+// Marks a node whose gradient grad_into may ask for.
+struct retain_grad_op : elementwise_op {
+    static constexpr const char* name = "retain_grad";
+    template <class V> static V apply(const V& x) { return x; }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X) { return g; }
+};
+template <class N>
+inline constexpr bool is_retained_v = false;
+template <class X>
+inline constexpr bool is_retained_v<node<retain_grad_op, X>> = true;
+
+}  // namespace detail
+
+template <expression E, class F>
+constexpr auto hook(E, F) {
+    using T = compute_t<typename E::value_type>;
+    detail::check_hook<F, T>();
+    using N = typename E::node_type;
+    if constexpr (detail::hooked<N>::value) return expr<typename detail::hooked<N>::template with<F>>{};
+    else return expr<node<detail::hook_op<F>, N>>{};
+}
+
+namespace detail {
+template <class N>
+struct underlying_leaf {
+    using type = N;
+};
+template <class... Fs, class X>
+struct underlying_leaf<node<hook_op<Fs...>, X>> {
+    using type = X;
+};
+}  // namespace detail
+
+// p is a param, or a param with pre-hooks (tg::hook(p, f)): those run first, as in PyTorch.
+template <expression P, class F>
+constexpr auto post_accumulate_grad_hook(P, F) {
+    using L = typename detail::underlying_leaf<typename P::node_type>::type;
+    using T = typename P::value_type;
+    static_assert(is_leaf_v<L> && L::role == leaf_role::param,
+                  "typegrad: post_accumulate_grad_hook(p, f) takes a tg::param.");
+    static_assert(std::is_default_constructible_v<F>,
+                  "typegrad: post_accumulate_grad_hook(p, f): f is part of the graph's type and must be "
+                  "stateless (a captureless lambda or a default-constructible function object).");
+    static_assert(std::is_invocable_v<const F&, grad_view<T>, grad_view<T>>,
+                  "typegrad: post_accumulate_grad_hook(p, f): f must take (tg::grad_view<T> param, "
+                  "tg::grad_view<T> grad).");
+    static_assert(std::is_void_v<std::invoke_result_t<const F&, grad_view<T>, grad_view<T>>>,
+                  "typegrad: post_accumulate_grad_hook(p, f): f must return void; it acts on the "
+                  "param and its gradient in place (PyTorch ignores a returned value, typegrad rejects it).");
+    return expr<node<detail::post_accumulate_hook_op<F>, typename P::node_type>>{};
+}
+
+template <expression E>
+constexpr auto retain_grad(E) {
+    return expr<node<detail::retain_grad_op, typename E::node_type>>{};
+}
+
+}  // namespace typegrad
