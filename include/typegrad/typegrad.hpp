@@ -9,6 +9,7 @@
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/compare.hpp>
+#include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/hook.hpp>
 #include <typegrad/ops/log_sum_exp.hpp>
@@ -22,3 +23,5 @@
 #include <typegrad/autodiff/step.hpp>
 #include <typegrad/autodiff/tape.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/inspect/describe.hpp>
+#include <typegrad/inspect/dot.hpp>

@@ -17,9 +17,11 @@
 #include <boost/hana/tuple.hpp>
 
 #include <typegrad/autodiff/reverse.hpp>
+#include <typegrad/ops/custom.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
 #include <typegrad/exec/execute.hpp>
+#include <typegrad/inspect/describe.hpp>
 
 namespace typegrad {
 
@@ -43,6 +45,12 @@ constexpr auto wrt(Es...) {
                   "typegrad: wrt(...) names the same leaf twice.");
     return wrt_t<typename Es::node_type...>{};
 }
+
+// Passed to backward(): the caller will differentiate the gradient again.
+struct create_graph_t {
+    bool enabled = true;
+};
+inline constexpr create_graph_t create_graph{};
 
 namespace backward_autocast {
 struct same_as_forward {};
@@ -178,7 +186,7 @@ public:
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
         using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
         using stores = decltype(grad_nodes<grads, false>() + loss_store());
-        using nodes = decltype(detail::union_all_t<typename Loss::topo>{} + all_topo<stores>());
+        using nodes = detail::union_all_t<typename Loss::topo, decltype(all_topo<stores>())>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
                                          value_type>;
         typename PP::state_type st{};
@@ -191,6 +199,7 @@ public:
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
         value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
         check_post_hooks<PP>(st, args...);
+        detail::check_custom_mutations<PP>(st);
         detail::note_plan_use<PP>();
         value_type loss_slot{};
         if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = &loss_slot;
@@ -217,6 +226,7 @@ public:
         ctx.storage_.assign(n + loss_n + 16, value_type{});
         value_type* loss_buf = ctx.storage_.data() + n;
         if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[PP::NS - 1] = loss_buf;
+        detail::check_custom_mutations<PP>(ctx.state_);
         detail::note_plan_use<PP>();
         detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
         detail::run_loops<PP, 0>(ctx.state_);
@@ -255,6 +265,8 @@ public:
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
         value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
         check_post_hooks<PP>(st, args...);
+        detail::check_custom_mutations<PP>(st);
+        check_create_graph<PP>(args...);
         detail::note_plan_use<PP>();
         detail::prepare_scratch<PP>(st, scratch, offset);
         detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
@@ -278,7 +290,7 @@ private:
         else return detail::type_list<>{};
     }
     static constexpr auto loss_required() {
-        if constexpr (Loss::kind == op_kind::reduce || Loss::kind == op_kind::meta)
+        if constexpr (Loss::kind != op_kind::elementwise && Loss::kind != op_kind::constant)
             return detail::type_list<Loss>{};
         else return detail::type_list<>{};
     }
@@ -298,7 +310,9 @@ private:
     }
     template <class N, class FwdPP>
     static constexpr bool is_saved() {
-        if constexpr (N::kind != op_kind::reduce) return false;
+        // reductions and kernels (matmul, custom ops): never recomputed, and a custom op's
+        // forward mutations must not run twice
+        if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
         else if constexpr (!detail::contains_v<N, typename FwdPP::program::nodes>) return false;
         else return FwdPP::plan.computed[FwdPP::program::template id_of<N>];
     }
@@ -319,6 +333,7 @@ private:
 
     template <class PP, class Grads, bool LeavesFromArgs = true, class... Args>
     static void check_calls(const Args&...) {
+        detail::log_graphs_once<step>();  // TYPEGRAD_LOG=graphs: describe() on the first call
         using nodes = typename PP::program::nodes;
         (check_arg<nodes, Args, Args...>(), ...);
         if constexpr (!LeavesFromArgs) {
@@ -335,7 +350,7 @@ private:
     template <class Nodes, class Arg, class... Args>
     static constexpr void check_arg() {
         static_assert(detail::is_leaf_binding_v<Arg> || detail::is_grad_binding_v<Arg> ||
-                          detail::is_seed_binding_v<Arg>,
+                          detail::is_seed_binding_v<Arg> || std::is_same_v<Arg, create_graph_t>,
                       "typegrad: arguments of value_and_grad/forward/backward are tg::bind(...), "
                       "tg::grad_into(...) and tg::seed(...).");
         if constexpr (detail::is_leaf_binding_v<Arg>) {
@@ -524,6 +539,39 @@ private:
         }(post_hooks{});
     }
 
+    // create_graph: fails exactly when a custom backward mutates an input that requires grad.
+    // The list of such (node, input) pairs is a compile-time constant; when it is empty this
+    // compiles to nothing.
+    template <class PP, class... Args>
+    static void check_create_graph(const Args&... args) {
+        constexpr auto hazards = detail::create_graph_hazards<PP>();
+        if constexpr (hazards.size() > 0) {
+            bool requested = false;
+            auto see = [&](const auto& a) {
+                if constexpr (std::is_same_v<std::remove_cvref_t<decltype(a)>, create_graph_t>) requested = requested || a.enabled;
+            };
+            (see(args), ...);
+            if (requested) {
+                std::string what = "typegrad: backward(..., tg::create_graph): a custom op's backward mutates input";
+                for (const auto& h : hazards)
+                    what += detail::message(" ", h.input, " (of node ", h.node, " '", PP::program::info[h.node].name, "')");
+                what += ", which requires grad; the backward cannot be differentiated";
+                throw mutation_error(what);
+            }
+        }
+    }
+
+public:
+    // The create_graph hazards of a backward call with these arguments (for static_asserts).
+    template <bool Seeded, class... GradLeaves>
+    static constexpr std::size_t create_graph_hazard_count() {
+        using stores = detail::type_list<grad_node<GradLeaves, Seeded>...>;
+        using nodes = decltype(all_topo<stores>());
+        using PP = detail::plan_provider<nodes, stores, detail::type_list<>, detail::type_list<>, value_type>;
+        return detail::create_graph_hazards<PP>().size();
+    }
+
+private:
     template <class PP>
     static value_type read_loss(const typename PP::state_type& st, value_type slot) {
         if constexpr (Loss::kind == op_kind::elementwise) return slot;
@@ -535,8 +583,20 @@ private:
         if constexpr (N::kind == op_kind::constant) {
             std::fill(dst, dst + n, static_cast<value_type>(N::value));
         } else {
-            const auto* src = static_cast<const value_type*>(st.ptr[PP::program::template id_of<N>]);
-            std::copy(src, src + n, dst);
+            // the output may be a strided view: walk it in row-major order
+            constexpr std::size_t id = PP::program::template id_of<N>;
+            constexpr std::size_t rank = N::shape_type::rank;
+            const auto* src = static_cast<const value_type*>(st.ptr[id]);
+            for (std::size_t e = 0; e < n; ++e) {
+                std::size_t r = e;
+                std::ptrdiff_t off = 0;
+                for (std::size_t a = rank; a-- > 0;) {
+                    const std::size_t ext = st.ext[PP::rank_offset[id] + a];
+                    off += std::ptrdiff_t(r % ext) * st.stride[PP::rank_offset[id] + a];
+                    r /= ext;
+                }
+                dst[e] = src[off];
+            }
         }
     }
 
@@ -606,7 +666,7 @@ public:
         using grad_stores = decltype(grad_nodes<wrt_list, false>());
         using joint_stores = decltype(grad_stores{} + loss_store());
         using joint = detail::plan_provider<
-            decltype(detail::union_all_t<typename Loss::topo>{} + all_topo<joint_stores>()),
+            detail::union_all_t<typename Loss::topo, decltype(all_topo<joint_stores>())>,
             joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
         using forward = detail::plan_provider<detail::union_all_t<typename Loss::topo>,
                                               decltype(loss_store()), decltype(loss_required()),

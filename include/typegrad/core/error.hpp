@@ -18,6 +18,10 @@ struct shape_error : error {
 struct aliasing_error : error {
     using error::error;
 };
+// A backward that mutates an input requiring grad was asked to build a differentiable graph.
+struct mutation_error : error {
+    using error::error;
+};
 // A binding is unusable for a reason other than its shape (e.g. a null pointer).
 struct binding_error : error {
     using error::error;

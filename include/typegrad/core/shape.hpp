@@ -28,6 +28,7 @@ using scalar_shape = shape<>;
 namespace detail {
 
 inline constexpr std::size_t max_rank = 8;
+inline constexpr std::size_t max_arity = 6;  // children of one node
 
 template <class S>
 inline constexpr bool is_shape_v = false;

@@ -12,7 +12,6 @@
 
 namespace typegrad::detail {
 
-inline constexpr std::size_t max_arity = 4;
 
 struct node_info {
     op_kind kind = op_kind::leaf;

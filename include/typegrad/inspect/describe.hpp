@@ -88,6 +88,7 @@ struct plan_ref {
     std::size_t loop_count = 0;
     const std::size_t* members = nullptr;
     const bool* computed = nullptr;
+    const std::size_t* stage = nullptr;
     const std::size_t* stores = nullptr;
     const std::size_t* ids = nullptr;
     std::size_t size = 0;
@@ -107,8 +108,9 @@ struct step_ref {
 
 template <class PP, class ToView>
 constexpr plan_ref plan_ref_of(const ToView& ids) {
-    return {PP::plan.loops.data(), PP::plan.loop_count, PP::plan.members.data(), PP::plan.computed.data(),
-            PP::stores.data(),     ids.data(),          PP::M};
+    return {PP::plan.loops.data(),    PP::plan.loop_count, PP::plan.members.data(),
+            PP::plan.computed.data(), PP::plan.stage.data(), PP::stores.data(),
+            ids.data(),               PP::M};
 }
 
 template <class... Ns>
@@ -163,9 +165,15 @@ struct loop_view {
     std::vector<std::size_t> inputs, body, reductions, materialized, stores;  // node ids
 };
 
+struct kernel_view {
+    std::size_t node = 0;
+    std::size_t stage = 0;  // runs before the loops of its stage
+};
+
 struct plan_view {
     std::vector<loop_view> loops;
-    std::vector<char> computed;  // per node: this plan writes its buffer
+    std::vector<kernel_view> kernels;  // matmul, custom ops, tensor hooks: their own routines
+    std::vector<char> computed;        // per node: this plan writes its buffer
 };
 
 struct node_view {
@@ -197,11 +205,16 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
     else return {0, 0};
 }
 
-[[gnu::cold]] inline plan_view make_plan_view(const plan_ref& p, std::size_t view_size) {
+// `info` is indexed by the view's ids.
+[[gnu::cold]] inline plan_view make_plan_view(const plan_ref& p, const node_info* info,
+                                              std::size_t view_size) {
     plan_view v;
     v.computed.assign(view_size, 0);
-    for (std::size_t n = 0; n < p.size; ++n)
-        if (p.computed[n]) v.computed[p.ids[n]] = 1;
+    for (std::size_t n = 0; n < p.size; ++n) {
+        if (!p.computed[n]) continue;
+        v.computed[p.ids[n]] = 1;
+        if (info[p.ids[n]].kind == op_kind::kernel) v.kernels.push_back({p.ids[n], p.stage[n]});
+    }
     auto ids = [&](std::size_t b, std::size_t e) {
         std::vector<std::size_t> r;
         for (std::size_t k = b; k < e; ++k) r.push_back(p.ids[p.members[k]]);
@@ -224,9 +237,10 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
     return v;
 }
 
-// Marks the forward values the gradient nodes read: a reduction the forward pass computed is
-// saved; leaves and constants are read as they are; everything else is evaluated again from
-// those (its own inputs are followed).
+// Marks the forward values the gradient nodes read. Reductions and kernels (matmul, custom
+// ops) that the forward pass computes are saved, as step::is_saved keeps them; leaves and
+// constants are read as they are; everything else (elementwise values, views, shape-derived
+// scalars) is evaluated again, so its own inputs are followed.
 [[gnu::cold]] inline void mark_backward_uses(step_view& v) {
     const std::size_t m = v.size();
     std::vector<char> reach(m, 0);
@@ -239,7 +253,8 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
         if (v.forward[n]) {
             if (ni.kind == op_kind::leaf) v.use[n] = backward_use::leaf;
             else if (ni.kind == op_kind::constant) v.use[n] = backward_use::constant;
-            else if (ni.kind == op_kind::reduce && v.fwd.computed[n]) v.use[n] = backward_use::saved;
+            else if ((ni.kind == op_kind::reduce || ni.kind == op_kind::kernel) && v.fwd.computed[n])
+                v.use[n] = backward_use::saved;
             else v.use[n] = backward_use::recomputed;
             if (v.use[n] != backward_use::recomputed) continue;
         }
@@ -262,8 +277,8 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
     }
     v.forward.assign(m, 0);
     for (std::size_t i = 0; i < r.fwd.size; ++i) v.forward[r.fwd.ids[i]] = 1;
-    v.joint = make_plan_view(r.joint, m);
-    v.fwd = make_plan_view(r.fwd, m);
+    v.joint = make_plan_view(r.joint, r.info, m);
+    v.fwd = make_plan_view(r.fwd, r.info, m);
     v.loss = r.loss;
     v.wrt_names.assign(r.wrt_names, r.wrt_names + r.wrt_count);
     v.wrt_ids.assign(r.wrt_ids, r.wrt_ids + r.wrt_count);
@@ -399,31 +414,53 @@ inline std::string_view use_text(backward_use u) {
     return cat(std::to_string(n), " ", n == 1 ? one : many);
 }
 
+[[gnu::cold]] inline void append_id_list(std::string& out, const step_view& v,
+                                         const std::vector<std::size_t>& ids, bool labelled) {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i) out += ", ";
+        const bool is_constant = v.info[ids[i]].kind == op_kind::constant;
+        out += cat(id_text(ids[i]), is_constant ? " constant " : " ", op_text(v, ids[i]));
+        const std::string labels = labelled ? output_labels(v, ids[i]) : std::string();
+        if (!labels.empty()) out += cat(" (", labels, ")");
+    }
+}
+
+// In execution order: per stage, its kernels, then its loops (see exec/execute.hpp).
 [[gnu::cold]] inline void append_plan(std::string& out, const step_view& v, const plan_view& p,
                                       std::string_view title) {
-    out += cat("kernel plan: ", title, " (", count_text(p.loops.size(), "loop", "loops"), ")\n");
+    out += cat("kernel plan: ", title, " (", count_text(p.loops.size(), "loop", "loops"));
+    if (!p.kernels.empty()) out += cat(", ", count_text(p.kernels.size(), "kernel", "kernels"));
+    out += ")\n";
     auto list = [&](std::string_view what, const std::vector<std::size_t>& ids, bool labelled) {
         if (ids.empty()) return;
         out += cat("    ", what, ":");
-        out.append(what.size() < 12 ? 12 - what.size() : 1, ' ');
-        for (std::size_t i = 0; i < ids.size(); ++i) {
-            if (i) out += ", ";
-            const bool is_constant = v.info[ids[i]].kind == op_kind::constant;
-            out += cat(id_text(ids[i]), is_constant ? " constant " : " ", op_text(v, ids[i]));
-            const std::string labels = labelled ? output_labels(v, ids[i]) : std::string();
-            if (!labels.empty()) out += cat(" (", labels, ")");
-        }
+        out.append(what.size() < 13 ? 13 - what.size() : 1, ' ');
+        append_id_list(out, v, ids, labelled);
         out += '\n';
     };
-    for (std::size_t l = 0; l < p.loops.size(); ++l) {
-        const loop_view& lp = p.loops[l];
-        out += cat("  loop ", std::to_string(l), ": stage ", std::to_string(lp.stage), ", over ",
-                   shape_text(v.info[lp.iter]), " (shape of ", id_text(lp.iter), ")\n");
-        list("reads", lp.inputs, false);
-        list("fused", lp.body, false);
-        list("reduces", lp.reductions, true);
-        list("materializes", lp.materialized, true);
-        list("stores", lp.stores, true);
+    std::size_t last_stage = 0;
+    for (const loop_view& lp : p.loops) last_stage = std::max(last_stage, lp.stage);
+    for (const kernel_view& k : p.kernels) last_stage = std::max(last_stage, k.stage);
+    for (std::size_t st = 0; st <= last_stage; ++st) {
+        for (const kernel_view& k : p.kernels) {
+            if (k.stage != st) continue;
+            out += cat("  kernel ", id_text(k.node), " = ", definition_text(v, k.node), ": stage ",
+                       std::to_string(st), ", ", type_text(v, k.node));
+            const std::string labels = output_labels(v, k.node);
+            if (!labels.empty()) out += cat(" (", labels, ")");
+            out += '\n';
+        }
+        for (std::size_t l = 0; l < p.loops.size(); ++l) {
+            const loop_view& lp = p.loops[l];
+            if (lp.stage != st) continue;
+            out += cat("  loop ", std::to_string(l), ": stage ", std::to_string(lp.stage), ", over ",
+                       shape_text(v.info[lp.iter]), " (shape of ", id_text(lp.iter), ")\n");
+            list("reads", lp.inputs, false);
+            list("fused", lp.body, false);
+            list("reduces", lp.reductions, true);
+            list("materializes", lp.materialized, true);
+            list("stores", lp.stores, true);
+        }
     }
 }
 
@@ -494,6 +531,7 @@ concept inspectable_step = requires {
     typename S::wrt_list;
 };
 
+// The step as text: forward graph, backward graph, kernel plans (docs/inspection.md).
 template <inspectable_step Step>
 std::string describe(const Step&) {
     return detail::describe_view(detail::make_step_view<Step>());

@@ -3,9 +3,9 @@
 //   cluster_forward   the loss's graph          cluster_backward  the nodes the gradients add
 //   cluster_plan      one box per fused loop of value_and_grad, in that loop's colour
 // A node's fill is the colour of the loop(s) that compute it (stripes when several loops
-// recompute it; white: leaves and constants; grey: computed outside the loops). Forward values
-// the backward recomputes have a dashed border, saved reductions a thick red one, gradients
-// and the loss a double border. Ops add attributes through detail::describe_node_extra.
+// recompute it; white: leaves and constants; grey: outside the loops, a 3-D box for kernels).
+// Forward values the backward recomputes have a dashed border, saved ones a thick red one,
+// gradients and the loss a double border. Ops add attributes through detail::describe_node_extra.
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -66,6 +66,8 @@ inline std::string_view loop_colour(std::size_t l) {
         if (ni.kind == op_kind::leaf && v.facts[n].role == leaf_role::param) attrs += ", penwidth=1.6";
         style = "filled";
     } else if (loops_of[n].empty()) {
+        // Kernels (matmul, custom ops), views and shape-derived scalars.
+        if (ni.kind == op_kind::kernel) attrs += ", shape=box3d";
         attrs += ", fillcolor=\"#e0e0e0\"";
         style = "filled";
     } else {
@@ -128,16 +130,19 @@ inline std::string_view loop_colour(std::size_t l) {
     cluster("cluster_backward", "backward", "#e6550d", false);
 
     out += "  subgraph cluster_plan {\n";
-    const std::string plan_title =
+    std::string plan_title =
         cat("value_and_grad: ", count_text(v.joint.loops.size(), "fused loop", "fused loops"));
+    if (!v.joint.kernels.empty())
+        plan_title += cat(", ", count_text(v.joint.kernels.size(), "kernel", "kernels"));
     out += cat("    label=", dot_quote(plan_title),
                "; labeljust=l; style=rounded; color=\"#555555\"; fontcolor=\"#555555\";\n");
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
         out += cat("    loop", std::to_string(l), " [shape=note, style=filled, fillcolor=\"", loop_colour(l),
                    "\", label=", dot_quote(loop_summary(v, v.joint.loops[l], l)), "];\n");
     out += cat("    key [shape=plaintext, fontsize=9, label=",
-               dot_quote("fill: the loop(s) computing a node\ndashed: recomputed by the backward\n"
-                         "red: saved reduction\ndouble border: gradient or loss"),
+               dot_quote("fill: the loop(s) computing a node\ngrey: outside the loops (3-D: kernel)\n"
+                         "dashed: recomputed by the backward\nred: saved for the backward\n"
+                         "double border: gradient or loss"),
                "];\n");
     // Stack the loop boxes in execution order under the key.
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
@@ -161,6 +166,7 @@ inline std::string_view loop_colour(std::size_t l) {
 
 }  // namespace detail
 
+// The step as Graphviz source (render with `dot -Tpng`; docs/inspection.md).
 template <inspectable_step Step>
 std::string to_dot(const Step&) {
     return detail::to_dot_view(detail::make_step_view<Step>());

@@ -8,6 +8,12 @@
 
 #include <typegrad/typegrad.hpp>
 
+// g++ pairs the malloc inside this operator new with std::free below and warns (a false
+// positive: both replace the global pair together).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
 namespace {
 std::atomic<bool> counting{false};
 std::atomic<long> allocations{0};

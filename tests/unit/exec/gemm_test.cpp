@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <random>
@@ -61,8 +62,12 @@ void check_gemm(const case_spec& s, std::uint64_t seed) {
     if (!s.accumulate)  // an overwrite must never read C
         for (size_t i = 0; i < s.m; ++i)
             for (size_t j = 0; j < s.n; ++j) c.data[i * c.ld + j] = std::numeric_limits<T>::quiet_NaN();
-    const auto op_a = [&](size_t i, size_t p) { return s.ta == transpose::no ? a.data[i * a.ld + p] : a.data[p * a.ld + i]; };
-    const auto op_b = [&](size_t p, size_t j) { return s.tb == transpose::no ? b.data[p * b.ld + j] : b.data[j * b.ld + p]; };
+    const auto op_a = [&](size_t i, size_t p) {
+        return s.ta == transpose::no ? a.data[i * a.ld + p] : a.data[p * a.ld + i];
+    };
+    const auto op_b = [&](size_t p, size_t j) {
+        return s.tb == transpose::no ? b.data[p * b.ld + j] : b.data[j * b.ld + p];
+    };
 
     typegrad::detail::gemm<T>(s.ta, s.tb, s.m, s.n, s.k, a.data.data(), a.ld, b.data.data(), b.ld, c.data.data(), c.ld,
                               s.accumulate);
@@ -113,12 +118,11 @@ void block_sizes() {
     std::uint64_t seed = 1000;
     for (transpose ta : both) {
         for (transpose tb : both) {
-            for (bool acc : {false, true}) {
-                check_gemm<T>({ta, tb, 100, 37, 513, acc}, seed++);
-                // crosses KC (two rank-KC updates, the second accumulating) and MC blocks
-                check_gemm<T>({ta, tb, MC + MR + 1, 2 * NR + 3, KC + 1, acc}, seed++);
-                check_gemm<T>({ta, tb, 3, NR * 3, 2 * KC + 5, acc}, seed++);
-            }
+            const bool acc = ta != tb;
+            check_gemm<T>({ta, tb, 100, 37, 513, acc}, seed++);
+            // crosses KC (two rank-KC updates, the second accumulating) and MC blocks
+            check_gemm<T>({ta, tb, MC + MR + 1, 2 * NR + 3, KC + 1, !acc}, seed++);
+            check_gemm<T>({ta, tb, 3, NR * 3, 2 * KC + 5, acc}, seed++);
         }
     }
     // random shapes, random paddings
@@ -172,28 +176,32 @@ void threads_match_serial() {
     struct shape {
         size_t batch, m, n, k;
     };
-    // above the parallel threshold; odd sizes so that the blocks end mid micro-tile
-    for (const shape sh : {shape{1, 301, 263, 130}, shape{1, 1000, 19, 129}, shape{1, 9, 700, 400},
-                           shape{3, 150, 141, 77}, shape{12, 40, 37, 300}}) {
-        for (transpose ta : both) {
-            for (transpose tb : both) {
-                INFO("batch=" << sh.batch << " m=" << sh.m << " n=" << sh.n << " k=" << sh.k << " ta=" << int(ta)
-                              << " tb=" << int(tb));
-                const size_t sa = ((ta == transpose::no ? sh.k : sh.m) + 1) * (ta == transpose::no ? sh.m : sh.k);
-                setenv("TYPEGRAD_NUM_THREADS", "1", 1);
-                const auto serial = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
-                for (const char* threads : {"2", "3", "8"}) {
-                    setenv("TYPEGRAD_NUM_THREADS", threads, 1);
-                    const auto par = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
-                    REQUIRE(par.size() == serial.size());
-                    CHECK(std::memcmp(par.data(), serial.data(), par.size() * sizeof(T)) == 0);
-                }
-                // the internal override wins over the environment
-                typegrad::detail::set_num_threads(5);
-                const auto over = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
-                typegrad::detail::set_num_threads(0);
-                CHECK(std::memcmp(over.data(), serial.data(), over.size() * sizeof(T)) == 0);
+    // Above the parallel threshold (2 or 3 threads by work), odd sizes so that the blocks end mid
+    // micro-tile; the first shape in every transpose combination, the others in one each.
+    const shape shapes[] = {{1, 301, 67, 333}, {1, 1000, 19, 257}, {1, 9, 700, 700}, {3, 70, 71, 290},
+                            {12, 40, 37, 300}};
+    for (size_t si = 0; si < std::size(shapes); ++si) {
+        const shape sh = shapes[si];
+        for (size_t combo = 0; combo < 4; ++combo) {
+            if (si > 0 && combo != si % 4) continue;
+            const transpose ta = both[combo / 2], tb = both[combo % 2];
+            INFO("batch=" << sh.batch << " m=" << sh.m << " n=" << sh.n << " k=" << sh.k << " ta=" << int(ta)
+                          << " tb=" << int(tb));
+            REQUIRE(typegrad::detail::gemm_impl::plan_threads(sh.batch, sh.m, sh.n, sh.k, 8) > 1);
+            const size_t sa = ((ta == transpose::no ? sh.k : sh.m) + 1) * (ta == transpose::no ? sh.m : sh.k);
+            setenv("TYPEGRAD_NUM_THREADS", "1", 1);
+            const auto serial = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
+            for (const char* threads : {"3", "8"}) {
+                setenv("TYPEGRAD_NUM_THREADS", threads, 1);
+                const auto par = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
+                REQUIRE(par.size() == serial.size());
+                CHECK(std::memcmp(par.data(), serial.data(), par.size() * sizeof(T)) == 0);
             }
+            // the internal override wins over the environment
+            typegrad::detail::set_num_threads(2);
+            const auto over = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, 0, true);
+            typegrad::detail::set_num_threads(0);
+            CHECK(std::memcmp(over.data(), serial.data(), over.size() * sizeof(T)) == 0);
         }
     }
     CHECK(typegrad::detail::default_thread_pool().size() >= 1);  // the pool did take part

@@ -2,7 +2,6 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -91,6 +90,21 @@ struct tagged_op : tg::detail::elementwise_op {
     static constexpr auto vjp(G g, Out, A) { return g; }
     static std::string describe_extra() { return "hook: probe"; }
     static std::string dot_attributes() { return "color=\"#7b1fa2\""; }
+};
+
+// A kernel-kind op (its own routine, like matmul). Only planned here, never run.
+struct twice_op {
+    static constexpr tg::op_kind kind = tg::op_kind::kernel;
+    static constexpr const char* name = "twice";
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class X>
+    struct rule {
+        using value_type = typename X::value_type;
+        using shape_type = typename X::shape_type;
+    };
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X) { return g * tg::lit<2>; }
 };
 
 }  // namespace
@@ -200,6 +214,22 @@ TEST_CASE("describe: op extras (the hook extension point)", "[inspect]") {
     const std::string dot = tg::to_dot(step);
     CHECK(contains(dot, "tagged\\nf32 [8]\\nhook: probe"));
     CHECK(contains(dot, "color=\"#7b1fa2\""));
+}
+
+TEST_CASE("describe: kernels are scheduled per stage and saved for the backward", "[inspect]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    const auto step = tg::compile(tg::sum(tg::tanh(tg::detail::make_node<twice_op>(x))), tg::wrt(x));
+    const std::string text = tg::describe(step);
+    INFO(text);
+    CHECK(contains(line_with(section(text, "backward graph ("), "= twice(%0)"), "[saved]"));
+    const auto joint = section(text, "kernel plan: value_and_grad");
+    CHECK(contains(text, "kernel plan: forward (1 loop, 1 kernel)"));
+    CHECK(contains(line_with(joint, "kernel %1 = twice(%0)"), "stage 0, f32 [?]"));
+    CHECK(contains(line_with(joint, "loop 0:"), "stage 0"));
+    CHECK(joint[0].rfind("  kernel %1", 0) == 0);  // a stage's kernels run before its loops
+    const std::string dot = tg::to_dot(step);
+    CHECK(contains(dot, "shape=box3d"));
+    if (have_dot()) CHECK(dot_accepts(dot));
 }
 
 TEST_CASE("to_dot: clusters, edges, highlights; Graphviz accepts it", "[inspect][dot]") {

@@ -6,8 +6,8 @@
 //       pack op(B)[pc.., jc..] -> kc x nc  NR-wide column micro-panels (L2/L3 resident)
 //       for ic in m step MC
 //         pack op(A)[ic.., pc..] -> mc x kc  MR-tall row micro-panels (L2 resident)
-//         for jr in nc step NR             one B micro-panel (kc x NR) stays in L1 ...
-//           for ir in mc step MR           ... while the A micro-panels stream from L2
+//         for jr in nc step NR             one B micro-panel (kc x NR), reused by ...
+//           for ir in mc step MR           ... every A micro-panel of the block
 //             micro-kernel: C[MR x NR] (+)= Apanel * Bpanel
 //
 // Transposes are handled by the packing routines alone. Packing zero-pads the last panels, so
@@ -72,13 +72,14 @@ template <std::size_t N, class F>
 }
 
 // x * y + z, fused where the target has FMA. xsimd 8.1 has no AVX-512 fma kernel: its generic
-// one is x * y + z over two batch operators, which GCC contracts (-ffp-contract=fast) but clang
-// (-ffp-contract=on) does not, doubling the kernel's arithmetic. One expression on the native
-// vector type (a GCC/clang vector extension) is contracted by both.
+// fallback is x * y + z over two batch operators, which GCC contracts (-ffp-contract=fast) but
+// clang (-ffp-contract=on) does not, doubling the kernel's arithmetic (-30% measured). For
+// 512-bit registers, one expression on the native vector type (a GCC/clang vector extension)
+// is contracted by both; elsewhere xsimd::fma is a real FMA instruction (or mul + add).
 template <class V>
 [[gnu::always_inline]] inline V fmadd(const V& x, const V& y, const V& z) {
     using R = typename V::register_type;
-    if constexpr (requires(R r) { r * r + r; })
+    if constexpr (sizeof(R) == 64 && requires(R r) { r * r + r; })
         return V(R(x) * R(y) + R(z));
     else
         return xsimd::fma(x, y, z);
@@ -178,7 +179,8 @@ inline void pack_copy(std::size_t kc, std::size_t len, const T* src, std::size_t
         const std::size_t s1 = std::min(full, s0 + group);
         const T* row = src + s0 * R;
         for (std::size_t p = 0; p < kc; ++p, row += ld)
-            for (std::size_t s = s0; s < s1; ++s) std::memcpy(out + s * R * kc + p * R, row + (s - s0) * R, R * sizeof(T));
+            for (std::size_t s = s0; s < s1; ++s)
+                std::memcpy(out + s * R * kc + p * R, row + (s - s0) * R, R * sizeof(T));
     }
     if (const std::size_t r = len - full * R; r != 0) {
         const T* row = src + full * R;
@@ -244,9 +246,11 @@ struct operands {
 };
 
 // The serial blocked algorithm on the C block [i_begin, i_end) x [j_begin, j_end).
+// size_m x size_n is the largest block of the call: buffers are sized for it even when this
+// block is a smaller edge block, so that whichever task a thread gets first, it grows once.
 template <class T, class Config>
 void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
-                std::size_t j_end) {
+                std::size_t j_end, std::size_t size_m, std::size_t size_n) {
     constexpr std::size_t MR = Config::MR, NR = Config::NR, NV = Config::NV;
     constexpr std::size_t KC = Config::KC, MC = Config::MC, NC = Config::NC;
     static_assert(NR == NV * simd::width<T> && MC % MR == 0 && NC % NR == 0);
@@ -255,8 +259,8 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
 
     thread_buffers<T>& bufs = buffers<T>();
     const std::size_t kc_max = std::min(KC, k);
-    T* const bp = bufs.b.get(kc_max * ((std::min(NC, n) + NR - 1) / NR * NR));
-    T* const ap = bufs.a.get(kc_max * ((std::min(MC, m) + MR - 1) / MR * MR));
+    T* const bp = bufs.b.get(kc_max * ((std::min(NC, std::max(n, size_n)) + NR - 1) / NR * NR));
+    T* const ap = bufs.a.get(kc_max * ((std::min(MC, std::max(m, size_m)) + MR - 1) / MR * MR));
     alignas(64) T edge[MR * NR];
 
     for (std::size_t jc = j_begin; jc < j_end; jc += NC) {
@@ -296,10 +300,11 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
 }
 
 // A call of fewer multiply-adds than parallel_threshold stays on the calling thread, and each
-// thread gets at least min_work_per_thread of them: waking the pool costs microseconds, while
-// 2^20 multiply-adds take some 20 us on one core.
-inline constexpr std::size_t parallel_threshold = std::size_t(1) << 21;
-inline constexpr std::size_t min_work_per_thread = std::size_t(1) << 20;
+// thread gets at least min_work_per_thread of them (2^21 take some 20 us on one core). Waking
+// the pool and packing per thread cost microseconds: at 2^21 multiply-adds on 2 threads
+// (128^3) the process spent 36-39% more CPU time than serially, at 2^24 (256^3) 6-8%.
+inline constexpr std::size_t parallel_threshold = std::size_t(1) << 22;
+inline constexpr std::size_t min_work_per_thread = std::size_t(1) << 21;
 
 // How many threads a call runs on: n_threads (0: num_threads()), fewer for small products.
 inline std::size_t plan_threads(std::size_t batch, std::size_t m, std::size_t n, std::size_t k,
@@ -348,24 +353,25 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
         return;
     }
     const auto op_of = [&](std::size_t g) {
-        return operands<T>{ta, tb, k, a + g * stride_a, lda, b + g * stride_b, ldb, c + g * stride_c, ldc, accumulate};
+        return operands<T>{ta, tb, k, a + g * stride_a, lda, b + g * stride_b, ldb, c + g * stride_c, ldc,
+                           accumulate};
     };
     const std::size_t threads = plan_threads(batch, m, n, k, n_threads);
     if (threads <= 1) {
-        for (std::size_t g = 0; g < batch; ++g) gemm_block<T, Config>(op_of(g), 0, m, 0, n);
+        for (std::size_t g = 0; g < batch; ++g) gemm_block<T, Config>(op_of(g), 0, m, 0, n, m, n);
         return;
     }
     // Tasks: every product of the batch cut into the same tm x tn grid of C blocks, enough
     // blocks in all for every thread. Block edges fall on micro-tile boundaries.
     const std::size_t per_product = (threads + batch - 1) / batch;
     const std::pair<std::size_t, std::size_t> grid = thread_grid(per_product, m, n, Config::MR, Config::NR);
-    const std::size_t tm = grid.first, tn = grid.second;  // not a structured binding: clang 14 cannot capture one
+    const std::size_t tm = grid.first, tn = grid.second;  // clang 14 cannot capture structured bindings
     const std::size_t bm = ((m + tm - 1) / tm + Config::MR - 1) / Config::MR * Config::MR;
     const std::size_t bn = ((n + tn - 1) / tn + Config::NR - 1) / Config::NR * Config::NR;
     default_thread_pool().parallel_for(batch * tm * tn, threads, [&](std::size_t task) {
         const std::size_t g = task / (tm * tn), r = task % (tm * tn);
         const std::size_t i0 = std::min(m, (r / tn) * bm), j0 = std::min(n, (r % tn) * bn);
-        gemm_block<T, Config>(op_of(g), i0, std::min(m, i0 + bm), j0, std::min(n, j0 + bn));
+        gemm_block<T, Config>(op_of(g), i0, std::min(m, i0 + bm), j0, std::min(n, j0 + bn), bm, bn);
     });
 }
 

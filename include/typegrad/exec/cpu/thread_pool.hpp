@@ -137,7 +137,8 @@ private:
             try {
                 // The generation is read here, under the lock: a worker that read it on start-up
                 // could already see the job it was started for and then wait past it.
-                workers_.emplace_back([this, id = workers_.size(), gen = generation_] { worker_loop(id, gen); });
+                const std::size_t id = workers_.size();
+                workers_.emplace_back([this, id, gen = generation_] { worker_loop(id, gen); });
             } catch (const std::system_error&) {
                 return;
             } catch (const std::bad_alloc&) {

@@ -1,0 +1,470 @@
+#pragma once
+// Custom ops (the C++ form of torch.autograd.Function) and mutations in the backward.
+//
+//   struct my_op {
+//       static constexpr auto backward_mutates = tg::mutates(tg::data<1>);   // optional
+//       static constexpr auto forward_mutates = tg::mutates(tg::data<0>);    // optional
+//       template <class Ctx> static void forward(Ctx& ctx);   // ctx.output(), ctx.inputs()
+//       template <class Ctx> static void backward(Ctx& ctx);  // ctx.grad_output(), ctx.grad_inputs(),
+//   };                                                        // ctx.inputs(), ctx.output()
+//   (ctx.inputs() and ctx.grad_inputs() are tuples of views: auto [x, y] = ctx.inputs();)
+//   auto y = tg::custom<my_op>(a, b);
+//
+// The output has input 0's shape and dtype unless the op declares `template <class... Xs>
+// struct result { using value_type = ...; using shape_type = ...; }` with a static shape.
+// Inputs an op does not declare as mutated reach it through read-only views, so an undeclared
+// mutation does not compile; views have no way to change metadata (resize_, transpose_,
+// as_strided_, set_ are static_asserts), and declaring tg::metadata<I> is rejected too. An op
+// may give `template <std::size_t I, class G, class Out, class... Xs> static constexpr auto
+// vjp(G, Out, Xs...)` as expressions instead of backward(): then it is differentiable again.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <span>
+#include <tuple>
+#include <vector>
+#include <type_traits>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+
+namespace typegrad {
+
+template <std::size_t I>
+struct data_t {};
+template <std::size_t I>
+inline constexpr data_t<I> data{};
+template <std::size_t I>
+struct metadata_t {};
+template <std::size_t I>
+inline constexpr metadata_t<I> metadata{};
+struct grad_output_data_t {};
+inline constexpr grad_output_data_t grad_output_data{};
+
+template <class... Ds>
+struct mutation_list {
+    template <std::size_t I>
+    static constexpr bool data_of = (std::is_same_v<Ds, data_t<I>> || ...);
+    static constexpr bool grad_output = (std::is_same_v<Ds, grad_output_data_t> || ...);
+};
+template <class... Ds>
+constexpr mutation_list<Ds...> mutates(Ds...) {
+    return {};
+}
+
+// A view of one tensor inside a custom op. Mutable only where the op declared the mutation.
+template <class T, bool Mutable>
+class tensor_view {
+public:
+    using value_type = T;
+    using reference = std::conditional_t<Mutable, T&, const T&>;
+    using pointer = std::conditional_t<Mutable, T*, const T*>;
+    tensor_view(pointer data, std::span<const std::size_t> extents) : data_(data), extents_(extents) {}
+    std::size_t size() const {
+        std::size_t n = 1;
+        for (std::size_t e : extents_) n *= e;
+        return n;
+    }
+    std::span<const std::size_t> extents() const { return extents_; }
+    reference operator[](std::size_t i) const { return data_[i]; }
+    pointer data() const { return data_; }
+    pointer begin() const { return data_; }
+    pointer end() const { return data_ + size(); }
+    // Metadata changes are not data mutations: AOTAutograd rejects them, typegrad at compile time.
+    template <class... A>
+    void resize_(A&&...) const {
+        static_assert(detail::always_false<A...>, "typegrad: a custom op may not resize_ a tensor (a metadata mutation); only data mutations are allowed.");
+    }
+    template <class... A>
+    void transpose_(A&&...) const {
+        static_assert(detail::always_false<A...>, "typegrad: a custom op may not transpose_ a tensor in place (a metadata mutation); only data mutations are allowed.");
+    }
+    template <class... A>
+    void as_strided_(A&&...) const {
+        static_assert(detail::always_false<A...>, "typegrad: a custom op may not as_strided_ a tensor (a metadata mutation); only data mutations are allowed.");
+    }
+    template <class... A>
+    void set_(A&&...) const {
+        static_assert(detail::always_false<A...>, "typegrad: a custom op may not set_ a tensor's storage (a metadata mutation); only data mutations are allowed.");
+    }
+
+private:
+    pointer data_;
+    std::span<const std::size_t> extents_;
+};
+
+namespace detail {
+
+template <class Op>
+constexpr auto backward_mutations() {
+    if constexpr (requires { Op::backward_mutates; }) return std::remove_cvref_t<decltype(Op::backward_mutates)>{};
+    else return mutation_list<>{};
+}
+template <class Op>
+constexpr auto forward_mutations() {
+    if constexpr (requires { Op::forward_mutates; }) return std::remove_cvref_t<decltype(Op::forward_mutates)>{};
+    else return mutation_list<>{};
+}
+template <class Op>
+using backward_mutations_t = decltype(backward_mutations<Op>());
+template <class Op>
+using forward_mutations_t = decltype(forward_mutations<Op>());
+
+template <class L>
+struct has_metadata : std::false_type {};
+template <class... Ds>
+struct has_metadata<mutation_list<Ds...>> {
+    template <class D> struct is_meta : std::false_type {};
+    template <std::size_t I> struct is_meta<metadata_t<I>> : std::true_type {};
+    static constexpr bool value = (is_meta<Ds>::value || ...);
+};
+
+template <class Op, class... Xs>
+struct custom_result {
+    using type = type_at_t<0, type_list<Xs...>>;  // like input 0
+    using value_type = typename type::value_type;
+    using shape_type = typename type::shape_type;
+};
+template <class Op, class... Xs>
+    requires requires { typename Op::template result<Xs...>::shape_type; }
+struct custom_result<Op, Xs...> {
+    using value_type = typename Op::template result<Xs...>::value_type;
+    using shape_type = typename Op::template result<Xs...>::shape_type;
+    static_assert(shape_type::is_static, "typegrad: a custom op's declared result shape must be static "
+                                         "(or leave it out to take input 0's shape).");
+};
+
+template <class Op, class Ref, class T, std::size_t N, bool Backward>
+struct custom_context {
+    const Ref* in;  // forward: the inputs; backward: grad_output, output, inputs
+    T* out;
+    const std::size_t* out_ext;
+    std::size_t out_rank;
+    T* grad_out_copy;
+
+    static constexpr std::size_t first_input = Backward ? 2 : 0;
+    using mutations = std::conditional_t<Backward, backward_mutations_t<Op>, forward_mutations_t<Op>>;
+
+    template <std::size_t I>
+    auto input() const {
+        static_assert(I < N, "typegrad: ctx.input<I>() of a custom op: I is past the op's inputs.");
+        using V = T;  // one dtype per graph (labels never reach a custom op)
+        const Ref& r = in[first_input + I];
+        std::span<const std::size_t> ext(r.ext, r.rank);
+        if constexpr (mutations::template data_of<I>) return tensor_view<V, true>(const_cast<V*>(static_cast<const V*>(r.data)), ext);
+        else return tensor_view<V, false>(static_cast<const V*>(r.data), ext);
+    }
+    // All inputs as a tuple of views: `auto [x, y] = ctx.inputs();`
+    auto inputs() const {
+        return [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            return std::make_tuple(input<Is>()...);
+        }(std::make_index_sequence<N>{});
+    }
+    // All input gradients (backward): `auto [gx, gy] = ctx.grad_inputs();`
+    auto grad_inputs() const requires Backward {
+        return [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            return std::make_tuple(grad_input<Is>()...);
+        }(std::make_index_sequence<N>{});
+    }
+    auto output() const {
+        if constexpr (Backward) {
+            const Ref& r = in[1];
+            return tensor_view<T, false>(static_cast<const T*>(r.data), std::span<const std::size_t>(r.ext, r.rank));
+        } else {
+            return tensor_view<T, true>(out, std::span<const std::size_t>(out_ext, out_rank));
+        }
+    }
+    auto grad_output() const requires Backward {
+        const Ref& r = in[0];
+        std::span<const std::size_t> ext(r.ext, r.rank);
+        if constexpr (mutations::grad_output) return tensor_view<T, true>(grad_out_copy, ext);
+        else return tensor_view<T, false>(static_cast<const T*>(r.data), ext);
+    }
+    // Gradient of input I, zero-initialised; written by backward.
+    template <std::size_t I>
+    auto grad_input() const requires Backward {
+        std::size_t offset = 0;
+        for (std::size_t j = 0; j < I; ++j) offset += numel(in[first_input + j]);
+        const Ref& r = in[first_input + I];
+        return tensor_view<T, true>(out + offset, std::span<const std::size_t>(r.ext, r.rank));
+    }
+    static std::size_t numel(const Ref& r) {
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
+        return n;
+    }
+};
+
+template <class Ref>
+bool dense(const Ref& r) {
+    std::ptrdiff_t s = 1;
+    for (std::size_t a = r.rank; a-- > 0;) {
+        if (r.ext[a] != 1 && r.stride[a] != s) return false;
+        s *= std::ptrdiff_t(r.ext[a]);
+    }
+    return true;
+}
+
+template <class Op, std::size_t I>
+struct custom_grad_part_op;
+template <class Op>
+struct custom_backward_op;
+
+template <class Op>
+struct custom_forward_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "custom";
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    using op = Op;
+    template <class... Xs>
+    struct rule {
+        using value_type = typename custom_result<Op, Xs...>::value_type;
+        using shape_type = typename custom_result<Op, Xs...>::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        using S = typename N::shape_type;
+        if constexpr (S::is_static) {
+            for (std::size_t a = 0; a < S::rank; ++a) ext[a] = S::extents[a];
+        } else {
+            for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = in[0].ext[a];
+        }
+        for (std::size_t k = 0; k < N::children::size; ++k)
+            if (!dense(in[k]))
+                throw shape_error("typegrad: a custom op's inputs must be dense (pass tg::contiguous(x))");
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        custom_context<Op, Ref, T, N::children::size, false> ctx{in, out, ext, N::shape_type::rank, nullptr};
+        Op::forward(ctx);
+    }
+    template <std::size_t I, class G, class Out, class... Xs>
+    static constexpr auto vjp(G g, Out out, Xs... xs);
+};
+
+}  // namespace detail
+
+template <class Op, expression... Xs>
+constexpr auto custom(Xs... xs) {
+    static_assert(sizeof...(Xs) >= 1 && sizeof...(Xs) + 2 <= detail::max_arity,
+                  "typegrad: custom<Op>(inputs...) takes one to four inputs.");
+    static_assert(!detail::has_metadata<detail::backward_mutations_t<Op>>::value,
+                  "typegrad: custom<Op>: backward_mutates declares a metadata mutation (tg::metadata<I>: "
+                  "resize, in-place transpose, as_strided, set); only data mutations (tg::data<I>) are allowed.");
+    static_assert(!detail::has_metadata<detail::forward_mutations_t<Op>>::value,
+                  "typegrad: custom<Op>: forward_mutates declares a metadata mutation (tg::metadata<I>); only "
+                  "data mutations (tg::data<I>) are allowed.");
+    return detail::make_node<detail::custom_forward_op<Op>>(xs...);
+}
+
+namespace detail {
+
+// All input gradients of one backward call, packed one after the other.
+template <class Op>
+struct custom_backward_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "custom_backward";
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    using op = Op;
+    template <class G, class Out, class... Xs>
+    struct rule {
+        using value_type = typename G::value_type;
+        using shape_type = shape<dyn>;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        std::size_t n = 0;
+        for (std::size_t k = 2; k < N::children::size; ++k) {
+            std::size_t e = 1;
+            for (std::size_t a = 0; a < in[k].rank; ++a) e *= in[k].ext[a];
+            n += e;
+        }
+        ext[0] = n;
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        std::fill(out, out + ext[0], T(0));
+        constexpr bool copy_grad = backward_mutations_t<Op>::grad_output;
+        // a mutable incoming gradient is the op's own copy: its changes stay local
+        std::array<T, 1> none{};
+        T* copy = none.data();
+        std::vector<T> local;
+        if constexpr (copy_grad) {
+            std::size_t n = 1;
+            for (std::size_t a = 0; a < in[0].rank; ++a) n *= in[0].ext[a];
+            local.assign(static_cast<const T*>(in[0].data), static_cast<const T*>(in[0].data) + n);
+            copy = local.data();
+        }
+        custom_context<Op, Ref, T, N::children::size - 2, true> ctx{in, out, ext, 1, copy};
+        Op::backward(ctx);
+    }
+    // A backward that mutates an input requiring grad has no derivative (create_graph).
+    template <std::size_t I, class G, class Out, class Gr, class O, class... Xs>
+    static constexpr auto vjp(G, Out, Gr, O, Xs...) {
+        static_assert(!mutates_grad_input<Xs...>(),
+                      "typegrad: differentiating through a custom op's backward (grad of grad, create_graph) "
+                      "that mutates an input which requires grad: the mutation would be differentiated; "
+                      "remove the mutation or the second derivative (the input index is in the instantiation below).");
+        static_assert(always_false<Op>, "typegrad: a custom op's backward() is not differentiable; give the op "
+                                         "expression vjp<I>(g, out, xs...) rules for higher order.");
+        return lit<0>;
+    }
+    template <class... Xs>
+    static constexpr bool mutates_grad_input() {
+        return [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            return ((backward_mutations_t<Op>::template data_of<Is> && Xs::requires_grad) || ...);
+        }(std::index_sequence_for<Xs...>{});
+    }
+};
+
+// Input I's gradient inside the packed buffer: a dense view at the right offset.
+template <class Op, std::size_t I>
+struct custom_grad_part_op {
+    static constexpr op_kind kind = op_kind::view;
+    static constexpr const char* name = "custom_grad";
+    static constexpr bool differentiable = false;
+    static constexpr bool keeps_contiguity = true;
+    static constexpr bool shape_only(std::size_t i) { return i > 0; }
+    template <class Packed, class... Xs>
+    struct rule {
+        using value_type = typename Packed::value_type;
+        using shape_type = typename type_at_t<I, type_list<Xs...>>::shape_type;
+    };
+    template <class N, class Ref>
+    static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
+        offset = 0;
+        for (std::size_t j = 0; j < I; ++j) {
+            std::size_t e = 1;
+            for (std::size_t a = 0; a < in[1 + j].rank; ++a) e *= in[1 + j].ext[a];
+            offset += std::ptrdiff_t(e);
+        }
+        const Ref& r = in[1 + I];
+        std::ptrdiff_t s = 1;
+        for (std::size_t a = r.rank; a-- > 0;) {
+            ext[a] = r.ext[a];
+            stride[a] = s;
+            s *= std::ptrdiff_t(r.ext[a]);
+        }
+    }
+};
+
+template <class Op>
+template <std::size_t I, class G, class Out, class... Xs>
+constexpr auto custom_forward_op<Op>::vjp(G g, Out out, Xs... xs) {
+    if constexpr (requires { Op::template vjp<I>(g, out, xs...); }) {
+        return Op::template vjp<I>(g, out, xs...);
+    } else {
+        auto packed = make_node<custom_backward_op<Op>>(g, out, xs...);
+        return make_node<custom_grad_part_op<Op, I>>(packed, xs...);
+    }
+}
+
+// Declared mutations write into their inputs' buffers: a leaf must have been bound writable,
+// and anything else must be a buffer the plan owns. Checked before anything runs.
+template <class Op, bool Backward, std::size_t K>
+constexpr bool declares_mutation() {
+    constexpr std::size_t input = Backward ? K - 2 : K;
+    if constexpr (Backward && K < 2) return false;
+    else if constexpr (Backward) return backward_mutations_t<Op>::template data_of<input>;
+    else return forward_mutations_t<Op>::template data_of<input>;
+}
+template <class N>
+struct custom_kernel_info {
+    static constexpr bool is_custom = false;
+    static constexpr bool backward = false;
+};
+template <class Op, class... Cs>
+struct custom_kernel_info<node<custom_forward_op<Op>, Cs...>> {
+    static constexpr bool is_custom = true;
+    static constexpr bool backward = false;
+    using op = Op;
+};
+template <class Op, class... Cs>
+struct custom_kernel_info<node<custom_backward_op<Op>, Cs...>> {
+    static constexpr bool is_custom = true;
+    static constexpr bool backward = true;
+    using op = Op;
+};
+
+template <class PP, class State>
+void check_custom_mutations(const State& st) {
+    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+        auto one = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+            using node = typename PP::program::template node_at<N>;
+            using ci = custom_kernel_info<node>;
+            if constexpr (ci::is_custom) {
+                if (!PP::plan.needed[N] || !PP::plan.computed[N]) return;
+                [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+                    auto child = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+                        if constexpr (declares_mutation<typename ci::op, ci::backward, K>()) {
+                            constexpr std::size_t c = PP::program::info[N].child[K];
+                            constexpr op_kind k = PP::program::info[c].kind;
+                            if constexpr (k == op_kind::leaf) {
+                                if (st.mut[c] == nullptr)
+                                    throw binding_error(message("typegrad: custom op input ", K - (ci::backward ? 2 : 0),
+                                                                " ('", PP::program::info[c].name,
+                                                                "') is mutated but was bound read-only; bind a writable buffer"));
+                            } else if constexpr (k == op_kind::view) {
+                                throw binding_error(message("typegrad: custom op input ", K - (ci::backward ? 2 : 0),
+                                                            " is mutated but is a view; pass tg::contiguous(x)"));
+                            }
+                        }
+                    };
+                    (child(std::integral_constant<std::size_t, Ks>{}), ...);
+                }(std::make_index_sequence<node::children::size>{});
+            }
+        };
+        (one(std::integral_constant<std::size_t, Ns>{}), ...);
+    }(std::make_index_sequence<PP::M>{});
+}
+
+// (node, input) pairs of custom backward kernels that mutate an input requiring grad: only
+// these can make a create_graph backward fail.
+template <class PP>
+constexpr std::size_t create_graph_hazard_count() {
+    std::size_t n = 0;
+    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+        auto one = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+            using node = typename PP::program::template node_at<N>;
+            using ci = custom_kernel_info<node>;
+            if constexpr (ci::backward) {
+                [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+                    ((n += (declares_mutation<typename ci::op, true, Ks + 2>() &&
+                            type_at_t<Ks + 2, typename node::children>::requires_grad)), ...);
+                }(std::make_index_sequence<node::children::size - 2>{});
+            }
+        };
+        (one(std::integral_constant<std::size_t, Ns>{}), ...);
+    }(std::make_index_sequence<PP::M>{});
+    return n;
+}
+struct hazard {
+    std::size_t node, input;
+};
+template <class PP>
+constexpr auto create_graph_hazards() {
+    std::array<hazard, create_graph_hazard_count<PP>()> r{};
+    std::size_t k = 0;
+    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+        auto one = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+            using node = typename PP::program::template node_at<N>;
+            using ci = custom_kernel_info<node>;
+            if constexpr (ci::backward) {
+                [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+                    ((declares_mutation<typename ci::op, true, Ks + 2>() &&
+                              type_at_t<Ks + 2, typename node::children>::requires_grad
+                          ? void(r[k++] = hazard{N, Ks})
+                          : void()),
+                     ...);
+                }(std::make_index_sequence<node::children::size - 2>{});
+            }
+        };
+        (one(std::integral_constant<std::size_t, Ns>{}), ...);
+    }(std::make_index_sequence<PP::M>{});
+    return r;
+}
+
+}  // namespace detail
+}  // namespace typegrad
