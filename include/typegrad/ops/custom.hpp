@@ -324,7 +324,7 @@ template <class Op, std::size_t I>
 struct custom_grad_part_op {
     static constexpr op_kind kind = op_kind::view;
     static constexpr const char* name = "custom_grad";
-    static constexpr bool differentiable = false;
+    static constexpr bool differentiable = true;  // so that grad of grad reaches the checks below
     static constexpr bool keeps_contiguity = true;
     static constexpr bool shape_only(std::size_t i) { return i > 0; }
     template <class Packed, class... Xs>
@@ -347,6 +347,17 @@ struct custom_grad_part_op {
             stride[a] = s;
             s *= std::ptrdiff_t(r.ext[a]);
         }
+    }
+    // Differentiating a kernel backward (grad of grad) is rejected here, at the type level.
+    template <std::size_t K, class G, class Out, class Packed, class... Xs>
+    static constexpr auto vjp(G, Out, Packed, Xs...) {
+        static_assert(!custom_backward_op<Op>::template mutates_grad_input<Xs...>(),
+                      "typegrad: differentiating through a custom op's backward (grad of grad, create_graph) "
+                      "that mutates an input which requires grad: the mutation would be differentiated; "
+                      "remove the mutation or the second derivative (the input index is in the instantiation below).");
+        static_assert(always_false<Op>, "typegrad: a custom op's backward() is not differentiable; give the op "
+                                         "expression vjp<I>(g, out, xs...) rules for higher order.");
+        return lit<0>;
     }
 };
 
