@@ -8,6 +8,7 @@
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
+#include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/exp_log.hpp>

@@ -124,12 +124,11 @@ inline bool overlaps(const void* a0, const void* a1, const void* b0, const void*
 // Thread-local scratch per plan: steps are immutable and reentrant across threads, and after
 // the first call at a given size nothing is allocated.
 template <class PP>
-typename PP::value_type* scratch_buffer(std::size_t elements) {
-    using T = typename PP::value_type;
-    thread_local std::vector<T> arena;
-    if (arena.size() < elements + 16) arena.resize(elements + 16);
+scratch_unit* scratch_buffer(std::size_t units) {
+    thread_local std::vector<scratch_unit> arena;
+    if (arena.size() < units + 8) arena.resize(units + 8);
     auto addr = reinterpret_cast<std::uintptr_t>(arena.data());
-    const std::size_t skip = ((64 - addr % 64) % 64) / sizeof(T);
+    const std::size_t skip = ((64 - addr % 64) % 64) / sizeof(scratch_unit);
     return arena.data() + skip;
 }
 
@@ -197,7 +196,7 @@ public:
         bind_grads<PP, grads>(st, args...);
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
-        value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
+        detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
         check_post_hooks<PP>(st, args...);
         detail::check_custom_mutations<PP>(st);
         detail::note_plan_use<PP>();
@@ -223,8 +222,8 @@ public:
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t n = detail::scratch_layout<PP>(ctx.state_, offset);
         const std::size_t loss_n = detail::node_numel<PP>(ctx.state_, PP::program::template id_of<Loss>);
-        ctx.storage_.assign(n + loss_n + 16, value_type{});
-        value_type* loss_buf = ctx.storage_.data() + n;
+        ctx.storage_.assign(n + loss_n + 8, detail::scratch_unit{});
+        value_type* loss_buf = reinterpret_cast<value_type*>(ctx.storage_.data() + n);
         if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[PP::NS - 1] = loss_buf;
         detail::check_custom_mutations<PP>(ctx.state_);
         detail::note_plan_use<PP>();
@@ -263,7 +262,7 @@ public:
         bind_grads<PP, grads>(st, args...);
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
-        value_type* scratch = detail::scratch_buffer<PP>(scratch_size);
+        detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
         check_post_hooks<PP>(st, args...);
         detail::check_custom_mutations<PP>(st);
         check_create_graph<PP>(args...);
@@ -446,7 +445,7 @@ private:
                 auto& r = detail::is_grad_binding_v<B> ? out_ranges : in_ranges;
                 auto& k = detail::is_grad_binding_v<B> ? n_out : n_in;
                 r[2 * k] = p;
-                r[2 * k + 1] = p + n * sizeof(value_type);
+                r[2 * k + 1] = p + n * sizeof(typename B::value_type);
                 ++k;
             }
         };
@@ -700,7 +699,7 @@ public:
 
 private:
     typename FwdPP::state_type state_{};
-    std::vector<value_type> storage_;
+    std::vector<detail::scratch_unit> storage_;
     const value_type* loss_ = nullptr;
     std::size_t loss_size_ = 0;
     template <class, class, class...>

@@ -153,25 +153,27 @@ void compute_shapes(typename PP::state_type& st) {
     }(std::make_index_sequence<PP::M>{});
 }
 
-// Scratch elements for the buffers this plan writes itself, each rounded to 64 bytes.
+// Scratch is counted in 8-byte units (a plan may hold float and double buffers); each buffer
+// starts on a 64-byte boundary.
+using scratch_unit = double;
+
 template <class PP>
 std::size_t scratch_layout(const typename PP::state_type& st, std::array<std::size_t, PP::M + 1>& offset) {
-    constexpr std::size_t pad = 64 / sizeof(typename PP::value_type);
     std::size_t total = 0;
     for (std::size_t n = 0; n < PP::M; ++n) {
         offset[n] = total;
-        if (PP::plan.computed[n]) total += (node_numel<PP>(st, n) + pad - 1) / pad * pad;
+        if (PP::plan.computed[n]) total += (node_numel<PP>(st, n) * PP::program::info[n].elem_size + 63) / 64 * 8;
     }
     offset[PP::M] = total;
     return total;
 }
 
 template <class PP, std::size_t N>
-void compute_meta(typename PP::state_type& st, typename PP::value_type* buffer) {
+void compute_meta(typename PP::state_type& st, void* buffer) {
     using node = typename PP::program::template node_at<N>;
     constexpr auto& info = PP::program::info;
-    using T = typename PP::value_type;
     if constexpr (node::kind == op_kind::meta) {
+        using T = compute_t<typename node::value_type>;
         using target = typename node::op::target_shape;
         const std::size_t c = info[N].child[0];
         const std::size_t crank = info[c].rank;
@@ -179,25 +181,30 @@ void compute_meta(typename PP::state_type& st, typename PP::value_type* buffer) 
         double removed = 1;
         for (std::size_t a = 0; a < crank; ++a)
             if (a < lead || target::extents[a - lead] == 1) removed *= double(st.ext[PP::rank_offset[c] + a]);
-        *buffer = static_cast<T>(1.0 / removed);
+        *static_cast<T*>(buffer) = static_cast<T>(1.0 / removed);
     }
+}
+
+template <class T>
+void fill_identity(void* p, std::size_t n, reduce_kind k) {
+    const T init = k == reduce_kind::sum   ? T(0)
+                   : k == reduce_kind::max ? -std::numeric_limits<T>::infinity()
+                                           : std::numeric_limits<T>::infinity();
+    std::fill(static_cast<T*>(p), static_cast<T*>(p) + n, init);
 }
 
 // Points every computed node at its scratch buffer, computes metas, initialises reductions.
 template <class PP>
-void prepare_scratch(typename PP::state_type& st, typename PP::value_type* scratch,
+void prepare_scratch(typename PP::state_type& st, scratch_unit* scratch,
                      const std::array<std::size_t, PP::M + 1>& offset) {
-    using T = typename PP::value_type;
     constexpr auto& info = PP::program::info;
     for (std::size_t n = 0; n < PP::M; ++n) {
         if (!PP::plan.computed[n]) continue;
-        T* p = scratch + offset[n];
+        void* p = scratch + offset[n];
         st.ptr[n] = p;
         if (info[n].kind == op_kind::reduce) {
-            const T init = info[n].combine == reduce_kind::sum   ? T(0)
-                           : info[n].combine == reduce_kind::max ? -std::numeric_limits<T>::infinity()
-                                                                 : std::numeric_limits<T>::infinity();
-            std::fill(p, p + node_numel<PP>(st, n), init);
+            if (info[n].elem_size == sizeof(double)) fill_identity<double>(p, node_numel<PP>(st, n), info[n].combine);
+            else fill_identity<float>(p, node_numel<PP>(st, n), info[n].combine);
         }
     }
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
@@ -206,8 +213,8 @@ void prepare_scratch(typename PP::state_type& st, typename PP::value_type* scrat
     // Views alias their input (children first, so chains of views resolve in one sweep).
     for (std::size_t n = 0; n < PP::M; ++n) {
         if (info[n].kind != op_kind::view || !PP::plan.needed[n] || st.ptr[n] != nullptr) continue;
-        const auto* base = static_cast<const T*>(st.ptr[info[n].child[0]]);
-        st.ptr[n] = base ? base + st.view_offset[n] : nullptr;
+        const auto* base = static_cast<const char*>(st.ptr[info[n].child[0]]);
+        st.ptr[n] = base ? base + st.view_offset[n] * std::ptrdiff_t(info[n].elem_size) : nullptr;
     }
 }
 

@@ -22,6 +22,7 @@ struct node_info {
     std::array<std::size_t, max_rank> ext{};  // static extents, `dyn` where dynamic
     reduce_kind combine = reduce_kind::sum;
     bool is_param = false;
+    std::size_t elem_size = 0;  // bytes per element as stored
     std::string_view name{};
 };
 
@@ -29,6 +30,7 @@ template <class N, class List>
 constexpr node_info make_node_info() {
     node_info r;
     r.kind = N::kind;
+    r.elem_size = sizeof(compute_t<typename N::value_type>);
     r.rank = N::shape_type::rank;
     for (std::size_t i = 0; i < r.rank; ++i) r.ext[i] = N::shape_type::extents[i];
     if constexpr (is_leaf_v<N>) {

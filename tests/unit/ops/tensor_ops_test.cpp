@@ -145,3 +145,42 @@ TEST_CASE("grad of grad: Hessian-vector products against differences of gradient
     auto gu = grad_at(up), gd = grad_at(down);
     for (int i = 0; i < 3; ++i) CHECK_THAT(hv[i], Catch::Matchers::WithinAbs((gu[i] - gd[i]) / (2 * h), 1e-7));
 }
+
+TEST_CASE("cast between float and double", "[ops][cast][gradient]") {
+    constexpr auto f = tg::param<"f", float, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::param<"d", double, tg::shape<tg::dyn>>;
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::cast<double>(f))::value_type, double>);
+    // through a float section: finite differences would measure float rounding, so closed form
+    auto dv5 = uniform(5, -1.0, 1.0, 70);
+    std::vector<double> g5(5);
+    tg::compile(tg::sum(tg::exp(tg::cast<float>(d)) * tg::cast<float>(tg::square(d))), tg::wrt(d))
+        .value_and_grad(tg::bind(d, dv5), tg::grad_into(d, g5));
+    for (int i = 0; i < 5; ++i)
+        CHECK_THAT(g5[i], Catch::Matchers::WithinAbs(std::exp(dv5[i]) * (dv5[i] * dv5[i] + 2 * dv5[i]), 1e-6));
+    // a float leaf in a double computation gets its gradient in float
+    std::vector<float> fv{0.5f, 1.5f}, gf(2);
+    std::vector<double> dv{2.0, 3.0}, gd(2);
+    const double l = tg::compile(tg::sum(tg::cast<double>(f) * d), tg::wrt(f, d))
+                         .value_and_grad(tg::bind(f, fv), tg::bind(d, dv), tg::grad_into(f, gf), tg::grad_into(d, gd));
+    CHECK(l == 0.5 * 2 + 1.5 * 3);
+    CHECK(gf == std::vector<float>{2, 3});
+    CHECK(gd == std::vector<double>{0.5, 1.5});
+}
+
+TEST_CASE("dynamic shape errors of tensor ops throw before writing", "[ops][errors]") {
+    constexpr auto a = tg::param<"a", double, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<tg::dyn, tg::dyn>>;
+    std::vector<double> av(6, 1.0), bv(6, 1.0), ga(6, 9.0), gb(6, 9.0);
+    auto step = tg::compile(tg::sum(tg::matmul(a, b)), tg::wrt(a, b));
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(a, av, {2, 3}), tg::bind(b, bv, {2, 3}), tg::grad_into(a, ga),
+                                        tg::grad_into(b, gb)),
+                    tg::shape_error);  // inner extents 3 and 2
+    CHECK((ga == std::vector<double>(6, 9.0) && gb == std::vector<double>(6, 9.0)));
+    auto r = tg::compile(tg::sum(tg::reshape<tg::shape<4, tg::dyn>>(a)), tg::wrt(a));
+    CHECK_THROWS_AS(r.value_and_grad(tg::bind(a, av, {2, 3}), tg::grad_into(a, ga)), tg::shape_error);  // 6 % 4
+    CHECK(ga == std::vector<double>(6, 9.0));
+    auto s = tg::compile(tg::sum(tg::slice<1, 1, 3>(a)), tg::wrt(a));
+    std::vector<double> small(4, 9.0);
+    CHECK_THROWS_AS(s.value_and_grad(tg::bind(a, av, {3, 2}), tg::grad_into(a, ga)), tg::shape_error);  // end 3 > 2
+    CHECK(ga == std::vector<double>(6, 9.0));
+}

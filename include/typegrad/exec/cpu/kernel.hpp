@@ -57,7 +57,8 @@ inline T reduce_lanes(const xsimd::batch<T, A>& v) {
 template <class PP, std::size_t L, std::uint64_t AccumulateMask>
 struct loop_kernel {
     using prog = typename PP::program;
-    using T = typename PP::value_type;
+    // A loop runs in its iteration node's dtype (float/double never mix inside one loop).
+    using T = compute_t<typename prog::template node_at<PP::plan.loops[L].iter>::value_type>;
     using batch_t = simd::batch<T>;
     static constexpr std::size_t W = simd::width<T>;
     static constexpr auto& info = prog::info;

@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""Writes tests/differential/generated/graphs_<k>.cpp: random typegrad graphs for the
+differential test against LibTorch (see docs/reliability.md).
+
+A typegrad graph is a type, so random graphs must exist as source code. Each graph is written
+twice: as C++ (a function template over the dtype that compiles the graph with tg::compile and
+runs value_and_grad, or forward + backward) and as a line program that the LibTorch side
+interprets at run time. The output is deterministic: a fixed seed, stdlib only. Rerun after
+changing this script and commit the result:
+
+    python3 tests/differential/generate.py
+
+Graphs: rank 0..3, static and dynamic extents, leaves with static-1 (broadcast) axes or fewer
+axes, every supported op, shared subexpressions (operands are drawn from all earlier nodes),
+reductions feeding further math. Interval bounds on every node keep the math in its domain
+(log/sqrt/pow of positive values, no division near 0, exp of bounded values) so that the
+reference is finite and well conditioned.
+"""
+import math
+import pathlib
+import random
+
+SEED = 20250611
+GRAPHS = 64
+UNITS = 4           # generated translation units (compile time: about 16 graphs each)
+MAX_DYN = 17        # largest dynamic extent the harness draws (sum bounds use it)
+LEAF_NAMES = "abcd"
+CONSTANTS = [0.5, 2.0, 1.5, -0.75, 3.0, 0.25, -2.0]
+
+UNARY = ["neg", "exp", "log", "sqrt", "square", "sin", "cos", "tanh", "sigmoid", "relu", "abs",
+         "powc", "detach"]
+BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
+MASKS = ["gt", "ge", "lt", "le"]
+REDUCE = ["sum", "mean", "max", "min", "lse"]
+
+CPP_UNARY = {"exp": "tg::exp", "log": "tg::log", "sqrt": "tg::sqrt", "square": "tg::square",
+             "sin": "tg::sin", "cos": "tg::cos", "tanh": "tg::tanh", "sigmoid": "tg::sigmoid",
+             "relu": "tg::relu", "abs": "tg::abs", "detach": "tg::detach",
+             "sum": "tg::sum", "mean": "tg::mean", "max": "tg::max", "min": "tg::min",
+             "lse": "tg::log_sum_exp"}
+CPP_BINOP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+CPP_BINFN = {"pow": "tg::pow", "maximum": "tg::max", "minimum": "tg::min",
+             "gt": "tg::gt", "ge": "tg::ge", "lt": "tg::lt", "le": "tg::le"}
+
+
+class Node:
+    def __init__(self, op, args, shape, lo, hi, text):
+        self.op, self.args, self.shape, self.lo, self.hi, self.text = op, args, shape, lo, hi, text
+
+
+def broadcast(a, b):
+    """Right-aligned numpy broadcasting of shapes whose axes are ints or 'dK' strings."""
+    r = max(len(a), len(b))
+    a = [1] * (r - len(a)) + list(a)
+    b = [1] * (r - len(b)) + list(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
+
+
+def numel_bound(shape):
+    n = 1
+    for e in shape:
+        n *= MAX_DYN if isinstance(e, str) else e
+    return n
+
+
+def hull(*pairs):
+    return min(p[0] for p in pairs), max(p[1] for p in pairs)
+
+
+def interval(op, a, b=None, c=None):
+    """Bounds of the result, or None when the op leaves its safe domain."""
+    lo, hi = a.lo, a.hi
+    if op == "neg":
+        return -hi, -lo
+    if op == "exp":
+        return (math.exp(lo), math.exp(hi)) if hi <= 4 and lo >= -40 else None
+    if op in ("log", "sqrt"):
+        if lo < 0.2:
+            return None
+        f = math.log if op == "log" else math.sqrt
+        return f(lo), f(hi)
+    if op == "square":
+        m = max(lo * lo, hi * hi)
+        return (0.0 if lo <= 0 <= hi else min(lo * lo, hi * hi)), m
+    if op in ("sin", "cos"):
+        return -1.0, 1.0
+    if op == "tanh":
+        return math.tanh(lo), math.tanh(hi)
+    if op == "sigmoid":
+        return 1 / (1 + math.exp(-lo)), 1 / (1 + math.exp(-hi))
+    if op == "relu":
+        return max(lo, 0.0), max(hi, 0.0)
+    if op == "abs":
+        return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+    if op == "detach":
+        return lo, hi
+    if op == "powc":
+        if lo < 0.2 or hi > 20:
+            return None
+        ends = [lo ** c, hi ** c]
+        return min(ends), max(ends)
+    if op in ("sum", "mean", "max", "min", "lse"):
+        n = numel_bound(a.shape)
+        if op == "sum":
+            return min(lo, n * lo), max(hi, n * hi)
+        if op == "lse":
+            return lo, hi + math.log(n)
+        return lo, hi
+    blo, bhi = b.lo, b.hi
+    if op == "add":
+        return lo + blo, hi + bhi
+    if op == "sub":
+        return lo - bhi, hi - blo
+    if op == "mul":
+        p = [lo * blo, lo * bhi, hi * blo, hi * bhi]
+        return min(p), max(p)
+    if op == "div":
+        if -0.25 < blo <= 0.25 or -0.25 <= bhi < 0.25 or (blo < 0 < bhi):
+            return None
+        p = [lo / blo, lo / bhi, hi / blo, hi / bhi]
+        return min(p), max(p)
+    if op == "pow":
+        if lo < 0.2 or hi > 8 or blo < -3 or bhi > 3:
+            return None
+        p = [x ** y for x in (lo, hi) for y in (blo, bhi)]
+        return min(p), max(p)
+    if op == "maximum":
+        return max(lo, blo), max(hi, bhi)
+    if op == "minimum":
+        return min(lo, blo), min(hi, bhi)
+    if op in MASKS:
+        return 0.0, 1.0
+    if op == "where":  # a: condition, b and c: values
+        return hull((b.lo, b.hi), (c.lo, c.hi))
+    raise ValueError(op)
+
+
+def cpp_num(v):
+    return repr(float(v))
+
+
+class Graph:
+    def __init__(self, gid, rng):
+        self.gid = gid
+        self.rng = rng
+        self.nodes = []
+        self.lines = []      # C++ statements, T is the dtype
+        self.program = []    # the interpreter's lines
+        self.leaves = []     # (name, is_param, shape, lo, hi)
+        self.make()
+
+    def add(self, op, args, shape, lo, hi, text, program_line):
+        n = Node(op, args, shape, lo, hi, text)
+        self.nodes.append(n)
+        self.program.append(program_line)
+        return len(self.nodes) - 1
+
+    def make_leaves(self):
+        rng = self.rng
+        rank = rng.choice([0, 1, 1, 2, 2, 2, 3, 3])
+        full, dyn = [], 0
+        for _ in range(rank):
+            if rng.random() < 0.6:
+                full.append("d%d" % dyn)
+                dyn += 1
+            else:
+                full.append(rng.choice([2, 3, 4, 5]))
+        self.full, self.vars = full, dyn
+        count = rng.choice([1, 2, 2, 3, 3, 4])
+        for i in range(count):
+            r = len(full) if i == 0 or rng.random() < 0.6 else rng.randint(0, len(full))
+            shape = []
+            for e in full[len(full) - r:]:
+                shape.append(1 if (i > 0 and rng.random() < 0.3) else e)
+            param = i == 0 or rng.random() < 0.6
+            lo, hi = (0.25, 2.0) if rng.random() < 0.35 else (-2.0, 2.0)
+            name = LEAF_NAMES[i]
+            self.leaves.append((name, param, tuple(shape), lo, hi))
+            ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
+            kind = "param" if param else "input"
+            self.lines.append('constexpr auto %s = tg::%s<"%s", T, tg::shape<%s>>;' % (name, kind, name, ext))
+            self.add("leaf", [i], tuple(shape), lo, hi, name, "leaf %d" % i)
+
+    def pick(self):
+        # recent nodes more often (depth), any earlier node sometimes (sharing)
+        n = len(self.nodes)
+        if self.rng.random() < 0.6:
+            return self.rng.randrange(max(0, n - 3), n)
+        return self.rng.randrange(n)
+
+    def constant(self):
+        v = self.rng.choice(CONSTANTS)
+        return Node("const", [], (), v, v, "tg::lit<%s>" % cpp_num(v))
+
+    def try_op(self):
+        rng = self.rng
+        kind = rng.choices(["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2])[0]
+        a = self.nodes[self.pick()]
+        ai = self.nodes.index(a)
+        if kind == "unary":
+            op = rng.choice(UNARY)
+            c = rng.choice([0.5, 1.5, 2.5, -0.5, -1.0, 3.0]) if op == "powc" else None
+            bounds = interval(op, a, c=c)
+            if bounds is None:
+                return False
+            if op == "neg":
+                text, line = "-%s" % a.text, "neg %d" % ai
+            elif op == "powc":
+                text, line = "tg::pow(%s, tg::lit<%s>)" % (a.text, cpp_num(c)), "powc %d %s" % (ai, repr(c))
+            else:
+                text, line = "%s(%s)" % (CPP_UNARY[op], a.text), "%s %d" % (op, ai)
+            self.emit(op, [ai], a.shape, bounds, text, line)
+            return True
+        if kind == "reduce":
+            if a.shape == ():
+                return False
+            op = rng.choice(REDUCE)
+            bounds = interval(op, a)
+            self.emit(op, [ai], (), bounds, "%s(%s)" % (CPP_UNARY[op], a.text), "%s %d" % (op, ai))
+            return True
+        if kind == "where":
+            x, y = self.nodes[self.pick()], self.nodes[self.pick()]
+            cond = rng.choice(MASKS)
+            v, w = self.nodes[self.pick()], self.nodes[self.pick()]
+            shape = broadcast(broadcast(broadcast(x.shape, y.shape), v.shape), w.shape)
+            bounds = hull((v.lo, v.hi), (w.lo, w.hi))
+            ids = [self.nodes.index(n) for n in (x, y, v, w)]
+            text = "tg::where(%s(%s, %s), %s, %s)" % (CPP_BINFN[cond], x.text, y.text, v.text, w.text)
+            self.emit("where", ids, shape, bounds, text, "where_%s %d %d %d %d" % (cond, *ids))
+            return True
+        # binary or mask: the second operand is sometimes a constant (on either side)
+        use_const = rng.random() < 0.25
+        b = self.constant() if use_const else self.nodes[self.pick()]
+        op = rng.choice(MASKS) if kind == "mask" else rng.choice(BINARY)
+        swap = use_const and rng.random() < 0.4 and op not in ("pow",)
+        left, right = (b, a) if swap else (a, b)
+        bounds = interval(op, left, right)
+        if bounds is None:
+            return False
+        def ref(n):
+            return "c%s" % repr(n.lo) if n.op == "const" else str(self.nodes.index(n))
+        shape = broadcast(left.shape, right.shape)
+        if op in CPP_BINOP:
+            text = "(%s %s %s)" % (left.text, CPP_BINOP[op], right.text)
+        else:
+            text = "%s(%s, %s)" % (CPP_BINFN[op], left.text, right.text)
+        if kind == "mask":  # a 0/1 mask as a factor: no gradient through it
+            other = self.nodes[self.pick()]
+            shape = broadcast(shape, other.shape)
+            text = "(%s * %s)" % (text, other.text)
+            oi = self.nodes.index(other)
+            self.emit("mask", [], shape, hull((0.0, 0.0), (min(0.0, other.lo), max(0.0, other.hi))), text,
+                      "mask_%s %s %s %d" % (op, ref(left), ref(right), oi))
+            return True
+        self.emit(op, [], shape, bounds, text, "%s %s %s" % (op, ref(left), ref(right)))
+        return True
+
+    def emit(self, op, args, shape, bounds, text, line, force=False):
+        lo, hi = bounds
+        if max(abs(lo), abs(hi)) > 1e4 and not force:
+            return
+        name = "e%d" % len(self.nodes)
+        self.lines.append("constexpr auto %s = %s;" % (name, text))
+        self.add(op, args, shape, lo, hi, name, line)
+
+    def make(self):
+        self.make_leaves()
+        target = self.rng.randint(3, 9)
+        tries = 0
+        while len(self.nodes) - len(self.leaves) < target and tries < 200:
+            tries += 1
+            self.try_op()
+        # a scalar loss: reduce the last node, sometimes plus a reduction of another one
+        last = self.nodes[-1]
+        parts = []
+        for n in [last] + ([self.nodes[self.rng.randrange(len(self.nodes))]] if self.rng.random() < 0.5 else []):
+            if n.shape == () and n.op != "detach":  # a detached root: see docs/reliability.md, bug 7
+                parts.append(n)
+                continue
+            op = self.rng.choice(REDUCE)
+            self.emit(op, [], (), interval(op, n), "%s(%s)" % (CPP_UNARY[op], n.text),
+                      "%s %d" % (op, self.nodes.index(n)), force=True)
+            parts.append(self.nodes[-1])
+        if len(parts) == 2:
+            a, b = parts
+            self.emit("add", [], (), interval("add", a, b), "(%s + %s)" % (a.text, b.text),
+                      "add %d %d" % (self.nodes.index(a), self.nodes.index(b)), force=True)
+        self.loss = self.nodes[-1].text
+
+    def prune(self):
+        """Drops nodes the loss does not reach (dead C++ variables would not compile with
+        -Werror) and renumbers the program."""
+        refs = []
+        for line in self.program:
+            tok = line.split()
+            refs.append([] if tok[0] == "leaf" else [int(t) for t in tok[1:] if t.lstrip("-").isdigit()])
+        keep = {len(self.nodes) - 1}
+        for k in range(len(self.nodes) - 1, -1, -1):
+            if k in keep:
+                keep.update(refs[k])
+        self.used_leaves = {k for k in keep if k < len(self.leaves)}
+        keep |= set(range(len(self.leaves)))  # every leaf is bound, used or not
+        new_id = {old: new for new, old in enumerate(sorted(keep))}
+        program, lines = [], []
+        for k in sorted(keep):
+            tok = self.program[k].split()
+            if tok[0] != "leaf":
+                tok = [tok[0]] + [str(new_id[int(t)]) if t.lstrip("-").isdigit() else t for t in tok[1:]]
+            program.append(" ".join(tok))
+            lines.append(self.lines[k])
+        self.program, self.lines = program, lines
+
+    def cpp(self):
+        gid = self.gid
+        self.prune()
+        params = [l[0] for l in self.leaves if l[1]]
+        # Bind what the call reads: the leaves the loss uses, and the params (a gradient of an
+        # unused param is zeros of its shape). An unused input is not bound (bug 6).
+        binds, fwd_binds = [], []
+        for i, (name, param, shape, _, _) in enumerate(self.leaves):
+            ext = ", ".join("ext[%d][%d]" % (i, a) for a in range(len(shape)))
+            text = "tg::bind(%s, in[%d], {%s})" % (name, i, ext)
+            if i in self.used_leaves or param:
+                binds.append(text)
+            if i in self.used_leaves:
+                fwd_binds.append(text)
+        grads = []
+        k = 0
+        for name, param, *_ in self.leaves:
+            if param:
+                grads.append("tg::grad_into(%s, grad[%d])" % (name, k))
+                k += 1
+        # forward + backward as well (more instantiations); backward takes a dynamic param's
+        # extents from the forward pass, which only binds the leaves the loss reads
+        split = gid % 3 == 0 and all(i in self.used_leaves or not p or all(not isinstance(e, str) for e in shp)
+                                     for i, (_, p, shp, _, _) in enumerate(self.leaves))
+        body = []
+        for k, l in enumerate(self.lines):  # unused leaves are declared (the program numbers them) only
+            unused = k < len(self.leaves) and k not in self.used_leaves and not self.leaves[k][1]
+            body.append("    " + ("[[maybe_unused]] " if unused else "") + l)
+        body.append("    constexpr auto step = tg::compile(%s, tg::wrt(%s));" % (self.loss, ", ".join(params)))
+        if split:
+            body.append("    if (split) {")
+            body.append("        auto ctx = step.forward(%s);" % ", ".join(fwd_binds))
+            body.append("        step.backward(ctx, %s);" % ", ".join(grads))
+            body.append("        return ctx.value();")
+            body.append("    }")
+        else:
+            body.append("    (void)split;")
+        if "ext[" not in "".join(binds):
+            body.insert(0, "    (void)ext;")
+        if "in[" not in "".join(binds):
+            body.insert(0, "    (void)in;")
+        body.append("    return step.value_and_grad(%s, %s);" % (", ".join(binds), ", ".join(grads)))
+        fn = ["template <class T>",
+              "T graph_%d(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {" % gid]
+        fn += body + ["}"]
+        text = "\n".join(self.lines + ["constexpr auto loss = %s;" % self.loss])
+        leaves = []
+        for name, param, shape, lo, hi in self.leaves:
+            ext = ", ".join(str(-1 - int(e[1:])) if isinstance(e, str) else str(e) for e in shape)
+            leaves.append('{"%s", %s, %d, {%s}, %s, %s}' % (name, "true" if param else "false", len(shape), ext,
+                                                             cpp_num(lo), cpp_num(hi)))
+        reg = ("    r.push_back({%d, %d, %s,\n                %s,\n                %s,\n                {%s},\n"
+               "                &graph_%d<double>, &graph_%d<float>});"
+               % (gid, self.vars, "true" if split else "false", c_string(text), c_string("\n".join(self.program)),
+                  ", ".join(leaves), gid, gid))
+        return "\n".join(fn), reg
+
+
+def c_string(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def main():
+    out = pathlib.Path(__file__).resolve().parent / "generated"
+    out.mkdir(exist_ok=True)
+    graphs = [Graph(g, random.Random(SEED * 1000 + g)) for g in range(GRAPHS)]
+    for u in range(UNITS):
+        mine = [g for g in graphs if g.gid % UNITS == u]
+        fns, regs = zip(*(g.cpp() for g in mine))
+        src = ["// Generated by tests/differential/generate.py: do not edit.",
+               "#include \"graph_registry.hpp\"",
+               "",
+               "namespace tg = typegrad;",
+               "",
+               "namespace typegrad_differential {",
+               "namespace {",
+               ""]
+        src += [f + "\n" for f in fns]
+        src += ["const bool registered = [] {",
+                "    auto& r = registry();"]
+        src += list(regs)
+        src += ["    return true;", "}();", "", "}  // namespace", "}  // namespace typegrad_differential", ""]
+        (out / ("graphs_%d.cpp" % u)).write_text("\n".join(src))
+    print("wrote %d graphs in %d units to %s" % (GRAPHS, UNITS, out))
+
+
+if __name__ == "__main__":
+    main()
