@@ -6,7 +6,7 @@
 //
 // A mismatch prints a reproducer: the graph's C++ text, the smallest sizes that still fail, the
 // inputs. Environment:
-//   TYPEGRAD_DIFF_CASES=<n>   total cases (default 1024, both dtypes)
+//   TYPEGRAD_DIFF_CASES=<n>   cases to draw (default 1280, both dtypes; a few are skipped)
 //   TYPEGRAD_DIFF_GRAPH=<id>  only this graph
 //   TYPEGRAD_DIFF_STRICT=1    known failures (docs/reliability.md) fail the run too
 #include <torch/torch.h>
@@ -70,14 +70,31 @@ case_data make_case(const diff::graph_def& g, const std::vector<std::size_t>& va
 struct reference {
     double loss = 0;
     std::vector<std::vector<double>> grads;  // params, leaf order
+    bool near_kink = false;
+    double magnitude = 0;  // largest |value| of any node: the scale of the rounding errors
 };
 
-reference run_torch(const diff::graph_def& g, const case_data& c) {
+// Where a graph is not differentiable (relu/abs at 0, ties of max/min, the branch of a
+// comparison), a value within rounding of the kink may fall on either side in typegrad's dtype:
+// such a case compares nothing useful. Exact ties (margin 0) are structural and kept.
+void note_margin(reference& ref, const torch::Tensor& margin, const torch::Tensor& scale, double tol) {
+    const auto m = margin.detach().abs();
+    const auto near = (m > 0) & (m < tol * (scale.detach().abs() + 1));
+    if (near.any().item<bool>()) ref.near_kink = true;
+}
+
+reference run_torch(const diff::graph_def& g, const case_data& c, double kink_tol) {
     std::vector<torch::Tensor> nodes, leaves;
     auto opts = torch::TensorOptions().dtype(torch::kFloat64);
     auto node = [&](const std::string& tok) -> torch::Tensor {
         if (tok[0] == 'c') return torch::scalar_tensor(std::stod(tok.substr(1)), opts);
         return nodes.at(std::stoul(tok));
+    };
+    reference ref;
+    auto top_gap = [&](const torch::Tensor& t, bool largest) {  // ties of a max/min reduction
+        if (t.numel() < 2) return;
+        const auto top = std::get<0>(t.detach().reshape({-1}).topk(2, 0, largest));
+        note_margin(ref, top[0] - top[1], top[0], kink_tol);
     };
     std::istringstream lines(g.program);
     std::string line;
@@ -102,29 +119,34 @@ reference run_torch(const diff::graph_def& g, const case_data& c) {
         else if (op == "cos") r = torch::cos(node(a));
         else if (op == "tanh") r = torch::tanh(node(a));
         else if (op == "sigmoid") r = torch::sigmoid(node(a));
-        else if (op == "relu") r = torch::relu(node(a));
-        else if (op == "abs") r = torch::abs(node(a));
+        else if (op == "relu" || op == "abs") {
+            note_margin(ref, node(a), torch::zeros({}, opts), kink_tol);
+            r = op == "relu" ? torch::relu(node(a)) : torch::abs(node(a));
+        }
         else if (op == "detach") r = node(a).detach();
         else if (op == "powc") { ts >> b; r = torch::pow(node(a), torch::scalar_tensor(std::stod(b), opts)); }
         else if (op == "sum") r = node(a).sum();
         else if (op == "mean") r = node(a).mean();
-        else if (op == "max") r = node(a).max();
-        else if (op == "min") r = node(a).min();
+        else if (op == "max") { top_gap(node(a), true); r = node(a).max(); }
+        else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
         else if (op == "lse") r = torch::logsumexp(node(a).reshape({-1}), 0);
         else if (op == "where_gt" || op == "where_ge" || op == "where_lt" || op == "where_le") {
             ts >> b >> x >> y;
             const auto p = node(a), q = node(b);
+            note_margin(ref, p - q, p, kink_tol);
             const auto cond = op == "where_gt" ? p > q : op == "where_ge" ? p >= q : op == "where_lt" ? p < q : p <= q;
             r = torch::where(cond, node(x), node(y));
         } else if (op.rfind("mask_", 0) == 0) {
             ts >> b >> x;
             const auto p = node(a), q = node(b);
+            note_margin(ref, p - q, p, kink_tol);
             const std::string m = op.substr(5);
             const auto cond = m == "gt" ? p > q : m == "ge" ? p >= q : m == "lt" ? p < q : p <= q;
             r = cond.to(torch::kFloat64) * node(x);
         } else {
             ts >> b;
             const auto p = node(a), q = node(b);
+            if (op == "maximum" || op == "minimum") note_margin(ref, p - q, p, kink_tol);
             if (op == "add") r = p + q;
             else if (op == "sub") r = p - q;
             else if (op == "mul") r = p * q;
@@ -134,10 +156,10 @@ reference run_torch(const diff::graph_def& g, const case_data& c) {
             else if (op == "minimum") r = torch::minimum(p, q);
             else throw std::runtime_error("differential: unknown op in program: " + line);
         }
+        ref.magnitude = std::max(ref.magnitude, r.detach().abs().max().item<double>());
         nodes.push_back(r);
     }
     torch::Tensor loss = nodes.back();
-    reference ref;
     ref.loss = loss.item<double>();
     if (loss.requires_grad()) loss.backward();
     for (std::size_t i = 0; i < g.leaves.size(); ++i) {
@@ -158,6 +180,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c) {
 struct verdict {
     bool ok = true;
     bool reference_finite = true;
+    bool near_kink = false;
     double worst = 0;  // largest error relative to the tensor's scale
     std::string detail;
 };
@@ -165,12 +188,13 @@ struct verdict {
 template <class T>
 verdict compare(const diff::graph_def& g, const case_data& c, bool split) {
     verdict v;
-    const reference ref = run_torch(g, c);
+    const reference ref = run_torch(g, c, std::is_same_v<T, double> ? 1e-11 : 1e-3);
+    v.near_kink = ref.near_kink;
     auto finite = [](const std::vector<double>& xs) {
         return std::all_of(xs.begin(), xs.end(), [](double x) { return std::isfinite(x); });
     };
     v.reference_finite = std::isfinite(ref.loss) && std::all_of(ref.grads.begin(), ref.grads.end(), finite);
-    if (!v.reference_finite) return v;  // outside the graph's domain at this point: not a case
+    if (!v.reference_finite || v.near_kink) return v;  // not a case: outside the domain, or at a kink
 
     diff::tensors<T> in, grads;
     for (const auto& x : c.in) in.emplace_back(x.begin(), x.end());
@@ -181,8 +205,8 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split) {
     else loss = g.f32(in, c.ext, grads, split);
 
     const double rtol = std::is_same_v<T, double> ? rtol_f64 : rtol_f32;
-    auto check = [&](const char* what, const std::vector<double>& want, auto&& got_at) {
-        double scale = 0;
+    auto check = [&](const char* what, const std::vector<double>& want, auto&& got_at, double floor = 0) {
+        double scale = floor / rtol;
         for (double w : want) scale = std::max(scale, std::abs(w));
         for (std::size_t i = 0; i < want.size(); ++i) {
             const double got = double(got_at(i));
@@ -199,7 +223,10 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split) {
             }
         }
     };
-    check("loss", {ref.loss}, [&](std::size_t) { return loss; });
+    // A float loss may be a small difference of large intermediates (sin of a large sum, say):
+    // its error is then set by their rounding, so the loss gets an absolute floor from them.
+    const double floor = std::is_same_v<T, float> ? 16 * 0x1p-24 * ref.magnitude : 0;
+    check("loss", {ref.loss}, [&](std::size_t) { return loss; }, floor);
     std::size_t k = 0;
     for (std::size_t i = 0; i < g.leaves.size(); ++i) {
         if (!g.leaves[i].param) continue;
@@ -251,21 +278,20 @@ case_data shrink(const diff::graph_def& g, const case_data& failing, std::uint64
     for (const auto& vars : candidates) {
         case_data c = make_case<T>(g, vars, seed);
         const verdict v = compare<T>(g, c, split);
-        if (v.reference_finite && !v.ok) return c;
+        if (v.reference_finite && !v.near_kink && !v.ok) return c;
     }
     return failing;
 }
 
 struct tally {
-    long cases = 0, skipped = 0, failures = 0, known = 0;
+    long cases = 0, skipped = 0, kinks = 0, failures = 0, known = 0;
     double worst_f64 = 0, worst_f32 = 0;
 };
 
 // Graphs that hit a known library bug (docs/reliability.md). Their mismatches are reported but
 // do not fail the run unless TYPEGRAD_DIFF_STRICT=1.
 bool known_failure(const diff::graph_def& g) {
-    (void)g;
-    return false;
+    return g.id == 1000;  // bug 1: max/min of a recomputed expression (regressions.cpp)
 }
 
 template <class T>
@@ -279,8 +305,8 @@ void run_graph(const diff::graph_def& g, long per_graph, tally& t, bool strict) 
         const bool split = g.split && k % 2 == 1;
         const case_data c = make_case<T>(g, vars, seed);
         const verdict v = compare<T>(g, c, split);
-        if (!v.reference_finite) {
-            ++t.skipped;
+        if (!v.reference_finite || v.near_kink) {
+            ++(v.near_kink ? t.kinks : t.skipped);
             continue;
         }
         ++t.cases;
@@ -313,7 +339,7 @@ int main() {
         std::printf("no graphs\n");
         return 1;
     }
-    const long total = env_long("TYPEGRAD_DIFF_CASES", 1024);
+    const long total = env_long("TYPEGRAD_DIFF_CASES", 1280);
     const long per_graph = std::max(1L, (total + 2 * long(graphs.size()) - 1) / (2 * long(graphs.size())));
     const bool strict = env_long("TYPEGRAD_DIFF_STRICT", 0) != 0;
     tally t;
@@ -321,8 +347,10 @@ int main() {
         run_graph<double>(g, per_graph, t, strict);
         run_graph<float>(g, per_graph, t, strict);
     }
-    std::printf("\ndifferential: %zu graphs, %ld cases compared (%ld skipped: reference not finite), "
-                "%ld failures, %ld known failures; worst error double %.3g (bound %.0e), float %.3g (bound %.0e)\n",
-                graphs.size(), t.cases, t.skipped, t.failures, t.known, t.worst_f64, rtol_f64, t.worst_f32, rtol_f32);
+    std::printf("\ndifferential: %zu graphs, %ld cases compared (skipped: %ld with a non-finite reference, %ld within "
+                "rounding of a kink), %ld failures, %ld known failures; worst error double %.3g (bound %.0e), "
+                "float %.3g (bound %.0e)\n",
+                graphs.size(), t.cases, t.skipped, t.kinks, t.failures, t.known, t.worst_f64, rtol_f64, t.worst_f32,
+                rtol_f32);
     return t.failures == 0 ? 0 : 1;
 }

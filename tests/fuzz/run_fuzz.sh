@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
 # Runs the typegrad libFuzzer harness for a number of executions and reports count and time.
 #   tests/fuzz/run_fuzz.sh <typegrad_fuzz binary> [runs=20000] [more libFuzzer flags...]
-# Starts from the checked-in seed corpus (copied: libFuzzer writes new inputs into its corpus
-# directory) with a fixed seed, so a run is repeatable. Exit status: the fuzzer's (0: no failure).
+# Starts from an empty corpus in a temporary directory with a fixed seed (TYPEGRAD_FUZZ_SEED,
+# default 1), so a run is repeatable. Exit status: the fuzzer's (0: no failure).
 # A failing input is written as crash-* into the current directory; replay it with
 #   TYPEGRAD_FUZZ_VERBOSE=1 <binary> crash-...
 set -euo pipefail
 fuzzer="$1"
 runs="${2:-20000}"
 shift $(( $# >= 2 ? 2 : 1 ))
-here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/corpus"
-cp "$here"/corpus/* "$work/corpus/" 2>/dev/null || true
 start=$(date +%s.%N)
 set +e
 "$fuzzer" -runs="$runs" -seed="${TYPEGRAD_FUZZ_SEED:-1}" -max_len=512 -timeout=20 -rss_limit_mb=4096 \

@@ -52,6 +52,11 @@ struct create_graph_t {
 };
 inline constexpr create_graph_t create_graph{};
 
+// Policy for compile<>: check every forward and backward value for NaN/Inf and throw
+// tg::anomaly_error naming the first node that produced one (a checked dry run precedes the
+// real one, so no caller buffer is written when it throws).
+struct detect_anomaly {};
+
 namespace backward_autocast {
 struct same_as_forward {};
 }  // namespace backward_autocast
@@ -202,6 +207,7 @@ public:
         detail::note_plan_use<PP>();
         value_type loss_slot{};
         if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = &loss_slot;
+        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>()>(st, scratch, offset);
         detail::prepare_scratch<PP>(st, scratch, offset);
         detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
         run_post_hooks<PP>(st, args...);
@@ -228,7 +234,13 @@ public:
         detail::check_custom_mutations<PP>(ctx.state_);
         detail::note_plan_use<PP>();
         detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
-        detail::run_loops<PP, 0>(ctx.state_);
+        if constexpr (anomaly) {
+            detail::anomaly_node() = detail::no_anomaly;
+            detail::run_loops<PP, 0, true>(ctx.state_);
+            report_anomaly<PP>();
+        } else {
+            detail::run_loops<PP, 0>(ctx.state_);
+        }
         if constexpr (Loss::kind != op_kind::elementwise)
             copy_node_value<PP, Loss>(ctx.state_, loss_buf, loss_n);
         ctx.loss_ = loss_buf;
@@ -267,6 +279,7 @@ public:
         detail::check_custom_mutations<PP>(st);
         check_create_graph<PP>(args...);
         detail::note_plan_use<PP>();
+        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>()>(st, scratch, offset);
         detail::prepare_scratch<PP>(st, scratch, offset);
         detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
         run_post_hooks<PP>(st, args...);
@@ -571,6 +584,57 @@ public:
     }
 
 private:
+    static constexpr bool anomaly = std::is_same_v<Policy, detect_anomaly>;
+
+    // Anomaly mode: run the whole plan once with every value checked and the outputs redirected
+    // to temporaries; only a clean run is repeated for real.
+    template <class PP, std::uint64_t Acc>
+    static void dry_run(const typename PP::state_type& st, detail::scratch_unit* scratch,
+                        const std::array<std::size_t, PP::M + 1>& offset) {
+        static_assert(detail::create_graph_hazard_count<PP>() == 0 && !mutates_anything<PP>(),
+                      "typegrad: detect_anomaly runs a step twice (a checked dry run first); it cannot be "
+                      "combined with custom ops that mutate their inputs.");
+        typename PP::state_type dry = st;
+        std::array<std::vector<value_type>, PP::NS + 1> temp;
+        for (std::size_t i = 0; i < PP::NS; ++i) {
+            temp[i].assign(detail::node_numel<PP>(st, PP::stores[i]) + 1, value_type{});
+            dry.out[i] = temp[i].data();
+        }
+        detail::prepare_scratch<PP>(dry, scratch, offset);
+        detail::anomaly_node() = detail::no_anomaly;
+        detail::run_loops<PP, Acc, true>(dry);
+        report_anomaly<PP>();
+    }
+    template <class PP>
+    static void report_anomaly() {
+        const std::size_t n = detail::anomaly_node();
+        if (n == detail::no_anomaly) return;
+        constexpr auto forward_nodes = [] {
+            std::array<bool, PP::M> r{};
+            [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+                ((r[Ns] = detail::contains_v<typename PP::program::template node_at<Ns>, typename Loss::topo>), ...);
+            }(std::make_index_sequence<PP::M>{});
+            return r;
+        }();
+        throw anomaly_error(detail::message("typegrad: anomaly: node %", n, " '", PP::program::info[n].name, "' (",
+                                            forward_nodes[n] ? "forward" : "backward",
+                                            ") produced NaN or Inf; nothing was written"));
+    }
+    template <class PP>
+    static constexpr bool mutates_anything() {
+        return []<std::size_t... Ns>(std::index_sequence<Ns...>) {
+            return (mutating_custom<typename PP::program::template node_at<Ns>>() || ...);
+        }(std::make_index_sequence<PP::M>{});
+    }
+    template <class N>
+    static constexpr bool mutating_custom() {
+        using ci = detail::custom_kernel_info<N>;
+        if constexpr (!ci::is_custom) return false;
+        else return []<std::size_t... Ks>(std::index_sequence<Ks...>) {
+            return (detail::declares_mutation<typename ci::op, ci::backward, Ks>() || ...);
+        }(std::make_index_sequence<N::children::size>{});
+    }
+
     template <class PP>
     static value_type read_loss(const typename PP::state_type& st, value_type slot) {
         if constexpr (Loss::kind == op_kind::elementwise) return slot;
@@ -708,6 +772,8 @@ private:
 
 inline std::size_t plan_count() { return detail::plan_counter().load(); }
 
+// compile<Policy>(loss, wrt(...)): Policy is backward_autocast::same_as_forward (default) or
+// detect_anomaly.
 template <class Policy = backward_autocast::same_as_forward, class Loss, class... Leaves>
 constexpr auto compile(Loss, wrt_t<Leaves...>) {
     static_assert(is_expr_v<std::remove_cvref_t<Loss>>,

@@ -22,6 +22,10 @@ struct aliasing_error : error {
 struct mutation_error : error {
     using error::error;
 };
+// Anomaly mode found a NaN or Inf; the message names the first node that produced it.
+struct anomaly_error : error {
+    using error::error;
+};
 // A binding is unusable for a reason other than its shape (e.g. a null pointer).
 struct binding_error : error {
     using error::error;

@@ -2,6 +2,7 @@
 // Runs a plan: run-time shapes (with the checks that throw before anything is written), scratch
 // sizing, shape-derived scalars, reduction initialisation, then the fused loops stage by stage.
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstddef>
 #include <string>
@@ -258,17 +259,41 @@ void run_kernel(typename PP::state_type& st) {
 template <class PP>
 inline constexpr auto schedule_v = schedule<PP>();
 
-template <class PP, std::uint64_t AccumulateMask, std::size_t I>
-void run_item(typename PP::state_type& st) {
-    constexpr step_item item = schedule_v<PP>[I];
-    if constexpr (item.is_loop) loop_kernel<PP, item.index, AccumulateMask>::run(st);
-    else run_kernel<PP, item.index>(st);
+// After a kernel or loop in anomaly mode: the buffers it wrote must be finite.
+template <class PP>
+void check_buffer(const typename PP::state_type& st, std::size_t n) {
+    if (anomaly_node() != no_anomaly) return;
+    const std::size_t count = node_numel<PP>(st, n);
+    auto scan = [&](const auto* p) {
+        for (std::size_t i = 0; i < count; ++i)
+            if (!std::isfinite(p[i])) {
+                anomaly_node() = n;
+                return;
+            }
+    };
+    if (PP::program::info[n].elem_size == sizeof(double)) scan(static_cast<const double*>(st.ptr[n]));
+    else scan(static_cast<const float*>(st.ptr[n]));
 }
 
-template <class PP, std::uint64_t AccumulateMask>
+template <class PP, std::uint64_t AccumulateMask, std::size_t I, bool Check>
+void run_item(typename PP::state_type& st) {
+    constexpr step_item item = schedule_v<PP>[I];
+    if constexpr (item.is_loop) {
+        loop_kernel<PP, item.index, AccumulateMask, Check>::run(st);
+        if constexpr (Check) {
+            constexpr loop_plan lp = PP::plan.loops[item.index];
+            for (std::size_t m = lp.red_begin; m < lp.mat_end; ++m) check_buffer<PP>(st, PP::plan.members[m]);
+        }
+    } else {
+        run_kernel<PP, item.index>(st);
+        if constexpr (Check) check_buffer<PP>(st, item.index);
+    }
+}
+
+template <class PP, std::uint64_t AccumulateMask, bool Check = false>
 void run_loops(typename PP::state_type& st) {
     [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-        (run_item<PP, AccumulateMask, Is>(st), ...);
+        (run_item<PP, AccumulateMask, Is, Check>(st), ...);
     }(std::make_index_sequence<schedule_size<PP>()>{});
 }
 

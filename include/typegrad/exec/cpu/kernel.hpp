@@ -6,6 +6,7 @@
 // broadcast along it are loaded once per row.
 #include <array>
 #include <cstddef>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -52,9 +53,24 @@ inline T reduce_lanes(const xsimd::batch<T, A>& v) {
     else return -simd::reduce_max(-v);
 }
 
+// Anomaly mode: the first node (in evaluation order) whose value is not finite.
+inline constexpr std::size_t no_anomaly = static_cast<std::size_t>(-1);
+inline std::size_t& anomaly_node() {
+    thread_local std::size_t node = no_anomaly;
+    return node;
+}
+template <class V>
+inline void note_nonfinite(const V& v, std::size_t node) {
+    bool bad;
+    if constexpr (simd::is_batch_v<V>) bad = xsimd::any(!xsimd::isfinite(v));
+    else bad = !std::isfinite(v);
+    if (bad && anomaly_node() == no_anomaly) anomaly_node() = node;
+}
+
 // PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
 // rank_offset (array: start of each node's extents in exec_state::ext), value_type.
-template <class PP, std::size_t L, std::uint64_t AccumulateMask>
+// Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
+template <class PP, std::size_t L, std::uint64_t AccumulateMask, bool Check = false>
 struct loop_kernel {
     using prog = typename PP::program;
     // A loop runs in its iteration node's dtype (float/double never mix inside one loop).
@@ -172,6 +188,7 @@ struct loop_kernel {
         using N = typename prog::template node_at<id>;
         [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
             v[n_in + B] = N::op::apply(v[child_slot<id, Ks>]...);
+            if constexpr (Check) note_nonfinite(v[n_in + B], id);
         }(value_children<id>());
     }
     template <class V, class Values>
@@ -333,12 +350,14 @@ struct loop_kernel {
         } else if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
             v[I] = simd::load(in_ptr[I] + off[I] + j);
         }
+        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], operand_node(I));
     }
     template <std::size_t I, class VS, class InPtr, class Off, class InnerStride>
     static void load_scalar(VS& s, const InPtr& in_ptr, const Off& off, std::size_t j,
                             const InnerStride& inner_stride) {
         if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
             s[I] = in_ptr[I][off[I] + std::ptrdiff_t(j) * inner_stride[I]];
+        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], operand_node(I));
     }
 
     template <class V, class Values, class Acc, class OutPtr, class Off>

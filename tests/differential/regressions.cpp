@@ -1,0 +1,38 @@
+// Hand-written graphs (ids from 1000) in the generated graphs' format: shapes of bugs found
+// outside the random generator, kept so that the differential test watches them.
+#include "graph_registry.hpp"
+
+namespace tg = typegrad;
+
+namespace typegrad_differential {
+namespace {
+
+// Known bug 1 (docs/reliability.md): the gradient of max(exp(a)) is NaN/inf when exp(a) is also
+// evaluated in a loop that broadcasts b along the rows, and the two loops split the maximum's
+// element differently between SIMD body and scalar tail (xsimd::exp and std::exp differ by an ulp:
+// no element equals the saved maximum, the tie count is 0).
+template <class T>
+T graph_1000(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<1, tg::dyn>>;
+    constexpr auto e = tg::exp(a);
+    constexpr auto step = tg::compile(tg::max(e) + tg::sum(e * b), tg::wrt(a));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}),
+                               tg::grad_into(a, grad[0]));
+}
+
+const bool registered = [] {
+    registry().push_back({1000, 2, false,
+                          "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\n"
+                          "constexpr auto b = tg::input<\"b\", T, tg::shape<1, tg::dyn>>;\n"
+                          "constexpr auto e = tg::exp(a);\n"
+                          "constexpr auto loss = tg::max(e) + tg::sum(e * b);",
+                          "leaf 0\nleaf 1\nexp 0\nmax 2\nmul 2 1\nsum 4\nadd 3 5",
+                          {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", false, 2, {1, -2}, -2.0, 2.0}},
+                          &graph_1000<double>,
+                          &graph_1000<float>});
+    return true;
+}();
+
+}  // namespace
+}  // namespace typegrad_differential
