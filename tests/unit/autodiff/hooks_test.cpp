@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <string>
 
 namespace tg = typegrad;
 
@@ -28,6 +29,9 @@ TEST_CASE("an elementwise hook transforms the gradient inside the fused backward
     auto step = tg::compile(tg::sum(tg::hook(x, [](auto gr) { return gr + 10; })), tg::wrt(x));
     step.value_and_grad(tg::bind(x, xd), tg::grad_into(x, g));
     CHECK(g == std::vector<float>(100, 11.f));
+    // the hook is visible in the backward graph that describe() prints
+    const std::string text = tg::describe(step);
+    CHECK(text.find("hook(") != std::string::npos);
     // the hook is a node of the gradient's type
     using G = tg::grad_t<decltype(tg::sum(tg::hook(x, [](auto gr) { return gr + 10; }))), decltype(x)>;
     STATIC_REQUIRE(G::node_type::kind == tg::op_kind::elementwise);
