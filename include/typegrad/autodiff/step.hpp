@@ -429,7 +429,7 @@ private:
         if constexpr (detail::is_leaf_binding_v<Arg>) {
             using L = typename Arg::leaf_type;
             constexpr std::size_t id = PP::program::template id_of<L>;
-            const std::size_t need = detail::node_numel<PP>(st, id);
+            const std::size_t need = detail::checked_numel<PP>(st, id);
             if (b.size != detail::unknown_size && b.size != need)
                 throw shape_error(detail::message("typegrad: bind(", L::name(), ", ...): the buffer has ", b.size,
                                                   " elements but extents ",
@@ -454,6 +454,7 @@ private:
                     constexpr std::size_t id = PP::program::template id_of<typename B::leaf_type>;
                     if (n == detail::unknown_size) n = detail::node_numel<PP>(st, id);
                 }
+                if (b.data == nullptr) return;  // rejected below (or empty): no arithmetic on null
                 const auto* p = reinterpret_cast<const unsigned char*>(b.data);
                 auto& r = detail::is_grad_binding_v<B> ? out_ranges : in_ranges;
                 auto& k = detail::is_grad_binding_v<B> ? n_out : n_in;
@@ -686,6 +687,9 @@ private:
     }
     template <class PP, class FwdPP, class FwdState, class... Args>
     static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
+        if constexpr (!detail::contains_v<seed_leaf, typename PP::program::nodes>) {
+            return;  // no gradient requested: nothing reads the seed
+        } else {
         constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
         static_assert(((std::size_t(detail::is_seed_binding_v<Args>) + ... + 0)) == 1,
                       "typegrad: backward(ctx, ...) takes one tg::seed(...).");
@@ -702,20 +706,23 @@ private:
         for (std::size_t a = 0; a < S::rank; ++a)
             st.ext[PP::rank_offset[id] + a] =
                 fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>] + a];
+        }
     }
     template <class PP, class... Args>
     static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
-        constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
-        auto check = [&](const auto& b) {
-            using B = std::remove_cvref_t<decltype(b)>;
-            if constexpr (detail::is_seed_binding_v<B>) {
-                const std::size_t need = detail::node_numel<PP>(st, id);
-                if (b.size != need)
-                    throw shape_error(detail::message("typegrad: tg::seed(buffer) has ", b.size,
-                                                      " elements but the output has ", need));
-            }
-        };
-        (check(args), ...);
+        if constexpr (detail::contains_v<seed_leaf, typename PP::program::nodes>) {
+            constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
+            auto check = [&](const auto& b) {
+                using B = std::remove_cvref_t<decltype(b)>;
+                if constexpr (detail::is_seed_binding_v<B>) {
+                    const std::size_t need = detail::node_numel<PP>(st, id);
+                    if (b.size != need)
+                        throw shape_error(detail::message("typegrad: tg::seed(buffer) has ", b.size,
+                                                          " elements but the output has ", need));
+                }
+            };
+            (check(args), ...);
+        }
     }
 
     template <class, class>

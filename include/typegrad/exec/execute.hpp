@@ -3,6 +3,7 @@
 // sizing, shape-derived scalars, reduction initialisation, then the fused loops stage by stage.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <array>
 #include <cstddef>
 #include <string>
@@ -158,12 +159,28 @@ void compute_shapes(typename PP::state_type& st) {
 // starts on a 64-byte boundary.
 using scratch_unit = double;
 
+// Element count of a node, or a shape_error when it (or its size in bytes) cannot be represented.
+template <class PP>
+std::size_t checked_numel(const typename PP::state_type& st, std::size_t node) {
+    std::size_t n = 1;
+    for (std::size_t a = 0; a < PP::program::info[node].rank; ++a)
+        if (__builtin_mul_overflow(n, st.ext[PP::rank_offset[node] + a], &n))
+            throw shape_error(message("typegrad: the extents of '", PP::program::info[node].name, "' (node ", node,
+                                      ") overflow an element count"));
+    std::size_t bytes = 0;
+    if (__builtin_mul_overflow(n, PP::program::info[node].elem_size, &bytes) ||
+        bytes > std::size_t(PTRDIFF_MAX) / 2)
+        throw shape_error(message("typegrad: '", PP::program::info[node].name, "' (node ", node, ") would need ", n,
+                                  " elements, more than memory can address"));
+    return n;
+}
+
 template <class PP>
 std::size_t scratch_layout(const typename PP::state_type& st, std::array<std::size_t, PP::M + 1>& offset) {
     std::size_t total = 0;
     for (std::size_t n = 0; n < PP::M; ++n) {
         offset[n] = total;
-        if (PP::plan.computed[n]) total += (node_numel<PP>(st, n) * PP::program::info[n].elem_size + 63) / 64 * 8;
+        if (PP::plan.computed[n]) total += (checked_numel<PP>(st, n) * PP::program::info[n].elem_size + 63) / 64 * 8;
     }
     offset[PP::M] = total;
     return total;

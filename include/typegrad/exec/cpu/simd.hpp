@@ -80,14 +80,31 @@ template <class T, class A>
 inline auto is_finite(const xsimd::batch<T, A>& x) { return xsimd::isfinite(x); }
 
 // ---- elementwise math: scalars ------------------------------------------------------------
-template <class T> requires std::is_floating_point_v<T> inline T exp(T x) { return std::exp(x); }
-template <class T> requires std::is_floating_point_v<T> inline T log(T x) { return std::log(x); }
+// Loop tails compute with the same (vector) functions as loop bodies: an element must get the
+// same bits whether a loop reaches it in a batch or in the tail, or a value recomputed in another
+// loop (say, compared with a saved maximum) would differ by an ulp.
+template <class T, class F>
+inline T through_batch(T x, F f) {
+    alignas(64) T lanes[width<T>];
+    store(lanes, f(batch<T>(x)));
+    return lanes[0];
+}
+template <class T> requires std::is_floating_point_v<T>
+inline T exp(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::exp(b); }); }
+template <class T> requires std::is_floating_point_v<T>
+inline T log(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::log(b); }); }
 template <class T> requires std::is_floating_point_v<T> inline T sqrt(T x) { return std::sqrt(x); }
-template <class T> requires std::is_floating_point_v<T> inline T sin(T x) { return std::sin(x); }
-template <class T> requires std::is_floating_point_v<T> inline T cos(T x) { return std::cos(x); }
-template <class T> requires std::is_floating_point_v<T> inline T tanh(T x) { return std::tanh(x); }
+template <class T> requires std::is_floating_point_v<T>
+inline T sin(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::sin(b); }); }
+template <class T> requires std::is_floating_point_v<T>
+inline T cos(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::cos(b); }); }
+template <class T> requires std::is_floating_point_v<T>
+inline T tanh(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::tanh(b); }); }
 template <class T> requires std::is_floating_point_v<T> inline T abs(T x) { return std::fabs(x); }
-template <class T> requires std::is_floating_point_v<T> inline T pow(T x, T y) { return std::pow(x, y); }
+template <class T> requires std::is_floating_point_v<T>
+inline T pow(T x, T y) {
+    return through_batch(x, [y](const batch<T>& b) { return xsimd::pow(b, batch<T>(y)); });
+}
 template <class T> requires std::is_floating_point_v<T>
 inline T max(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
 template <class T> requires std::is_floating_point_v<T>
