@@ -7,6 +7,7 @@
 #include <typegrad/core/shape.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/compare.hpp>

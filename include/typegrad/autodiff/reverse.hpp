@@ -13,6 +13,7 @@
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
+#include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/hook.hpp>
 
 namespace typegrad {
@@ -65,9 +66,14 @@ struct children_contributions<node<Op, Cs...>, G, std::index_sequence<Is...>> {
                            typename child_contribution<node<Op, Cs...>, G, Is>::type{}));
 };
 
-template <class... Ms>
+// A node's adjoint has the node's dtype, as in PyTorch's engine: a bf16 value gets a bf16
+// gradient even where the op that read it computed in float (and so a leaf gets its own dtype).
+template <class T, class... Ms>
 constexpr auto sum_contributions(type_list<Ms...>) {
-    return (expr<Ms>{} + ...);
+    auto total = (expr<Ms>{} + ...);
+    using V = typename decltype(total)::value_type;
+    if constexpr (!is_dtype_v<T> || !is_dtype_v<V> || std::is_same_v<T, V>) return total;
+    else return cast<T>(total);
 }
 
 template <class N, class State>
@@ -84,7 +90,7 @@ struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
         if constexpr (matched::size == 0) {
             return reverse_state<type_list<Ps...>, Results>{};
         } else {
-            using adjoint = typename decltype(sum_contributions(matched{}))::node_type;
+            using adjoint = typename decltype(sum_contributions<typename N::value_type>(matched{}))::node_type;
             if constexpr (N::kind == op_kind::leaf) {
                 return reverse_state<rest, decltype(Results{} + type_list<pending<N, adjoint>>{})>{};
             } else {
@@ -130,15 +136,22 @@ struct find_adjoint<Leaf, type_list<Rs...>> {
 
 // The gradient of Leaf in canonical form: an elementwise node of the leaf's shape and dtype
 // (zeros when the leaf does not reach the root).
+template <class Leaf, class Adjoint>
+constexpr auto canonical_gradient() {
+    if constexpr (is_dtype_v<typename Adjoint::value_type> &&
+                  !std::is_same_v<typename Adjoint::value_type, typename Leaf::value_type>)
+        return canonical_gradient<Leaf, typename decltype(cast<typename Leaf::value_type>(expr<Adjoint>{}))::node_type>();
+    else if constexpr (Adjoint::kind == op_kind::elementwise &&
+                       std::is_same_v<typename Adjoint::shape_type, typename Leaf::shape_type> &&
+                       std::is_same_v<typename Adjoint::value_type, typename Leaf::value_type>)
+        return expr<Adjoint>{};
+    else return make_node<expand_op>(expr<Adjoint>{}, expr<Leaf>{});
+}
 template <class Root, class Seed, class Leaf>
 constexpr auto gradient_expr() {
     using adjoint = typename find_adjoint<Leaf, leaf_adjoints_t<Root, Seed>>::type;
     if constexpr (std::is_void_v<adjoint>) return make_node<expand_op>(lit<0>, expr<Leaf>{});
-    else if constexpr (adjoint::kind == op_kind::elementwise &&
-                       std::is_same_v<typename adjoint::shape_type, typename Leaf::shape_type> &&
-                       std::is_same_v<typename adjoint::value_type, typename Leaf::value_type>)
-        return expr<adjoint>{};
-    else return make_node<expand_op>(expr<adjoint>{}, expr<Leaf>{});
+    else return canonical_gradient<Leaf, adjoint>();
 }
 
 template <class E>

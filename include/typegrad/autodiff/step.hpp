@@ -17,6 +17,7 @@
 #include <boost/hana/tuple.hpp>
 
 #include <typegrad/autodiff/reverse.hpp>
+#include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
@@ -57,9 +58,6 @@ inline constexpr create_graph_t create_graph{};
 // real one, so no caller buffer is written when it throws).
 struct detect_anomaly {};
 
-namespace backward_autocast {
-struct same_as_forward {};
-}  // namespace backward_autocast
 
 namespace detail {
 
@@ -165,6 +163,83 @@ constexpr bool is_bound_leaf() {
 
 }  // namespace detail
 
+namespace detail {
+template <class P>
+inline constexpr bool is_backward_policy_v = std::is_same_v<P, backward_autocast::same_as_forward> ||
+                                             std::is_same_v<P, backward_autocast::off>;
+template <class S>
+inline constexpr bool is_backward_policy_v<backward_autocast::custom<S>> = true;
+template <class P>
+inline constexpr bool is_known_policy_v = is_backward_policy_v<P> || std::is_same_v<P, detect_anomaly> ||
+                                          std::is_same_v<P, on_autocast_mismatch::raise> ||
+                                          std::is_same_v<P, on_autocast_mismatch::ignore>;
+
+// The backward's autocast spec under policy P, given the forward's ambient spec.
+template <class P, class Ambient>
+struct backward_spec_of {
+    using type = Ambient;  // same_as_forward
+};
+template <class Ambient>
+struct backward_spec_of<backward_autocast::off, Ambient> {
+    using type = no_autocast;
+};
+template <class S, class Ambient>
+struct backward_spec_of<backward_autocast::custom<S>, Ambient> {
+    using type = S;
+};
+
+// compile<Ps...>'s policies, with the ambient autocast spec of the compiled expression.
+template <class Ambient, class... Ps>
+struct step_policy {
+    static_assert((is_known_policy_v<Ps> && ...),
+                  "typegrad: compile<...> got an unknown policy; the policies are tg::backward_autocast::"
+                  "same_as_forward, ::off, ::custom<Spec>, tg::detect_anomaly and tg::on_autocast_mismatch::ignore.");
+    static_assert((std::size_t(is_backward_policy_v<Ps>) + ... + 0) <= 1,
+                  "typegrad: compile<...> got more than one backward_autocast policy.");
+    using backward_policy = type_at_t<0, decltype((type_list<>{} + ... +
+                                                   std::conditional_t<is_backward_policy_v<Ps>, type_list<Ps>, type_list<>>{}) +
+                                                  type_list<backward_autocast::same_as_forward>{})>;
+    using ambient = Ambient;
+    using backward_spec = typename backward_spec_of<backward_policy, Ambient>::type;
+    static constexpr bool anomaly = (std::is_same_v<Ps, detect_anomaly> || ...);
+    static constexpr bool check_mismatch = !(std::is_same_v<Ps, on_autocast_mismatch::ignore> || ...);
+};
+
+template <class Exclude, class... Ns>
+auto list_minus(type_list<Ns...>)
+    -> decltype((type_list<>{} + ... + std::conditional_t<contains_v<Ns, Exclude>, type_list<>, type_list<Ns>>{}));
+
+template <class N>
+constexpr std::string_view op_name_of() {
+    if constexpr (requires { N::op::name; }) return N::op::name;
+    else return "";
+}
+template <fixed_string Name, class... Ns>
+auto op_dtypes(type_list<Ns...>)
+    -> decltype((type_list<>{} + ... +
+                 std::conditional_t<op_name_of<Ns>() == Name.view(), type_list<typename Ns::value_type>, type_list<>>{}));
+
+// Backward nodes (those not in the forward graph) rewritten under the backward's spec.
+template <class N, class Spec, class ForwardTopo>
+struct backward_autocast_rewrite {
+    using type = N;
+};
+template <class N, class Spec, class ForwardTopo>
+    requires(Spec::enabled)
+struct backward_autocast_rewrite<N, Spec, ForwardTopo> {
+    using type = rewrite_t<N, Spec, ForwardTopo>;
+};
+}  // namespace detail
+
+// The dtypes of the nodes named Name (an op name, e.g. "matmul") in a list of node types such as
+// step::backward_nodes, in topological order: compile-time evidence of the dtype a (backward) op
+// runs in, e.g. static_assert(std::is_same_v<tg::op_dtypes_t<S::backward_nodes, "matmul">,
+// tg::type_list<tg::bf16>>).
+template <class Nodes, fixed_string Name>
+using op_dtypes_t = decltype(detail::op_dtypes<Name>(Nodes{}));
+template <class... Ts>
+using type_list = detail::type_list<Ts...>;
+
 template <class Step, class FwdPP>
 class forward_context;
 
@@ -177,11 +252,21 @@ public:
     static constexpr bool scalar_loss = detail::is_scalar_loss_v<Loss>;
     using seed_leaf = leaf<"seed", value_type, typename Loss::shape_type, leaf_role::seed>;
 
-    // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf.
+    using ambient_autocast = typename Policy::ambient;
+    using backward_autocast_spec = typename Policy::backward_spec;
+
+    // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf, with the
+    // backward ops under the backward's autocast spec.
     template <class Leaf, bool Seeded>
-    using grad_node = typename decltype(detail::gradient_expr<
-                                        Loss, std::conditional_t<Seeded, seed_leaf, constant<1>>,
-                                        Leaf>())::node_type;
+    using grad_node = typename decltype(detail::canonical_gradient<Leaf, typename detail::backward_autocast_rewrite<
+        typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, constant<1>>,
+                                                Leaf>())::node_type,
+        backward_autocast_spec, typename Loss::topo>::type>())::node_type;
+
+    // The nodes of the backward graph for every wrt leaf (forward nodes excluded), e.g. to
+    // static_assert the dtype a backward op runs in (tg::op_dtypes_t).
+    using backward_nodes = decltype(detail::list_minus<typename Loss::topo>(
+        detail::union_all_t<detail::type_list<>, typename grad_node<Wrt, false>::topo...>{}));
 
     template <class... Args>
     value_type value_and_grad(const Args&... args) const {
@@ -195,6 +280,7 @@ public:
                                          value_type>;
         typename PP::state_type st{};
         check_calls<PP, grads>(args...);
+        check_autocast_context();
         bind_leaves<PP>(st, args...);
         detail::compute_shapes<PP>(st);
         check_leaf_sizes<PP>(st, args...);
@@ -264,6 +350,7 @@ public:
         using PP = detail::plan_provider<nodes, stores, detail::type_list<>, given, value_type>;
         typename PP::state_type st{};
         check_calls<PP, grads, false>(args...);
+        check_autocast_context();
         // Leaves come from the forward call, the seed from this one.
         [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
             (restore_node<PP, FwdPP, Ns>(st, ctx.state_), ...);
@@ -585,7 +672,21 @@ public:
     }
 
 private:
-    static constexpr bool anomaly = std::is_same_v<Policy, detect_anomaly>;
+    static constexpr bool anomaly = Policy::anomaly;
+
+    // A backward under an autocast_guard that contradicts the spec it was compiled for.
+    static void check_autocast_context() {
+        if constexpr (Policy::check_mismatch) {
+            const detail::guard_slot& g = detail::current_guard();
+            constexpr autocast_state expected = autocast_state_of<backward_autocast_spec>();
+            if (g.active && !(g.state == expected))
+                throw autocast_mismatch(detail::message(
+                    "typegrad: the backward runs under an autocast_guard declaring ", describe_autocast(g.state),
+                    ", but its step was compiled for a backward under ", describe_autocast(expected),
+                    "; compile it with the matching tg::backward_autocast policy (or add "
+                    "tg::on_autocast_mismatch::ignore)"));
+        }
+    }
 
     // Anomaly mode: run the whole plan once with every value checked and the outputs redirected
     // to temporaries; only a clean run is repeated for real.
@@ -596,9 +697,10 @@ private:
                       "typegrad: detect_anomaly runs a step twice (a checked dry run first); it cannot be "
                       "combined with custom ops that mutate their inputs.");
         typename PP::state_type dry = st;
-        std::array<std::vector<value_type>, PP::NS + 1> temp;
+        std::array<std::vector<detail::scratch_unit>, PP::NS + 1> temp;
         for (std::size_t i = 0; i < PP::NS; ++i) {
-            temp[i].assign(detail::node_numel<PP>(st, PP::stores[i]) + 1, value_type{});
+            const std::size_t bytes = detail::node_numel<PP>(st, PP::stores[i]) * PP::program::info[PP::stores[i]].elem_size;
+            temp[i].assign(bytes / sizeof(detail::scratch_unit) + 1, detail::scratch_unit{});
             dry.out[i] = temp[i].data();
         }
         detail::prepare_scratch<PP>(dry, scratch, offset);
@@ -636,11 +738,17 @@ private:
         }(std::make_index_sequence<N::children::size>{});
     }
 
+    // A bf16/f16 reduction is held in float: its value rounds once, here.
+    template <class B>
+    static value_type value_from(B x) {
+        if constexpr (std::is_same_v<B, value_type>) return x;
+        else return value_type(x);
+    }
     template <class PP>
     static value_type read_loss(const typename PP::state_type& st, value_type slot) {
         if constexpr (Loss::kind == op_kind::elementwise) return slot;
         else if constexpr (Loss::kind == op_kind::constant) return static_cast<value_type>(Loss::value);
-        else return *static_cast<const value_type*>(st.ptr[PP::program::template id_of<Loss>]);
+        else return value_from(*static_cast<const detail::buffer_t<Loss>*>(st.ptr[PP::program::template id_of<Loss>]));
     }
     template <class PP, class N>
     static void copy_node_value(const typename PP::state_type& st, value_type* dst, std::size_t n) {
@@ -650,7 +758,7 @@ private:
             // the output may be a strided view: walk it in row-major order
             constexpr std::size_t id = PP::program::template id_of<N>;
             constexpr std::size_t rank = N::shape_type::rank;
-            const auto* src = static_cast<const value_type*>(st.ptr[id]);
+            const auto* src = static_cast<const detail::buffer_t<N>*>(st.ptr[id]);
             for (std::size_t e = 0; e < n; ++e) {
                 std::size_t r = e;
                 std::ptrdiff_t off = 0;
@@ -659,7 +767,7 @@ private:
                     off += std::ptrdiff_t(r % ext) * st.stride[PP::rank_offset[id] + a];
                     r /= ext;
                 }
-                dst[e] = src[off];
+                dst[e] = value_from(src[off]);
             }
         }
     }
@@ -779,14 +887,17 @@ private:
 
 inline std::size_t plan_count() { return detail::plan_counter().load(); }
 
-// compile<Policy>(loss, wrt(...)): Policy is backward_autocast::same_as_forward (default) or
+// compile<Policies...>(loss, wrt(...)): at most one of backward_autocast::same_as_forward (the
+// default), ::off, ::custom<Spec>; tg::detect_anomaly; tg::on_autocast_mismatch::ignore. The
+// ambient autocast spec is that of a tg::autocast region wrapping the whole loss.
 // detect_anomaly.
-template <class Policy = backward_autocast::same_as_forward, class Loss, class... Leaves>
+template <class... Policies, class Loss, class... Leaves>
 constexpr auto compile(Loss, wrt_t<Leaves...>) {
     static_assert(is_expr_v<std::remove_cvref_t<Loss>>,
                   "typegrad: compile(loss, wrt(...)) takes a typegrad expression as the loss.");
-    using L = typename Loss::node_type;
-    return step<Policy, L, Leaves...>{};
+    using raw = typename Loss::node_type;
+    using L = detail::strip_autocast_t<raw>;
+    return step<detail::step_policy<detail::ambient_autocast_t<raw>, Policies...>, L, Leaves...>{};
 }
 
 }  // namespace typegrad

@@ -191,7 +191,7 @@ void compute_meta(typename PP::state_type& st, void* buffer) {
     using node = typename PP::program::template node_at<N>;
     constexpr auto& info = PP::program::info;
     if constexpr (node::kind == op_kind::meta) {
-        using T = compute_t<typename node::value_type>;
+        using T = buffer_t<node>;
         using target = typename node::op::target_shape;
         const std::size_t c = info[N].child[0];
         const std::size_t crank = info[c].rank;
@@ -199,7 +199,7 @@ void compute_meta(typename PP::state_type& st, void* buffer) {
         double removed = 1;
         for (std::size_t a = 0; a < crank; ++a)
             if (a < lead || target::extents[a - lead] == 1) removed *= double(st.ext[PP::rank_offset[c] + a]);
-        *static_cast<T*>(buffer) = static_cast<T>(1.0 / removed);
+        *static_cast<T*>(buffer) = static_cast<T>(static_cast<compute_t<T>>(1.0 / removed));
     }
 }
 
@@ -265,7 +265,7 @@ constexpr auto schedule() {
 template <class PP, std::size_t N>
 void run_kernel(typename PP::state_type& st) {
     using node = typename PP::program::template node_at<N>;
-    using T = typename node::value_type;
+    using T = buffer_t<node>;
     constexpr std::size_t arity = PP::program::info[N].arity;
     std::array<tensor_ref, arity> in{};
     for (std::size_t k = 0; k < arity; ++k) in[k] = ref_of<PP>(st, PP::program::info[N].child[k]);
@@ -283,13 +283,18 @@ void check_buffer(const typename PP::state_type& st, std::size_t n) {
     const std::size_t count = node_numel<PP>(st, n);
     auto scan = [&](const auto* p) {
         for (std::size_t i = 0; i < count; ++i)
-            if (!std::isfinite(p[i])) {
+            if (!std::isfinite(static_cast<double>(p[i]))) {
                 anomaly_node() = n;
                 return;
             }
     };
-    if (PP::program::info[n].elem_size == sizeof(double)) scan(static_cast<const double*>(st.ptr[n]));
-    else scan(static_cast<const float*>(st.ptr[n]));
+    switch (PP::program::info[n].buffer) {
+        case dtype_code::f64: scan(static_cast<const double*>(st.ptr[n])); break;
+        case dtype_code::f32: scan(static_cast<const float*>(st.ptr[n])); break;
+        case dtype_code::bf16: scan(static_cast<const bf16*>(st.ptr[n])); break;
+        case dtype_code::f16: scan(static_cast<const f16*>(st.ptr[n])); break;
+        case dtype_code::other: break;
+    }
 }
 
 template <class PP, std::uint64_t AccumulateMask, std::size_t I, bool Check>

@@ -12,6 +12,32 @@
 
 namespace typegrad::detail {
 
+// The element type of a node's buffer: its dtype's storage type, except that a reduction with a
+// bf16/f16 result accumulates in a float buffer (its readers round it once, on load) and a view
+// shares its input's buffer.
+template <class N>
+struct buffer_type {
+    using type = storage_t<typename N::value_type>;
+};
+template <class Op, class C0, class... Cs>
+struct buffer_type<node<Op, C0, Cs...>> {
+    using value = storage_t<typename node<Op, C0, Cs...>::value_type>;
+    using type = std::conditional_t<
+        Op::kind == op_kind::view, typename buffer_type<C0>::type,
+        std::conditional_t<Op::kind == op_kind::reduce && is_reduced_precision_v<value>, float, value>>;
+};
+template <class N>
+using buffer_t = typename buffer_type<N>::type;
+
+enum class dtype_code : unsigned char { f32, f64, bf16, f16, other };
+template <class T>
+constexpr dtype_code dtype_code_of() {
+    if constexpr (std::is_same_v<T, float>) return dtype_code::f32;
+    else if constexpr (std::is_same_v<T, double>) return dtype_code::f64;
+    else if constexpr (std::is_same_v<T, bf16>) return dtype_code::bf16;
+    else if constexpr (std::is_same_v<T, f16>) return dtype_code::f16;
+    else return dtype_code::other;
+}
 
 struct node_info {
     op_kind kind = op_kind::leaf;
@@ -23,6 +49,7 @@ struct node_info {
     reduce_kind combine = reduce_kind::sum;
     bool is_param = false;
     std::size_t elem_size = 0;  // bytes per element as stored
+    dtype_code buffer = dtype_code::other;  // the element type of its buffer
     std::string_view name{};
 };
 
@@ -30,7 +57,8 @@ template <class N, class List>
 constexpr node_info make_node_info() {
     node_info r;
     r.kind = N::kind;
-    r.elem_size = sizeof(compute_t<typename N::value_type>);
+    r.elem_size = sizeof(buffer_t<N>);
+    r.buffer = dtype_code_of<buffer_t<N>>();
     r.rank = N::shape_type::rank;
     for (std::size_t i = 0; i < r.rank; ++i) r.ext[i] = N::shape_type::extents[i];
     if constexpr (is_leaf_v<N>) {

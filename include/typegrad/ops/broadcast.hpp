@@ -16,6 +16,10 @@ struct reduce_op {
     static constexpr const char* name = K == reduce_kind::sum ? "sum" : K == reduce_kind::max ? "max" : "min";
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
+    // CUDA autocast runs sum in float (max and min are exact in any dtype)
+    static constexpr autocast_class autocast_on(device_kind d) {
+        return K == reduce_kind::sum ? fp32_on_cuda(d) : autocast_class::promote;
+    }
     using target_shape = Target;
     template <class X>
     struct rule {

@@ -1,8 +1,12 @@
 #pragma once
-// cast<T>(x): float <-> double. A kernel boundary: loops run in one dtype, so the conversion
-// reads one materialised buffer and writes another. Its gradient casts back.
+// cast<T>(x) between f64, f32, bf16 and f16. A kernel boundary: the conversion reads one
+// materialised buffer and writes another (in bulk SIMD conversions where the input is dense),
+// so a cast of a parameter is computed once per step however often it is read. Narrowing rounds
+// to nearest even. Its gradient casts back to the input's dtype.
 #include <cstddef>
 
+#include <typegrad/core/half_simd.hpp>
+#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 
 namespace typegrad {
@@ -23,13 +27,34 @@ struct cast_op {
     static void extents(const Ref* in, std::size_t* ext) {
         for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = in[0].ext[a];
     }
+    // One element: From (the input's buffer type) to To, through the input's dtype V (a bf16
+    // reduction is held in float and rounded here) and float between two 16-bit types.
+    template <class V, class From>
+    static To convert(From x) {
+        if constexpr (is_reduced_precision_v<V> && !std::is_same_v<V, From>) return convert<V>(V(x));
+        else if constexpr (is_reduced_precision_v<To> && is_reduced_precision_v<From>) return To(static_cast<float>(x));
+        else return static_cast<To>(x);
+    }
     template <class N, class Ref, class T>
     static void run(const Ref* in, T* out, const std::size_t* ext) {
-        using From = compute_t<typename type_at_t<0, typename N::children>::value_type>;
+        using C = type_at_t<0, typename N::children>;
+        using From = buffer_t<C>;
+        using V = storage_t<typename C::value_type>;
         const auto* x = static_cast<const From*>(in[0].data);
         const std::size_t rank = in[0].rank;
         std::size_t n = 1;
-        for (std::size_t a = 0; a < rank; ++a) n *= ext[a];
+        bool dense = true;
+        for (std::size_t a = rank; a-- > 0;) {
+            dense = dense && (ext[a] == 1 || in[0].stride[a] == std::ptrdiff_t(n));
+            n *= ext[a];
+        }
+        constexpr bool bulk = std::is_same_v<V, From> && (is_reduced_precision_v<From> != is_reduced_precision_v<To>);
+        if constexpr (bulk) {
+            if (dense) {
+                convert_n(x, out, n);
+                return;
+            }
+        }
         for (std::size_t e = 0; e < n; ++e) {
             std::size_t r = e;
             std::ptrdiff_t off = 0;
@@ -37,7 +62,7 @@ struct cast_op {
                 off += std::ptrdiff_t(r % ext[a]) * in[0].stride[a];
                 r /= ext[a];
             }
-            out[e] = static_cast<T>(x[off]);
+            out[e] = convert<V>(x[off]);
         }
     }
     template <std::size_t I, class G, class Out, class X>
@@ -48,9 +73,9 @@ struct cast_op {
 
 template <class T, expression X>
 constexpr auto cast(X x) {
-    static_assert(is_dtype_v<T>, "typegrad: cast<T>(x) converts to float or double.");
+    static_assert(is_dtype_v<T>, "typegrad: cast<T>(x) converts to a floating dtype: double, float, tg::bf16 or tg::f16.");
     static_assert(is_dtype_v<typename X::value_type>,
-                  "typegrad: cast<T>(x) converts a float or double expression (not labels or constants).");
+                  "typegrad: cast<T>(x) converts a floating expression (not labels or constants).");
     if constexpr (std::is_same_v<T, typename X::value_type>) return x;
     else return detail::make_node<detail::cast_op<T>>(x);
 }

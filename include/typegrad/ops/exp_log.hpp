@@ -9,12 +9,14 @@ namespace detail {
 
 struct exp_op : elementwise_op {
     static constexpr const char* name = "exp";
+    static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     template <class V> static V apply(const V& x) { return simd::exp(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out out, X) { return gmul(g, out); }
 };
 struct log_op : elementwise_op {
     static constexpr const char* name = "log";
+    static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     template <class V> static V apply(const V& x) { return simd::log(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X x) { return gdiv(g, x); }
@@ -33,6 +35,7 @@ struct square_op : elementwise_op {
 };
 struct pow_op : elementwise_op {
     static constexpr const char* name = "pow";
+    static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     template <class V> static V apply(const V& x, const V& y) { return simd::pow(x, y); }
     template <std::size_t I, class G, class Out, class X, class Y>
     static constexpr auto vjp(G g, Out out, X x, Y y);

@@ -1,6 +1,7 @@
 #pragma once
 // log_sum_exp, softmax and log_softmax, numerically stable: the shift by the maximum is
 // detached, so the gradient is exactly softmax and no exp overflows.
+#include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/reduce.hpp>
 
@@ -18,7 +19,8 @@ constexpr auto log_sum_exp_keepdim(X x) {
 
 // Over all elements; an all -inf input gives -inf.
 template <expression X>
-constexpr auto log_sum_exp(X x) {
+constexpr auto log_sum_exp(X in) {
+    auto x = detail::fp32_on_cuda_entry(in);
     auto shift = detach(detail::finite_or_zero(max(x)));
     return shift + log(sum(exp(x - shift)));
 }
@@ -26,20 +28,21 @@ template <expression X, int Axis>
 constexpr auto log_sum_exp(X x, axes_t<Axis>) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
                   "typegrad: log_sum_exp(x, tg::axes<a>) names an axis x does not have.");
-    return detail::drop_axes<typename X::shape_type, Axis>(detail::log_sum_exp_keepdim<Axis>(x));
+    return detail::drop_axes<typename X::shape_type, Axis>(detail::log_sum_exp_keepdim<Axis>(detail::fp32_on_cuda_entry(x)));
 }
 template <expression X, int Axis>
 constexpr auto log_sum_exp(X x, axes_t<Axis>, keepdim_t) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
                   "typegrad: log_sum_exp(x, tg::axes<a>) names an axis x does not have.");
-    return detail::log_sum_exp_keepdim<Axis>(x);
+    return detail::log_sum_exp_keepdim<Axis>(detail::fp32_on_cuda_entry(x));
 }
 
 template <expression X, int Axis = -1>
 constexpr auto log_softmax(X x, axes_t<Axis> = {}) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
                   "typegrad: log_softmax(x, tg::axes<a>) names an axis x does not have.");
-    return x - detail::log_sum_exp_keepdim<Axis>(x);
+    auto e = detail::fp32_on_cuda_entry(x);
+    return e - detail::log_sum_exp_keepdim<Axis>(e);
 }
 template <expression X, int Axis = -1>
 constexpr auto softmax(X x, axes_t<Axis> a = {}) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/log_sum_exp.hpp>
 #include <typegrad/ops/piecewise.hpp>
@@ -64,14 +65,15 @@ constexpr void check_labels() {
 template <expression A, expression B>
 constexpr auto mse_loss(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("mse_loss(a, b)", A, B);
-    return mean(square(a - b));
+    return mean(square(detail::fp32_entry(a) - detail::fp32_entry(b)));
 }
 
 // log_probs: (N, C) log-probabilities; labels: N integer classes.
 template <expression L, expression Y>
 constexpr auto nll_loss(L log_probs, Y labels) {
     detail::check_labels<Y, L>();
-    auto picked = log_probs * detail::make_node<detail::one_hot_op>(labels, log_probs);
+    auto lp = detail::fp32_entry(log_probs);
+    auto picked = lp * detail::make_node<detail::one_hot_op>(labels, lp);
     return -mean(sum(picked, axes<1>));
 }
 
@@ -79,14 +81,16 @@ constexpr auto nll_loss(L log_probs, Y labels) {
 template <expression L, expression Y>
 constexpr auto cross_entropy(L logits, Y labels) {
     detail::check_labels<Y, L>();
-    return nll_loss(log_softmax(logits, axes<1>), labels);
+    return nll_loss(log_softmax(detail::fp32_entry(logits), axes<1>), labels);
 }
 
 // mean(max(x, 0) - x y + log(1 + exp(-|x|))): stable for large |x|.
 template <expression X, expression Y>
 constexpr auto binary_cross_entropy_with_logits(X logits, Y targets) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("binary_cross_entropy_with_logits(x, y)", X, Y);
-    return mean(relu(logits) - logits * targets + log(lit<1> + exp(-abs(logits))));
+    auto x = detail::fp32_entry(logits);
+    auto y = detail::fp32_entry(targets);
+    return mean(relu(x) - x * y + log(lit<1> + exp(-abs(x))));
 }
 
 }  // namespace typegrad

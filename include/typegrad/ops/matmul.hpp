@@ -7,6 +7,8 @@
 
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/gemm.hpp>
+#include <typegrad/exec/cpu/gemm_half.hpp>
+#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/view.hpp>
@@ -31,6 +33,7 @@ struct matmul_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "matmul";
     static constexpr bool differentiable = true;
+    static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
     static constexpr bool shape_only(std::size_t) { return false; }
     template <class A, class B>
     struct rule {
@@ -106,9 +109,24 @@ struct matmul_op {
         const std::size_t batch = batched ? ext[0] : 1;
         const std::size_t m = ext[batched ? 1 : 0], n = ext[batched ? 2 : 1];
         const std::size_t k = in[0].ext[in[0].rank - 1];
-        operand<T, Ref> a(in[0], batch), b(in[1], batch);
-        gemm_batched<T>(batch, a.trans, b.trans, m, n, k, a.data, a.ld, a.batch_stride, b.data, b.ld,
-                        b.batch_stride, out, n, m * n, false);
+        using SA = buffer_t<type_at_t<0, typename N::children>>;
+        using SB = buffer_t<type_at_t<1, typename N::children>>;
+        if constexpr (is_reduced_precision_v<T> || is_reduced_precision_v<SA> || is_reduced_precision_v<SB>) {
+            // 16-bit operands: f32 accumulation (gemm_half.hpp), one product per batch entry
+            static_assert(std::is_same_v<T, buffer_t<N>> && !std::is_same_v<T, double>);
+            auto view = [](const Ref& r, std::size_t b, auto* data) {
+                const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
+                return strided_matrix<std::remove_cv_t<std::remove_pointer_t<decltype(data)>>>{
+                    data + std::ptrdiff_t(b) * sb, r.stride[r.rank - 2], r.stride[r.rank - 1]};
+            };
+            for (std::size_t i = 0; i < batch; ++i)
+                gemm_reduced<T>(m, n, k, view(in[0], i, static_cast<const SA*>(in[0].data)),
+                                view(in[1], i, static_cast<const SB*>(in[1].data)), out + i * m * n);
+        } else {
+            operand<T, Ref> a(in[0], batch), b(in[1], batch);
+            gemm_batched<T>(batch, a.trans, b.trans, m, n, k, a.data, a.ld, a.batch_stride, b.data, b.ld,
+                            b.batch_stride, out, n, m * n, false);
+        }
     }
 
     template <std::size_t I, class G, class Out, class A, class B>

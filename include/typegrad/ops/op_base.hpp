@@ -8,7 +8,19 @@
 #include <typegrad/core/shape.hpp>
 #include <typegrad/graph/node.hpp>
 
+namespace typegrad {
+// Autocast (ops/autocast.hpp): the devices an autocast spec names, and the class an op belongs
+// to there (PyTorch's autocast op lists). An op declares its class with
+// `static constexpr autocast_class autocast_on(device_kind)`; without one it promotes.
+enum class device_kind : unsigned char { cpu, cuda };
+enum class autocast_class : unsigned char { lower_precision, fp32, promote };
+}  // namespace typegrad
+
 namespace typegrad::detail {
+
+constexpr autocast_class fp32_on_cuda(device_kind d) {
+    return d == device_kind::cuda ? autocast_class::fp32 : autocast_class::promote;
+}
 
 struct elementwise_op {
     static constexpr op_kind kind = op_kind::elementwise;

@@ -73,7 +73,8 @@ inline void note_nonfinite(const V& v, std::size_t node) {
 template <class PP, std::size_t L, std::uint64_t AccumulateMask, bool Check = false>
 struct loop_kernel {
     using prog = typename PP::program;
-    // A loop runs in its iteration node's dtype (float/double never mix inside one loop).
+    // A loop computes in its iteration node's compute type: double, or float for the float
+    // family (f32, bf16, f16 never meet f64). Operands convert from and to their buffers' types.
     using T = compute_t<typename prog::template node_at<PP::plan.loops[L].iter>::value_type>;
     using batch_t = simd::batch<T>;
     static constexpr std::size_t W = simd::width<T>;
@@ -115,6 +116,23 @@ struct loop_kernel {
     static constexpr bool is_view_input(std::size_t o) {
         return o < n_in && info[operand_node(o)].kind == op_kind::view;
     }
+    // Operand O's buffer element type, and its value's dtype.
+    template <std::size_t O>
+    using buf_t = buffer_t<typename prog::template node_at<operand_node(O)>>;
+    template <std::size_t O>
+    using val_t = storage_t<typename prog::template node_at<operand_node(O)>::value_type>;
+    // A bf16/f16 value held in a float buffer (a reduction) is rounded when read.
+    template <std::size_t O>
+    static constexpr bool round_on_load = is_reduced_precision_v<val_t<O>> && !std::is_same_v<val_t<O>, buf_t<O>>;
+    template <std::size_t O, class V>
+    static V loaded(const V& x) {
+        if constexpr (round_on_load<O>) return simd::round_as<val_t<O>>(x);
+        else return x;
+    }
+    template <std::size_t O>
+    static const buf_t<O>* in_data(const void* p) { return static_cast<const buf_t<O>*>(p); }
+    template <std::size_t O>
+    static buf_t<O>* out_data(void* p) { return static_cast<buf_t<O>*>(p); }
     static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
         if (iter_rank == 0) return true;
         const node_info& p = info[operand_node(o)];
@@ -187,7 +205,9 @@ struct loop_kernel {
         constexpr std::size_t id = slot_id(n_in + B);
         using N = typename prog::template node_at<id>;
         [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-            v[n_in + B] = N::op::apply(v[child_slot<id, Ks>]...);
+            using D = storage_t<typename N::value_type>;
+            if constexpr (is_reduced_precision_v<D>) v[n_in + B] = simd::round_as<D>(N::op::apply(v[child_slot<id, Ks>]...));
+            else v[n_in + B] = N::op::apply(v[child_slot<id, Ks>]...);
             if constexpr (Check) note_nonfinite(v[n_in + B], id);
         }(value_children<id>());
     }
@@ -219,17 +239,11 @@ struct loop_kernel {
             ((stride[Os] = operand_strides<Os>(st)), ...);
         }(std::make_index_sequence<n_ops>{});
 
-        std::array<const T*, n_in + 1> in_ptr{};
-        std::array<T*, n_out + 1> out_ptr{};
-        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-            ((in_ptr[Is] = static_cast<const T*>(st.ptr[operand_node(Is)])), ...);
-        }(std::make_index_sequence<n_in>{});
-        [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
-            ((out_ptr[Rs] = const_cast<T*>(static_cast<const T*>(st.ptr[operand_node(n_in + Rs)]))), ...);
-        }(std::make_index_sequence<n_red + n_mat>{});
-        [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
-            ((out_ptr[n_red + n_mat + Ss] = static_cast<T*>(st.out[plan.members[lp.store_begin + Ss]])), ...);
-        }(std::make_index_sequence<n_store>{});
+        std::array<const void*, n_in + 1> in_ptr{};
+        std::array<void*, n_out + 1> out_ptr{};
+        for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = st.ptr[operand_node(i)];
+        for (std::size_t r = 0; r < n_red + n_mat; ++r) out_ptr[r] = const_cast<void*>(st.ptr[operand_node(n_in + r)]);
+        for (std::size_t k = 0; k < n_store; ++k) out_ptr[n_red + n_mat + k] = st.out[plan.members[lp.store_begin + k]];
         std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
             ((inner_stride[Is] = is_view_input(Is) ? stride[Is][G - 1] : 1), ...);
@@ -329,7 +343,7 @@ struct loop_kernel {
             v[I] = batch_t(const_value<I>());
             s[I] = const_value<I>();
         } else if constexpr (inner_broadcast(I)) {
-            const T x = in_ptr[I][off[I]];
+            const T x = loaded<I>(simd::scalar_as<T>(in_data<I>(in_ptr[I])[off[I]]));
             v[I] = batch_t(x);
             s[I] = x;
         }
@@ -337,18 +351,19 @@ struct loop_kernel {
     template <std::size_t I, class VB, class InPtr, class Off, class InnerStride>
     static void load_vector(VB& v, const InPtr& in_ptr, const Off& off, std::size_t j,
                             const InnerStride& inner_stride) {
+        using S = buf_t<I>;
         if constexpr (is_view_input(I) && !inner_broadcast(I)) {
             const std::ptrdiff_t st = inner_stride[I];
-            const T* p = in_ptr[I] + off[I];
+            const S* p = in_data<I>(in_ptr[I]) + off[I];
             if (st == 1) {
-                v[I] = simd::load(p + j);
+                v[I] = loaded<I>(simd::load_as<T>(p + j));
             } else {
-                alignas(64) T lanes[W];
+                alignas(64) S lanes[W];
                 for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(j + l) * st];
-                v[I] = simd::load(lanes);
+                v[I] = loaded<I>(simd::load_as<T>(lanes));
             }
         } else if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
-            v[I] = simd::load(in_ptr[I] + off[I] + j);
+            v[I] = loaded<I>(simd::load_as<T>(in_data<I>(in_ptr[I]) + off[I] + j));
         }
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], operand_node(I));
     }
@@ -356,7 +371,7 @@ struct loop_kernel {
     static void load_scalar(VS& s, const InPtr& in_ptr, const Off& off, std::size_t j,
                             const InnerStride& inner_stride) {
         if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
-            s[I] = in_ptr[I][off[I] + std::ptrdiff_t(j) * inner_stride[I]];
+            s[I] = loaded<I>(simd::scalar_as<T>(in_data<I>(in_ptr[I])[off[I] + std::ptrdiff_t(j) * inner_stride[I]]));
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], operand_node(I));
     }
 
@@ -375,9 +390,10 @@ struct loop_kernel {
     template <class V, std::size_t M_, class Values, class OutPtr, class Off>
     static void mat_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
         constexpr std::size_t src = slot_of(plan.members[lp.mat_begin + M_]);
-        T* p = out_ptr[n_red + M_] + off[n_in + n_red + M_] + j;
-        if constexpr (simd::is_batch_v<V>) simd::store(p, v[src]);
-        else *p = v[src];
+        using S = buf_t<n_in + n_red + M_>;
+        S* p = out_data<n_in + n_red + M_>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j;
+        if constexpr (simd::is_batch_v<V>) simd::store_as(p, v[src]);
+        else *p = static_cast<S>(v[src]);
     }
     template <class V, std::size_t R_, class Values, class Acc, class OutPtr, class Off>
     static void reduce_step(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
@@ -387,7 +403,8 @@ struct loop_kernel {
         if constexpr (inner_broadcast(n_in + R_)) {
             acc[R_] = reduce_combine<K>(acc[R_], v[src]);
         } else {
-            T* p = out_ptr[R_] + off[n_in + R_] + j;
+            static_assert(std::is_same_v<buf_t<n_in + R_>, T>, "typegrad: internal: a reduction buffer is not in the loop's type");
+            T* p = out_data<n_in + R_>(out_ptr[R_]) + off[n_in + R_] + j;
             if constexpr (simd::is_batch_v<V>) simd::store(p, reduce_combine<K>(simd::load(p), v[src]));
             else *p = reduce_combine<K>(*p, v[src]);
         }
@@ -396,7 +413,7 @@ struct loop_kernel {
     static void close_reduction(const Acc& acc, const AccS& acc_s, const OutPtr& out_ptr, const Off& off) {
         if constexpr (inner_broadcast(n_in + R_)) {
             constexpr reduce_kind K = red_kind<R_>();
-            T* p = out_ptr[R_] + off[n_in + R_];
+            T* p = out_data<n_in + R_>(out_ptr[R_]) + off[n_in + R_];
             *p = reduce_combine<K>(*p, reduce_combine<K>(reduce_lanes<K>(acc[R_]), acc_s[R_]));
         }
     }
@@ -405,13 +422,15 @@ struct loop_kernel {
         constexpr std::size_t store_index = plan.members[lp.store_begin + S_];
         constexpr std::size_t src = slot_of(PP::stores[store_index]);
         constexpr bool accumulate = (AccumulateMask >> store_index) & 1u;
-        T* p = out_ptr[n_red + n_mat + S_] + off[n_in + n_red + n_mat + S_] + j;
+        constexpr std::size_t o = n_in + n_red + n_mat + S_;
+        using S = buf_t<o>;
+        S* p = out_data<o>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
         if constexpr (simd::is_batch_v<V>) {
-            if constexpr (accumulate) simd::store(p, simd::load(p) + v[src]);
-            else simd::store(p, v[src]);
+            if constexpr (accumulate) simd::store_as(p, simd::load_as<T>(p) + v[src]);
+            else simd::store_as(p, v[src]);
         } else {
-            if constexpr (accumulate) *p += v[src];
-            else *p = v[src];
+            if constexpr (accumulate) *p = static_cast<S>(simd::scalar_as<T>(*p) + v[src]);
+            else *p = static_cast<S>(v[src]);
         }
     }
 };

@@ -9,6 +9,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <typegrad/core/half_simd.hpp>
+
 namespace typegrad::simd {
 
 template <class T>
@@ -28,6 +30,55 @@ template <class T>
 inline void store(T* p, const batch<T>& v) { v.store_unaligned(p); }
 template <class T>
 inline T load_scalar(const T* p) { return *p; }
+
+// ---- storage conversions: bf16/f16 buffers read and written by float loops ----------------
+// S is the buffer's element type, T the loop's. Narrowing rounds to nearest even (half_simd.hpp).
+template <class T, class S>
+inline batch<T> load_as(const S* p) {
+    if constexpr (std::is_same_v<S, T>) {
+        return load(p);
+    } else {
+        alignas(64) T lanes[width<T>];
+        detail::convert_n(p, lanes, width<T>);
+        return batch<T>::load_aligned(lanes);
+    }
+}
+template <class S, class T, class A>
+inline void store_as(S* p, const xsimd::batch<T, A>& v) {
+    if constexpr (std::is_same_v<S, T>) {
+        store(p, v);
+    } else {
+        alignas(64) T lanes[xsimd::batch<T, A>::size];
+        v.store_aligned(lanes);
+        detail::convert_n(lanes, p, xsimd::batch<T, A>::size);
+    }
+}
+// A value computed in T, rounded to S's precision (an op whose dtype is bf16 rounds its result
+// once, as a bf16 kernel that widens, computes and narrows does).
+template <class S, class T, class A>
+inline xsimd::batch<T, A> round_as(const xsimd::batch<T, A>& v) {
+    if constexpr (std::is_same_v<S, T>) {
+        return v;
+    } else {
+        constexpr std::size_t w = xsimd::batch<T, A>::size;
+        alignas(64) T lanes[w];
+        alignas(64) S narrow[w];
+        v.store_aligned(lanes);
+        detail::convert_n(lanes, narrow, w);
+        detail::convert_n(narrow, lanes, w);
+        return xsimd::batch<T, A>::load_aligned(lanes);
+    }
+}
+template <class S, class T> requires std::is_floating_point_v<T>
+inline T round_as(T x) {
+    if constexpr (std::is_same_v<S, T>) return x;
+    else return static_cast<T>(static_cast<float>(S(x)));
+}
+template <class T, class S>
+inline T scalar_as(S x) {
+    if constexpr (std::is_same_v<S, T>) return x;
+    else return static_cast<T>(static_cast<float>(x));
+}
 
 // ---- horizontal -------------------------------------------------------------------------
 template <class T, class A>

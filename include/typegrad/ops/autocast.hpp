@@ -1,0 +1,363 @@
+#pragma once
+// Autocast: regions of an expression whose ops run in reduced precision by op class, as
+// torch.autocast does at trace time, but decided on the graph's type.
+//
+//   tg::autocast<tg::cpu_bf16>(expr)   rewrites every op of expr by its class on the device:
+//     lower_precision  (matmul, dot, linear): float inputs are cast to the spec's dtype;
+//     fp32             (losses; on CUDA also exp, log, pow, sum, log_sum_exp, softmax,
+//                       log_softmax): bf16/f16 inputs are cast to float;
+//     promote          (everything else): the op runs in its widest input dtype.
+//   f64 is never cast down. Casts are graph nodes, so a parameter cast twice in a region is one
+//   node (types are CSE'd). A nested region governs the ops it wraps; Enabled = false turns
+//   autocast off inside it. The rewrite happens when the region is formed: the result keeps a
+//   region marker (an identity node that compile() removes) so that an enclosing region leaves
+//   the nested one alone, and so that compile() can read the step's ambient spec.
+//
+// Composite ops (losses, softmax, ...) are built from primitive nodes; they mark their inputs
+// with an autocast_entry node that carries the composite's class, so a region casts at the
+// composite's entry as PyTorch does at the op's. Outside any region entries are removed too.
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/ops/cast.hpp>
+#include <typegrad/ops/op_base.hpp>
+
+namespace typegrad {
+
+// ---- devices and specs ----------------------------------------------------------------------
+struct cpu {
+    static constexpr device_kind kind = device_kind::cpu;
+    static constexpr std::string_view name = "cpu";
+    using default_dtype = bf16;
+};
+struct cuda {
+    static constexpr device_kind kind = device_kind::cuda;
+    static constexpr std::string_view name = "cuda";
+    using default_dtype = f16;
+};
+
+template <class D>
+inline constexpr bool is_device_v = std::is_same_v<D, cpu> || std::is_same_v<D, cuda>;
+
+namespace detail {
+template <class D, bool = is_device_v<D>>
+struct default_autocast_dtype {
+    using type = float;  // only reached with an unknown device, which autocast_spec rejects
+};
+template <class D>
+struct default_autocast_dtype<D, true> {
+    using type = typename D::default_dtype;
+};
+}  // namespace detail
+
+template <class Device, class DType = typename detail::default_autocast_dtype<Device>::type, bool Enabled = true>
+struct autocast_spec {
+    static_assert(is_device_v<Device>,
+                  "typegrad: autocast_spec<Device, ...> names an unknown device; the devices are tg::cpu and tg::cuda.");
+    static_assert(is_reduced_precision_v<DType> || std::is_same_v<DType, float>,
+                  "typegrad: autocast_spec<Device, DType> needs a floating autocast dtype: tg::bf16, tg::f16 "
+                  "(or float, which casts nothing down).");
+    using device = Device;
+    using dtype = DType;
+    static constexpr bool enabled = Enabled;
+};
+
+using cpu_bf16 = autocast_spec<cpu, bf16>;
+using cpu_f16 = autocast_spec<cpu, f16>;
+using cuda_f16 = autocast_spec<cuda, f16>;
+using cuda_bf16 = autocast_spec<cuda, bf16>;
+template <class Device>
+using autocast_disabled = autocast_spec<Device, typename detail::default_autocast_dtype<Device>::type, false>;
+
+// "No autocast": the spec of a step compiled without a region, and of backward_autocast::off.
+struct no_autocast {
+    static constexpr bool enabled = false;
+};
+
+template <class S>
+inline constexpr bool is_autocast_spec_v = std::is_same_v<S, no_autocast>;
+template <class D, class T, bool E>
+inline constexpr bool is_autocast_spec_v<autocast_spec<D, T, E>> = true;
+
+namespace detail {
+
+// An op declares its class with `static constexpr autocast_class autocast_on(device_kind)`;
+// ops that declare nothing promote. A custom op declares `static constexpr autocast_class
+// autocast` (see custom.hpp), forwarded by its node op.
+template <class Op>
+constexpr autocast_class autocast_class_of(device_kind d) {
+    if constexpr (requires { Op::autocast_on(device_kind::cpu); }) return Op::autocast_on(d);
+    else return autocast_class::promote;
+}
+
+// The identity ops that carry autocast information until compile() removes them.
+template <class Spec>
+struct autocast_region_op : elementwise_op {
+    static constexpr const char* name = "autocast_region";
+    template <class V>
+    static V apply(const V& x) { return x; }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X) { return g; }
+};
+// Class per device, for a composite op's inputs.
+template <autocast_class OnCpu, autocast_class OnCuda>
+struct autocast_entry_op : elementwise_op {
+    static constexpr const char* name = "autocast_entry";
+    static constexpr autocast_class class_on(device_kind d) { return d == device_kind::cpu ? OnCpu : OnCuda; }
+    template <class V>
+    static V apply(const V& x) { return x; }
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X) { return g; }
+};
+
+template <class Op>
+inline constexpr bool is_autocast_marker_v = false;
+template <class S>
+inline constexpr bool is_autocast_marker_v<autocast_region_op<S>> = true;
+template <autocast_class A, autocast_class B>
+inline constexpr bool is_autocast_marker_v<autocast_entry_op<A, B>> = true;
+
+template <class N>
+inline constexpr bool is_region_node_v = false;
+template <class S, class X>
+inline constexpr bool is_region_node_v<node<autocast_region_op<S>, X>> = true;
+
+// A composite op's input under its class (no node at all for labels and constants).
+template <autocast_class OnCpu, autocast_class OnCuda, expression X>
+constexpr auto autocast_entry(X x) {
+    if constexpr (is_dtype_v<typename X::value_type>) return make_node<autocast_entry_op<OnCpu, OnCuda>>(x);
+    else return x;
+}
+
+// The entries of composites in PyTorch's fp32 lists: everywhere (losses) or on CUDA only
+// (log_sum_exp, softmax, log_softmax).
+template <expression X>
+constexpr auto fp32_entry(X x) { return autocast_entry<autocast_class::fp32, autocast_class::fp32>(x); }
+template <expression X>
+constexpr auto fp32_on_cuda_entry(X x) { return autocast_entry<autocast_class::promote, autocast_class::fp32>(x); }
+
+// ---- the rewrite: one bottom-up pass over the topological order ---------------------------
+// A map from old node types to new ones, looked up by overload resolution against its bases.
+template <class K, class V>
+struct map_entry {};
+template <class... Es>
+struct type_map : Es... {};
+template <class K, class V>
+V map_lookup(const map_entry<K, V>*);
+template <class Map, class K>
+using lookup_t = decltype(map_lookup<K>(static_cast<const Map*>(nullptr)));
+
+template <class K>
+struct set_entry {};
+template <class... Ks>
+struct type_set : set_entry<Ks>... {};
+template <class List>
+struct to_set;
+template <class... Ks>
+struct to_set<type_list<Ks...>> {
+    using type = type_set<Ks...>;
+};
+template <class Set, class K>
+inline constexpr bool in_set_v = std::is_base_of_v<set_entry<K>, Set>;
+
+// Child C (already rewritten) of an op of class Cls under Spec.
+template <class Spec, autocast_class Cls, class C>
+constexpr auto cast_input() {
+    using T = typename C::value_type;
+    if constexpr (!Spec::enabled || !is_dtype_v<T> || std::is_same_v<T, double>) {
+        return expr<C>{};
+    } else if constexpr (Cls == autocast_class::lower_precision) {
+        return cast<typename Spec::dtype>(expr<C>{});
+    } else if constexpr (Cls == autocast_class::fp32) {
+        return cast<float>(expr<C>{});
+    } else {
+        return expr<C>{};
+    }
+}
+
+template <class Spec, class Op, std::size_t I, class C>
+struct rewrite_child {
+    static constexpr auto make() {
+        if constexpr (Op::shape_only(I)) return expr<C>{};
+        else return cast_input<Spec, autocast_class_of<Op>(Spec::device::kind), C>();
+    }
+    using type = typename decltype(make())::node_type;
+};
+
+template <class Spec, class N, class Map>
+struct rewrite_node {
+    using type = N;  // leaves and constants
+};
+template <class Spec, class Op, class... Cs, class Map>
+struct rewrite_node<Spec, node<Op, Cs...>, Map> {
+    template <std::size_t... Is>
+    static auto rebuild(std::index_sequence<Is...>)
+        -> node<Op, typename rewrite_child<Spec, Op, Is, lookup_t<Map, Cs>>::type...>;
+    static constexpr auto make() {
+        if constexpr (is_autocast_marker_v<Op>) {
+            using C = lookup_t<Map, type_at_t<0, type_list<Cs...>>>;
+            if constexpr (requires { Op::class_on(device_kind::cpu); } && Spec::enabled)
+                return typename decltype(cast_input<Spec, Op::class_on(Spec::device::kind), C>())::node_type{};
+            else
+                return C{};
+        } else if constexpr (!Spec::enabled) {
+            return node<Op, lookup_t<Map, Cs>...>{};
+        } else {
+            return decltype(rebuild(std::index_sequence_for<Cs...>{})){};
+        }
+    }
+    using type = decltype(make());
+};
+
+template <class Spec, class Fixed, class Map>
+struct rewrite_state {
+    using map = Map;
+};
+template <class N>
+struct rewrite_visit {};
+template <class Spec, class Fixed, class... Es, class N>
+auto operator<<(rewrite_state<Spec, Fixed, type_map<Es...>>, rewrite_visit<N>) {
+    if constexpr (in_set_v<Fixed, N>)
+        return rewrite_state<Spec, Fixed, type_map<Es..., map_entry<N, N>>>{};
+    else
+        return rewrite_state<Spec, Fixed, type_map<Es..., map_entry<N, typename rewrite_node<Spec, N, type_map<Es...>>::type>>>{};
+}
+
+// Root rewritten under Spec; the nodes in FixedList keep their types (and so their subgraphs).
+template <class Root, class Spec, class FixedList>
+struct rewrite {
+    template <class... Ns>
+    static auto run(type_list<Ns...>) {
+        return (rewrite_state<Spec, typename to_set<FixedList>::type, type_map<>>{} << ... << rewrite_visit<Ns>{});
+    }
+    using type = lookup_t<typename decltype(run(typename Root::topo{}))::map, Root>;
+};
+template <class Root, class Spec, class FixedList = type_list<>>
+using rewrite_t = typename rewrite<Root, Spec, FixedList>::type;
+
+// The nodes under nested region markers (an enclosing region leaves them alone).
+template <class N>
+struct region_contents {
+    using type = type_list<>;
+};
+template <class S, class X>
+struct region_contents<node<autocast_region_op<S>, X>> {
+    using type = typename X::topo;
+};
+template <class... Ns>
+auto nested_regions(type_list<Ns...>) -> union_all_t<typename region_contents<Ns>::type...>;
+
+template <class N>
+inline constexpr bool is_marker_node_v = false;
+template <class Op, class... Cs>
+inline constexpr bool is_marker_node_v<node<Op, Cs...>> = is_autocast_marker_v<Op>;
+template <class... Ns>
+constexpr bool has_markers(type_list<Ns...>) {
+    return (is_marker_node_v<Ns> || ...);
+}
+
+// The graph compile() evaluates: markers and entries removed.
+template <class Root>
+using strip_autocast_t = std::conditional_t<has_markers(typename Root::topo{}),
+                                            rewrite_t<Root, no_autocast>, Root>;
+
+// The spec of the region wrapping the whole expression, or no_autocast.
+template <class Root>
+struct ambient_autocast {
+    using type = no_autocast;
+};
+template <class S, class X>
+struct ambient_autocast<node<autocast_region_op<S>, X>> {
+    using type = S;
+};
+template <class Root>
+using ambient_autocast_t = typename ambient_autocast<Root>::type;
+
+}  // namespace detail
+
+template <class Spec, expression X>
+constexpr auto autocast(X) {
+    static_assert(is_autocast_spec_v<Spec>,
+                  "typegrad: autocast<Spec>(expr) takes a tg::autocast_spec<Device, DType, Enabled> (e.g. tg::cpu_bf16).");
+    using N = typename X::node_type;
+    if constexpr (!Spec::enabled) {
+        return expr<node<detail::autocast_region_op<Spec>, N>>{};
+    } else {
+        using nested = decltype(detail::nested_regions(typename N::topo{}));
+        using R = detail::rewrite_t<N, Spec, nested>;
+        return expr<node<detail::autocast_region_op<Spec>, R>>{};
+    }
+}
+
+// ---- the ambient context at run time: autocast_guard ------------------------------------------
+// A run-time image of a spec, for comparing the context a backward runs in with the one its
+// step was compiled for.
+struct autocast_state {
+    bool enabled = false;
+    device_kind device = device_kind::cpu;
+    std::string_view dtype{};
+    friend constexpr bool operator==(const autocast_state& a, const autocast_state& b) {
+        return a.enabled == b.enabled && (!a.enabled || (a.device == b.device && a.dtype == b.dtype));
+    }
+};
+template <class Spec>
+constexpr autocast_state autocast_state_of() {
+    if constexpr (!Spec::enabled) return {};
+    else return {true, Spec::device::kind, dtype_name<typename Spec::dtype>()};
+}
+inline std::string describe_autocast(const autocast_state& s) {
+    if (!s.enabled) return "no autocast";
+    return detail::message(s.device == device_kind::cpu ? "cpu" : "cuda", "/", s.dtype);
+}
+
+// The backward ran under a context that contradicts the one its step was compiled for.
+struct autocast_mismatch : error {
+    using error::error;
+};
+
+namespace detail {
+struct guard_slot {
+    bool active = false;
+    autocast_state state{};
+};
+inline guard_slot& current_guard() {
+    thread_local guard_slot slot;
+    return slot;
+}
+}  // namespace detail
+
+// Declares the autocast context of this thread (RAII; nests, restoring the outer one).
+template <class Spec>
+class autocast_guard {
+public:
+    static_assert(is_autocast_spec_v<Spec>, "typegrad: autocast_guard<Spec> takes a tg::autocast_spec<...>.");
+    autocast_guard() : saved_(detail::current_guard()) { detail::current_guard() = {true, autocast_state_of<Spec>()}; }
+    ~autocast_guard() { detail::current_guard() = saved_; }
+    autocast_guard(const autocast_guard&) = delete;
+    autocast_guard& operator=(const autocast_guard&) = delete;
+
+private:
+    detail::guard_slot saved_;
+};
+
+// compile<> policies for the backward's autocast context.
+namespace backward_autocast {
+struct same_as_forward {};
+struct off {};
+template <class Spec>
+struct custom {
+    static_assert(is_autocast_spec_v<Spec>,
+                  "typegrad: backward_autocast::custom<Spec> takes a tg::autocast_spec<Device, DType>.");
+    using spec = Spec;
+};
+}  // namespace backward_autocast
+
+namespace on_autocast_mismatch {
+struct raise {};
+struct ignore {};
+}  // namespace on_autocast_mismatch
+
+}  // namespace typegrad
