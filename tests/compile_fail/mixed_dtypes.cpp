@@ -1,4 +1,4 @@
-// EXPECT: typegrad: an elementwise op mixes float and double operands
+// EXPECT: typegrad: an elementwise op mixes double with float, bf16 or f16 operands
 #include <typegrad/typegrad.hpp>
 namespace tg = typegrad;
 int main() {

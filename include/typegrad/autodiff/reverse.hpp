@@ -147,9 +147,19 @@ constexpr auto canonical_gradient() {
         return expr<Adjoint>{};
     else return make_node<expand_op>(expr<Adjoint>{}, expr<Leaf>{});
 }
+// A unit seed has the output's shape (a [1, 1] loss is scalar too).
+template <class Root, class Seed>
+struct shaped_seed {
+    using type = Seed;
+};
+template <class Root, num V>
+    requires(Root::shape_type::rank > 0)
+struct shaped_seed<Root, constant<V>> {
+    using type = node<expand_op, constant<V>, Root>;
+};
 template <class Root, class Seed, class Leaf>
 constexpr auto gradient_expr() {
-    using adjoint = typename find_adjoint<Leaf, leaf_adjoints_t<Root, Seed>>::type;
+    using adjoint = typename find_adjoint<Leaf, leaf_adjoints_t<Root, typename shaped_seed<Root, Seed>::type>>::type;
     if constexpr (std::is_void_v<adjoint>) return make_node<expand_op>(lit<0>, expr<Leaf>{});
     else return canonical_gradient<Leaf, adjoint>();
 }

@@ -263,11 +263,6 @@ public:
                                                 Leaf>())::node_type,
         backward_autocast_spec, typename Loss::topo>::type>())::node_type;
 
-    // The nodes of the backward graph for every wrt leaf (forward nodes excluded), e.g. to
-    // static_assert the dtype a backward op runs in (tg::op_dtypes_t).
-    using backward_nodes = decltype(detail::list_minus<typename Loss::topo>(
-        detail::union_all_t<detail::type_list<>, typename grad_node<Wrt, false>::topo...>{}));
-
     template <class... Args>
     value_type value_and_grad(const Args&... args) const {
         static_assert(scalar_loss,
@@ -886,6 +881,18 @@ private:
 };
 
 inline std::size_t plan_count() { return detail::plan_counter().load(); }
+
+namespace detail {
+template <class Step, class... Ls>
+auto backward_nodes_of(type_list<Ls...>)
+    -> decltype(list_minus<typename Step::loss_node::topo>(
+        union_all_t<type_list<>, typename Step::template grad_node<Ls, !Step::scalar_loss>::topo...>{}));
+}  // namespace detail
+
+// The nodes of a step's backward graph for all its wrt leaves (forward nodes excluded), e.g. to
+// static_assert the dtype a backward op runs in: tg::op_dtypes_t<tg::backward_nodes_t<S>, "matmul">.
+template <class Step>
+using backward_nodes_t = decltype(detail::backward_nodes_of<Step>(typename Step::wrt_list{}));
 
 // compile<Policies...>(loss, wrt(...)): at most one of backward_autocast::same_as_forward (the
 // default), ::off, ::custom<Spec>; tg::detect_anomaly; tg::on_autocast_mismatch::ignore. The

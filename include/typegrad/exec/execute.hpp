@@ -180,7 +180,9 @@ std::size_t scratch_layout(const typename PP::state_type& st, std::array<std::si
     std::size_t total = 0;
     for (std::size_t n = 0; n < PP::M; ++n) {
         offset[n] = total;
-        if (PP::plan.computed[n]) total += (checked_numel<PP>(st, n) * PP::program::info[n].elem_size + 63) / 64 * 8;
+        if (PP::plan.computed[n])
+            total += (checked_numel<PP>(st, n) * PP::program::info[n].elem_size + 63) / 64 * 8 +
+                     (PP::program::info[n].extra_bytes + 63) / 64 * 8;
     }
     offset[PP::M] = total;
     return total;

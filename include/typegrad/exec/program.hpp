@@ -50,6 +50,7 @@ struct node_info {
     bool is_param = false;
     std::size_t elem_size = 0;  // bytes per element as stored
     dtype_code buffer = dtype_code::other;  // the element type of its buffer
+    std::size_t extra_bytes = 0;  // kept after the elements (a custom op's saved values)
     std::string_view name{};
 };
 
@@ -75,6 +76,7 @@ constexpr node_info make_node_info() {
             ((r.child[i] = index_of_v<Cs, List>, r.shape_only[i] = N::op::shape_only(i), ++i), ...);
         }(children{});
         if constexpr (N::kind == op_kind::reduce) r.combine = N::op::combine;
+        if constexpr (requires { N::op::extra_bytes; }) r.extra_bytes = N::op::extra_bytes;
         r.name = N::op::name;
     }
     return r;

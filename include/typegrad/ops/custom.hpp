@@ -4,9 +4,11 @@
 //   struct my_op {
 //       static constexpr auto backward_mutates = tg::mutates(tg::data<1>);   // optional
 //       static constexpr auto forward_mutates = tg::mutates(tg::data<0>);    // optional
-//       template <class Ctx> static void forward(Ctx& ctx);   // ctx.output(), ctx.inputs()
+//       struct saved_type { float scale; };                                  // optional
+//       static constexpr tg::autocast_class autocast = tg::autocast_class::fp32;  // optional
+//       template <class Ctx> static void forward(Ctx& ctx);   // ctx.output(), ctx.inputs(), ctx.saved()
 //       template <class Ctx> static void backward(Ctx& ctx);  // ctx.grad_output(), ctx.grad_inputs(),
-//   };                                                        // ctx.inputs(), ctx.output()
+//   };                                                        // ctx.inputs(), ctx.output(), ctx.saved()
 //   (ctx.inputs() and ctx.grad_inputs() are tuples of views: auto [x, y] = ctx.inputs();)
 //   auto y = tg::custom<my_op>(a, b);
 //
@@ -20,12 +22,14 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <new>
 #include <span>
 #include <tuple>
 #include <vector>
 #include <type_traits>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 
 namespace typegrad {
@@ -134,6 +138,29 @@ struct custom_result<Op, Xs...> {
                                          "(or leave it out to take input 0's shape).");
 };
 
+// Values a custom op keeps from forward to backward (`using saved_type = ...` in the op) live
+// in the forward node's buffer, after the output's elements, on a 64-byte boundary.
+template <class Op>
+struct saved_of {
+    struct none {};
+    using type = none;
+    static constexpr std::size_t bytes = 0;
+};
+template <class Op>
+    requires requires { typename Op::saved_type; }
+struct saved_of<Op> {
+    using type = typename Op::saved_type;
+    static_assert(std::is_trivially_copyable_v<type> && std::is_trivially_destructible_v<type> &&
+                      std::is_default_constructible_v<type>,
+                  "typegrad: a custom op's saved_type must be trivially copyable, trivially destructible and "
+                  "default constructible (it lives in the step's scratch buffer, not on the heap).");
+    static_assert(alignof(type) <= 64, "typegrad: a custom op's saved_type needs at most 64-byte alignment.");
+    static constexpr std::size_t bytes = sizeof(type);
+};
+inline std::size_t saved_offset(std::size_t elements, std::size_t elem_size) {
+    return (elements * elem_size + 63) / 64 * 64;
+}
+
 template <class Op, class Ref, class T, std::size_t N, bool Backward>
 struct custom_context {
     const Ref* in;  // forward: the inputs; backward: grad_output, output, inputs
@@ -141,6 +168,17 @@ struct custom_context {
     const std::size_t* out_ext;
     std::size_t out_rank;
     T* grad_out_copy;
+    void* saved_at = nullptr;
+
+    // The op's saved values (its saved_type): writable in forward, read-only in backward.
+    auto& saved() const {
+        static_assert(saved_of<Op>::bytes > 0,
+                      "typegrad: ctx.saved() of a custom op that declares no saved_type; add "
+                      "`struct saved_type { ... };` (or a using declaration) to the op.");
+        using S = typename saved_of<Op>::type;
+        if constexpr (Backward) return *static_cast<const S*>(saved_at);
+        else return *static_cast<S*>(saved_at);
+    }
 
     static constexpr std::size_t first_input = Backward ? 2 : 0;
     using mutations = std::conditional_t<Backward, backward_mutations_t<Op>, forward_mutations_t<Op>>;
@@ -216,9 +254,21 @@ struct custom_forward_op {
     static constexpr const char* name = "custom";
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
+    static constexpr std::size_t extra_bytes = saved_of<Op>::bytes;
     using op = Op;
+    // Autocast: the class the op declares (`static constexpr tg::autocast_class autocast`), or
+    // per device (`static constexpr tg::autocast_class autocast_on(tg::device_kind)`).
+    static constexpr autocast_class autocast_on(device_kind d) {
+        if constexpr (requires { Op::autocast_on(d); }) return Op::autocast_on(d);
+        else if constexpr (requires { Op::autocast; }) return Op::autocast;
+        else return autocast_class::promote;
+    }
     template <class... Xs>
     struct rule {
+        static_assert(((std::is_same_v<typename Xs::value_type, typename type_at_t<0, type_list<Xs...>>::value_type> ||
+                        !is_dtype_v<typename Xs::value_type>) && ...),
+                      "typegrad: a custom op's floating inputs must share one dtype (its views have one element "
+                      "type); cast them, or declare the op's autocast class (tg::autocast_class::fp32).");
         using value_type = typename custom_result<Op, Xs...>::value_type;
         using shape_type = typename custom_result<Op, Xs...>::shape_type;
     };
@@ -237,6 +287,11 @@ struct custom_forward_op {
     template <class N, class Ref, class T>
     static void run(const Ref* in, T* out, const std::size_t* ext) {
         custom_context<Op, Ref, T, N::children::size, false> ctx{in, out, ext, N::shape_type::rank, nullptr};
+        if constexpr (saved_of<Op>::bytes > 0) {
+            std::size_t n = 1;
+            for (std::size_t a = 0; a < N::shape_type::rank; ++a) n *= ext[a];
+            ctx.saved_at = new (reinterpret_cast<char*>(out) + saved_offset(n, sizeof(T))) typename saved_of<Op>::type{};
+        }
         Op::forward(ctx);
     }
     template <std::size_t I, class G, class Out, class... Xs>
@@ -298,6 +353,11 @@ struct custom_backward_op {
             copy = local.data();
         }
         custom_context<Op, Ref, T, N::children::size - 2, true> ctx{in, out, ext, 1, copy};
+        if constexpr (saved_of<Op>::bytes > 0) {
+            using Out = type_at_t<1, typename N::children>;
+            ctx.saved_at = const_cast<char*>(static_cast<const char*>(in[1].data)) +
+                           saved_offset(ctx.numel(in[1]), sizeof(buffer_t<Out>));
+        }
         Op::backward(ctx);
     }
     // A backward that mutates an input requiring grad has no derivative (create_graph).

@@ -175,3 +175,52 @@ TEST_CASE("errors leave every buffer untouched, mutated inputs included", "[cust
     CHECK(bd == std::vector<float>(9, 1.f));
     CHECK(small == std::vector<float>(4, 3.f));
 }
+
+namespace {
+// y = x / max(x), the scale treated as a constant (a "stop-gradient" normaliser). The forward
+// saves the scale and the argmax in ctx; the backward reads them instead of recomputing.
+struct normalise_by_max {
+    struct saved_type {
+        float scale;
+        std::size_t argmax;
+    };
+    template <class Ctx>
+    static void forward(Ctx& ctx) {
+        auto [x] = ctx.inputs();
+        auto& s = ctx.saved();
+        s.argmax = 0;
+        for (std::size_t i = 1; i < x.size(); ++i)
+            if (x[i] > x[s.argmax]) s.argmax = i;
+        s.scale = x[s.argmax];
+        auto y = ctx.output();
+        for (std::size_t i = 0; i < y.size(); ++i) y[i] = x[i] / s.scale;
+    }
+    template <class Ctx>
+    static void backward(Ctx& ctx) {
+        const auto& s = ctx.saved();
+        static_assert(std::is_const_v<std::remove_reference_t<decltype(s)>>, "read-only in backward");
+        auto g = ctx.grad_output();
+        auto [gx] = ctx.grad_inputs();
+        for (std::size_t i = 0; i < g.size(); ++i) gx[i] = g[i] / s.scale + (i == s.argmax ? 1000.0f : 0.0f);
+    }
+};
+}  // namespace
+
+TEST_CASE("custom op: values saved in ctx reach the backward", "[custom]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    constexpr auto w = tg::input<"w", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::sum(tg::custom<normalise_by_max>(x) * w), tg::wrt(x));
+    const std::vector<float> xs{1, 4, 2, -8}, ws{1, 2, 3, 4};
+    std::vector<float> gx(4);
+    const float v = step.value_and_grad(tg::bind(x, xs), tg::bind(w, ws), tg::grad_into(x, gx));
+    CHECK(v == 1.0f / 4 + 2.0f + 3.0f * 2 / 4 + 4.0f * -8 / 4);
+    // the marker 1000 proves the backward read the saved argmax (index 1), not a recomputation
+    CHECK(gx == std::vector<float>{0.25f, 0.5f + 1000.0f, 0.75f, 1.0f});
+    // split forward / backward: the saved values travel in the forward context
+    const std::vector<float> x2{3, 1, 6, 2, 5};
+    const std::vector<float> w2{1, 1, 1, 1, 1};
+    auto ctx = step.forward(tg::bind(x, x2), tg::bind(w, w2));
+    std::vector<float> g2(5);
+    step.backward(ctx, tg::grad_into(x, g2));
+    CHECK(g2 == std::vector<float>{1.0f / 6, 1.0f / 6, 1.0f / 6 + 1000.0f, 1.0f / 6, 1.0f / 6});
+}
