@@ -163,16 +163,28 @@ struct to_set<type_list<Ks...>> {
 template <class Set, class K>
 inline constexpr bool in_set_v = std::is_base_of_v<set_entry<K>, Set>;
 
+// cast<D>(C), with the cast moved below views (transpose(cast(W)) rather than cast(transpose(W))):
+// the cast then reads its input densely, and a parameter cast once serves every view of it.
+template <class D, class C>
+struct cast_below_views {
+    using type = typename decltype(cast<D>(expr<C>{}))::node_type;
+};
+template <class D, class Op, class C0, class... Cs>
+    requires(Op::kind == op_kind::view && std::is_same_v<typename node<Op, C0, Cs...>::value_type, typename C0::value_type>)
+struct cast_below_views<D, node<Op, C0, Cs...>> {
+    using type = node<Op, typename cast_below_views<D, C0>::type, Cs...>;
+};
+
 // Child C (already rewritten) of an op of class Cls under Spec.
 template <class Spec, autocast_class Cls, class C>
 constexpr auto cast_input() {
     using T = typename C::value_type;
     if constexpr (!Spec::enabled || !is_dtype_v<T> || std::is_same_v<T, double>) {
         return expr<C>{};
-    } else if constexpr (Cls == autocast_class::lower_precision) {
-        return cast<typename Spec::dtype>(expr<C>{});
-    } else if constexpr (Cls == autocast_class::fp32) {
-        return cast<float>(expr<C>{});
+    } else if constexpr (Cls == autocast_class::lower_precision && !std::is_same_v<T, typename Spec::dtype>) {
+        return expr<typename cast_below_views<typename Spec::dtype, C>::type>{};
+    } else if constexpr (Cls == autocast_class::fp32 && is_reduced_precision_v<T>) {
+        return expr<typename cast_below_views<float, C>::type>{};
     } else {
         return expr<C>{};
     }

@@ -1,8 +1,8 @@
 #pragma once
-// cast<T>(x) between f64, f32, bf16 and f16. A kernel boundary: the conversion reads one
-// materialised buffer and writes another (in bulk SIMD conversions where the input is dense),
-// so a cast of a parameter is computed once per step however often it is read. Narrowing rounds
-// to nearest even. Its gradient casts back to the input's dtype.
+// cast<T>(x) between f64, f32, bf16 and f16; narrowing rounds to nearest even, and the gradient
+// casts back to the input's dtype. To or from f64 it is a kernel boundary (a loop runs in one SIMD
+// width): the conversion reads one materialised buffer and writes another, in bulk SIMD
+// conversions where the input is dense. Within the float family it is elementwise (convert_op).
 #include <cstddef>
 
 #include <typegrad/core/half_simd.hpp>
@@ -69,6 +69,23 @@ struct cast_op {
     static constexpr auto vjp(G g, Out, X);
 };
 
+// Within the float family (f32, bf16, f16) a cast is elementwise: loops compute in float, so it
+// is a rounding (narrowing) or nothing (widening), fused like any other op; its value is stored
+// in 16 bits only where a kernel (matmul) reads it.
+template <class To>
+struct convert_op : elementwise_op {
+    static constexpr const char* name = "cast";
+    template <class... Cs>
+    struct rule {
+        using value_type = To;
+        using shape_type = typename type_at_t<0, type_list<Cs...>>::shape_type;
+    };
+    template <class V>
+    static V apply(const V& x) { return x; }  // the loop rounds a bf16/f16 result
+    template <std::size_t I, class G, class Out, class X>
+    static constexpr auto vjp(G g, Out, X);
+};
+
 }  // namespace detail
 
 template <class T, expression X>
@@ -76,7 +93,10 @@ constexpr auto cast(X x) {
     static_assert(is_dtype_v<T>, "typegrad: cast<T>(x) converts to a floating dtype: double, float, tg::bf16 or tg::f16.");
     static_assert(is_dtype_v<typename X::value_type>,
                   "typegrad: cast<T>(x) converts a floating expression (not labels or constants).");
-    if constexpr (std::is_same_v<T, typename X::value_type>) return x;
+    using From = typename X::value_type;
+    if constexpr (std::is_same_v<T, From>) return x;
+    else if constexpr (!std::is_same_v<T, double> && !std::is_same_v<From, double>)
+        return detail::make_node<detail::convert_op<T>>(x);
     else return detail::make_node<detail::cast_op<T>>(x);
 }
 
@@ -84,6 +104,11 @@ namespace detail {
 template <class To>
 template <std::size_t I, class G, class Out, class X>
 constexpr auto cast_op<To>::vjp(G g, Out, X) {
+    return cast<typename X::value_type>(g);
+}
+template <class To>
+template <std::size_t I, class G, class Out, class X>
+constexpr auto convert_op<To>::vjp(G g, Out, X) {
     return cast<typename X::value_type>(g);
 }
 }  // namespace detail

@@ -19,6 +19,14 @@
 #include <immintrin.h>
 #endif
 
+// GCC 12 flags the deliberately undefined vectors inside its own AVX-512 intrinsics as maybe
+// uninitialised once they are inlined here (GCC PR105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace typegrad::detail {
 
 // A strided matrix (element strides), read as float.
@@ -53,26 +61,38 @@ inline void gemm_bf16_dot(std::size_t m, std::size_t n, std::size_t k, strided_m
     const std::size_t kp = (k + 1) / 2;          // k-pairs
     const std::size_t np = (n + 31) / 32 * 32;   // columns, padded to two vectors
     auto bits = [](const bf16* p) -> std::uint32_t { return p->bits; };
+    // Packing reads each operand once, in its memory order (a transposed operand column-wise).
     std::uint32_t* bp = half_gemm_buffer<std::uint32_t, 0>(kp * np);
-    for (std::size_t q = 0; q < kp; ++q)
-        for (std::size_t j = 0; j < np; ++j) {
-            std::uint32_t lo = 0, hi = 0;
-            if (j < n) {
-                lo = bits(b.data + std::ptrdiff_t(2 * q) * b.row_stride + std::ptrdiff_t(j) * b.col_stride);
-                if (2 * q + 1 < k)
-                    hi = bits(b.data + std::ptrdiff_t(2 * q + 1) * b.row_stride + std::ptrdiff_t(j) * b.col_stride);
-            }
-            bp[q * np + j] = lo | (hi << 16);
+    auto pack_b = [&](std::size_t q, std::size_t j) {
+        std::uint32_t lo = 0, hi = 0;
+        if (j < n) {
+            lo = bits(b.data + std::ptrdiff_t(2 * q) * b.row_stride + std::ptrdiff_t(j) * b.col_stride);
+            if (2 * q + 1 < k) hi = bits(b.data + std::ptrdiff_t(2 * q + 1) * b.row_stride + std::ptrdiff_t(j) * b.col_stride);
         }
+        bp[q * np + j] = lo | (hi << 16);
+    };
+    if (b.col_stride == 1) {
+        for (std::size_t q = 0; q < kp; ++q)
+            for (std::size_t j = 0; j < np; ++j) pack_b(q, j);
+    } else {
+        for (std::size_t j = 0; j < np; ++j)
+            for (std::size_t q = 0; q < kp; ++q) pack_b(q, j);
+    }
     std::uint32_t* ap = half_gemm_buffer<std::uint32_t, 1>(m * kp);
-    for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t q = 0; q < kp; ++q) {
-            const std::uint32_t lo = bits(a.data + std::ptrdiff_t(i) * a.row_stride + std::ptrdiff_t(2 * q) * a.col_stride);
-            const std::uint32_t hi =
-                2 * q + 1 < k ? bits(a.data + std::ptrdiff_t(i) * a.row_stride + std::ptrdiff_t(2 * q + 1) * a.col_stride) : 0;
-            ap[i * kp + q] = lo | (hi << 16);
-        }
-    constexpr std::size_t rows = 4;
+    auto pack_a = [&](std::size_t i, std::size_t q) {
+        const std::uint32_t lo = bits(a.data + std::ptrdiff_t(i) * a.row_stride + std::ptrdiff_t(2 * q) * a.col_stride);
+        const std::uint32_t hi =
+            2 * q + 1 < k ? bits(a.data + std::ptrdiff_t(i) * a.row_stride + std::ptrdiff_t(2 * q + 1) * a.col_stride) : 0;
+        ap[i * kp + q] = lo | (hi << 16);
+    };
+    if (a.col_stride == 1 || a.row_stride != 1) {
+        for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t q = 0; q < kp; ++q) pack_a(i, q);
+    } else {
+        for (std::size_t q = 0; q < kp; ++q)
+            for (std::size_t i = 0; i < m; ++i) pack_a(i, q);
+    }
+    constexpr std::size_t rows = 8;  // 16 accumulators hide vdpbf16ps latency
     alignas(64) float tile[rows][32];
     for (std::size_t i0 = 0; i0 < m; i0 += rows) {
         const std::size_t mr = m - i0 < rows ? m - i0 : rows;
@@ -121,3 +141,7 @@ void gemm_reduced(std::size_t m, std::size_t n, std::size_t k, strided_matrix<SA
 }
 
 }  // namespace typegrad::detail
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
