@@ -91,6 +91,7 @@ def markdown(results, context):
            ("sacado", context.get("sacado")),
            ("load average at start", " ".join(f"{x:.2f}" for x in context.get("load_avg", [])))]
     out += [f"- {k}: {v}" for k, v in ctx if v]
+    out += summary(results)
     out += ["", f"Median over {context['repetitions']} repetitions of the {context['metric']} in ns; in "
             "parentheses the ratio to `hand_xsimd` (lower is better). `-` = not run for that size.",
             ""]
@@ -124,11 +125,46 @@ def markdown(results, context):
     return "\n".join(out)
 
 
+# Sizes quoted in the summary: the issue's target sizes for vectors, the largest size otherwise.
+SUMMARY_SIZES = {"matrix_product": [64, 181], "regression": [10, 150], "stochastic_volatility": [8192],
+                 "mlp_layer": [64, 512]}
+
+
+def summary(results):
+    """Markdown: typegrad against every baseline at a few sizes per workload (ratios = time / typegrad)."""
+    if not any(k[1] == "typegrad" for k in results):
+        return []
+    def get(w, impl, t, n):
+        v = results.get((w, impl, t, n))
+        return v if isinstance(v, float) else None
+    out = ["", "## Summary: typegrad against the baselines", "",
+           "Median ns of typegrad; then each baseline's time divided by typegrad's (above 1: typegrad is "
+           "faster; for hand_xsimd, the physical limit, typegrad / hand_xsimd is the slowdown, shown as "
+           "`tg/hand`).", "",
+           "| workload | type | size | typegrad ns | tg/hand_xsimd | libtorch/tg | sacado/tg | hand_scalar/tg |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    workloads = sorted({k[0] for k in results if k[1] == "typegrad"}, key=lambda w: order_key(WORKLOAD_ORDER, w))
+    for w in workloads:
+        for t in TYPE_ORDER:
+            for n in SUMMARY_SIZES.get(w, [16384, 1000000]):
+                tg = get(w, "typegrad", t, n)
+                if tg is None:
+                    continue
+                def ratio(impl, inverse=False):
+                    v = get(w, impl, t, n)
+                    if v is None:
+                        return "-"
+                    return f"{tg / v:.2f}x" if inverse else f"{v / tg:.2f}x"
+                out.append(f"| {w} | {t} | {n} | {fmt_ns(tg)} | {ratio('hand_xsimd', True)} | "
+                           f"{ratio('libtorch')} | {ratio('sacado')} | {ratio('hand_scalar')} |")
+    return out
+
+
 # Targets for typegrad (benchmarks/README.md, "Targets"). Compulsory traffic = arrays read or
 # written once per call (inputs and gradients), the least any implementation moves.
 ELEMENTWISE = ["expmul", "sum", "prod", "log_sum_exp", "normal_log_pdf"]
 TRAFFIC_ARRAYS = {"expmul": 4, "sum": 2, "prod": 2, "log_sum_exp": 2, "normal_log_pdf": 2}
-MATMUL = ["matrix_product", "mlp_layer"]
+MATMUL = ["matrix_product", "mlp_layer", "regression"]
 TARGET_SIZES = [16384, 1000000]
 ELEMENT_BYTES = {"float": 4, "double": 8}
 
