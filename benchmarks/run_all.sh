@@ -9,6 +9,9 @@
 #   MIN_TIME   minimum seconds per repetition (default 0.2; Google Benchmark's own default is 0.5)
 #   FILTER     benchmark regex (default: all), e.g. FILTER='^expmul/'
 #   CXX        compiler, honoured on the first configure of BUILD_DIR
+#   COMPILE_TIME=1  afterwards also run compile_time/measure.py (graphs of 10..1000 nodes with g++
+#              and clang++, plus a clean build of the unit tests): results in compile_time/results.md.
+#              CT_ARGS passes extra options to it (e.g. CT_ARGS='--sizes 10,100 --timeout 240').
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,3 +48,8 @@ mv "$results/latest.json.tmp" "$results/latest.json"
 echo "run_all.sh: wrote $results/latest.json"
 
 python3 "$here/make_table.py" "$results/latest.json" "$results/table.md"
+
+if [[ ${COMPILE_TIME:-0} == 1 ]]; then
+    # shellcheck disable=SC2086  # CT_ARGS is a list of options
+    python3 "$here/compile_time/measure.py" --tests ${CT_ARGS:-}
+fi

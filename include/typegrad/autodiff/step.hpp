@@ -436,9 +436,9 @@ private:
                           "takes only tg::grad_into(...) and tg::seed(...).");
         } else {
             // every leaf the plan reads must be bound; dynamic leaves needed for shapes too
-            [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-                (check_leaf_node<PP, Ns, Args...>(), ...);
-            }(std::make_index_sequence<PP::M>{});
+            // (leaves only: see exec/node_filter.hpp)
+            detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
+                []<std::size_t N>(std::integral_constant<std::size_t, N>) { check_leaf_node<PP, N, Args...>(); });
         }
     }
     template <class Nodes, class Arg, class... Args>
@@ -470,9 +470,8 @@ private:
     template <class PP, class... Args>
     static void bind_leaves(typename PP::state_type& st, const Args&... args) {
         auto all = std::forward_as_tuple(args...);
-        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            (bind_leaf_node<PP, Ns, Args...>(st, all), ...);
-        }(std::make_index_sequence<PP::M>{});
+        detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
+            [&]<std::size_t N>(std::integral_constant<std::size_t, N>) { bind_leaf_node<PP, N, Args...>(st, all); });
     }
     template <class PP, std::size_t N, class... Args, class Tuple>
     static void bind_leaf_node(typename PP::state_type& st, const Tuple& all) {
@@ -547,20 +546,15 @@ private:
         };
         (add(args), ...);
         // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
-        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            auto leaf_range = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+        detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
+            [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
                 using node = typename PP::program::template node_at<N>;
-                if constexpr (is_leaf_v<node>) {
-                    if (st.ptr[N] == nullptr) return;
-                    const auto* p = static_cast<const unsigned char*>(st.ptr[N]);
-                    in_ranges[2 * n_in] = p;
-                    in_ranges[2 * n_in + 1] = p + detail::node_numel<PP>(st, N) * sizeof(typename node::value_type);
-                    ++n_in;
-                }
-            };
-            (leaf_range(std::integral_constant<std::size_t, Ns>{}), ...);
-            (void)leaf_range;
-        }(std::make_index_sequence<PP::M>{});
+                if (st.ptr[N] == nullptr) return;
+                const auto* p = static_cast<const unsigned char*>(st.ptr[N]);
+                in_ranges[2 * n_in] = p;
+                in_ranges[2 * n_in + 1] = p + detail::node_numel<PP>(st, N) * sizeof(typename node::value_type);
+                ++n_in;
+            });
         std::size_t gi = 0;
         (bind_grad<PP, Grads>(st, args, gi), ...);
         for (std::size_t i = 0; i < n_out; ++i) {

@@ -11,6 +11,7 @@
 
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/kernel.hpp>
+#include <typegrad/exec/node_filter.hpp>
 #include <typegrad/exec/program.hpp>
 
 namespace typegrad::detail {
@@ -148,11 +149,27 @@ void shape_node(typename PP::state_type& st) {
 
 // Fills extents and strides of every non-leaf node from its children's, checking them. Leaf
 // extents must have been filled by the caller. Throws before anything is written.
+// Leaves, elementwise nodes and reductions share one run-time routine; only views and kernels
+// instantiate shape_node (see node_filter.hpp: per-node instantiations grow compile time
+// quadratically with the graph).
 template <class PP>
 void compute_shapes(typename PP::state_type& st) {
-    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        (shape_node<PP, Ns>(st), ...);
-    }(std::make_index_sequence<PP::M>{});
+    std::size_t next = 0;
+    auto generic_until = [&](std::size_t end) {
+        for (; next < end; ++next) {
+            const op_kind kind = PP::program::info[next].kind;
+            if (kind == op_kind::elementwise || kind == op_kind::reduce) elementwise_shape<PP>(st, next);
+            if (kind == op_kind::leaf || kind == op_kind::elementwise || kind == op_kind::reduce)
+                dense_strides<PP>(st, next);
+        }
+    };
+    for_each_node_of_kind<typename PP::program, op_kind::view, op_kind::kernel>(
+        [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+            generic_until(N);
+            shape_node<PP, N>(st);
+            next = N + 1;
+        });
+    generic_until(PP::M);
 }
 
 // Scratch is counted in 8-byte units (a plan may hold float and double buffers); each buffer
@@ -227,9 +244,9 @@ void prepare_scratch(typename PP::state_type& st, scratch_unit* scratch,
             else fill_identity<float>(p, node_numel<PP>(st, n), info[n].combine);
         }
     }
-    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        ((PP::plan.computed[Ns] ? compute_meta<PP, Ns>(st, scratch + offset[Ns]) : void()), ...);
-    }(std::make_index_sequence<PP::M>{});
+    for_each_node_of_kind<typename PP::program, op_kind::meta>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+        if (PP::plan.computed[N]) compute_meta<PP, N>(st, scratch + offset[N]);
+    });
     // Views alias their input (children first, so chains of views resolve in one sweep).
     for (std::size_t n = 0; n < PP::M; ++n) {
         if (info[n].kind != op_kind::view || !PP::plan.needed[n] || st.ptr[n] != nullptr) continue;

@@ -31,6 +31,7 @@
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/exec/node_filter.hpp>
 
 namespace typegrad {
 
@@ -461,34 +462,32 @@ struct custom_kernel_info<node<custom_backward_op<Op>, Cs...>> {
 
 template <class PP, class State>
 void check_custom_mutations(const State& st) {
-    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        auto one = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-            using node = typename PP::program::template node_at<N>;
-            using ci = custom_kernel_info<node>;
-            if constexpr (ci::is_custom) {
-                if (!PP::plan.needed[N] || !PP::plan.computed[N]) return;
-                [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-                    auto child = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
-                        if constexpr (declares_mutation<typename ci::op, ci::backward, K>()) {
-                            constexpr std::size_t c = PP::program::info[N].child[K];
-                            constexpr op_kind k = PP::program::info[c].kind;
-                            if constexpr (k == op_kind::leaf) {
-                                if (st.mut[c] == nullptr)
-                                    throw binding_error(message("typegrad: custom op input ", K - (ci::backward ? 2 : 0),
-                                                                " ('", PP::program::info[c].name,
-                                                                "') is mutated but was bound read-only; bind a writable buffer"));
-                            } else if constexpr (k == op_kind::view) {
+    // Custom ops are kernel nodes: only those are instantiated (see exec/node_filter.hpp).
+    for_each_node_of_kind<typename PP::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+        using node = typename PP::program::template node_at<N>;
+        using ci = custom_kernel_info<node>;
+        if constexpr (ci::is_custom) {
+            if (!PP::plan.needed[N] || !PP::plan.computed[N]) return;
+            [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+                auto child = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+                    if constexpr (declares_mutation<typename ci::op, ci::backward, K>()) {
+                        constexpr std::size_t c = PP::program::info[N].child[K];
+                        constexpr op_kind k = PP::program::info[c].kind;
+                        if constexpr (k == op_kind::leaf) {
+                            if (st.mut[c] == nullptr)
                                 throw binding_error(message("typegrad: custom op input ", K - (ci::backward ? 2 : 0),
-                                                            " is mutated but is a view; pass tg::contiguous(x)"));
-                            }
+                                                            " ('", PP::program::info[c].name,
+                                                            "') is mutated but was bound read-only; bind a writable buffer"));
+                        } else if constexpr (k == op_kind::view) {
+                            throw binding_error(message("typegrad: custom op input ", K - (ci::backward ? 2 : 0),
+                                                        " is mutated but is a view; pass tg::contiguous(x)"));
                         }
-                    };
-                    (child(std::integral_constant<std::size_t, Ks>{}), ...);
-                }(std::make_index_sequence<node::children::size>{});
-            }
-        };
-        (one(std::integral_constant<std::size_t, Ns>{}), ...);
-    }(std::make_index_sequence<PP::M>{});
+                    }
+                };
+                (child(std::integral_constant<std::size_t, Ks>{}), ...);
+            }(std::make_index_sequence<node::children::size>{});
+        }
+    });
 }
 
 // (node, input) pairs of custom backward kernels that mutate an input requiring grad: only
@@ -496,19 +495,17 @@ void check_custom_mutations(const State& st) {
 template <class PP>
 constexpr std::size_t create_graph_hazard_count() {
     std::size_t n = 0;
-    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        auto one = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-            using node = typename PP::program::template node_at<N>;
-            using ci = custom_kernel_info<node>;
-            if constexpr (ci::backward) {
-                [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-                    ((n += (declares_mutation<typename ci::op, true, Ks + 2>() &&
-                            type_at_t<Ks + 2, typename node::children>::requires_grad)), ...);
-                }(std::make_index_sequence<node::children::size - 2>{});
-            }
-        };
-        (one(std::integral_constant<std::size_t, Ns>{}), ...);
-    }(std::make_index_sequence<PP::M>{});
+    // Custom ops are kernel nodes: only those are instantiated (see exec/node_filter.hpp).
+    for_each_node_of_kind<typename PP::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+        using node = typename PP::program::template node_at<N>;
+        using ci = custom_kernel_info<node>;
+        if constexpr (ci::backward) {
+            [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+                ((n += (declares_mutation<typename ci::op, true, Ks + 2>() &&
+                        type_at_t<Ks + 2, typename node::children>::requires_grad)), ...);
+            }(std::make_index_sequence<node::children::size - 2>{});
+        }
+    });
     return n;
 }
 struct hazard {
@@ -518,22 +515,20 @@ template <class PP>
 constexpr auto create_graph_hazards() {
     std::array<hazard, create_graph_hazard_count<PP>()> r{};
     std::size_t k = 0;
-    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        auto one = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-            using node = typename PP::program::template node_at<N>;
-            using ci = custom_kernel_info<node>;
-            if constexpr (ci::backward) {
-                [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-                    ((declares_mutation<typename ci::op, true, Ks + 2>() &&
-                              type_at_t<Ks + 2, typename node::children>::requires_grad
-                          ? void(r[k++] = hazard{N, Ks})
-                          : void()),
-                     ...);
-                }(std::make_index_sequence<node::children::size - 2>{});
-            }
-        };
-        (one(std::integral_constant<std::size_t, Ns>{}), ...);
-    }(std::make_index_sequence<PP::M>{});
+    // Custom ops are kernel nodes: only those are instantiated (see exec/node_filter.hpp).
+    for_each_node_of_kind<typename PP::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+        using node = typename PP::program::template node_at<N>;
+        using ci = custom_kernel_info<node>;
+        if constexpr (ci::backward) {
+            [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+                ((declares_mutation<typename ci::op, true, Ks + 2>() &&
+                          type_at_t<Ks + 2, typename node::children>::requires_grad
+                      ? void(r[k++] = hazard{N, Ks})
+                      : void()),
+                 ...);
+            }(std::make_index_sequence<node::children::size - 2>{});
+        }
+    });
     return r;
 }
 

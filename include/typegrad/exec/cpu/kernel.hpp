@@ -67,6 +67,22 @@ inline void note_nonfinite(const V& v, std::size_t node) {
     if (bad && anomaly_node() == no_anomaly) anomaly_node() = node;
 }
 
+// One fused-loop node: v[Out] = Op(v[Cs]...), rounded to the node's storage dtype when that is
+// bf16/f16. A free function whose name holds only the op and the slot numbers.
+template <class Op, class D, bool Check, std::size_t Out, std::size_t Id, class Values, std::size_t... Cs>
+inline void eval_node(Values& v, std::index_sequence<Cs...>) {
+    if constexpr (is_reduced_precision_v<D>) v[Out] = simd::round_as<D>(Op::apply(v[Cs]...));
+    else v[Out] = Op::apply(v[Cs]...);
+    if constexpr (Check) note_nonfinite(v[Out], Id);
+}
+
+template <std::array<std::size_t, max_arity> Slots, std::size_t N, class = std::make_index_sequence<N>>
+struct slot_sequence;
+template <std::array<std::size_t, max_arity> Slots, std::size_t N, std::size_t... Ks>
+struct slot_sequence<Slots, N, std::index_sequence<Ks...>> {
+    using type = std::index_sequence<Slots[Ks]...>;
+};
+
 // PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
 // rank_offset (array: start of each node's extents in exec_state::ext), value_type.
 // Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
@@ -191,30 +207,28 @@ struct loop_kernel {
             if (!info[Id].shape_only[i]) r.at[r.n++] = i;
         return r;
     }();
-    template <std::size_t Id>
-    static constexpr auto value_children() {
-        return []<std::size_t... Js>(std::index_sequence<Js...>) {
-            return std::index_sequence<picked<Id>.at[Js]...>{};
-        }(std::make_index_sequence<picked<Id>.n>{});
-    }
-    template <std::size_t Id, std::size_t K>
-    static constexpr std::size_t child_slot = slot_of(info[Id].child[K]);
+    // Body node B: its id, and the slots of its value children as an index_sequence type.
+    template <std::size_t B>
+    struct body_node {
+        static constexpr std::size_t id = slot_id(n_in + B);
+        using type = typename prog::template node_at<id>;
+        static constexpr std::array<std::size_t, max_arity> slots = [] {
+            std::array<std::size_t, max_arity> r{};
+            for (std::size_t k = 0; k < picked<id>.n; ++k) r[k] = slot_of(info[id].child[picked<id>.at[k]]);
+            return r;
+        }();
+        using child_slots = typename slot_sequence<slots, picked<id>.n>::type;
+    };
 
-    template <class V, std::size_t B, class Values>
-    static void eval_one(Values& v) {
-        constexpr std::size_t id = slot_id(n_in + B);
-        using N = typename prog::template node_at<id>;
-        [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-            using D = storage_t<typename N::value_type>;
-            if constexpr (is_reduced_precision_v<D>) v[n_in + B] = simd::round_as<D>(N::op::apply(v[child_slot<id, Ks>]...));
-            else v[n_in + B] = N::op::apply(v[child_slot<id, Ks>]...);
-            if constexpr (Check) note_nonfinite(v[n_in + B], id);
-        }(value_children<id>());
-    }
+    // The body is one fold over free functions named by (op, dtype, slots) rather than by the
+    // plan: a member per node would carry the whole plan type in every symbol name, which made
+    // compile time grow quadratically with the graph (see exec/node_filter.hpp).
     template <class V, class Values>
     static void eval_body(Values& v) {
         [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
-            (eval_one<V, Bs>(v), ...);
+            (eval_node<typename body_node<Bs>::type::op, storage_t<typename body_node<Bs>::type::value_type>, Check,
+                       n_in + Bs, body_node<Bs>::id>(v, typename body_node<Bs>::child_slots{}),
+             ...);
         }(std::make_index_sequence<n_body>{});
     }
 
