@@ -173,9 +173,12 @@ using scratch_unit = double;
 // Element count of a node, or a shape_error when it (or its size in bytes) cannot be represented.
 template <class PP>
 std::size_t checked_numel(const typename PP::state_type& st, std::size_t node) {
+    const std::size_t rank = PP::program::info[node].rank;
+    const std::size_t* ext = st.ext.data() + PP::rank_offset[node];
+    if (std::find(ext, ext + rank, std::size_t(0)) != ext + rank) return 0;  // however large the others
     std::size_t n = 1;
-    for (std::size_t a = 0; a < PP::program::info[node].rank; ++a)
-        if (__builtin_mul_overflow(n, st.ext[PP::rank_offset[node] + a], &n))
+    for (std::size_t a = 0; a < rank; ++a)
+        if (__builtin_mul_overflow(n, ext[a], &n))
             throw shape_error(message("typegrad: the extents of '", PP::program::info[node].name, "' (node ", node,
                                       ") overflow an element count"));
     std::size_t bytes = 0;
