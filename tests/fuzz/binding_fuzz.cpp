@@ -312,6 +312,7 @@ struct grad_plan {
 };
 
 std::optional<std::size_t> numel(const std::array<std::size_t, max_rank>& e, std::size_t rank) {
+    if (std::find(e.begin(), e.begin() + rank, std::size_t(0)) != e.begin() + rank) return 0;
     std::size_t n = 1;
     for (std::size_t a = 0; a < rank; ++a)
         if (__builtin_mul_overflow(n, e[a], &n)) return std::nullopt;
