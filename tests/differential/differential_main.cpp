@@ -8,7 +8,7 @@
 // inputs. Environment:
 //   TYPEGRAD_DIFF_CASES=<n>   cases to draw (default 1280, both dtypes; a few are skipped)
 //   TYPEGRAD_DIFF_GRAPH=<id>  only this graph
-//   TYPEGRAD_DIFF_STRICT=1    known failures (docs/reliability.md) fail the run too
+// Any mismatch fails the run (exit status 1).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -284,18 +284,12 @@ case_data shrink(const diff::graph_def& g, const case_data& failing, std::uint64
 }
 
 struct tally {
-    long cases = 0, skipped = 0, kinks = 0, failures = 0, known = 0;
+    long cases = 0, skipped = 0, kinks = 0, failures = 0;
     double worst_f64 = 0, worst_f32 = 0;
 };
 
-// Graphs that hit a known library bug (docs/reliability.md). Their mismatches are reported but
-// do not fail the run unless TYPEGRAD_DIFF_STRICT=1.
-bool known_failure(const diff::graph_def& g) {
-    return g.id == 1000;  // bug 1: max/min of a recomputed expression (regressions.cpp)
-}
-
 template <class T>
-void run_graph(const diff::graph_def& g, long per_graph, tally& t, bool strict) {
+void run_graph(const diff::graph_def& g, long per_graph, tally& t) {
     bool reported = false;
     for (long k = 0; k < per_graph; ++k) {
         const std::uint64_t seed = std::uint64_t(g.id) * 1000003u + std::uint64_t(k) * 7919u + (std::is_same_v<T, float> ? 1 : 0);
@@ -310,19 +304,15 @@ void run_graph(const diff::graph_def& g, long per_graph, tally& t, bool strict) 
             continue;
         }
         ++t.cases;
-        const bool known = known_failure(g) && !strict;
-        if (!known_failure(g)) {  // the error statistics are those of the graphs expected to pass
-            double& worst = std::is_same_v<T, double> ? t.worst_f64 : t.worst_f32;
-            worst = std::max(worst, v.worst);
-        }
+        double& worst = std::is_same_v<T, double> ? t.worst_f64 : t.worst_f32;
+        worst = std::max(worst, v.worst);
         if (v.ok) continue;
-        ++(known ? t.known : t.failures);
+        ++t.failures;
         if (!reported) {  // one reproducer per graph and dtype
             reported = true;
             const case_data small = shrink<T>(g, c, seed, split);
             verdict sv = compare<T>(g, small, split);
             if (sv.ok) sv = v;
-            if (known) std::printf("\n(known failure, see docs/reliability.md)");
             print_reproducer<T>(g, sv.ok ? c : small, split, sv);
         }
     }
@@ -343,16 +333,15 @@ int main() {
     }
     const long total = env_long("TYPEGRAD_DIFF_CASES", 1280);
     const long per_graph = std::max(1L, (total + 2 * long(graphs.size()) - 1) / (2 * long(graphs.size())));
-    const bool strict = env_long("TYPEGRAD_DIFF_STRICT", 0) != 0;
     tally t;
     for (const auto& g : graphs) {
-        run_graph<double>(g, per_graph, t, strict);
-        run_graph<float>(g, per_graph, t, strict);
+        run_graph<double>(g, per_graph, t);
+        run_graph<float>(g, per_graph, t);
     }
     std::printf("\ndifferential: %zu graphs, %ld cases compared (skipped: %ld with a non-finite reference, %ld within "
-                "rounding of a kink), %ld failures, %ld known failures; worst error double %.3g (bound %.0e), "
+                "rounding of a kink), %ld failures; worst error double %.3g (bound %.0e), "
                 "float %.3g (bound %.0e)\n",
-                graphs.size(), t.cases, t.skipped, t.kinks, t.failures, t.known, t.worst_f64, rtol_f64, t.worst_f32,
+                graphs.size(), t.cases, t.skipped, t.kinks, t.failures, t.worst_f64, rtol_f64, t.worst_f32,
                 rtol_f32);
     return t.failures == 0 ? 0 : 1;
 }

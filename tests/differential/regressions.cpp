@@ -7,10 +7,10 @@ namespace tg = typegrad;
 namespace typegrad_differential {
 namespace {
 
-// Known bug 1 (docs/reliability.md): the gradient of max(exp(a)) is NaN/inf when exp(a) is also
-// evaluated in a loop that broadcasts b along the rows, and the two loops split the maximum's
-// element differently between SIMD body and scalar tail (xsimd::exp and std::exp differ by an ulp:
-// no element equals the saved maximum, the tie count is 0).
+// Finding 1 (docs/reliability.md), fixed: the gradient of max(exp(a)) was NaN/inf when exp(a) is
+// also evaluated in a loop that broadcasts b along the rows, and the two loops split the maximum's
+// element differently between SIMD body and scalar tail (xsimd::exp and std::exp differed by an
+// ulp: no element equalled the saved maximum, the tie count was 0).
 template <class T>
 T graph_1000(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool) {
     constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;

@@ -486,6 +486,10 @@ private:
                         throw shape_error(detail::message("typegrad: bind(", node::name(), ", ...): axis ", a,
                                                           " has extent ", b.extents[a],
                                                           " but the leaf declares ", S::extents[a]));
+                    // tg::dyn (SIZE_MAX) marks a dynamic extent inside the plan: never a size
+                    if (b.extents[a] == dyn)
+                        throw shape_error(detail::message("typegrad: bind(", node::name(), ", ...): axis ", a,
+                                                          " has extent tg::dyn (SIZE_MAX), which is not a size"));
                     e[a] = b.extents[a];
                 }
                 if (b.data == nullptr && PP::plan.needed[N]) {

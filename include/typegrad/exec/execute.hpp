@@ -66,13 +66,24 @@ std::size_t node_numel(const typename PP::state_type& st, std::size_t node) {
     return n;
 }
 
+// Row-major strides. They are computed before any size check, so their products are checked
+// here: extents whose product overflows are a shape_error, unless one of them is 0 (no element:
+// the strides address nothing, and those past the overflow are set to 0).
 template <class PP>
 void dense_strides(typename PP::state_type& st, std::size_t n) {
     const std::size_t rank = PP::program::info[n].rank;
+    const std::size_t* ext = st.ext.data() + PP::rank_offset[n];
+    const bool empty = std::find(ext, ext + rank, std::size_t(0)) != ext + rank;
     std::ptrdiff_t stride = 1;
     for (std::size_t a = rank; a-- > 0;) {
         st.stride[PP::rank_offset[n] + a] = stride;
-        stride *= static_cast<std::ptrdiff_t>(st.ext[PP::rank_offset[n] + a]);
+        if (ext[a] > std::size_t(PTRDIFF_MAX) ||
+            __builtin_mul_overflow(stride, static_cast<std::ptrdiff_t>(ext[a]), &stride)) {
+            if (!empty)
+                throw shape_error(message("typegrad: the extents of '", PP::program::info[n].name, "' (node ", n,
+                                          ") overflow an element count"));
+            stride = 0;
+        }
     }
 }
 
@@ -179,9 +190,12 @@ using scratch_unit = double;
 // Element count of a node, or a shape_error when it (or its size in bytes) cannot be represented.
 template <class PP>
 std::size_t checked_numel(const typename PP::state_type& st, std::size_t node) {
+    const std::size_t rank = PP::program::info[node].rank;
+    const std::size_t* ext = st.ext.data() + PP::rank_offset[node];
+    if (std::find(ext, ext + rank, std::size_t(0)) != ext + rank) return 0;  // however large the others
     std::size_t n = 1;
-    for (std::size_t a = 0; a < PP::program::info[node].rank; ++a)
-        if (__builtin_mul_overflow(n, st.ext[PP::rank_offset[node] + a], &n))
+    for (std::size_t a = 0; a < rank; ++a)
+        if (__builtin_mul_overflow(n, ext[a], &n))
             throw shape_error(message("typegrad: the extents of '", PP::program::info[node].name, "' (node ", node,
                                       ") overflow an element count"));
     std::size_t bytes = 0;
