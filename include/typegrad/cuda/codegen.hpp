@@ -92,6 +92,30 @@ inline constexpr auto device_exprs = [] {
     }(std::make_index_sequence<PP::M>{});
     return r;
 }();
+// A plan as plain data, so that the generator (and the launcher) are ordinary functions compiled
+// once, not once per plan type.
+struct plan_view {
+    std::size_t node_count = 0;
+    const node_info* info = nullptr;
+    const td::loop_plan* loops = nullptr;
+    std::size_t loop_count = 0;
+    const std::size_t* members = nullptr;
+    const std::size_t* stores = nullptr;
+    const char* const* device = nullptr;
+    const double* constants = nullptr;
+};
+template <class PP>
+plan_view view_of() {
+    return {PP::M,
+            PP::program::info.data(),
+            PP::plan.loops.data(),
+            PP::plan.loop_count,
+            PP::plan.members.data(),
+            PP::stores.data(),
+            device_exprs<PP>.data(),
+            constant_values<PP>.data()};
+}
+
 // ---- loop groups and the layout of their parameter words -----------------------------------
 struct group_desc {
     std::size_t loop = 0;
@@ -100,25 +124,23 @@ struct group_desc {
     bool outputs = false;              // writes the loop's materialisations and stores
 };
 
-template <class PP>
-constexpr bool output_broadcast_axis(std::size_t node, std::size_t iter, std::size_t axis) {
-    const node_info& p = PP::program::info[node];
-    const node_info& f = PP::program::info[iter];
+inline bool output_broadcast_axis(const plan_view& pv, std::size_t node, std::size_t iter, std::size_t axis) {
+    const node_info& p = pv.info[node];
+    const node_info& f = pv.info[iter];
     const std::size_t lead = f.rank - p.rank;
     if (axis < lead) return true;
     return p.ext[axis - lead] == 1 && f.ext[axis] != 1;
 }
 
-template <class PP>
-std::vector<group_desc> loop_groups(std::size_t L) {
-    const td::loop_plan& lp = PP::plan.loops[L];
-    const std::size_t rank = PP::program::info[lp.iter].rank;
+inline std::vector<group_desc> loop_groups(const plan_view& pv, std::size_t L) {
+    const td::loop_plan& lp = pv.loops[L];
+    const std::size_t rank = pv.info[lp.iter].rank;
     std::vector<group_desc> groups;
     for (std::size_t m = lp.red_begin; m < lp.red_end; ++m) {
-        const std::size_t r = PP::plan.members[m];
+        const std::size_t r = pv.members[m];
         std::uint32_t mask = 0;
         for (std::size_t a = 0; a < rank; ++a)
-            if (output_broadcast_axis<PP>(r, lp.iter, a)) mask |= 1u << a;
+            if (output_broadcast_axis(pv, r, lp.iter, a)) mask |= 1u << a;
         bool placed = false;
         for (auto& g : groups)
             if (g.mask == mask) {
@@ -140,16 +162,15 @@ struct operand_desc {
     std::size_t store_index = 0;
 };
 
-template <class PP>
-std::vector<operand_desc> group_operands(const group_desc& g) {
-    const td::loop_plan& lp = PP::plan.loops[g.loop];
+inline std::vector<operand_desc> group_operands(const plan_view& pv, const group_desc& g) {
+    const td::loop_plan& lp = pv.loops[g.loop];
     std::vector<operand_desc> ops;
-    for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) ops.push_back({PP::plan.members[m], 0});
+    for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) ops.push_back({pv.members[m], 0});
     for (std::size_t r : g.reds) ops.push_back({r, 1});
     if (g.outputs) {
-        for (std::size_t m = lp.mat_begin; m < lp.mat_end; ++m) ops.push_back({PP::plan.members[m], 2});
+        for (std::size_t m = lp.mat_begin; m < lp.mat_end; ++m) ops.push_back({pv.members[m], 2});
         for (std::size_t m = lp.store_begin; m < lp.store_end; ++m)
-            ops.push_back({PP::stores[PP::plan.members[m]], 3, PP::plan.members[m]});
+            ops.push_back({pv.stores[pv.members[m]], 3, pv.members[m]});
     }
     return ops;
 }
@@ -170,10 +191,9 @@ struct word_layout {
     std::size_t words() const { return partial(n_reds); }
 };
 
-template <class PP>
-word_layout layout_of(const group_desc& g, const std::vector<operand_desc>& ops) {
+inline word_layout layout_of(const plan_view& pv, const group_desc& g, const std::vector<operand_desc>& ops) {
     word_layout w;
-    w.rank = PP::program::info[PP::plan.loops[g.loop].iter].rank;
+    w.rank = pv.info[pv.loops[g.loop].iter].rank;
     w.n_ops = ops.size();
     for (const auto& o : ops) w.n_stores += o.role == 3;
     w.n_reds = g.reds.size();
@@ -181,7 +201,7 @@ word_layout layout_of(const group_desc& g, const std::vector<operand_desc>& ops)
 }
 
 inline std::string kernel_name(std::size_t loop, std::size_t group) {
-    return "tg_loop_" + std::to_string(loop) + "_" + std::to_string(group);
+    return std::string("tg_loop_") + std::to_string(loop) + std::string("_") + std::to_string(group);
 }
 
 // ---- text helpers ----------------------------------------------------------------------------
@@ -379,56 +399,55 @@ extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_slice_backward_f64(con
 }
 
 // ---- one group kernel ------------------------------------------------------------------------
-template <class PP>
-void emit_group(std::string& s, const group_desc& g, std::size_t group_index) {
-    constexpr auto& info = PP::program::info;
-    const td::loop_plan& lp = PP::plan.loops[g.loop];
+inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g, std::size_t group_index) {
+    const node_info* info = pv.info;
+    const td::loop_plan& lp = pv.loops[g.loop];
     const node_info& it = info[lp.iter];
     const std::size_t rank = it.rank;
-    const auto ops = group_operands<PP>(g);
-    const word_layout w = layout_of<PP>(g, ops);
+    const auto ops = group_operands(pv, g);
+    const word_layout w = layout_of(pv, g, ops);
     const std::string name = kernel_name(g.loop, group_index);
     const std::string args = name + "_args";
     const char* T = info[lp.iter].elem_size == sizeof(double) ? "double" : "float";
-    auto W = [](std::size_t i) { return "p.w[" + std::to_string(i) + "]"; };
-    auto I = [&](std::size_t i) { return "((tg_i64)" + W(i) + ")"; };
+    auto W = [](std::size_t i) { return std::string("p.w[") + std::to_string(i) + "]"; };
+    auto I = [&](std::size_t i) { return std::string("((tg_i64)") + W(i) + ")"; };
     auto extent = [&](std::size_t a) {
-        return it.ext[a] != typegrad::dyn ? "((tg_i64)" + std::to_string(it.ext[a]) + ")" : I(w.ext_begin + a);
+        return it.ext[a] != typegrad::dyn ? std::string("((tg_i64)") + std::to_string(it.ext[a]) + ")" : I(w.ext_begin + a);
     };
     // iteration axes along which operand o is broadcast (reads or writes the same element)
     auto broadcast = [&](std::size_t o, std::size_t a) {
-        return output_broadcast_axis<PP>(ops[o].node, lp.iter, a);
+        return output_broadcast_axis(pv, ops[o].node, lp.iter, a);
     };
     auto offset = [&](std::size_t o) {
         std::string e;
         for (std::size_t a = 0; a < rank; ++a) {
             if (broadcast(o, a)) continue;
             if (!e.empty()) e += " + ";
-            e += "i" + std::to_string(a) + " * " + I(w.stride(o, a));
+            e += std::string("i") + std::to_string(a) + std::string(" * ") + I(w.stride(o, a));
         }
         return e.empty() ? std::string("0") : e;
     };
-    auto v = [](std::size_t n) { return "v" + std::to_string(n); };
+    auto v = [](std::size_t n) { return std::string("v") + std::to_string(n); };
 
-    s += "// loop " + std::to_string(g.loop) + ", group " + std::to_string(group_index) + ": iterates over node " +
-         std::to_string(lp.iter) + " ('" + std::string(it.name) + "'), rank " + std::to_string(rank) + "\n";
-    s += "struct " + args + " { tg_u64 w[" + std::to_string(w.words()) + "]; };\n";
-    s += "__device__ __forceinline__ void " + name + "_element(const " + args + "& p, tg_i64 o, tg_i64 k, " + T +
+    s += std::string("// loop ") + std::to_string(g.loop) + std::string(", group ") + std::to_string(group_index) + std::string(": iterates over node ") +
+         std::to_string(lp.iter) + std::string(" ('") + std::string(it.name) + std::string("'), rank ") + std::to_string(rank) + "\n";
+    s += std::string("struct ") + args + std::string(" { tg_u64 w[") + std::to_string(w.words()) + "]; };\n";
+    s += std::string("__device__ __forceinline__ void ") + name + std::string("_element(const ") + args + std::string("& p, tg_i64 o, tg_i64 k, ") + T +
          "* acc) {\n";
-    s += "    typedef " + std::string(T) + " T;\n";
+    s += std::string("    typedef ") + std::string(T) + " T;\n";
     // the multi-index from (o, k): kept axes from o, reduced axes from k, each row-major
-    for (std::size_t a = 0; a < rank; ++a) s += "    tg_i64 i" + std::to_string(a) + " = 0;\n";
+    for (std::size_t a = 0; a < rank; ++a) s += std::string("    tg_i64 i") + std::to_string(a) + " = 0;\n";
     for (int part = 0; part < 2; ++part) {
         std::vector<std::size_t> axes;
         for (std::size_t a = 0; a < rank; ++a)
             if (bool((g.mask >> a) & 1u) == bool(part)) axes.push_back(a);
         if (axes.empty()) continue;
-        s += "    {\n        tg_i64 r = " + std::string(part ? "k" : "o") + ";\n";
+        s += std::string("    {\n        tg_i64 r = ") + std::string(part ? "k" : "o") + ";\n";
         for (std::size_t j = axes.size(); j-- > 1;) {
             const std::size_t a = axes[j];
-            s += "        i" + std::to_string(a) + " = r % " + extent(a) + "; r /= " + extent(a) + ";\n";
+            s += std::string("        i") + std::to_string(a) + std::string(" = r % ") + extent(a) + std::string("; r /= ") + extent(a) + ";\n";
         }
-        s += "        i" + std::to_string(axes[0]) + " = r;\n    }\n";
+        s += std::string("        i") + std::to_string(axes[0]) + " = r;\n    }\n";
     }
     // loads of materialised values
     for (std::size_t o = 0; o < ops.size(); ++o) {
@@ -436,38 +455,38 @@ void emit_group(std::string& s, const group_desc& g, std::size_t group_index) {
         const std::size_t n = ops[o].node;
         if (info[n].kind == op_kind::constant) continue;  // inlined at each use
         if (info[n].kind == op_kind::meta) {
-            s += "    const T " + v(n) + " = (T)tg_double_bits(" + W(w.operand(o)) + ");\n";
+            s += std::string("    const T ") + v(n) + std::string(" = (T)tg_double_bits(") + W(w.operand(o)) + ");\n";
         } else {
-            s += "    const T " + v(n) + " = ((const T*)" + W(w.operand(o)) + ")[" + offset(o) + "];\n";
+            s += std::string("    const T ") + v(n) + std::string(" = ((const T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + "];\n";
         }
     }
     auto value_of = [&](std::size_t n) -> std::string {
-        if (info[n].kind == op_kind::constant) return "((T)" + literal(constant_values<PP>[n]) + ")";
+        if (info[n].kind == op_kind::constant) return std::string("((T)") + literal(pv.constants[n]) + ")";
         return v(n);
     };
     // the elementwise body
     for (std::size_t m = lp.body_begin; m < lp.body_end; ++m) {
-        const std::size_t n = PP::plan.members[m];
+        const std::size_t n = pv.members[m];
         std::vector<std::string> operands;
         for (std::size_t c = 0; c < info[n].arity; ++c)
             if (!info[n].shape_only[c]) operands.push_back(value_of(info[n].child[c]));
-        const char* expr = device_exprs<PP>[n];
-        s += "    const T " + v(n) + " = " + substitute(expr ? expr : "/*no device expression*/", operands) +
-             ";  // " + std::string(info[n].name) + "\n";
+        const char* expr = pv.device[n];
+        s += std::string("    const T ") + v(n) + std::string(" = ") + substitute(expr ? expr : "/*no device expression*/", operands) +
+             std::string(";  // ") + std::string(info[n].name) + "\n";
     }
     // reductions, materialisations, stores
     for (std::size_t r = 0; r < g.reds.size(); ++r) {
         const std::size_t n = g.reds[r];
-        s += "    acc[" + std::to_string(r) + "] = tg_combine<" + std::to_string(int(info[n].combine)) + ">(acc[" +
-             std::to_string(r) + "], " + value_of(info[n].child[0]) + ");\n";
+        s += std::string("    acc[") + std::to_string(r) + std::string("] = tg_combine<") + std::to_string(int(info[n].combine)) + std::string(">(acc[") +
+             std::to_string(r) + std::string("], ") + value_of(info[n].child[0]) + ");\n";
     }
     std::size_t store_k = 0;
     for (std::size_t o = 0; o < ops.size(); ++o) {
         if (ops[o].role == 2) {
-            s += "    ((T*)" + W(w.operand(o)) + ")[" + offset(o) + "] = " + value_of(ops[o].node) + ";\n";
+            s += std::string("    ((T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + std::string("] = ") + value_of(ops[o].node) + ";\n";
         } else if (ops[o].role == 3) {
-            s += "    { T* d = (T*)" + W(w.operand(o)) + " + (" + offset(o) + "); if (" + W(w.flag(store_k)) +
-                 ") *d += " + value_of(ops[o].node) + "; else *d = " + value_of(ops[o].node) + "; }\n";
+            s += std::string("    { T* d = (T*)") + W(w.operand(o)) + std::string(" + (") + offset(o) + std::string("); if (") + W(w.flag(store_k)) +
+                 std::string(") *d += ") + value_of(ops[o].node) + std::string("; else *d = ") + value_of(ops[o].node) + "; }\n";
             ++store_k;
         }
     }
@@ -475,49 +494,52 @@ void emit_group(std::string& s, const group_desc& g, std::size_t group_index) {
 
     // the kernel
     const std::size_t nr = g.reds.size();
-    s += "extern \"C\" __global__ void __launch_bounds__(TG_BLOCK) " + name + "(const " + args + " p) {\n";
-    s += "    typedef " + std::string(T) + " T;\n";
-    s += "    const tg_i64 O = " + I(0) + ", K = " + I(1) + ";\n";
-    s += "    T acc[" + std::to_string(nr ? nr : 1) + "];\n";
+    s += std::string("extern \"C\" __global__ void __launch_bounds__(TG_BLOCK) ") + name + std::string("(const ") + args + " p) {\n";
+    s += std::string("    typedef ") + std::string(T) + " T;\n";
+    s += std::string("    const tg_i64 O = ") + I(0) + std::string(", K = ") + I(1) + ";\n";
+    s += std::string("    T acc[") + std::to_string(nr ? nr : 1) + "];\n";
     auto init = [&] {
         std::string t;
         for (std::size_t r = 0; r < nr; ++r)
-            t += "        acc[" + std::to_string(r) + "] = tg_identity<" + std::to_string(int(info[g.reds[r]].combine)) +
+            t += std::string("        acc[") + std::to_string(r) + std::string("] = tg_identity<") + std::to_string(int(info[g.reds[r]].combine)) +
                  ", T>();\n";
         if (!nr) t += "        acc[0] = (T)0;\n";
         return t;
     };
-    s += "    if (" + W(4) + " == 0) {  // serial: a thread per output\n";
+    s += std::string("    if (") + W(4) + " == 0) {  // serial: a thread per output\n";
     s += "      for (tg_i64 o = blockIdx.x * (tg_i64)blockDim.x + threadIdx.x; o < O; o += (tg_i64)gridDim.x * blockDim.x) {\n";
     s += init();
-    s += "        for (tg_i64 k = 0; k < K; ++k) " + name + "_element(p, o, k, acc);\n";
+    s += std::string("        for (tg_i64 k = 0; k < K; ++k) ") + name + "_element(p, o, k, acc);\n";
     for (std::size_t r = 0; r < nr; ++r)
-        s += "        ((T*)" + W(w.operand(r + (lp.in_end - lp.in_begin))) + ")[o] = acc[" + std::to_string(r) + "];\n";
+        s += std::string("        ((T*)") + W(w.operand(r + (lp.in_end - lp.in_begin))) + std::string(")[o] = acc[") + std::to_string(r) + "];\n";
     s += "      }\n";
     s += "    } else {  // split: a block per (chunk of k, output)\n";
-    s += "      const tg_i64 G = " + I(2) + ", CH = " + I(3) + ";\n";
+    s += std::string("      const tg_i64 G = ") + I(2) + std::string(", CH = ") + I(3) + ";\n";
     s += "      for (tg_i64 o = blockIdx.y; o < O; o += gridDim.y) {\n";
     s += init();
     s += "        const tg_i64 k0 = blockIdx.x * CH, k1 = k0 + CH < K ? k0 + CH : K;\n";
-    s += "        for (tg_i64 k = k0 + threadIdx.x; k < k1; k += blockDim.x) " + name + "_element(p, o, k, acc);\n";
+    s += std::string("        for (tg_i64 k = k0 + threadIdx.x; k < k1; k += blockDim.x) ") + name + "_element(p, o, k, acc);\n";
     for (std::size_t r = 0; r < nr; ++r) {
-        const std::string a = "acc[" + std::to_string(r) + "]";
-        s += "        " + a + " = tg_block_reduce<" + std::to_string(int(info[g.reds[r]].combine)) + ">(" + a + ");\n";
-        s += "        if (threadIdx.x == 0) { if (G == 1) ((T*)" + W(w.operand(r + (lp.in_end - lp.in_begin))) +
-             ")[o] = " + a + "; else ((T*)" + W(w.partial(r)) + ")[o * G + blockIdx.x] = " + a + "; }\n";
+        const std::string a = std::string("acc[") + std::to_string(r) + "]";
+        s += std::string("        ") + a + std::string(" = tg_block_reduce<") + std::to_string(int(info[g.reds[r]].combine)) + std::string(">(") + a + ");\n";
+        s += std::string("        if (threadIdx.x == 0) { if (G == 1) ((T*)") + W(w.operand(r + (lp.in_end - lp.in_begin))) +
+             std::string(")[o] = ") + a + std::string("; else ((T*)") + W(w.partial(r)) + std::string(")[o * G + blockIdx.x] = ") + a + "; }\n";
     }
     s += "      }\n    }\n}\n\n";
 }
 
 // The whole module of a plan: the prelude and one kernel per loop group.
-template <class PP>
-std::string generate_source() {
+inline std::string generate_source(const plan_view& pv) {
     std::string s = prelude();
-    for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
-        const auto groups = loop_groups<PP>(L);
-        for (std::size_t gi = 0; gi < groups.size(); ++gi) emit_group<PP>(s, groups[gi], gi);
+    for (std::size_t L = 0; L < pv.loop_count; ++L) {
+        const auto groups = loop_groups(pv, L);
+        for (std::size_t gi = 0; gi < groups.size(); ++gi) emit_group(s, pv, groups[gi], gi);
     }
     return s;
+}
+template <class PP>
+std::string generate_source() {
+    return generate_source(view_of<PP>());
 }
 
 }  // namespace typegrad::cuda::detail

@@ -106,7 +106,7 @@ const compiled_module& module_for() {
         const driver_api& a = api();
         check(a.cuModuleLoadData(&c.module, ptx.c_str()), "cuModuleLoadData");
         for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
-            c.groups.push_back(loop_groups<PP>(L));
+            c.groups.push_back(loop_groups(view_of<PP>(), L));
             c.functions.emplace_back();
             for (std::size_t g = 0; g < c.groups.back().size(); ++g) {
                 CUfunction f = nullptr;
@@ -168,6 +168,174 @@ inline void gather(const compiled_module& m, std::size_t fn, const void* src, vo
     launch(m.prelude[fn], grid_for(n), 1, w);
 }
 
+// What a loop launch reads of the run-time state (plain pointers: the launcher is compiled once).
+struct state_view {
+    const void* const* ptr;
+    void* const* out;
+    const std::size_t* ext;
+    const std::ptrdiff_t* stride;
+    const std::size_t* rank_offset;
+    const double* meta;
+};
+
+struct loop_launches {
+    std::vector<std::vector<group_launch>> launches;                // [loop][group]
+    std::vector<std::vector<std::vector<std::size_t>>> partials;    // byte offsets [loop][group][reduction]
+};
+
+// Launch configurations of every loop group and the arena bytes their partials need, from `bytes` on.
+inline std::size_t plan_launches(const plan_view& pv, const state_view& sv, loop_launches& out, std::size_t bytes) {
+    auto align = [&] { bytes = (bytes + 255) / 256 * 256; };
+    out.launches.assign(pv.loop_count, {});
+    out.partials.assign(pv.loop_count, {});
+    for (std::size_t L = 0; L < pv.loop_count; ++L) {
+        const auto groups = loop_groups(pv, L);
+        const td::loop_plan& lp = pv.loops[L];
+        for (const auto& g : groups) {
+            std::uint64_t O = 1, K = 1;
+            for (std::size_t a = 0; a < pv.info[lp.iter].rank; ++a)
+                ((g.mask >> a) & 1u ? K : O) *= sv.ext[sv.rank_offset[lp.iter] + a];
+            const group_launch c = configure(O, K);
+            out.launches[L].push_back(c);
+            out.partials[L].emplace_back();
+            if (c.split && c.G > 1)
+                for (std::size_t r : g.reds) {
+                    align();
+                    out.partials[L].back().push_back(bytes);
+                    bytes += std::size_t(O * c.G) * pv.info[r].elem_size;
+                }
+        }
+    }
+    align();
+    return bytes;
+}
+
+// Launches the kernels of loop L: one per group, plus the finish kernels of split reductions.
+inline void run_loop(const plan_view& pv, const state_view& sv, const compiled_module& m, const loop_launches& ll,
+                     std::size_t L, const bool* accumulate, char* base, std::vector<std::uint64_t>& words) {
+    const node_info* info = pv.info;
+    const td::loop_plan& lp = pv.loops[L];
+    const std::size_t iter = lp.iter;
+    const std::size_t rank = info[iter].rank;
+    for (std::size_t gi = 0; gi < m.groups[L].size(); ++gi) {
+        const group_desc& g = m.groups[L][gi];
+        const group_launch& c = ll.launches[L][gi];
+        if (c.O == 0) continue;
+        const auto ops = group_operands(pv, g);
+        const word_layout w = layout_of(pv, g, ops);
+        words.assign(w.words(), 0);
+        words[0] = c.O;
+        words[1] = c.K;
+        words[2] = c.G;
+        words[3] = c.CH;
+        words[4] = c.split ? 1 : 0;
+        for (std::size_t a = 0; a < rank; ++a) words[w.ext_begin + a] = sv.ext[sv.rank_offset[iter] + a];
+        std::size_t store_k = 0;
+        for (std::size_t o = 0; o < ops.size(); ++o) {
+            const std::size_t n = ops[o].node;
+            const std::size_t lead = rank - info[n].rank;
+            if (ops[o].role == 0) {
+                if (info[n].kind == op_kind::meta) std::memcpy(&words[w.operand(o)], &sv.meta[n], 8);
+                else words[w.operand(o)] = reinterpret_cast<std::uintptr_t>(sv.ptr[n]);
+                if (info[n].kind == op_kind::constant || info[n].kind == op_kind::meta) continue;
+                for (std::size_t a = 0; a < rank; ++a)
+                    if (!output_broadcast_axis(pv, n, iter, a))
+                        words[w.stride(o, a)] = std::uint64_t(sv.stride[sv.rank_offset[n] + (a - lead)]);
+                continue;
+            }
+            words[w.operand(o)] =
+                reinterpret_cast<std::uintptr_t>(ops[o].role == 3 ? sv.out[ops[o].store_index] : sv.ptr[n]);
+            // outputs are dense in their own shape
+            for (std::size_t a = 0; a < rank; ++a) {
+                if (output_broadcast_axis(pv, n, iter, a)) continue;
+                std::uint64_t stride = 1;
+                for (std::size_t b = a + 1; b < rank; ++b)
+                    if (b >= lead) stride *= sv.ext[sv.rank_offset[n] + (b - lead)];
+                words[w.stride(o, a)] = stride;
+            }
+            if (ops[o].role == 3) words[w.flag(store_k++)] = accumulate[ops[o].store_index] ? 1 : 0;
+        }
+        const auto& partials = ll.partials[L][gi];
+        for (std::size_t r = 0; r < partials.size(); ++r)
+            words[w.partial(r)] = reinterpret_cast<std::uintptr_t>(base + partials[r]);
+        const unsigned gy = unsigned(c.O > 65535 ? 65535 : c.O);
+        if (c.split) launch(m.functions[L][gi], unsigned(c.G), gy, words.data());
+        else launch(m.functions[L][gi], grid_for(c.O), 1, words.data());
+        if (c.split && c.G > 1) {
+            for (std::size_t r = 0; r < g.reds.size(); ++r) {
+                const std::size_t n = g.reds[r];
+                std::uint64_t fw[4] = {reinterpret_cast<std::uintptr_t>(base + partials[r]),
+                                       reinterpret_cast<std::uintptr_t>(sv.ptr[n]), c.O, c.G};
+                const std::size_t fn =
+                    (info[n].elem_size == sizeof(double) ? finish_sum_f64 : finish_sum_f32) + std::size_t(info[n].combine);
+                launch(m.prelude[fn], gy, 1, fw);
+            }
+        }
+    }
+}
+
+// One matmul operand as cuBLAS sees it (row-major storage, a transpose flag and leading
+// dimension), or a dense device copy when neither inner axis is unit-stride.
+template <class T>
+struct matmul_operand {
+    const T* data = nullptr;
+    bool transposed = false;
+    std::size_t ld = 0;
+    long long batch_stride = 0;
+    device_buffer copy;
+    matmul_operand(const compiled_module& m, const td::tensor_ref& r) {
+        const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
+        const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
+        const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
+        data = static_cast<const T*>(r.data);
+        if (sc == 1 && sr >= std::ptrdiff_t(cols) && sr >= 1) {
+            ld = std::size_t(sr);
+            batch_stride = sb;
+        } else if (sr == 1 && sc >= std::ptrdiff_t(rows) && sc >= 1) {
+            transposed = true;
+            ld = std::size_t(sc);
+            batch_stride = sb;
+        } else {
+            const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
+            copy = device_buffer(nb * rows * cols * sizeof(T));
+            gather(m, gather_fn<T>(), r.data, copy.data(), nb * rows * cols, r.rank, r.ext, r.stride);
+            data = static_cast<const T*>(copy.data());
+            ld = cols > 0 ? cols : 1;
+            batch_stride = nb == 1 ? 0 : (long long)(rows * cols);
+        }
+    }
+};
+
+template <class T>
+void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::tensor_ref& rb, T* out,
+                const std::size_t* ext, bool batched) {
+    const std::size_t batch = batched ? ext[0] : 1;
+    const std::size_t rows = ext[batched ? 1 : 0], cols = ext[batched ? 2 : 1];
+    const std::size_t k = ra.ext[ra.rank - 1];
+    if (batch == 0 || rows == 0 || cols == 0) return;
+    if (k == 0) {
+        check(api().cuMemsetD8(address(out), 0, batch * rows * cols * sizeof(T)), "cuMemsetD8");
+        return;
+    }
+    matmul_operand<T> a(m, ra), b(m, rb);
+    // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets B first.
+    const cublasOperation_t opb = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opa = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const T one = 1, zero = 0;
+    cublasHandle_t h = blas_handle();
+    const int n_ = int(cols), m_ = int(rows), k_ = int(k);
+    if constexpr (std::is_same_v<T, float>)
+        check_cublas(cublasSgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
+                                               a.data, int(a.ld), a.batch_stride, &zero, out, n_,
+                                               (long long)(rows * cols), int(batch)),
+                     "cublasSgemmStridedBatched");
+    else
+        check_cublas(cublasDgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
+                                               a.data, int(a.ld), a.batch_stride, &zero, out, n_,
+                                               (long long)(rows * cols), int(batch)),
+                     "cublasDgemmStridedBatched");
+}
+
 // ---- one plan run ------------------------------------------------------------------------------
 template <class PP>
 class device_run {
@@ -180,28 +348,7 @@ public:
     void layout(const state& st, std::size_t extra_bytes) {
         td::scratch_layout<PP>(st, offset_);
         std::size_t bytes = offset_[PP::M] * sizeof(td::scratch_unit);
-        auto align = [&] { bytes = (bytes + 255) / 256 * 256; };
-        launches_.assign(PP::plan.loop_count, {});
-        partials_.assign(PP::plan.loop_count, {});
-        for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
-            const auto groups = loop_groups<PP>(L);
-            const td::loop_plan& lp = PP::plan.loops[L];
-            for (const auto& g : groups) {
-                std::uint64_t O = 1, K = 1;
-                for (std::size_t a = 0; a < info[lp.iter].rank; ++a)
-                    ((g.mask >> a) & 1u ? K : O) *= st.ext[PP::rank_offset[lp.iter] + a];
-                const group_launch c = configure(O, K);
-                launches_[L].push_back(c);
-                partials_[L].emplace_back();
-                if (c.split && c.G > 1)
-                    for (std::size_t r : g.reds) {
-                        align();
-                        partials_[L].back().push_back(bytes);
-                        bytes += std::size_t(O * c.G) * info[r].elem_size;
-                    }
-            }
-        }
-        align();
+        bytes = plan_launches(view_of<PP>(), view(st), loops_, bytes);
         flag_ = bytes;
         bytes += 256;
         extra_ = bytes;
@@ -252,69 +399,12 @@ private:
     template <std::size_t I, std::size_t NS>
     void run_item(state& st, const compiled_module& m, const std::array<bool, NS>& accumulate) {
         constexpr td::step_item item = td::schedule_v<PP>[I];
-        if constexpr (item.is_loop) run_loop(st, m, item.index, accumulate);
+        if constexpr (item.is_loop) run_loop(view_of<PP>(), view(st), m, loops_, item.index, accumulate.data(), base_, words_);
         else run_kernel<item.index>(st, m);
     }
 
-    template <std::size_t NS>
-    void run_loop(state& st, const compiled_module& m, std::size_t L, const std::array<bool, NS>& accumulate) {
-        const td::loop_plan& lp = PP::plan.loops[L];
-        const std::size_t iter = lp.iter;
-        const std::size_t rank = info[iter].rank;
-        for (std::size_t gi = 0; gi < m.groups[L].size(); ++gi) {
-            const group_desc& g = m.groups[L][gi];
-            const group_launch& c = launches_[L][gi];
-            if (c.O == 0) continue;
-            const auto ops = group_operands<PP>(g);
-            const word_layout w = layout_of<PP>(g, ops);
-            words_.assign(w.words(), 0);
-            words_[0] = c.O;
-            words_[1] = c.K;
-            words_[2] = c.G;
-            words_[3] = c.CH;
-            words_[4] = c.split ? 1 : 0;
-            for (std::size_t a = 0; a < rank; ++a) words_[w.ext_begin + a] = st.ext[PP::rank_offset[iter] + a];
-            std::size_t store_k = 0;
-            for (std::size_t o = 0; o < ops.size(); ++o) {
-                const std::size_t n = ops[o].node;
-                const std::size_t lead = rank - info[n].rank;
-                if (ops[o].role == 0) {
-                    if (info[n].kind == op_kind::meta) std::memcpy(&words_[w.operand(o)], &meta_[n], 8);
-                    else words_[w.operand(o)] = reinterpret_cast<std::uintptr_t>(st.ptr[n]);
-                    for (std::size_t a = 0; a < rank; ++a)
-                        if (!output_broadcast_axis<PP>(n, iter, a) && info[n].kind != op_kind::constant &&
-                            info[n].kind != op_kind::meta)
-                            words_[w.stride(o, a)] = std::uint64_t(st.stride[PP::rank_offset[n] + (a - lead)]);
-                    continue;
-                }
-                words_[w.operand(o)] = reinterpret_cast<std::uintptr_t>(
-                    ops[o].role == 3 ? st.out[ops[o].store_index] : st.ptr[n]);
-                // outputs are dense in their own shape
-                for (std::size_t a = 0; a < rank; ++a) {
-                    if (output_broadcast_axis<PP>(n, iter, a)) continue;
-                    std::uint64_t stride = 1;
-                    for (std::size_t b = a + 1; b < rank; ++b)
-                        if (b >= lead) stride *= st.ext[PP::rank_offset[n] + (b - lead)];
-                    words_[w.stride(o, a)] = stride;
-                }
-                if (ops[o].role == 3) words_[w.flag(store_k++)] = accumulate[ops[o].store_index] ? 1 : 0;
-            }
-            for (std::size_t r = 0; r < partials_[L][gi].size(); ++r)
-                words_[w.partial(r)] = reinterpret_cast<std::uintptr_t>(base_ + partials_[L][gi][r]);
-            const unsigned gy = unsigned(c.O > 65535 ? 65535 : c.O);
-            if (c.split) launch(m.functions[L][gi], unsigned(c.G), gy, words_.data());
-            else launch(m.functions[L][gi], grid_for(c.O), 1, words_.data());
-            if (c.split && c.G > 1) {
-                for (std::size_t r = 0; r < g.reds.size(); ++r) {
-                    const std::size_t n = g.reds[r];
-                    std::uint64_t fw[4] = {reinterpret_cast<std::uintptr_t>(base_ + partials_[L][gi][r]),
-                                           reinterpret_cast<std::uintptr_t>(st.ptr[n]), c.O, c.G};
-                    const std::size_t fn = (info[n].elem_size == sizeof(double) ? finish_sum_f64 : finish_sum_f32) +
-                                           std::size_t(info[n].combine);
-                    launch(m.prelude[fn], gy, 1, fw);
-                }
-            }
-        }
+    state_view view(const state& st) const {
+        return {st.ptr.data(), st.out.data(), st.ext.data(), st.stride.data(), PP::rank_offset.data(), meta_.data()};
     }
 
     template <std::size_t N>
@@ -327,7 +417,7 @@ private:
         const std::size_t* ext = st.ext.data() + PP::rank_offset[N];
         const std::size_t n = td::node_numel<PP>(st, N);
         if constexpr (is_matmul_v<op>) {
-            run_matmul<node, T>(m, ref(0), ref(1), static_cast<T*>(out), ext);
+            run_matmul<T>(m, ref(0), ref(1), static_cast<T*>(out), ext, node::shape_type::rank == 3);
         } else if constexpr (is_cast_v<op>) {
             using From = compute_t<typename td::type_at_t<0, typename node::children>::value_type>;
             const td::tensor_ref x = ref(0);
@@ -377,73 +467,9 @@ private:
         }
     }
 
-    // One matmul operand as cuBLAS sees it (row-major storage, a transpose flag and leading
-    // dimension), or a dense device copy when neither inner axis is unit-stride.
-    template <class T>
-    struct operand {
-        const T* data = nullptr;
-        bool transposed = false;
-        std::size_t ld = 0;
-        long long batch_stride = 0;
-        device_buffer copy;
-        operand(const compiled_module& m, const td::tensor_ref& r) {
-            const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
-            const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
-            const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
-            data = static_cast<const T*>(r.data);
-            if (sc == 1 && sr >= std::ptrdiff_t(cols) && sr >= 1) {
-                ld = std::size_t(sr);
-                batch_stride = sb;
-            } else if (sr == 1 && sc >= std::ptrdiff_t(rows) && sc >= 1) {
-                transposed = true;
-                ld = std::size_t(sc);
-                batch_stride = sb;
-            } else {
-                const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
-                copy = device_buffer(nb * rows * cols * sizeof(T));
-                gather(m, gather_fn<T>(), r.data, copy.data(), nb * rows * cols, r.rank, r.ext, r.stride);
-                data = static_cast<const T*>(copy.data());
-                ld = cols > 0 ? cols : 1;
-                batch_stride = nb == 1 ? 0 : (long long)(rows * cols);
-            }
-        }
-    };
-
-    template <class N, class T>
-    void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::tensor_ref& rb, T* out,
-                    const std::size_t* ext) {
-        constexpr bool batched = N::shape_type::rank == 3;
-        const std::size_t batch = batched ? ext[0] : 1;
-        const std::size_t rows = ext[batched ? 1 : 0], cols = ext[batched ? 2 : 1];
-        const std::size_t k = ra.ext[ra.rank - 1];
-        if (batch == 0 || rows == 0 || cols == 0) return;
-        if (k == 0) {
-            check(api().cuMemsetD8(address(out), 0, batch * rows * cols * sizeof(T)), "cuMemsetD8");
-            return;
-        }
-        operand<T> a(m, ra), b(m, rb);
-        // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets B first.
-        const cublasOperation_t opb = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-        const cublasOperation_t opa = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-        const T one = 1, zero = 0;
-        cublasHandle_t h = blas_handle();
-        const int n_ = int(cols), m_ = int(rows), k_ = int(k);
-        if constexpr (std::is_same_v<T, float>)
-            check_cublas(cublasSgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
-                                                   a.data, int(a.ld), a.batch_stride, &zero, out, n_,
-                                                   (long long)(rows * cols), int(batch)),
-                         "cublasSgemmStridedBatched");
-        else
-            check_cublas(cublasDgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
-                                                   a.data, int(a.ld), a.batch_stride, &zero, out, n_,
-                                                   (long long)(rows * cols), int(batch)),
-                         "cublasDgemmStridedBatched");
-    }
-
     std::array<std::size_t, PP::M + 1> offset_{};
     std::array<double, PP::M + 1> meta_{};
-    std::vector<std::vector<group_launch>> launches_;
-    std::vector<std::vector<std::vector<std::size_t>>> partials_;
+    loop_launches loops_;
     std::vector<std::uint64_t> words_;
     std::size_t flag_ = 0, extra_ = 0, total_ = 0;
     char* base_ = nullptr;

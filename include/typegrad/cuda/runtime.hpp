@@ -81,7 +81,7 @@ inline std::string driver_error_text(CUresult r) {
     const char* s = nullptr;
     const auto& api = driver_functions();
     if (api.loaded && api.cuGetErrorString(r, &s) == CUDA_SUCCESS && s) return s;
-    return "CUDA driver error " + std::to_string(int(r));
+    return std::string("CUDA driver error ") + std::to_string(int(r));
 }
 
 inline void check(CUresult r, const char* what) {
@@ -110,18 +110,18 @@ inline device_info open_device() {
     }
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {
-        d.failure = "cuInit failed: " + driver_error_text(r);
+        d.failure = std::string("cuInit failed: ") + driver_error_text(r);
         return d;
     }
     int count = 0;
     r = api.cuDeviceGetCount(&count);
     if (r != CUDA_SUCCESS || count == 0) {
-        d.failure = r != CUDA_SUCCESS ? "cuDeviceGetCount failed: " + driver_error_text(r) : "no CUDA device";
+        d.failure = r != CUDA_SUCCESS ? std::string("cuDeviceGetCount failed: ") + driver_error_text(r) : "no CUDA device";
         return d;
     }
     if (const char* env = std::getenv("TYPEGRAD_CUDA_DEVICE")) d.ordinal = std::atoi(env);
     if (d.ordinal < 0 || d.ordinal >= count) {
-        d.failure = "TYPEGRAD_CUDA_DEVICE=" + std::to_string(d.ordinal) + " but there are " +
+        d.failure = std::string("TYPEGRAD_CUDA_DEVICE=") + std::to_string(d.ordinal) + std::string(" but there are ") +
                     std::to_string(count) + " devices";
         return d;
     }
@@ -132,7 +132,7 @@ inline device_info open_device() {
         (r = api.cuDeviceGetAttribute(&d.minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d.device)) != CUDA_SUCCESS ||
         (r = api.cuDeviceGetAttribute(&d.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d.device)) != CUDA_SUCCESS ||
         (r = api.cuDevicePrimaryCtxRetain(&d.context, d.device)) != CUDA_SUCCESS) {
-        d.failure = "opening device " + std::to_string(d.ordinal) + " failed: " + driver_error_text(r);
+        d.failure = std::string("opening device ") + std::to_string(d.ordinal) + std::string(" failed: ") + driver_error_text(r);
         return d;
     }
     d.name = name;
@@ -186,7 +186,7 @@ inline std::string nvrtc_architecture(int major, int minor) {
     if (best == 0)
         throw device_error(message("typegrad: cuda: NVRTC cannot target compute capability ", unsigned(major), ".",
                                    unsigned(minor)));
-    return "compute_" + std::to_string(best);
+    return std::string("compute_") + std::to_string(best);
 }
 
 // Compiles CUDA C++ source to PTX for a virtual architecture ("compute_90"). Needs no GPU.
@@ -198,7 +198,7 @@ inline std::string compile_to_ptx(const std::string& source, const std::string& 
         nvrtcProgram& p;
         ~release() { nvrtcDestroyProgram(&p); }
     } guard{prog};
-    const std::string arch_option = "--gpu-architecture=" + arch;
+    const std::string arch_option = std::string("--gpu-architecture=") + arch;
     const char* options[] = {arch_option.c_str(), "--std=c++17", "--device-as-default-execution-space",
                              "--fmad=false"};
     const nvrtcResult r = nvrtcCompileProgram(prog, int(sizeof options / sizeof options[0]), options);
