@@ -292,6 +292,7 @@ template <int C, class T> __device__ __forceinline__ T tg_combine(T a, T b) {
 // A block-wide combine in a fixed order (warp shuffles, then one value per warp through shared
 // memory); the result is valid in thread 0. Every thread of the block must call it.
 template <int C, class T> __device__ __forceinline__ T tg_block_reduce(T v) {
+    if (blockDim.x == 1) return v;  // host emulation (one thread per block)
     __shared__ T partial[32];
     for (int off = 16; off > 0; off >>= 1) v = tg_combine<C>(v, __shfl_down_sync(0xffffffffu, v, off));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -319,11 +320,29 @@ template <int C, class T> __device__ void tg_finish(const tg_finish_args& p) {
     }
 }
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_sum_f32(const tg_finish_args p) { tg_finish<0, float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_finish_sum_f32_host(const void* w) { tg_finish_sum_f32(*(const tg_finish_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_max_f32(const tg_finish_args p) { tg_finish<1, float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_finish_max_f32_host(const void* w) { tg_finish_max_f32(*(const tg_finish_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_min_f32(const tg_finish_args p) { tg_finish<2, float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_finish_min_f32_host(const void* w) { tg_finish_min_f32(*(const tg_finish_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_sum_f64(const tg_finish_args p) { tg_finish<0, double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_finish_sum_f64_host(const void* w) { tg_finish_sum_f64(*(const tg_finish_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_max_f64(const tg_finish_args p) { tg_finish<1, double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_finish_max_f64_host(const void* w) { tg_finish_max_f64(*(const tg_finish_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_min_f64(const tg_finish_args p) { tg_finish<2, double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_finish_min_f64_host(const void* w) { tg_finish_min_f64(*(const tg_finish_args*)w); }
+#endif
 
 // Strided -> dense copy with conversion (cast, dense operands for cuBLAS, strided outputs).
 struct tg_gather_args { tg_u64 w[20]; };  // n, rank, src, dst, ext[8], stride[8]
@@ -343,9 +362,21 @@ template <class S, class D> __device__ void tg_gather(const tg_gather_args& p) {
     }
 }
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f32_f32(const tg_gather_args p) { tg_gather<float, float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_gather_f32_f32_host(const void* w) { tg_gather_f32_f32(*(const tg_gather_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f64_f64(const tg_gather_args p) { tg_gather<double, double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_gather_f64_f64_host(const void* w) { tg_gather_f64_f64(*(const tg_gather_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f32_f64(const tg_gather_args p) { tg_gather<float, double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_gather_f32_f64_host(const void* w) { tg_gather_f32_f64(*(const tg_gather_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f64_f32(const tg_gather_args p) { tg_gather<double, float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_gather_f64_f32_host(const void* w) { tg_gather_f64_f32(*(const tg_gather_args*)w); }
+#endif
 
 // one_hot(labels, like): rows x classes of 0/1; a label outside [0, classes) records its row
 // (+1) in *bad, which the host reads before anything else runs.
@@ -364,9 +395,21 @@ template <class L, class T> __device__ void tg_one_hot(const tg_one_hot_args& p)
     }
 }
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_one_hot_i32_f32(const tg_one_hot_args p) { tg_one_hot<int, float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_one_hot_i32_f32_host(const void* w) { tg_one_hot_i32_f32(*(const tg_one_hot_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_one_hot_i64_f32(const tg_one_hot_args p) { tg_one_hot<long long, float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_one_hot_i64_f32_host(const void* w) { tg_one_hot_i64_f32(*(const tg_one_hot_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_one_hot_i32_f64(const tg_one_hot_args p) { tg_one_hot<int, double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_one_hot_i32_f64_host(const void* w) { tg_one_hot_i32_f64(*(const tg_one_hot_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_one_hot_i64_f64(const tg_one_hot_args p) { tg_one_hot<long long, double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_one_hot_i64_f64_host(const void* w) { tg_one_hot_i64_f64(*(const tg_one_hot_args*)w); }
+#endif
 
 // The adjoint of slice: zeros of the input's shape with g written into [begin, begin + len).
 struct tg_slice_backward_args { tg_u64 w[23]; };  // n, rank, axis, begin, len, g, out, ext[8], gstride[8]
@@ -393,7 +436,13 @@ template <class T> __device__ void tg_slice_backward(const tg_slice_backward_arg
     }
 }
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_slice_backward_f32(const tg_slice_backward_args p) { tg_slice_backward<float>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_slice_backward_f32_host(const void* w) { tg_slice_backward_f32(*(const tg_slice_backward_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_slice_backward_f64(const tg_slice_backward_args p) { tg_slice_backward<double>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_slice_backward_f64_host(const void* w) { tg_slice_backward_f64(*(const tg_slice_backward_args*)w); }
+#endif
 
 )CUDA";
 }
@@ -525,7 +574,9 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
         s += std::string("        if (threadIdx.x == 0) { if (G == 1) ((T*)") + W(w.operand(r + (lp.in_end - lp.in_begin))) +
              std::string(")[o] = ") + a + std::string("; else ((T*)") + W(w.partial(r)) + std::string(")[o * G + blockIdx.x] = ") + a + "; }\n";
     }
-    s += "      }\n    }\n}\n\n";
+    s += "      }\n    }\n}\n";
+    s += "#ifdef TG_EMULATION\nextern \"C\" void " + name + "_host(const void* w) { " + name + "(*(const " + args +
+         "*)w); }\n#endif\n\n";
 }
 
 // The whole module of a plan: the prelude and one kernel per loop group.

@@ -102,26 +102,35 @@ template <class PP>
 const compiled_module& module_for() {
     static const compiled_module m = [] {
         compiled_module c;
-        const std::string ptx = compile_to_ptx(generate_source<PP>(), device_architecture());
-        const driver_api& a = api();
-        check(a.cuModuleLoadData(&c.module, ptx.c_str()), "cuModuleLoadData");
+        emulator* e = active_emulator();
+        void* emulated = nullptr;
+        const driver_api* a = nullptr;
+        if (e) {
+            emulated = e->load(generate_source<PP>());
+        } else {
+            const std::string ptx = compile_to_ptx(generate_source<PP>(), device_architecture());
+            a = &api();
+            check(a->cuModuleLoadData(&c.module, ptx.c_str()), "cuModuleLoadData");
+        }
+        auto get = [&](const std::string& name) {
+            CUfunction f = nullptr;
+            if (e) f = static_cast<CUfunction>(e->function(emulated, name.c_str()));
+            else check(a->cuModuleGetFunction(&f, c.module, name.c_str()), "cuModuleGetFunction");
+            return f;
+        };
         for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
             c.groups.push_back(loop_groups(view_of<PP>(), L));
             c.functions.emplace_back();
-            for (std::size_t g = 0; g < c.groups.back().size(); ++g) {
-                CUfunction f = nullptr;
-                check(a.cuModuleGetFunction(&f, c.module, kernel_name(L, g).c_str()), "cuModuleGetFunction");
-                c.functions.back().push_back(f);
-            }
+            for (std::size_t g = 0; g < c.groups.back().size(); ++g) c.functions.back().push_back(get(kernel_name(L, g)));
         }
-        for (std::size_t i = 0; i < prelude_fn_count; ++i)
-            check(a.cuModuleGetFunction(&c.prelude[i], c.module, prelude_names[i]), "cuModuleGetFunction");
+        for (std::size_t i = 0; i < prelude_fn_count; ++i) c.prelude[i] = get(prelude_names[i]);
         return c;
     }();
     return m;
 }
 
 inline void launch(CUfunction f, unsigned gx, unsigned gy, std::uint64_t* words) {
+    if (emulator* e = active_emulator()) return e->launch(static_cast<void*>(f), gx, gy, words);
     void* params[] = {words};
     check(api().cuLaunchKernel(f, gx, gy, 1, block_size, 1, 1, 0, nullptr, params, nullptr), "cuLaunchKernel");
 }
@@ -314,13 +323,17 @@ void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::te
     const std::size_t k = ra.ext[ra.rank - 1];
     if (batch == 0 || rows == 0 || cols == 0) return;
     if (k == 0) {
-        check(api().cuMemsetD8(address(out), 0, batch * rows * cols * sizeof(T)), "cuMemsetD8");
+        zero_on_device(out, batch * rows * cols * sizeof(T));
         return;
     }
     matmul_operand<T> a(m, ra), b(m, rb);
     // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets B first.
     const cublasOperation_t opb = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t opa = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (emulator* e = active_emulator())
+        return e->gemm(std::is_same_v<T, double>, b.transposed, a.transposed, int(cols), int(rows), int(k), b.data,
+                       int(b.ld), b.batch_stride, a.data, int(a.ld), a.batch_stride, out, int(cols),
+                       (long long)(rows * cols), int(batch));
     const T one = 1, zero = 0;
     cublasHandle_t h = blas_handle();
     const int n_ = int(cols), m_ = int(rows), k_ = int(k);
@@ -427,9 +440,8 @@ private:
         } else if constexpr (is_one_hot_v<op>) {
             using label_t = typename td::type_at_t<0, typename node::children>::value_type;
             const td::tensor_ref labels = ref(0);
-            const driver_api& a = api();
             void* flag = base_ + flag_;
-            check(a.cuMemsetD8(address(flag), 0, 8), "cuMemsetD8");
+            zero_on_device(flag, 8);
             std::uint64_t w[6] = {ext[0], ext[1], reinterpret_cast<std::uintptr_t>(labels.data),
                                   std::uint64_t(labels.stride[0]), reinterpret_cast<std::uintptr_t>(out),
                                   reinterpret_cast<std::uintptr_t>(flag)};

@@ -145,14 +145,35 @@ inline const device_info& device_state() {
     return d;
 }
 
+// Testing hook (tests/cuda/emulation_test.cpp): with an emulator installed, the backend runs its
+// generated kernels on the host. "Device" memory is host memory, the module is the generated
+// source compiled by the emulator (with TG_EMULATION defined), launches call the kernels block
+// by block with one thread per block, and GEMMs follow cuBLAS's column-major contract. It
+// exercises everything but the GPU itself: code generation, launch configuration, parameter
+// layouts, reductions split into chunks, the finish kernels, cuBLAS arguments.
+struct emulator {
+    virtual ~emulator() = default;
+    virtual void* load(const std::string& source) = 0;                     // a module
+    virtual void* function(void* module, const char* name) = 0;            // a kernel
+    virtual void launch(void* kernel, unsigned gx, unsigned gy, void* words) = 0;
+    // C = op(A) op(B), column-major, batched with element strides (cublas<t>gemmStridedBatched).
+    virtual void gemm(bool f64, bool transpose_a, bool transpose_b, int m, int n, int k, const void* a, int lda,
+                      long long stride_a, const void* b, int ldb, long long stride_b, void* c, int ldc,
+                      long long stride_c, int batch) = 0;
+};
+inline emulator*& active_emulator() {
+    static emulator* e = nullptr;
+    return e;
+}
+
 }  // namespace typegrad::cuda::detail
 
 namespace typegrad::cuda {
 
 // Whether a CUDA device can be used, and if not, why (tests skip on it).
-inline bool available() { return detail::device_state().usable; }
-inline std::string unavailable_reason() { return detail::device_state().failure; }
-inline std::string device_name() { return detail::device_state().name; }
+inline bool available() { return detail::active_emulator() || detail::device_state().usable; }
+inline std::string unavailable_reason() { return detail::active_emulator() ? std::string() : detail::device_state().failure; }
+inline std::string device_name() { return detail::active_emulator() ? "host emulation" : detail::device_state().name; }
 
 }  // namespace typegrad::cuda
 

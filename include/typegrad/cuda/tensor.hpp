@@ -11,6 +11,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <new>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -36,23 +38,32 @@ using typegrad::detail::message;
 // Device memory: allocation and explicit copies (all synchronous, on the legacy default stream).
 inline void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
+    if (active_emulator()) return ::operator new(bytes, std::align_val_t(256));
     CUdeviceptr p = 0;
     check(api().cuMemAlloc(&p, bytes), "cuMemAlloc");
     return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
 }
 inline void release(void* p) noexcept {
+    if (p && active_emulator()) return ::operator delete(p, std::align_val_t(256));
     const driver_api& a = driver_functions();
     if (p && a.loaded) a.cuMemFree(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)));
 }
 inline CUdeviceptr address(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)); }
 inline void copy_to_device(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) check(api().cuMemcpyHtoD(address(dst), src, bytes), "cuMemcpyHtoD");
+    if (bytes && active_emulator()) std::memcpy(dst, src, bytes);
+    else if (bytes) check(api().cuMemcpyHtoD(address(dst), src, bytes), "cuMemcpyHtoD");
 }
 inline void copy_to_host(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) check(api().cuMemcpyDtoH(dst, address(src), bytes), "cuMemcpyDtoH");
+    if (bytes && active_emulator()) std::memcpy(dst, src, bytes);
+    else if (bytes) check(api().cuMemcpyDtoH(dst, address(src), bytes), "cuMemcpyDtoH");
 }
 inline void copy_on_device(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) check(api().cuMemcpyDtoD(address(dst), address(src), bytes), "cuMemcpyDtoD");
+    if (bytes && active_emulator()) std::memcpy(dst, src, bytes);
+    else if (bytes) check(api().cuMemcpyDtoD(address(dst), address(src), bytes), "cuMemcpyDtoD");
+}
+inline void zero_on_device(void* dst, std::size_t bytes) {
+    if (bytes && active_emulator()) std::memset(dst, 0, bytes);
+    else if (bytes) check(api().cuMemsetD8(address(dst), 0, bytes), "cuMemsetD8");
 }
 
 // A growable device buffer (scratch arenas, saved forward values). Move-only.
@@ -192,7 +203,7 @@ public:
     }
     // Sets every byte to zero.
     void zero() {
-        if (size()) detail::check(detail::api().cuMemsetD8(detail::address(buffer_.data()), 0, size() * sizeof(T)), "cuMemsetD8");
+        detail::zero_on_device(buffer_.data(), size() * sizeof(T));
     }
 
     // The device address (never dereference it on the host).
