@@ -26,7 +26,11 @@ if(TYPEGRAD_CUDA_ENABLED)
   add_library(typegrad_cuda INTERFACE)
   add_library(typegrad::cuda ALIAS typegrad_cuda)
   set_target_properties(typegrad_cuda PROPERTIES EXPORT_NAME cuda)
-  target_link_libraries(typegrad_cuda INTERFACE typegrad CUDA::nvrtc CUDA::cublas ${CMAKE_DL_LIBS})
+  # NVRTC's library file, not the CUDA::nvrtc target: CMake's target also links the driver
+  # (libcuda), which a linker without --as-needed (clang here) keeps as a load-time dependency,
+  # and then the program cannot start on a machine without a driver.
+  get_target_property(typegrad_nvrtc_library CUDA::nvrtc IMPORTED_LOCATION)
+  target_link_libraries(typegrad_cuda INTERFACE typegrad ${typegrad_nvrtc_library} CUDA::cublas ${CMAKE_DL_LIBS})
   # The toolkit's headers as system headers (cuda.h, nvrtc.h, cublas_v2.h).
   target_include_directories(typegrad_cuda SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
   install(TARGETS typegrad_cuda EXPORT typegrad_cuda_targets)
