@@ -109,6 +109,20 @@ void check_close(const char* what, std::span<const T> gpu, std::span<const T> cp
     }
 }
 
+template <class Data>
+void compare_gradients(Data& data, double tol) {
+    std::apply([&](auto&... d) {
+        (d.fetch(), ...);
+        auto one = [&](auto& x) {
+            if (!x.cpu_grad.empty())
+                check_close<typename std::remove_cvref_t<decltype(x)>::value_type>(
+                    "gradient", std::span(std::as_const(x.gpu_grad)), std::span(std::as_const(x.cpu_grad)), tol);
+        };
+        (one(d), ...);
+    }, data);
+}
+
+
 template <class Step>
 void compare_with_cpu(const char* name, const Step& step, std::size_t n) {
     INFO("graph " << name << ", n = " << n);
@@ -126,10 +140,13 @@ void compare_with_cpu(const char* name, const Step& step, std::size_t n) {
         const T gpu = std::apply([&](const auto&... b) { return step.value_and_grad(b...); }, std::tuple_cat(dev_binds, dev_grads));
         const T c[] = {cpu}, g[] = {gpu};
         check_close<T>("loss", g, c, tol);
-        // the forward alone, and a backward from its context, too
+        compare_gradients(data, tol);
+        // the forward alone, and a backward from its context (saved values), too
         auto cpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, host_binds);
         auto gpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, dev_binds);
         check_close<T>("forward value", gpu_ctx.values(), cpu_ctx.values(), tol);
+        std::apply([&](const auto&... g) { step.backward(cpu_ctx, g...); }, host_grads);
+        std::apply([&](const auto&... g) { step.backward(gpu_ctx, g...); }, dev_grads);
     } else {
         auto cpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, host_binds);
         auto gpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, dev_binds);
@@ -141,15 +158,7 @@ void compare_with_cpu(const char* name, const Step& step, std::size_t n) {
         std::apply([&](const auto&... g) { step.backward(gpu_ctx, g..., tg::cuda::seed(tg::cuda::device_ptr<const T>{dev_seed.data()}, dev_seed.size())); },
                    dev_grads);
     }
-    std::apply([&](auto&... d) {
-        (d.fetch(), ...);
-        auto one = [&](auto& x) {
-            if (!x.cpu_grad.empty())
-                check_close<typename std::remove_cvref_t<decltype(x)>::value_type>(
-                    "gradient", std::span(std::as_const(x.gpu_grad)), std::span(std::as_const(x.cpu_grad)), tol);
-        };
-        (one(d), ...);
-    }, data);
+    compare_gradients(data, tol);
 }
 
 }  // namespace cuda_compare
