@@ -58,8 +58,27 @@ constexpr void check_node_on_device() {
                       "it cannot run on the device (docs/cuda.md)");
 }
 
+// The generator types every value of a loop with the loop's dtype, f32 or f64.
+template <class PP>
+constexpr bool loops_have_one_device_dtype() {
+    for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
+        const td::loop_plan& lp = PP::plan.loops[L];
+        const std::size_t size = PP::program::info[lp.iter].elem_size;
+        if (size != sizeof(float) && size != sizeof(double)) return false;
+        for (std::size_t m = lp.in_begin; m < lp.store_end; ++m) {
+            const std::size_t n = m >= lp.store_begin ? PP::stores[PP::plan.members[m]] : PP::plan.members[m];
+            const op_kind k = PP::program::info[n].kind;
+            if (k != op_kind::constant && k != op_kind::meta && PP::program::info[n].elem_size != size) return false;
+        }
+    }
+    return true;
+}
+
 template <class PP>
 constexpr bool check_plan_on_device() {
+    static_assert(loops_have_one_device_dtype<PP>(),
+                  "typegrad: cuda: a fused loop of this graph mixes dtypes or computes in f16/bf16; the CUDA "
+                  "backend generates f32 and f64 loops only (docs/cuda.md)");
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
         (check_node_on_device<typename PP::program::template node_at<Ns>>(), ...);
     }(std::make_index_sequence<PP::M>{});
