@@ -21,6 +21,7 @@
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/exec/device.hpp>
 #include <typegrad/exec/execute.hpp>
 #include <typegrad/inspect/describe.hpp>
 
@@ -264,6 +265,7 @@ public:
         backward_autocast_spec, typename Loss::topo>::type>())::node_type;
 
     template <class... Args>
+        requires(!detail::any_device_argument<Args...>)
     value_type value_and_grad(const Args&... args) const {
         static_assert(scalar_loss,
                       "typegrad: value_and_grad(...) needs a scalar loss; for a non-scalar output "
@@ -296,6 +298,7 @@ public:
     }
 
     template <class... Args>
+        requires(!detail::any_device_argument<Args...>)
     auto forward(const Args&... args) const {
         using stores = decltype(loss_store());
         using nodes = detail::union_all_t<typename Loss::topo>;
@@ -330,6 +333,7 @@ public:
     }
 
     template <class Ctx, class... Args>
+        requires(!detail::any_device_argument<Ctx, Args...>)
     void backward(const Ctx& ctx, const Args&... args) const {
         using FwdPP = typename Ctx::plan_type;
         static_assert(std::is_same_v<typename Ctx::step_type, step>,
@@ -365,6 +369,24 @@ public:
         detail::prepare_scratch<PP>(st, scratch, offset);
         detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
         run_post_hooks<PP>(st, args...);
+    }
+
+    // A call with a device binding (tg::cuda::tensor, tg::cuda::bind) or a device forward context
+    // runs on the device backend (typegrad/cuda.hpp), which rejects host bindings mixed in.
+    template <class... Args>
+        requires detail::any_device_argument<Args...>
+    value_type value_and_grad(const Args&... args) const {
+        return detail::device_backend<step>::value_and_grad(*this, args...);
+    }
+    template <class... Args>
+        requires detail::any_device_argument<Args...>
+    auto forward(const Args&... args) const {
+        return detail::device_backend<step>::forward(*this, args...);
+    }
+    template <class Ctx, class... Args>
+        requires detail::any_device_argument<Ctx, Args...>
+    void backward(const Ctx& ctx, const Args&... args) const {
+        detail::device_backend<step>::backward(*this, ctx, args...);
     }
 
 private:

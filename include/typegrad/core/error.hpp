@@ -30,6 +30,11 @@ struct anomaly_error : error {
 struct binding_error : error {
     using error::error;
 };
+// A call that cannot run on the device: host and device bindings mixed in one call, no CUDA
+// driver or device, or a failure reported by the driver, NVRTC or cuBLAS (docs/cuda.md).
+struct device_error : error {
+    using error::error;
+};
 
 namespace detail {
 // Builds an error message by appending (g++ 12 -O3 raises a false -Wrestrict on

@@ -8,30 +8,35 @@ namespace detail {
 
 struct add_op : elementwise_op {
     static constexpr const char* name = "add";
+    static constexpr const char* device = "({0} + {1})";
     template <class V> static V apply(const V& a, const V& b) { return a + b; }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A, B) { return g; }
 };
 struct sub_op : elementwise_op {
     static constexpr const char* name = "sub";
+    static constexpr const char* device = "({0} - {1})";
     template <class V> static V apply(const V& a, const V& b) { return a - b; }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A, B);
 };
 struct mul_op : elementwise_op {
     static constexpr const char* name = "mul";
+    static constexpr const char* device = "({0} * {1})";
     template <class V> static V apply(const V& a, const V& b) { return a * b; }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b);
 };
 struct div_op : elementwise_op {
     static constexpr const char* name = "div";
+    static constexpr const char* device = "({0} / {1})";
     template <class V> static V apply(const V& a, const V& b) { return a / b; }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out out, A a, B b);
 };
 struct neg_op : elementwise_op {
     static constexpr const char* name = "neg";
+    static constexpr const char* device = "(-{0})";
     template <class V> static V apply(const V& a) { return -a; }
     template <std::size_t I, class G, class Out, class A>
     static constexpr auto vjp(G g, Out, A);

@@ -9,6 +9,7 @@ namespace detail {
 #define TYPEGRAD_DETAIL_MASK_OP(fn)                                                     \
     struct fn##_op : nondifferentiable_elementwise_op {                                  \
         static constexpr const char* name = #fn;                                         \
+        static constexpr const char* device = "tg_" #fn "({0}, {1})";                    \
         template <class V> static V apply(const V& a, const V& b) { return simd::fn(a, b); } \
     };
 TYPEGRAD_DETAIL_MASK_OP(gt)
@@ -20,17 +21,20 @@ TYPEGRAD_DETAIL_MASK_OP(eq)
 
 struct detach_op : nondifferentiable_elementwise_op {
     static constexpr const char* name = "detach";
+    static constexpr const char* device = "{0}";
     template <class V> static V apply(const V& a) { return a; }
 };
 // x where finite, else 0: keeps stabilising shifts (log_sum_exp's max) finite.
 struct finite_or_zero_op : nondifferentiable_elementwise_op {
     static constexpr const char* name = "finite_or_zero";
+    static constexpr const char* device = "(tg_isfinite({0}) ? {0} : (T)0)";
     template <class V> static V apply(const V& a) { return simd::select(simd::is_finite(a), a, V(0)); }
 };
 
 // where(cond, a, b): cond is a mask (nonzero = true). Gradient flows to the chosen side only.
 struct where_op : elementwise_op {
     static constexpr const char* name = "where";
+    static constexpr const char* device = "({0} != (T)0 ? {1} : {2})";
     template <class V>
     static V apply(const V& c, const V& a, const V& b) { return simd::select(c != V(0), a, b); }
     template <std::size_t I, class G, class Out, class C, class A, class B>

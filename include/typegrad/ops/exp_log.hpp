@@ -10,6 +10,7 @@ namespace detail {
 struct exp_op : elementwise_op {
     static constexpr const char* name = "exp";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
+    static constexpr const char* device = "tg_exp({0})";
     template <class V> static V apply(const V& x) { return simd::exp(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out out, X) { return gmul(g, out); }
@@ -17,18 +18,21 @@ struct exp_op : elementwise_op {
 struct log_op : elementwise_op {
     static constexpr const char* name = "log";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
+    static constexpr const char* device = "tg_log({0})";
     template <class V> static V apply(const V& x) { return simd::log(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X x) { return gdiv(g, x); }
 };
 struct sqrt_op : elementwise_op {
     static constexpr const char* name = "sqrt";
+    static constexpr const char* device = "tg_sqrt({0})";
     template <class V> static V apply(const V& x) { return simd::sqrt(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out out, X) { return gmul(g, lit<0.5> / out); }
 };
 struct square_op : elementwise_op {
     static constexpr const char* name = "square";
+    static constexpr const char* device = "({0} * {0})";
     template <class V> static V apply(const V& x) { return x * x; }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X x) { return gmul(g, x * lit<2>); }
@@ -36,6 +40,7 @@ struct square_op : elementwise_op {
 struct pow_op : elementwise_op {
     static constexpr const char* name = "pow";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
+    static constexpr const char* device = "tg_pow({0}, {1})";
     template <class V> static V apply(const V& x, const V& y) { return simd::pow(x, y); }
     template <std::size_t I, class G, class Out, class X, class Y>
     static constexpr auto vjp(G g, Out out, X x, Y y);

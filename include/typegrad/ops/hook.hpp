@@ -117,6 +117,7 @@ constexpr auto apply_hook(G g) {
 template <class... Fs>
 struct hook_op : elementwise_op {
     static constexpr const char* name = "hooked";
+    static constexpr const char* device = "{0}";
     template <class V> static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) {
@@ -146,6 +147,7 @@ struct hooked<node<hook_op<Fs...>, X>> {
 template <class F>
 struct post_accumulate_hook_op : elementwise_op {
     static constexpr const char* name = "post_accumulate_grad_hook";
+    static constexpr const char* device = "{0}";
     using hook_type = F;
     template <class V> static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X>
@@ -159,6 +161,7 @@ inline constexpr bool is_post_hook_v<node<post_accumulate_hook_op<F>, X>> = true
 // Marks a node whose gradient grad_into may ask for.
 struct retain_grad_op : elementwise_op {
     static constexpr const char* name = "retain_grad";
+    static constexpr const char* device = "{0}";
     template <class V> static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) { return g; }

@@ -1,6 +1,9 @@
 #pragma once
 // What every op declares: its kind, whether it is differentiable, which children only lend
 // their shape, and its shape/dtype rule. Elementwise ops broadcast like numpy and promote.
+// An elementwise op also names its CUDA expression, `device`: {0}, {1}, ... are its value
+// operands, T the loop's element type, tg_* the functions of the generated prelude
+// (cuda/codegen.hpp); the CUDA backend turns a plan into source from these strings.
 #include <cstddef>
 #include <type_traits>
 

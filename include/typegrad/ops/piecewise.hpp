@@ -9,6 +9,7 @@ namespace detail {
 
 struct relu_op : elementwise_op {
     static constexpr const char* name = "relu";
+    static constexpr const char* device = "tg_max({0}, (T)0)";
     // max() propagates NaN, as torch.relu does.
     template <class V> static V apply(const V& x) { return simd::max(x, V(0)); }
     template <std::size_t I, class G, class Out, class X>
@@ -16,6 +17,7 @@ struct relu_op : elementwise_op {
 };
 struct abs_op : elementwise_op {
     static constexpr const char* name = "abs";
+    static constexpr const char* device = "tg_abs({0})";
     template <class V> static V apply(const V& x) { return simd::abs(x); }
     // sign(x), 0 at 0 (torch.sgn).
     template <std::size_t I, class G, class Out, class X>
@@ -24,6 +26,7 @@ struct abs_op : elementwise_op {
 // Ties send half the gradient to each side, as torch.maximum / torch.minimum.
 struct maximum_op : elementwise_op {
     static constexpr const char* name = "maximum";
+    static constexpr const char* device = "tg_max({0}, {1})";
     template <class V> static V apply(const V& a, const V& b) { return simd::max(a, b); }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b) {
@@ -33,6 +36,7 @@ struct maximum_op : elementwise_op {
 };
 struct minimum_op : elementwise_op {
     static constexpr const char* name = "minimum";
+    static constexpr const char* device = "tg_min({0}, {1})";
     template <class V> static V apply(const V& a, const V& b) { return simd::min(a, b); }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b) {

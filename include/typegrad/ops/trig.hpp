@@ -8,24 +8,28 @@ namespace detail {
 
 struct sin_op : elementwise_op {
     static constexpr const char* name = "sin";
+    static constexpr const char* device = "tg_sin({0})";
     template <class V> static V apply(const V& x) { return simd::sin(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X x);
 };
 struct cos_op : elementwise_op {
     static constexpr const char* name = "cos";
+    static constexpr const char* device = "tg_cos({0})";
     template <class V> static V apply(const V& x) { return simd::cos(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X x);
 };
 struct tanh_op : elementwise_op {
     static constexpr const char* name = "tanh";
+    static constexpr const char* device = "tg_tanh({0})";
     template <class V> static V apply(const V& x) { return simd::tanh(x); }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out out, X) { return gmul(g, lit<1> - out * out); }
 };
 struct sigmoid_op : elementwise_op {
     static constexpr const char* name = "sigmoid";
+    static constexpr const char* device = "tg_sigmoid({0})";
     // 1 / (1 + exp(-x)) overflows to 0 for large negative x and saturates to 1: both correct.
     template <class V> static V apply(const V& x) { return V(1) / (V(1) + simd::exp(-x)); }
     template <std::size_t I, class G, class Out, class X>

@@ -278,6 +278,7 @@ struct slice_backward_op {
 // An explicit dense copy.
 struct contiguous_op : elementwise_op {
     static constexpr const char* name = "contiguous";
+    static constexpr const char* device = "{0}";
     template <class V> static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) { return g; }
@@ -286,6 +287,7 @@ struct contiguous_op : elementwise_op {
 template <class Target>
 struct expand_to_op : elementwise_op {
     static constexpr const char* name = "broadcast_to";
+    static constexpr const char* device = "{0}";
     template <class X>
     struct rule {
         using value_type = typename X::value_type;

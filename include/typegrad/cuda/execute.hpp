@@ -1,0 +1,517 @@
+#pragma once
+// Runs a plan on the device: the host computes shapes and checks everything (the same code as
+// the CPU path: exec/execute.hpp), lays out one device arena, then launches the plan's kernels
+// in schedule order on the legacy default stream: generated loop kernels, cuBLAS for matmul,
+// prelude kernels for casts, one_hot and slice_backward.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <typegrad/cuda/codegen.hpp>
+#include <typegrad/cuda/runtime.hpp>
+#include <typegrad/cuda/tensor.hpp>
+#include <typegrad/ops/cast.hpp>
+#include <typegrad/ops/custom.hpp>
+#include <typegrad/ops/loss.hpp>
+#include <typegrad/ops/matmul.hpp>
+
+namespace typegrad::cuda::detail {
+
+// ---- which nodes the device can run --------------------------------------------------------
+template <class Op> inline constexpr bool is_matmul_v = std::is_same_v<Op, td::matmul_op>;
+template <class Op> inline constexpr bool is_cast_v = false;
+template <class To> inline constexpr bool is_cast_v<td::cast_op<To>> = true;
+template <class Op> inline constexpr bool is_one_hot_v = std::is_same_v<Op, td::one_hot_op>;
+template <class Op> inline constexpr bool is_slice_backward_v = false;
+template <std::size_t A, std::size_t B, std::size_t E>
+inline constexpr bool is_slice_backward_v<td::slice_backward_op<A, B, E>> = true;
+template <class Op> struct slice_params;
+template <std::size_t A, std::size_t B, std::size_t E>
+struct slice_params<td::slice_backward_op<A, B, E>> {
+    static constexpr std::size_t axis = A, begin = B, end = E;
+};
+
+template <class N>
+constexpr void check_node_on_device() {
+    if constexpr (N::kind == op_kind::elementwise) {
+        static_assert(op_device_expr<typename N::op>::value != nullptr,
+                      "typegrad: cuda: an elementwise op of this graph has no device expression. An elementwise "
+                      "hook runs on the device only when its function object declares one, e.g. "
+                      "`static constexpr const char* device = \"{0} + (T)10\";` (docs/cuda.md)");
+    } else if constexpr (N::kind == op_kind::kernel) {
+        static_assert(!td::custom_kernel_info<N>::is_custom,
+                      "typegrad: cuda: custom ops (tg::custom) run host code and cannot run on the device; "
+                      "evaluate this step with host bindings (docs/cuda.md)");
+        static_assert(td::custom_kernel_info<N>::is_custom || is_matmul_v<typename N::op> ||
+                          is_cast_v<typename N::op> || is_one_hot_v<typename N::op> ||
+                          is_slice_backward_v<typename N::op>,
+                      "typegrad: cuda: this graph has a kernel op with no device implementation (tensor hooks, "
+                      "which take a host tg::grad_view, are one); evaluate it with host bindings (docs/cuda.md)");
+    }
+    if constexpr (requires { typename N::op::hook_type; })
+        static_assert(td::always_false<N>,
+                      "typegrad: cuda: post_accumulate_grad_hook runs host code on the param and its gradient; "
+                      "it cannot run on the device (docs/cuda.md)");
+}
+
+// The generator types every value of a loop with the loop's dtype, f32 or f64.
+template <class PP>
+constexpr bool loops_have_one_device_dtype() {
+    for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
+        const td::loop_plan& lp = PP::plan.loops[L];
+        const std::size_t size = PP::program::info[lp.iter].elem_size;
+        if (size != sizeof(float) && size != sizeof(double)) return false;
+        for (std::size_t m = lp.in_begin; m < lp.store_end; ++m) {
+            const std::size_t n = m >= lp.store_begin ? PP::stores[PP::plan.members[m]] : PP::plan.members[m];
+            const op_kind k = PP::program::info[n].kind;
+            if (k != op_kind::constant && k != op_kind::meta && PP::program::info[n].elem_size != size) return false;
+        }
+    }
+    return true;
+}
+
+template <class PP>
+constexpr bool check_plan_on_device() {
+    static_assert(loops_have_one_device_dtype<PP>(),
+                  "typegrad: cuda: a fused loop of this graph mixes dtypes or computes in f16/bf16; the CUDA "
+                  "backend generates f32 and f64 loops only (docs/cuda.md)");
+    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+        (check_node_on_device<typename PP::program::template node_at<Ns>>(), ...);
+    }(std::make_index_sequence<PP::M>{});
+    return true;
+}
+
+// ---- the compiled module of a plan, once per plan type ---------------------------------------
+enum prelude_fn : std::size_t {
+    finish_sum_f32, finish_max_f32, finish_min_f32, finish_sum_f64, finish_max_f64, finish_min_f64,
+    gather_f32_f32, gather_f64_f64, gather_f32_f64, gather_f64_f32,
+    one_hot_i32_f32, one_hot_i64_f32, one_hot_i32_f64, one_hot_i64_f64,
+    slice_backward_f32, slice_backward_f64, prelude_fn_count
+};
+inline constexpr const char* prelude_names[prelude_fn_count] = {
+    "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_sum_f64", "tg_finish_max_f64",
+    "tg_finish_min_f64", "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32",
+    "tg_one_hot_i32_f32", "tg_one_hot_i64_f32", "tg_one_hot_i32_f64", "tg_one_hot_i64_f64",
+    "tg_slice_backward_f32", "tg_slice_backward_f64"};
+
+struct compiled_module {
+    CUmodule module = nullptr;
+    std::vector<std::vector<group_desc>> groups;       // [loop][group]
+    std::vector<std::vector<CUfunction>> functions;    // [loop][group]
+    std::array<CUfunction, prelude_fn_count> prelude{};
+};
+
+// The virtual architecture NVRTC targets for the device in use.
+inline const std::string& device_architecture() {
+    static const std::string arch = [] {
+        const device_info& d = device_state();
+        if (!d.usable) throw device_error(message("typegrad: cuda: ", d.failure));
+        return nvrtc_architecture(d.major, d.minor);
+    }();
+    return arch;
+}
+
+// Generated, compiled (NVRTC), loaded once per plan type; thread-safe (a function-local static;
+// a failure throws and the next call tries again). Modules live until the process ends.
+template <class PP>
+const compiled_module& module_for() {
+    static const compiled_module m = [] {
+        compiled_module c;
+        emulator* e = active_emulator();
+        void* emulated = nullptr;
+        const driver_api* a = nullptr;
+        if (e) {
+            emulated = e->load(generate_source<PP>());
+        } else {
+            const std::string ptx = compile_to_ptx(generate_source<PP>(), device_architecture());
+            a = &api();
+            check(a->cuModuleLoadData(&c.module, ptx.c_str()), "cuModuleLoadData");
+        }
+        auto get = [&](const std::string& name) {
+            CUfunction f = nullptr;
+            if (e) f = static_cast<CUfunction>(e->function(emulated, name.c_str()));
+            else check(a->cuModuleGetFunction(&f, c.module, name.c_str()), "cuModuleGetFunction");
+            return f;
+        };
+        for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
+            c.groups.push_back(loop_groups(view_of<PP>(), L));
+            c.functions.emplace_back();
+            for (std::size_t g = 0; g < c.groups.back().size(); ++g) c.functions.back().push_back(get(kernel_name(L, g)));
+        }
+        for (std::size_t i = 0; i < prelude_fn_count; ++i) c.prelude[i] = get(prelude_names[i]);
+        return c;
+    }();
+    return m;
+}
+
+inline void launch(CUfunction f, unsigned gx, unsigned gy, std::uint64_t* words) {
+    if (emulator* e = active_emulator()) return e->launch(static_cast<void*>(f), gx, gy, words);
+    void* params[] = {words};
+    check(api().cuLaunchKernel(f, gx, gy, 1, block_size, 1, 1, 0, nullptr, params, nullptr), "cuLaunchKernel");
+}
+inline unsigned grid_for(std::uint64_t n) {
+    const std::uint64_t blocks = (n + block_size - 1) / block_size;
+    return unsigned(blocks == 0 ? 1 : blocks > (1u << 20) ? (1u << 20) : blocks);
+}
+
+// ---- launch configuration of a loop group: a function of (O, K) only ----------------------------
+struct group_launch {
+    std::uint64_t O = 0, K = 0, G = 1, CH = 0;
+    bool split = false;
+};
+inline group_launch configure(std::uint64_t O, std::uint64_t K) {
+    group_launch c{O, K, 1, K, false};
+    if (K <= 32 || O >= 65536) return c;  // serial
+    c.split = true;
+    const std::uint64_t per_block = std::uint64_t(block_size) * 16;
+    std::uint64_t G = (K + per_block - 1) / per_block;
+    G = G < 1 ? 1 : G > 1024 ? 1024 : G;
+    c.G = G;
+    c.CH = (K + G - 1) / G;
+    return c;
+}
+
+template <class T>
+constexpr std::size_t gather_fn() {
+    return std::is_same_v<T, float> ? gather_f32_f32 : gather_f64_f64;
+}
+
+// Strided -> dense copy on the device.
+inline void gather(const compiled_module& m, std::size_t fn, const void* src, void* dst, std::size_t n,
+                   std::size_t rank, const std::size_t* ext, const std::ptrdiff_t* stride) {
+    if (n == 0) return;
+    std::uint64_t w[20] = {};
+    w[0] = n;
+    w[1] = rank;
+    w[2] = reinterpret_cast<std::uintptr_t>(src);
+    w[3] = reinterpret_cast<std::uintptr_t>(dst);
+    for (std::size_t a = 0; a < rank; ++a) {
+        w[4 + a] = ext[a];
+        w[12 + a] = std::uint64_t(stride[a]);
+    }
+    launch(m.prelude[fn], grid_for(n), 1, w);
+}
+
+// What a loop launch reads of the run-time state (plain pointers: the launcher is compiled once).
+struct state_view {
+    const void* const* ptr;
+    void* const* out;
+    const std::size_t* ext;
+    const std::ptrdiff_t* stride;
+    const std::size_t* rank_offset;
+    const double* meta;
+};
+
+struct loop_launches {
+    std::vector<std::vector<group_launch>> launches;                // [loop][group]
+    std::vector<std::vector<std::vector<std::size_t>>> partials;    // byte offsets [loop][group][reduction]
+};
+
+// Launch configurations of every loop group and the arena bytes their partials need, from `bytes` on.
+inline std::size_t plan_launches(const plan_view& pv, const state_view& sv, loop_launches& out, std::size_t bytes) {
+    auto align = [&] { bytes = (bytes + 255) / 256 * 256; };
+    out.launches.assign(pv.loop_count, {});
+    out.partials.assign(pv.loop_count, {});
+    for (std::size_t L = 0; L < pv.loop_count; ++L) {
+        const auto groups = loop_groups(pv, L);
+        const td::loop_plan& lp = pv.loops[L];
+        for (const auto& g : groups) {
+            std::uint64_t O = 1, K = 1;
+            for (std::size_t a = 0; a < pv.info[lp.iter].rank; ++a)
+                ((g.mask >> a) & 1u ? K : O) *= sv.ext[sv.rank_offset[lp.iter] + a];
+            const group_launch c = configure(O, K);
+            out.launches[L].push_back(c);
+            out.partials[L].emplace_back();
+            if (c.split && c.G > 1)
+                for (std::size_t r : g.reds) {
+                    align();
+                    out.partials[L].back().push_back(bytes);
+                    bytes += std::size_t(O * c.G) * pv.info[r].elem_size;
+                }
+        }
+    }
+    align();
+    return bytes;
+}
+
+// Launches the kernels of loop L: one per group, plus the finish kernels of split reductions.
+inline void run_loop(const plan_view& pv, const state_view& sv, const compiled_module& m, const loop_launches& ll,
+                     std::size_t L, const bool* accumulate, char* base, std::vector<std::uint64_t>& words) {
+    const node_info* info = pv.info;
+    const td::loop_plan& lp = pv.loops[L];
+    const std::size_t iter = lp.iter;
+    const std::size_t rank = info[iter].rank;
+    for (std::size_t gi = 0; gi < m.groups[L].size(); ++gi) {
+        const group_desc& g = m.groups[L][gi];
+        const group_launch& c = ll.launches[L][gi];
+        if (c.O == 0) continue;
+        const auto ops = group_operands(pv, g);
+        const word_layout w = layout_of(pv, g, ops);
+        words.assign(w.words(), 0);
+        words[0] = c.O;
+        words[1] = c.K;
+        words[2] = c.G;
+        words[3] = c.CH;
+        words[4] = c.split ? 1 : 0;
+        for (std::size_t a = 0; a < rank; ++a) words[w.ext_begin + a] = sv.ext[sv.rank_offset[iter] + a];
+        std::size_t store_k = 0;
+        for (std::size_t o = 0; o < ops.size(); ++o) {
+            const std::size_t n = ops[o].node;
+            const std::size_t lead = rank - info[n].rank;
+            if (ops[o].role == 0) {
+                if (info[n].kind == op_kind::meta) std::memcpy(&words[w.operand(o)], &sv.meta[n], 8);
+                else words[w.operand(o)] = reinterpret_cast<std::uintptr_t>(sv.ptr[n]);
+                if (info[n].kind == op_kind::constant || info[n].kind == op_kind::meta) continue;
+                for (std::size_t a = 0; a < rank; ++a)
+                    if (!output_broadcast_axis(pv, n, iter, a))
+                        words[w.stride(o, a)] = std::uint64_t(sv.stride[sv.rank_offset[n] + (a - lead)]);
+                continue;
+            }
+            words[w.operand(o)] =
+                reinterpret_cast<std::uintptr_t>(ops[o].role == 3 ? sv.out[ops[o].store_index] : sv.ptr[n]);
+            // outputs are dense in their own shape
+            for (std::size_t a = 0; a < rank; ++a) {
+                if (output_broadcast_axis(pv, n, iter, a)) continue;
+                std::uint64_t stride = 1;
+                for (std::size_t b = a + 1; b < rank; ++b)
+                    if (b >= lead) stride *= sv.ext[sv.rank_offset[n] + (b - lead)];
+                words[w.stride(o, a)] = stride;
+            }
+            if (ops[o].role == 3) words[w.flag(store_k++)] = accumulate[ops[o].store_index] ? 1 : 0;
+        }
+        const auto& partials = ll.partials[L][gi];
+        for (std::size_t r = 0; r < partials.size(); ++r)
+            words[w.partial(r)] = reinterpret_cast<std::uintptr_t>(base + partials[r]);
+        const unsigned gy = unsigned(c.O > 65535 ? 65535 : c.O);
+        if (c.split) launch(m.functions[L][gi], unsigned(c.G), gy, words.data());
+        else launch(m.functions[L][gi], grid_for(c.O), 1, words.data());
+        if (c.split && c.G > 1) {
+            for (std::size_t r = 0; r < g.reds.size(); ++r) {
+                const std::size_t n = g.reds[r];
+                std::uint64_t fw[4] = {reinterpret_cast<std::uintptr_t>(base + partials[r]),
+                                       reinterpret_cast<std::uintptr_t>(sv.ptr[n]), c.O, c.G};
+                const std::size_t fn =
+                    (info[n].elem_size == sizeof(double) ? finish_sum_f64 : finish_sum_f32) + std::size_t(info[n].combine);
+                launch(m.prelude[fn], gy, 1, fw);
+            }
+        }
+    }
+}
+
+// One matmul operand as cuBLAS sees it (row-major storage, a transpose flag and leading
+// dimension), or a dense device copy when neither inner axis is unit-stride.
+template <class T>
+struct matmul_operand {
+    const T* data = nullptr;
+    bool transposed = false;
+    std::size_t ld = 0;
+    long long batch_stride = 0;
+    device_buffer copy;
+    matmul_operand(const compiled_module& m, const td::tensor_ref& r) {
+        const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
+        const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
+        const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
+        data = static_cast<const T*>(r.data);
+        if (sc == 1 && sr >= std::ptrdiff_t(cols) && sr >= 1) {
+            ld = std::size_t(sr);
+            batch_stride = sb;
+        } else if (sr == 1 && sc >= std::ptrdiff_t(rows) && sc >= 1) {
+            transposed = true;
+            ld = std::size_t(sc);
+            batch_stride = sb;
+        } else {
+            const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
+            copy = device_buffer(nb * rows * cols * sizeof(T));
+            gather(m, gather_fn<T>(), r.data, copy.data(), nb * rows * cols, r.rank, r.ext, r.stride);
+            data = static_cast<const T*>(copy.data());
+            ld = cols > 0 ? cols : 1;
+            batch_stride = nb == 1 ? 0 : (long long)(rows * cols);
+        }
+    }
+};
+
+template <class T>
+void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::tensor_ref& rb, T* out,
+                const std::size_t* ext, bool batched) {
+    const std::size_t batch = batched ? ext[0] : 1;
+    const std::size_t rows = ext[batched ? 1 : 0], cols = ext[batched ? 2 : 1];
+    const std::size_t k = ra.ext[ra.rank - 1];
+    if (batch == 0 || rows == 0 || cols == 0) return;
+    if (k == 0) {
+        zero_on_device(out, batch * rows * cols * sizeof(T));
+        return;
+    }
+    matmul_operand<T> a(m, ra), b(m, rb);
+    // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets B first.
+    const cublasOperation_t opb = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opa = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (emulator* e = active_emulator())
+        return e->gemm(std::is_same_v<T, double>, b.transposed, a.transposed, int(cols), int(rows), int(k), b.data,
+                       int(b.ld), b.batch_stride, a.data, int(a.ld), a.batch_stride, out, int(cols),
+                       (long long)(rows * cols), int(batch));
+    const T one = 1, zero = 0;
+    cublasHandle_t h = blas_handle();
+    const int n_ = int(cols), m_ = int(rows), k_ = int(k);
+    if constexpr (std::is_same_v<T, float>)
+        check_cublas(cublasSgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
+                                               a.data, int(a.ld), a.batch_stride, &zero, out, n_,
+                                               (long long)(rows * cols), int(batch)),
+                     "cublasSgemmStridedBatched");
+    else
+        check_cublas(cublasDgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
+                                               a.data, int(a.ld), a.batch_stride, &zero, out, n_,
+                                               (long long)(rows * cols), int(batch)),
+                     "cublasDgemmStridedBatched");
+}
+
+// ---- one plan run ------------------------------------------------------------------------------
+template <class PP>
+class device_run {
+public:
+    using state = typename PP::state_type;
+    static constexpr auto& info = PP::program::info;
+
+    // Layout of the arena for these shapes: computed nodes, split-reduction partials, the
+    // one_hot flag, then `extra_bytes` for the caller (loss values).
+    void layout(const state& st, std::size_t extra_bytes) {
+        td::scratch_layout<PP>(st, offset_);
+        std::size_t bytes = offset_[PP::M] * sizeof(td::scratch_unit);
+        bytes = plan_launches(view_of<PP>(), view(st), loops_, bytes);
+        flag_ = bytes;
+        bytes += 256;
+        extra_ = bytes;
+        bytes += extra_bytes;
+        total_ = bytes;
+    }
+    std::size_t bytes() const { return total_; }
+    void* extra(void* base) const { return static_cast<char*>(base) + extra_; }
+
+    // Points computed nodes at the arena, metas at their values, views at their inputs.
+    void bind(state& st, void* base) {
+        base_ = static_cast<char*>(base);
+        for (std::size_t n = 0; n < PP::M; ++n)
+            if (PP::plan.computed[n]) st.ptr[n] = base_ + offset_[n] * sizeof(td::scratch_unit);
+        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+            ((PP::plan.computed[Ns] ? meta_value<Ns>(st) : void()), ...);
+        }(std::make_index_sequence<PP::M>{});
+        for (std::size_t n = 0; n < PP::M; ++n) {
+            if (info[n].kind != op_kind::view || !PP::plan.needed[n] || st.ptr[n] != nullptr) continue;
+            const auto base_address = reinterpret_cast<std::uintptr_t>(st.ptr[info[n].child[0]]);
+            st.ptr[n] = base_address ? reinterpret_cast<const void*>(
+                                           base_address + std::uintptr_t(st.view_offset[n] * std::ptrdiff_t(info[n].elem_size)))
+                                     : nullptr;
+        }
+    }
+
+    template <std::size_t NS>
+    void run(state& st, const compiled_module& m, const std::array<bool, NS>& accumulate) {
+        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            (run_item<Is>(st, m, accumulate), ...);
+        }(std::make_index_sequence<td::schedule_size<PP>()>{});
+    }
+
+private:
+    template <std::size_t N>
+    void meta_value(const state& st) {
+        using node = typename PP::program::template node_at<N>;
+        if constexpr (node::kind == op_kind::meta) {
+            alignas(8) unsigned char slot[8] = {};
+            td::compute_meta<PP, N>(const_cast<state&>(st), slot);
+            using T = compute_t<typename node::value_type>;
+            T v;
+            std::memcpy(&v, slot, sizeof v);
+            meta_[N] = double(v);
+        }
+    }
+
+    template <std::size_t I, std::size_t NS>
+    void run_item(state& st, const compiled_module& m, const std::array<bool, NS>& accumulate) {
+        constexpr td::step_item item = td::schedule_v<PP>[I];
+        if constexpr (item.is_loop) run_loop(view_of<PP>(), view(st), m, loops_, item.index, accumulate.data(), base_, words_);
+        else run_kernel<item.index>(st, m);
+    }
+
+    state_view view(const state& st) const {
+        return {st.ptr.data(), st.out.data(), st.ext.data(), st.stride.data(), PP::rank_offset.data(), meta_.data()};
+    }
+
+    template <std::size_t N>
+    void run_kernel(state& st, const compiled_module& m) {
+        using node = typename PP::program::template node_at<N>;
+        using op = typename node::op;
+        using T = compute_t<typename node::value_type>;
+        auto ref = [&](std::size_t k) { return td::ref_of<PP>(st, info[N].child[k]); };
+        void* out = const_cast<void*>(st.ptr[N]);
+        const std::size_t* ext = st.ext.data() + PP::rank_offset[N];
+        const std::size_t n = td::node_numel<PP>(st, N);
+        if constexpr (is_matmul_v<op>) {
+            run_matmul<T>(m, ref(0), ref(1), static_cast<T*>(out), ext, node::shape_type::rank == 3);
+        } else if constexpr (is_cast_v<op>) {
+            using From = compute_t<typename td::type_at_t<0, typename node::children>::value_type>;
+            const td::tensor_ref x = ref(0);
+            const std::size_t fn = std::is_same_v<From, float> ? (std::is_same_v<T, float> ? gather_f32_f32 : gather_f32_f64)
+                                                               : (std::is_same_v<T, float> ? gather_f64_f32 : gather_f64_f64);
+            gather(m, fn, x.data, out, n, x.rank, ext, x.stride);
+        } else if constexpr (is_one_hot_v<op>) {
+            using label_t = typename td::type_at_t<0, typename node::children>::value_type;
+            const td::tensor_ref labels = ref(0);
+            void* flag = base_ + flag_;
+            zero_on_device(flag, 8);
+            std::uint64_t w[6] = {ext[0], ext[1], reinterpret_cast<std::uintptr_t>(labels.data),
+                                  std::uint64_t(labels.stride[0]), reinterpret_cast<std::uintptr_t>(out),
+                                  reinterpret_cast<std::uintptr_t>(flag)};
+            const std::size_t fn = (std::is_same_v<T, float> ? one_hot_i32_f32 : one_hot_i32_f64) +
+                                   (sizeof(label_t) == 8 ? 1 : 0);
+            if (n) launch(m.prelude[fn], grid_for(n), 1, w);
+            std::uint64_t bad = 0;
+            copy_to_host(&bad, flag, sizeof bad);
+            if (bad) {
+                const std::size_t row = std::size_t(bad - 1);
+                label_t l{};
+                copy_to_host(&l, static_cast<const label_t*>(labels.data) + std::ptrdiff_t(row) * labels.stride[0], sizeof l);
+                throw shape_error(message("typegrad: cross_entropy/nll_loss: label ", std::size_t(l < 0 ? -l : l),
+                                          l < 0 ? " (negative)" : "", " of row ", row, " is not a class in [0, ",
+                                          ext[1], ")"));
+            }
+        } else if constexpr (is_slice_backward_v<op>) {
+            using sp = slice_params<op>;
+            const td::tensor_ref g = ref(0);
+            std::uint64_t w[23] = {};
+            w[0] = n;
+            w[1] = info[N].rank;
+            w[2] = sp::axis;
+            w[3] = sp::begin;
+            w[4] = sp::end - sp::begin;
+            w[5] = reinterpret_cast<std::uintptr_t>(g.data);
+            w[6] = reinterpret_cast<std::uintptr_t>(out);
+            for (std::size_t a = 0; a < info[N].rank; ++a) {
+                w[7 + a] = ext[a];
+                w[15 + a] = std::uint64_t(g.stride[a]);
+            }
+            if (n) launch(m.prelude[std::is_same_v<T, float> ? slice_backward_f32 : slice_backward_f64], grid_for(n), 1, w);
+        } else {
+            static_assert(td::always_false<node>, "typegrad: cuda: internal: kernel op without a device path");
+        }
+    }
+
+    std::array<std::size_t, PP::M + 1> offset_{};
+    std::array<double, PP::M + 1> meta_{};
+    loop_launches loops_;
+    std::vector<std::uint64_t> words_;
+    std::size_t flag_ = 0, extra_ = 0, total_ = 0;
+    char* base_ = nullptr;
+};
+
+// The arena of value_and_grad and backward calls: per plan and thread, grown on demand, so
+// steady-state calls allocate nothing.
+template <class PP>
+device_buffer& thread_arena() {
+    thread_local device_buffer arena;
+    return arena;
+}
+
+}  // namespace typegrad::cuda::detail

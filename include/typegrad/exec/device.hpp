@@ -1,0 +1,20 @@
+#pragma once
+// The seam between a compiled step and an optional device backend (docs/cuda.md). A binding or
+// forward context that lives on a device says so with a member `typegrad_device_argument`; a
+// step call with any such argument is handed to device_backend<Step>, which the backend
+// (typegrad/cuda.hpp) defines. Nothing here depends on CUDA.
+#include <type_traits>
+
+namespace typegrad::detail {
+
+template <class T>
+concept device_argument = requires { std::remove_cvref_t<T>::typegrad_device_argument; };
+
+template <class... Ts>
+inline constexpr bool any_device_argument = (device_argument<Ts> || ...);
+
+// Defined by a device backend (typegrad/cuda.hpp defines it; device arguments exist only there).
+template <class Step>
+struct device_backend;
+
+}  // namespace typegrad::detail

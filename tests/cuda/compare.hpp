@@ -1,0 +1,164 @@
+#pragma once
+// Runs a step with host bindings and with device bindings on the same random data and compares
+// the values and gradients within the dtype's tolerance (device_test.cpp, emulation_test.cpp).
+#include "graphs.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <span>
+#include <tuple>
+#include <vector>
+
+namespace cuda_compare {
+namespace tg = typegrad;
+
+inline bool skip_without_device() {
+    if (tg::cuda::available()) return false;
+    WARN("SKIPPED: no usable CUDA device (" << tg::cuda::unavailable_reason()
+                                            << "); the device tests run only where a GPU is present");
+    return true;
+}
+
+template <class E>
+struct leaf_data {
+    using leaf = typename E::node_type;
+    using value_type = typename leaf::value_type;
+    using shape_type = typename leaf::shape_type;
+    static constexpr std::size_t rank = shape_type::rank;
+    std::vector<value_type> host;
+    std::array<std::size_t, rank> extents{};
+    std::vector<value_type> cpu_grad, gpu_grad;
+    std::optional<tg::cuda::tensor<value_type, shape_type>> dev, dev_grad;
+
+    leaf_data(std::size_t n, std::mt19937& rng) {
+        std::size_t count = 1;
+        for (std::size_t a = 0; a < rank; ++a) count *= (extents[a] = shape_type::extents[a] == tg::dyn ? n : shape_type::extents[a]);
+        host.resize(count);
+        std::uniform_real_distribution<double> u(-1.5, 1.5);
+        for (std::size_t i = 0; i < count; ++i) {
+            if constexpr (std::is_floating_point_v<value_type>) host[i] = value_type(u(rng));
+            else host[i] = value_type(i % 2);  // class labels, valid for 2 and 5 classes
+        }
+    }
+
+    template <class Topo>
+    auto host_binding() {
+        if constexpr (tg::detail::contains_v<leaf, Topo>) return std::make_tuple(tg::bind(E{}, host, extents));
+        else return std::tuple<>{};
+    }
+    template <class Wrt>
+    auto host_gradient() {
+        if constexpr (tg::detail::contains_v<leaf, Wrt>) {
+            cpu_grad.assign(host.size(), value_type(-7));
+            return std::make_tuple(tg::grad_into(E{}, cpu_grad));
+        } else {
+            return std::tuple<>{};
+        }
+    }
+    template <class Topo>
+    auto device_binding() {
+        if constexpr (tg::detail::contains_v<leaf, Topo>) {
+            dev.emplace(tg::cuda::tensor<value_type, shape_type>::from_host(host, extents));
+            return std::make_tuple(tg::bind(E{}, *dev));
+        } else {
+            return std::tuple<>{};
+        }
+    }
+    template <class Wrt>
+    auto device_gradient() {
+        if constexpr (tg::detail::contains_v<leaf, Wrt>) {
+            dev_grad.emplace(extents);
+            dev_grad->copy_from(std::vector<value_type>(host.size(), value_type(-7)));
+            return std::make_tuple(tg::grad_into(E{}, *dev_grad));
+        } else {
+            return std::tuple<>{};
+        }
+    }
+    void fetch() {
+        if (dev_grad) gpu_grad = dev_grad->to_host();
+    }
+};
+
+template <class... Es>
+auto make_universe(std::size_t n, std::mt19937& rng) {
+    return std::tuple<leaf_data<Es>...>{leaf_data<Es>(n, rng)...};
+}
+inline auto universe(std::size_t n) {
+    using namespace cuda_tests;
+    std::mt19937 rng(unsigned(n) * 7919u + 3u);
+    return make_universe<decltype(A), decltype(B), decltype(v), decltype(w5), decltype(M), decltype(Wl), decltype(bl),
+                         decltype(X3), decltype(D), decltype(labels), decltype(X), decltype(W1), decltype(b1),
+                         decltype(W2), decltype(b2)>(n, rng);
+}
+
+template <class T>
+double tolerance(std::size_t n) {
+    return std::is_same_v<T, double> ? 1e-10 : (n > 100 ? 2e-3 : 2e-4);
+}
+template <class T>
+void check_close(const char* what, std::span<const T> gpu, std::span<const T> cpu, double tol) {
+    REQUIRE(gpu.size() == cpu.size());
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+        INFO(what << "[" << i << "]: gpu " << gpu[i] << " cpu " << cpu[i]);
+        const bool both_nan = std::isnan(double(gpu[i])) && std::isnan(double(cpu[i]));
+        CHECK((both_nan || std::abs(double(gpu[i]) - double(cpu[i])) <= tol * (1 + std::abs(double(cpu[i])))));
+    }
+}
+
+template <class Data>
+void compare_gradients(Data& data, double tol) {
+    std::apply([&](auto&... d) {
+        (d.fetch(), ...);
+        auto one = [&](auto& x) {
+            if (!x.cpu_grad.empty())
+                check_close<typename std::remove_cvref_t<decltype(x)>::value_type>(
+                    "gradient", std::span(std::as_const(x.gpu_grad)), std::span(std::as_const(x.cpu_grad)), tol);
+        };
+        (one(d), ...);
+    }, data);
+}
+
+
+template <class Step>
+void compare_with_cpu(const char* name, const Step& step, std::size_t n) {
+    INFO("graph " << name << ", n = " << n);
+    using T = typename Step::value_type;
+    using topo = typename Step::loss_node::topo;
+    using wrt = typename Step::wrt_list;
+    auto data = universe(n);
+    auto host_binds = std::apply([](auto&... d) { return std::tuple_cat(d.template host_binding<topo>()...); }, data);
+    auto host_grads = std::apply([](auto&... d) { return std::tuple_cat(d.template host_gradient<wrt>()...); }, data);
+    auto dev_binds = std::apply([](auto&... d) { return std::tuple_cat(d.template device_binding<topo>()...); }, data);
+    auto dev_grads = std::apply([](auto&... d) { return std::tuple_cat(d.template device_gradient<wrt>()...); }, data);
+    const double tol = tolerance<T>(n);
+    if constexpr (Step::scalar_loss) {
+        const T cpu = std::apply([&](const auto&... b) { return step.value_and_grad(b...); }, std::tuple_cat(host_binds, host_grads));
+        const T gpu = std::apply([&](const auto&... b) { return step.value_and_grad(b...); }, std::tuple_cat(dev_binds, dev_grads));
+        const T c[] = {cpu}, g[] = {gpu};
+        check_close<T>("loss", g, c, tol);
+        compare_gradients(data, tol);
+        // the forward alone, and a backward from its context (saved values), too
+        auto cpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, host_binds);
+        auto gpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, dev_binds);
+        check_close<T>("forward value", gpu_ctx.values(), cpu_ctx.values(), tol);
+        std::apply([&](const auto&... g) { step.backward(cpu_ctx, g...); }, host_grads);
+        std::apply([&](const auto&... g) { step.backward(gpu_ctx, g...); }, dev_grads);
+    } else {
+        auto cpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, host_binds);
+        auto gpu_ctx = std::apply([&](const auto&... b) { return step.forward(b...); }, dev_binds);
+        check_close<T>("forward values", gpu_ctx.values(), cpu_ctx.values(), tol);
+        std::vector<T> seed(cpu_ctx.values().size());
+        for (std::size_t i = 0; i < seed.size(); ++i) seed[i] = T(1) + T(i % 3);
+        auto dev_seed = tg::cuda::tensor<T, tg::shape<tg::dyn>>::from_host(seed);
+        std::apply([&](const auto&... g) { step.backward(cpu_ctx, g..., tg::seed(seed)); }, host_grads);
+        std::apply([&](const auto&... g) { step.backward(gpu_ctx, g..., tg::cuda::seed(tg::cuda::device_ptr<const T>{dev_seed.data()}, dev_seed.size())); },
+                   dev_grads);
+    }
+    compare_gradients(data, tol);
+}
+
+}  // namespace cuda_compare

@@ -1,0 +1,142 @@
+// Needs a GPU (skips, saying so, without one): every test graph evaluated on the device gives the
+// CPU's value and gradients within the dtype's tolerance, through value_and_grad for scalar
+// losses and forward + seeded backward for the non-scalar output; an MLP trains the same on both.
+#include "compare.hpp"
+#include "emulator.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <span>
+#include <tuple>
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace tg = typegrad;
+using namespace cuda_compare;
+
+TEST_CASE("every test graph gives the CPU's values and gradients on the device", "[cuda][device]") {
+    if (skip_without_device()) return;
+    std::printf("cuda device: %s\n", tg::cuda::device_name().c_str());
+    for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
+        cuda_tests::for_each_graph([&](const char* name, const auto& step) { compare_with_cpu(name, step, n); });
+}
+
+// Without a GPU: the same comparisons with the generated kernels compiled by the host compiler and
+// run block by block (cuda/runtime.hpp: emulator). A subset of the graphs by default (each module
+// is a host compile); TYPEGRAD_CUDA_EMULATE_ALL=1 runs them all.
+TEST_CASE("every test graph gives the CPU's values and gradients in host emulation", "[cuda][emulation]") {
+    if (tg::cuda::available()) {
+        WARN("a CUDA device is present: the device tests cover it; emulation skipped");
+        return;
+    }
+    cuda_emulation::scoped_emulator emulate;
+    const bool all = std::getenv("TYPEGRAD_CUDA_EMULATE_ALL") != nullptr;
+    const std::vector<std::string> subset = {"exp", "where_masks", "broadcast_row", "broadcast_to", "mean",
+                                             "max_min_all", "sum_columns", "max_min_axes", "softmax_axis0",
+                                             "matmul", "linear", "matmul_batched", "transpose", "slice",
+                                             "cross_entropy", "cast", "hook_device", "mlp", "non_scalar"};
+    for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
+        cuda_tests::for_each_graph([&](const char* name, const auto& step) {
+            if (all || std::find(subset.begin(), subset.end(), name) != subset.end()) compare_with_cpu(name, step, n);
+        });
+    std::printf("cuda emulation: %zu modules compiled and run on the host\n", emulate.modules());
+}
+
+TEST_CASE("large fused reductions: split over many blocks, deterministic", "[cuda][device]") {
+    if (skip_without_device()) return;
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    constexpr auto y = tg::input<"y", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::sum(tg::exp(x) * y), tg::wrt(x));
+    const std::size_t n = (std::size_t(1) << 22) + 17;
+    std::vector<float> xs(n), ys(n);
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (std::size_t i = 0; i < n; ++i) {
+        xs[i] = u(rng);
+        ys[i] = u(rng);
+    }
+    auto dx = tg::cuda::tensor<float, tg::shape<tg::dyn>>::from_host(xs);
+    auto dy = tg::cuda::tensor<float, tg::shape<tg::dyn>>::from_host(ys);
+    tg::cuda::tensor<float, tg::shape<tg::dyn>> dg({n});
+    const float first = step.value_and_grad(tg::bind(x, dx), tg::bind(y, dy), tg::grad_into(x, dg));
+    const float second = step.value_and_grad(tg::bind(x, dx), tg::bind(y, dy), tg::grad_into(x, dg));
+    CHECK(first == second);  // the same order every time
+    double ref = 0;
+    for (std::size_t i = 0; i < n; ++i) ref += std::exp(double(xs[i])) * double(ys[i]);
+    CHECK(std::abs(double(first) - ref) <= 1e-4 * (1 + std::abs(ref)) + 1e-2);
+    const auto g = dg.to_host();
+    for (std::size_t i = 0; i < n; i += 4099) CHECK(std::abs(g[i] - std::exp(xs[i]) * ys[i]) <= 1e-5f * (1 + std::abs(g[i])));
+}
+
+TEST_CASE("an invalid class label on the device is a shape_error before any gradient is written", "[cuda][device]") {
+    if (skip_without_device()) return;
+    using namespace cuda_tests;
+    auto step = tg::compile(tg::cross_entropy(A, labels), tg::wrt(A));
+    std::vector<float> a(15, 0.5f);
+    std::vector<std::int32_t> l = {0, 7, 1};
+    auto da = tg::cuda::tensor<float, tg::shape<tg::dyn, 5>>::from_host(a, {3, 5});
+    auto dl = tg::cuda::tensor<std::int32_t, tg::shape<tg::dyn>>::from_host(l);
+    tg::cuda::tensor<float, tg::shape<tg::dyn, 5>> dg({3, 5});
+    dg.copy_from(std::vector<float>(15, -7.f));
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(A, da), tg::bind(labels, dl), tg::grad_into(A, dg)), tg::shape_error);
+    CHECK(dg.to_host() == std::vector<float>(15, -7.f));
+}
+
+TEST_CASE("the MLP trains the same on the device as on the CPU", "[cuda][device]") {
+    if (skip_without_device()) return;
+    using namespace cuda_tests;
+    const std::size_t n = 256;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> xd(n * 2);
+    std::vector<std::int32_t> yd(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        yd[i] = std::int32_t(i % 2);
+        xd[2 * i] = normal(rng) + (yd[i] ? 1.f : -1.f);
+        xd[2 * i + 1] = normal(rng);
+    }
+    auto train = tg::compile(tg::cross_entropy(tg::linear(tg::relu(tg::linear(X, W1, b1)), W2, b2), labels),
+                             tg::wrt(W1, b1, W2, b2));
+    std::vector<float> w1(hidden * 2), c1(hidden, 0.f), w2(2 * hidden), c2(2, 0.f);
+    for (auto& x : w1) x = 0.5f * normal(rng);
+    for (auto& x : w2) x = 0.3f * normal(rng);
+    std::vector<float> g1(w1.size()), gc1(c1.size()), g2(w2.size()), gc2(c2.size());
+    // the device copy of the parameters, updated on the host each step and uploaded
+    auto dX = tg::cuda::tensor<float, tg::shape<tg::dyn, 2>>::from_host(xd, {n, 2});
+    auto dy = tg::cuda::tensor<std::int32_t, tg::shape<tg::dyn>>::from_host(yd);
+    tg::cuda::tensor<float, tg::shape<hidden, 2>> dw1, dg1;
+    tg::cuda::tensor<float, tg::shape<hidden>> dc1, dgc1;
+    tg::cuda::tensor<float, tg::shape<2, hidden>> dw2, dg2;
+    tg::cuda::tensor<float, tg::shape<2>> dc2, dgc2;
+    std::vector<float> gw1(w1.size()), gwc1(c1.size()), gw2(w2.size()), gwc2(c2.size());
+    for (int epoch = 0; epoch < 30; ++epoch) {
+        dw1.copy_from(w1);
+        dc1.copy_from(c1);
+        dw2.copy_from(w2);
+        dc2.copy_from(c2);
+        const float cpu = train.value_and_grad(tg::bind(X, xd, {n, 2}), tg::bind(labels, yd), tg::bind(W1, w1),
+                                               tg::bind(b1, c1), tg::bind(W2, w2), tg::bind(b2, c2), tg::grad_into(W1, g1),
+                                               tg::grad_into(b1, gc1), tg::grad_into(W2, g2), tg::grad_into(b2, gc2));
+        const float gpu = train.value_and_grad(tg::bind(X, dX), tg::bind(labels, dy), tg::bind(W1, dw1), tg::bind(b1, dc1),
+                                               tg::bind(W2, dw2), tg::bind(b2, dc2), tg::grad_into(W1, dg1),
+                                               tg::grad_into(b1, dgc1), tg::grad_into(W2, dg2), tg::grad_into(b2, dgc2));
+        INFO("epoch " << epoch);
+        CHECK(std::abs(cpu - gpu) <= 1e-4f * (1 + std::abs(cpu)));
+        dg1.copy_to(gw1);
+        dgc1.copy_to(gwc1);
+        dg2.copy_to(gw2);
+        dgc2.copy_to(gwc2);
+        check_close<float>("dW1", gw1, g1, 1e-3);
+        check_close<float>("db2", gwc2, gc2, 1e-3);
+        for (std::size_t i = 0; i < w1.size(); ++i) w1[i] -= 0.5f * g1[i];
+        for (std::size_t i = 0; i < c1.size(); ++i) c1[i] -= 0.5f * gc1[i];
+        for (std::size_t i = 0; i < w2.size(); ++i) w2[i] -= 0.5f * g2[i];
+        for (std::size_t i = 0; i < c2.size(); ++i) c2[i] -= 0.5f * gc2[i];
+    }
+}

@@ -1,0 +1,103 @@
+#pragma once
+// The graphs the CUDA tests run: every op family, broadcasting, reductions over all and over
+// axes, views, matmul/linear (2-D and batched), losses, cast, hooks with device expressions, f64,
+// and the MLP of examples/mlp.cpp. for_each_graph(f) calls f(name, step) for each.
+#include <typegrad/cuda.hpp>
+
+#include <cstdint>
+
+namespace cuda_tests {
+namespace tg = typegrad;
+
+constexpr auto A = tg::param<"A", float, tg::shape<tg::dyn, 5>>;
+constexpr auto B = tg::param<"B", float, tg::shape<tg::dyn, 5>>;
+constexpr auto v = tg::param<"v", float, tg::shape<5>>;
+constexpr auto w5 = tg::param<"w5", float, tg::shape<5>>;
+constexpr auto M = tg::param<"M", float, tg::shape<5, 4>>;
+constexpr auto Wl = tg::param<"Wl", float, tg::shape<4, 5>>;
+constexpr auto bl = tg::param<"bl", float, tg::shape<4>>;
+constexpr auto X3 = tg::param<"X3", float, tg::shape<2, 3, 5>>;
+constexpr auto D = tg::param<"D", double, tg::shape<tg::dyn, 5>>;
+constexpr auto labels = tg::input<"labels", std::int32_t, tg::shape<tg::dyn>>;
+// the MLP
+constexpr std::size_t hidden = 16;
+constexpr auto X = tg::input<"X", float, tg::shape<tg::dyn, 2>>;
+constexpr auto W1 = tg::param<"W1", float, tg::shape<hidden, 2>>;
+constexpr auto b1 = tg::param<"b1", float, tg::shape<hidden>>;
+constexpr auto W2 = tg::param<"W2", float, tg::shape<2, hidden>>;
+constexpr auto b2 = tg::param<"b2", float, tg::shape<2>>;
+
+// An elementwise hook that also runs on the device: its CUDA expression beside its C++ one.
+struct double_the_gradient {
+    static constexpr const char* device = "({0} * (T)2)";
+    template <class V>
+    V operator()(const V& g) const { return g * V(2); }
+};
+
+template <class F>
+void for_each_graph(F&& f) {
+    using tg::lit;
+    // elementwise
+    f("add", tg::compile(tg::sum(A + B), tg::wrt(A, B)));
+    f("sub", tg::compile(tg::sum((A - B) * A), tg::wrt(A, B)));
+    f("mul", tg::compile(tg::sum(A * B), tg::wrt(A, B)));
+    f("div", tg::compile(tg::sum(A / (tg::square(B) + lit<1>)), tg::wrt(A, B)));
+    f("neg", tg::compile(tg::sum(-A * B), tg::wrt(A, B)));
+    f("exp", tg::compile(tg::sum(tg::exp(A) * B), tg::wrt(A, B)));
+    f("log", tg::compile(tg::sum(tg::log(tg::square(A) + lit<1>)), tg::wrt(A)));
+    f("sqrt", tg::compile(tg::sum(tg::sqrt(tg::square(A) + lit<1>)), tg::wrt(A)));
+    f("square", tg::compile(tg::sum(tg::square(A)), tg::wrt(A)));
+    f("pow", tg::compile(tg::sum(tg::pow(tg::square(A) + lit<1>, B)), tg::wrt(A, B)));
+    f("pow_constant", tg::compile(tg::sum(tg::pow(tg::abs(A) + lit<1>, lit<3>)), tg::wrt(A)));
+    f("sin_cos", tg::compile(tg::sum(tg::sin(A) * tg::cos(B)), tg::wrt(A, B)));
+    f("tanh", tg::compile(tg::sum(tg::tanh(A) * B), tg::wrt(A, B)));
+    f("sigmoid", tg::compile(tg::sum(tg::sigmoid(A) * B), tg::wrt(A, B)));
+    f("relu", tg::compile(tg::sum(tg::relu(A) * B), tg::wrt(A, B)));
+    f("abs", tg::compile(tg::sum(tg::abs(A) * B), tg::wrt(A, B)));
+    f("maximum_minimum", tg::compile(tg::sum(tg::max(A, B) + tg::min(A, B) * B), tg::wrt(A, B)));
+    f("where_masks", tg::compile(tg::sum(tg::where(tg::gt(A, B), A, B * lit<2>) +
+                                         A * tg::ge(A, B) + B * tg::le(A, B) + A * tg::lt(A, B) + B * tg::eq(A, B)),
+                                 tg::wrt(A, B)));
+    f("detach", tg::compile(tg::sum(tg::detach(A) * B), tg::wrt(A, B)));
+    // broadcasting
+    f("broadcast_row", tg::compile(tg::sum((A + v) * B), tg::wrt(A, v, B)));
+    f("broadcast_to", tg::compile(tg::sum(tg::square(tg::broadcast_to<tg::shape<4, 5>>(v))), tg::wrt(v)));
+    // reductions
+    f("mean", tg::compile(tg::mean(tg::square(A)), tg::wrt(A)));
+    f("max_min_all", tg::compile(tg::max(A) + tg::min(B), tg::wrt(A, B)));
+    f("sum_rows", tg::compile(tg::sum(tg::square(tg::sum(A, tg::axes<1>))), tg::wrt(A)));
+    f("sum_columns", tg::compile(tg::sum(tg::square(tg::sum(A, tg::axes<0>))), tg::wrt(A)));
+    f("mean_keepdim", tg::compile(tg::sum(tg::square(A - tg::mean(A, tg::axes<1>, tg::keepdim))), tg::wrt(A)));
+    f("max_min_axes", tg::compile(tg::sum(tg::max(A, tg::axes<1>)) + tg::sum(tg::min(B, tg::axes<0>)), tg::wrt(A, B)));
+    f("log_sum_exp", tg::compile(tg::log_sum_exp(A), tg::wrt(A)));
+    f("log_softmax", tg::compile(tg::sum(tg::log_softmax(A) * B), tg::wrt(A, B)));
+    f("softmax_axis0", tg::compile(tg::sum(tg::softmax(A, tg::axes<0>) * B), tg::wrt(A, B)));
+    // views and matmul
+    f("matmul", tg::compile(tg::sum(tg::square(tg::matmul(A, M))), tg::wrt(A, M)));
+    f("linear", tg::compile(tg::sum(tg::square(tg::linear(A, Wl, bl))), tg::wrt(A, Wl, bl)));
+    f("matmul_batched", tg::compile(tg::sum(tg::square(tg::matmul(X3, M))), tg::wrt(X3, M)));
+    f("matmul_vector", tg::compile(tg::sum(tg::square(tg::matmul(A, w5))), tg::wrt(A, w5)));
+    f("dot", tg::compile(tg::dot(v, w5), tg::wrt(v, w5)));
+    f("reshape", tg::compile(tg::sum(tg::square(tg::reshape<tg::shape<tg::dyn>>(A))), tg::wrt(A)));
+    f("transpose", tg::compile(tg::sum(tg::square(tg::transpose(A)) * tg::transpose(B)), tg::wrt(A, B)));
+    f("slice", tg::compile(tg::sum(tg::square(tg::slice<1, 1, 4>(A))), tg::wrt(A)));
+    f("unsqueeze_squeeze", tg::compile(tg::sum(tg::square(tg::squeeze<0>(tg::unsqueeze<0>(v)))), tg::wrt(v)));
+    f("contiguous", tg::compile(tg::sum(tg::square(tg::contiguous(tg::transpose(A)))), tg::wrt(A)));
+    // losses
+    f("mse_loss", tg::compile(tg::mse_loss(A, B), tg::wrt(A, B)));
+    f("cross_entropy", tg::compile(tg::cross_entropy(A, labels), tg::wrt(A)));
+    f("nll_loss", tg::compile(tg::nll_loss(tg::log_softmax(A, tg::axes<1>), labels), tg::wrt(A)));
+    f("bce_with_logits", tg::compile(tg::binary_cross_entropy_with_logits(A, tg::sigmoid(B)), tg::wrt(A, B)));
+    // dtypes
+    f("cast", tg::compile(tg::sum(tg::cast<double>(A) * D), tg::wrt(A, D)));
+    f("f64", tg::compile(tg::sum(tg::exp(D) * D), tg::wrt(D)));
+    // hooks
+    f("hook_device", tg::compile(tg::sum(tg::square(tg::hook(A, double_the_gradient{}))), tg::wrt(A)));
+    f("retain_grad", tg::compile(tg::sum(tg::square(tg::retain_grad(A) * B)), tg::wrt(A, B)));
+    // the MLP (examples/mlp.cpp) and a non-scalar output (forward + seeded backward)
+    f("mlp", tg::compile(tg::cross_entropy(tg::linear(tg::relu(tg::linear(X, W1, b1)), W2, b2), labels),
+                         tg::wrt(W1, b1, W2, b2)));
+    f("non_scalar", tg::compile(tg::exp(A) * B + v, tg::wrt(A, B, v)));
+}
+
+}  // namespace cuda_tests
