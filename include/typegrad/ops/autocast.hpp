@@ -33,14 +33,15 @@ struct cpu {
     static constexpr std::string_view name = "cpu";
     using default_dtype = bf16;
 };
-struct cuda {
+// tg::cuda is the CUDA backend's namespace (tg::cuda::tensor), so the device tag has its own name.
+struct cuda_device {
     static constexpr device_kind kind = device_kind::cuda;
     static constexpr std::string_view name = "cuda";
     using default_dtype = f16;
 };
 
 template <class D>
-inline constexpr bool is_device_v = std::is_same_v<D, cpu> || std::is_same_v<D, cuda>;
+inline constexpr bool is_device_v = std::is_same_v<D, cpu> || std::is_same_v<D, cuda_device>;
 
 namespace detail {
 template <class D, bool = is_device_v<D>>
@@ -56,7 +57,7 @@ struct default_autocast_dtype<D, true> {
 template <class Device, class DType = typename detail::default_autocast_dtype<Device>::type, bool Enabled = true>
 struct autocast_spec {
     static_assert(is_device_v<Device>,
-                  "typegrad: autocast_spec<Device, ...> names an unknown device; the devices are tg::cpu and tg::cuda.");
+                  "typegrad: autocast_spec<Device, ...> names an unknown device; the devices are tg::cpu and tg::cuda_device.");
     static_assert(is_reduced_precision_v<DType> || std::is_same_v<DType, float>,
                   "typegrad: autocast_spec<Device, DType> needs a floating autocast dtype: tg::bf16, tg::f16 "
                   "(or float, which casts nothing down).");
@@ -67,8 +68,8 @@ struct autocast_spec {
 
 using cpu_bf16 = autocast_spec<cpu, bf16>;
 using cpu_f16 = autocast_spec<cpu, f16>;
-using cuda_f16 = autocast_spec<cuda, f16>;
-using cuda_bf16 = autocast_spec<cuda, bf16>;
+using cuda_f16 = autocast_spec<cuda_device, f16>;
+using cuda_bf16 = autocast_spec<cuda_device, bf16>;
 template <class Device>
 using autocast_disabled = autocast_spec<Device, typename detail::default_autocast_dtype<Device>::type, false>;
 
