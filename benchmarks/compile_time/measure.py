@@ -163,7 +163,7 @@ def fmt(v, unit=""):
 
 
 def growth_exponent(t_small, t_big, n_small, n_big):
-    if not t_small or not t_big or t_small <= 0 or t_big <= 0:
+    if not t_small or not t_big or t_small <= 0 or t_big <= 0 or n_big == n_small:
         return None
     return math.log(t_big / t_small) / math.log(n_big / n_small)
 
@@ -254,7 +254,8 @@ def write_results(path, rows, baselines, tests, args, started):
         out.append("")
     # Growth: CPU time (less sensitive to other tenants than wall time) above the baseline.
     if rows and len(sizes) >= 2:
-        lo, hi = sizes[0] if 100 not in sizes else 100, sizes[-1]
+        hi = sizes[-1]
+        lo = 100 if 100 in sizes and 100 < hi else sizes[0]
         out += ["## Growth", "",
                 f"CPU time and peak RSS above the baseline, from {lo} to {hi} nodes: the ratio, and "
                 f"the exponent b of t ~ n^b (b = 1 is linear, 2 quadratic).", "",

@@ -221,8 +221,8 @@ struct loop_kernel {
     };
 
     // The body is one fold over free functions named by (op, dtype, slots) rather than by the
-    // plan: a member per node would carry the whole plan type in every symbol name, which made
-    // compile time grow quadratically with the graph (see exec/node_filter.hpp).
+    // plan: a member per node would carry the whole plan type in every symbol name, so symbol
+    // text would grow quadratically with the graph (see exec/node_filter.hpp).
     template <class V, class Values>
     static void eval_body(Values& v) {
         [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
