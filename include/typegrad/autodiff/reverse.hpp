@@ -117,10 +117,13 @@ struct run_reverse<type_list<Ns...>, Init> {
 };
 
 // Adjoints of every leaf reached from Root when its gradient is Seed: type_list<pending<Leaf, Adj>...>.
+// A root that does not require grad (detach, a mask, an input-only expression) sends nothing:
+// every gradient is zero.
 template <class Root, class Seed>
 using leaf_adjoints_t = typename run_reverse<
     typename Root::topo,
-    reverse_state<type_list<pending<Root, Seed>>, type_list<>>>::type::results;
+    reverse_state<std::conditional_t<Root::requires_grad, type_list<pending<Root, Seed>>, type_list<>>,
+                  type_list<>>>::type::results;
 
 template <class Leaf, class Results>
 struct find_adjoint {

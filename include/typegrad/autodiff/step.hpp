@@ -471,6 +471,7 @@ private:
                       "tg::grad_into(...) and tg::seed(...).");
         if constexpr (detail::is_leaf_binding_v<Arg>) {
             using L = typename Arg::leaf_type;
+            detail::check_leaf_binding_usable<L, Nodes>();
             detail::check_bound_once<L, detail::count_leaf_bindings<L, Args...>()>();
         } else if constexpr (detail::is_grad_binding_v<Arg>) {
             using L = typename Arg::leaf_type;

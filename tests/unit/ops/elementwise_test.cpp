@@ -121,3 +121,18 @@ TEST_CASE("elementwise edge values follow PyTorch", "[ops]") {
         .value_and_grad(tg::bind(v, zero), tg::bind(w, expo), tg::grad_into(w, gw));
     CHECK(gw == std::vector<double>{0, 0, 0});
 }
+
+TEST_CASE("a root that does not require grad gives zero gradients (reliability finding 7)", "[elementwise]") {
+    constexpr auto x = tg::param<"x", double>;
+    const auto step = tg::compile(tg::detach(tg::square(x)), tg::wrt(x));
+    double xd = 3, gx = 7;
+    const double v = step.value_and_grad(tg::bind(x, &xd, {}), tg::grad_into(x, &gx, 1));
+    CHECK(v == 9);
+    CHECK(gx == 0);
+    constexpr auto y = tg::param<"y", double, tg::shape<3>>;
+    const auto masked = tg::compile(tg::sum(tg::gt(y, tg::lit<0>)), tg::wrt(y));
+    const std::array<double, 3> yd{-1, 2, 3};
+    std::array<double, 3> gy{5, 5, 5};
+    CHECK(masked.value_and_grad(tg::bind(y, yd), tg::grad_into(y, gy)) == 2);
+    CHECK(gy == std::array<double, 3>{0, 0, 0});
+}
