@@ -599,8 +599,9 @@ private:
     static void bind_grad(typename PP::state_type& st, const Arg& b, std::size_t& gi) {
         if constexpr (detail::is_grad_binding_v<Arg>) {
             using L = typename Arg::leaf_type;
-            constexpr std::size_t id = PP::program::template id_of<L>;
-            const std::size_t need = detail::node_numel<PP>(st, id);
+            // the gradient node (store gi) has the leaf's shape; the leaf itself may not be in
+            // a backward plan at all (the gradient of B in sum(detach(A) * B) is detach(A))
+            const std::size_t need = detail::node_numel<PP>(st, PP::stores[gi]);
             if (b.size != need)
                 throw shape_error(detail::message("typegrad: grad_into(", detail::display_name<L>(), ", ...): the buffer has ",
                                                   b.size, " elements but the gradient has ", need));

@@ -136,3 +136,17 @@ TEST_CASE("a root that does not require grad gives zero gradients (reliability f
     CHECK(masked.value_and_grad(tg::bind(y, yd), tg::grad_into(y, gy)) == 2);
     CHECK(gy == std::array<double, 3>{0, 0, 0});
 }
+
+TEST_CASE("split backward writes a gradient whose leaf is not in the backward graph", "[elementwise]") {
+    // the gradient of b in sum(detach(a) * b) is detach(a): b itself is not read by the backward
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::sum(tg::detach(a) * b), tg::wrt(a, b));
+    const std::vector<float> av{1, 3, 5}, bv{2, 4, 6};
+    std::vector<float> ga(3, 9), gb(3, 9);
+    auto ctx = step.forward(tg::bind(a, av), tg::bind(b, bv));
+    CHECK(ctx.value() == 2 + 12 + 30);
+    step.backward(ctx, tg::grad_into(a, ga), tg::grad_into(b, gb));
+    CHECK(ga == std::vector<float>{0, 0, 0});
+    CHECK(gb == av);
+}
