@@ -249,6 +249,12 @@ inline const char* prelude() {
 typedef unsigned long long tg_u64;
 typedef long long tg_i64;
 #define TG_BLOCK 256
+#define TG_UNROLL_SPLIT 4  // elements per thread and iteration of a split reduction
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define TG_UNROLL _Pragma("unroll")
+#else
+#define TG_UNROLL
+#endif
 
 __device__ __forceinline__ float tg_exp(float x) { return expf(x); }
 __device__ __forceinline__ double tg_exp(double x) { return exp(x); }
@@ -472,7 +478,7 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
         for (std::size_t a = 0; a < rank; ++a) {
             if (broadcast(o, a)) continue;
             if (!e.empty()) e += " + ";
-            e += std::string("i") + std::to_string(a) + std::string(" * ") + I(w.stride(o, a));
+            e += std::string("i") + std::to_string(a) + std::string("[u] * ") + I(w.stride(o, a));
         }
         return e.empty() ? std::string("0") : e;
     };
@@ -481,24 +487,33 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     s += std::string("// loop ") + std::to_string(g.loop) + std::string(", group ") + std::to_string(group_index) + std::string(": iterates over node ") +
          std::to_string(lp.iter) + std::string(" ('") + std::string(it.name) + std::string("'), rank ") + std::to_string(rank) + "\n";
     s += std::string("struct ") + args + std::string(" { tg_u64 w[") + std::to_string(w.words()) + "]; };\n";
-    s += std::string("__device__ __forceinline__ void ") + name + std::string("_element(const ") + args + std::string("& p, tg_i64 o, tg_i64 k, ") + T +
-         "* acc) {\n";
+    // U elements per call, k, k + step, ..., k + (U-1) step (those < kend): every load of the U
+    // elements is issued before any arithmetic or store, so a thread keeps U loads per operand in
+    // flight (a memory-bound loop needs that to reach the device's bandwidth). The reduction still
+    // combines in k order, so the result is the bits of U = 1.
+    s += std::string("template <int U> __device__ __forceinline__ void ") + name + std::string("_element(const ") + args +
+         std::string("& p, tg_i64 o, tg_i64 k, tg_i64 step, tg_i64 kend, ") + T + "* acc) {\n";
     s += std::string("    typedef ") + std::string(T) + " T;\n";
+    s += "    bool ok[U];\n";
+    for (std::size_t a = 0; a < rank; ++a) s += std::string("    tg_i64 i") + std::to_string(a) + "[U];\n";
     // the multi-index from (o, k): kept axes from o, reduced axes from k, each row-major
-    for (std::size_t a = 0; a < rank; ++a) s += std::string("    tg_i64 i") + std::to_string(a) + " = 0;\n";
+    s += "    TG_UNROLL for (int u = 0; u < U; ++u) {\n";
+    s += "        tg_i64 ku = k + u * step;\n        ok[u] = ku < kend;\n        if (!ok[u]) ku = k;  // a valid index; nothing is combined or stored\n";
+    for (std::size_t a = 0; a < rank; ++a) s += std::string("        i") + std::to_string(a) + "[u] = 0;\n";
     for (int part = 0; part < 2; ++part) {
         std::vector<std::size_t> axes;
         for (std::size_t a = 0; a < rank; ++a)
             if (bool((g.mask >> a) & 1u) == bool(part)) axes.push_back(a);
         if (axes.empty()) continue;
-        s += std::string("    {\n        tg_i64 r = ") + std::string(part ? "k" : "o") + ";\n";
+        s += std::string("        {\n            tg_i64 r = ") + std::string(part ? "ku" : "o") + ";\n";
         for (std::size_t j = axes.size(); j-- > 1;) {
             const std::size_t a = axes[j];
-            s += std::string("        i") + std::to_string(a) + std::string(" = r % ") + extent(a) + std::string("; r /= ") + extent(a) + ";\n";
+            s += std::string("            i") + std::to_string(a) + std::string("[u] = r % ") + extent(a) + std::string("; r /= ") + extent(a) + ";\n";
         }
-        s += std::string("        i") + std::to_string(axes[0]) + " = r;\n    }\n";
+        s += std::string("            i") + std::to_string(axes[0]) + "[u] = r;\n        }\n";
     }
-    // loads of materialised values
+    s += "    }\n";
+    // loads of materialised values (a value per element: vN[u]; a scalar meta value: vN)
     for (std::size_t o = 0; o < ops.size(); ++o) {
         if (ops[o].role != 0) continue;
         const std::size_t n = ops[o].node;
@@ -506,12 +521,14 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
         if (info[n].kind == op_kind::meta) {
             s += std::string("    const T ") + v(n) + std::string(" = (T)tg_double_bits(") + W(w.operand(o)) + ");\n";
         } else {
-            s += std::string("    const T ") + v(n) + std::string(" = ((const T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + "];\n";
+            s += std::string("    T ") + v(n) + std::string("[U];\n    TG_UNROLL for (int u = 0; u < U; ++u) ") + v(n) +
+                 std::string("[u] = ((const T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + "];\n";
         }
     }
     auto value_of = [&](std::size_t n) -> std::string {
         if (info[n].kind == op_kind::constant) return std::string("((T)") + literal(pv.constants[n]) + ")";
-        return v(n);
+        if (info[n].kind == op_kind::meta) return v(n);
+        return v(n) + "[u]";
     };
     // the elementwise body
     for (std::size_t m = lp.body_begin; m < lp.body_end; ++m) {
@@ -520,26 +537,28 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
         for (std::size_t c = 0; c < info[n].arity; ++c)
             if (!info[n].shape_only[c]) operands.push_back(value_of(info[n].child[c]));
         const char* expr = pv.device[n];
-        s += std::string("    const T ") + v(n) + std::string(" = ") + substitute(expr ? expr : "/*no device expression*/", operands) +
-             std::string(";  // ") + std::string(info[n].name) + "\n";
+        s += std::string("    T ") + v(n) + std::string("[U];  // ") + std::string(info[n].name) +
+             std::string("\n    TG_UNROLL for (int u = 0; u < U; ++u) ") + v(n) + std::string("[u] = ") +
+             substitute(expr ? expr : "/*no device expression*/", operands) + ";\n";
     }
     // reductions, materialisations, stores
+    s += "    TG_UNROLL for (int u = 0; u < U; ++u) {\n        if (!ok[u]) continue;\n";
     for (std::size_t r = 0; r < g.reds.size(); ++r) {
         const std::size_t n = g.reds[r];
-        s += std::string("    acc[") + std::to_string(r) + std::string("] = tg_combine<") + std::to_string(int(info[n].combine)) + std::string(">(acc[") +
+        s += std::string("        acc[") + std::to_string(r) + std::string("] = tg_combine<") + std::to_string(int(info[n].combine)) + std::string(">(acc[") +
              std::to_string(r) + std::string("], ") + value_of(info[n].child[0]) + ");\n";
     }
     std::size_t store_k = 0;
     for (std::size_t o = 0; o < ops.size(); ++o) {
         if (ops[o].role == 2) {
-            s += std::string("    ((T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + std::string("] = ") + value_of(ops[o].node) + ";\n";
+            s += std::string("        ((T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + std::string("] = ") + value_of(ops[o].node) + ";\n";
         } else if (ops[o].role == 3) {
-            s += std::string("    { T* d = (T*)") + W(w.operand(o)) + std::string(" + (") + offset(o) + std::string("); if (") + W(w.flag(store_k)) +
+            s += std::string("        { T* d = (T*)") + W(w.operand(o)) + std::string(" + (") + offset(o) + std::string("); if (") + W(w.flag(store_k)) +
                  std::string(") *d += ") + value_of(ops[o].node) + std::string("; else *d = ") + value_of(ops[o].node) + "; }\n";
             ++store_k;
         }
     }
-    s += "}\n";
+    s += "    }\n}\n";
 
     // the kernel
     const std::size_t nr = g.reds.size();
@@ -558,7 +577,7 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     s += std::string("    if (") + W(4) + " == 0) {  // serial: a thread per output\n";
     s += "      for (tg_i64 o = blockIdx.x * (tg_i64)blockDim.x + threadIdx.x; o < O; o += (tg_i64)gridDim.x * blockDim.x) {\n";
     s += init();
-    s += std::string("        for (tg_i64 k = 0; k < K; ++k) ") + name + "_element(p, o, k, acc);\n";
+    s += std::string("        for (tg_i64 k = 0; k < K; ++k) ") + name + "_element<1>(p, o, k, 1, K, acc);\n";
     for (std::size_t r = 0; r < nr; ++r)
         s += std::string("        ((T*)") + W(w.operand(r + (lp.in_end - lp.in_begin))) + std::string(")[o] = acc[") + std::to_string(r) + "];\n";
     s += "      }\n";
@@ -567,7 +586,8 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     s += "      for (tg_i64 o = blockIdx.y; o < O; o += gridDim.y) {\n";
     s += init();
     s += "        const tg_i64 k0 = blockIdx.x * CH, k1 = k0 + CH < K ? k0 + CH : K;\n";
-    s += std::string("        for (tg_i64 k = k0 + threadIdx.x; k < k1; k += blockDim.x) ") + name + "_element(p, o, k, acc);\n";
+    s += std::string("        for (tg_i64 k = k0 + threadIdx.x; k < k1; k += TG_UNROLL_SPLIT * (tg_i64)blockDim.x) ") + name +
+         "_element<TG_UNROLL_SPLIT>(p, o, k, blockDim.x, k1, acc);\n";
     for (std::size_t r = 0; r < nr; ++r) {
         const std::string a = std::string("acc[") + std::to_string(r) + "]";
         s += std::string("        ") + a + std::string(" = tg_block_reduce<") + std::to_string(int(info[g.reds[r]].combine)) + std::string(">(") + a + ");\n";
