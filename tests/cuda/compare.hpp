@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -40,7 +41,7 @@ struct leaf_data {
         host.resize(count);
         std::uniform_real_distribution<double> u(-1.5, 1.5);
         for (std::size_t i = 0; i < count; ++i) {
-            if constexpr (std::is_floating_point_v<value_type>) host[i] = value_type(u(rng));
+            if constexpr (tg::is_dtype_v<value_type>) host[i] = value_type(u(rng));
             else host[i] = value_type(i % 2);  // class labels, valid for 2 and 5 classes
         }
     }
@@ -92,12 +93,19 @@ inline auto universe(std::size_t n) {
     std::mt19937 rng(unsigned(n) * 7919u + 3u);
     return make_universe<decltype(A), decltype(B), decltype(v), decltype(w5), decltype(M), decltype(Wl), decltype(bl),
                          decltype(X3), decltype(D), decltype(labels), decltype(X), decltype(W1), decltype(b1),
-                         decltype(W2), decltype(b2)>(n, rng);
+                         decltype(W2), decltype(b2), decltype(Ah), decltype(Bh), decltype(Mh), decltype(Hf),
+                         decltype(Mf)>(n, rng);
 }
 
 template <class T>
 double tolerance(std::size_t n) {
     return std::is_same_v<T, double> ? 1e-10 : (n > 100 ? 2e-3 : 2e-4);
+}
+// Graphs with bf16/f16 values: the device's exp/tanh may differ from the CPU's by an ulp of
+// float, which can move a value across a bf16 rounding boundary (2^-8 relative) and on.
+inline double tolerance_for(const char* name, double tol) {
+    const std::string_view s(name);
+    return s.starts_with("bf16") || s.starts_with("f16") || s.starts_with("autocast") ? 3e-2 : tol;
 }
 template <class T>
 void check_close(const char* what, std::span<const T> gpu, std::span<const T> cpu, double tol) {
@@ -134,7 +142,7 @@ void compare_with_cpu(const char* name, const Step& step, std::size_t n) {
     auto host_grads = std::apply([](auto&... d) { return std::tuple_cat(d.template host_gradient<wrt>()...); }, data);
     auto dev_binds = std::apply([](auto&... d) { return std::tuple_cat(d.template device_binding<topo>()...); }, data);
     auto dev_grads = std::apply([](auto&... d) { return std::tuple_cat(d.template device_gradient<wrt>()...); }, data);
-    const double tol = tolerance<T>(n);
+    const double tol = tolerance_for(name, tolerance<T>(n));
     if constexpr (Step::scalar_loss) {
         const T cpu = std::apply([&](const auto&... b) { return step.value_and_grad(b...); }, std::tuple_cat(host_binds, host_grads));
         const T gpu = std::apply([&](const auto&... b) { return step.value_and_grad(b...); }, std::tuple_cat(dev_binds, dev_grads));

@@ -44,6 +44,8 @@ extern "C" void tg_emulation_set(unsigned bx, unsigned by, unsigned gx, unsigned
 inline void __syncthreads() {}
 template <class T> inline T __shfl_down_sync(unsigned, T v, int) { return v; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long expected, unsigned long long value) {
     const unsigned long long old = *p;
@@ -92,10 +94,15 @@ public:
                 kk->run(words);
             }
     }
-    void gemm(bool f64, bool ta, bool tb, int m, int n, int k, const void* a, int lda, long long sa, const void* b,
-              int ldb, long long sb, void* c, int ldc, long long sc, int batch) override {
-        if (f64) run_gemm<double>(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
-        else run_gemm<float>(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+    void gemm(typegrad::cuda::detail::gemm_type type, bool ta, bool tb, int m, int n, int k, const void* a, int lda,
+              long long sa, const void* b, int ldb, long long sb, void* c, int ldc, long long sc, int batch) override {
+        using typegrad::cuda::detail::gemm_type;
+        switch (type) {
+            case gemm_type::f64: return run_gemm<double>(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+            case gemm_type::f32: return run_gemm<float>(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+            case gemm_type::bf16: return run_gemm<typegrad::bf16>(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+            case gemm_type::f16: return run_gemm<typegrad::f16>(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+        }
     }
     std::size_t modules() const { return modules_.size(); }
 
@@ -115,7 +122,9 @@ private:
                         const T y = tb ? b[j + std::ptrdiff_t(l) * ldb] : b[l + std::ptrdiff_t(j) * ldb];
                         acc += double(x) * double(y);
                     }
-                    c[i + std::ptrdiff_t(j) * ldc] = T(acc);
+                    // bf16/f16: accumulated wider, rounded once (as cuBLAS with f32 compute)
+                    if constexpr (std::is_same_v<T, double>) c[i + std::ptrdiff_t(j) * ldc] = acc;
+                    else c[i + std::ptrdiff_t(j) * ldc] = T(float(acc));
                 }
         }
     }

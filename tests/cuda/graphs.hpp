@@ -19,6 +19,12 @@ constexpr auto bl = tg::param<"bl", float, tg::shape<4>>;
 constexpr auto X3 = tg::param<"X3", float, tg::shape<2, 3, 5>>;
 constexpr auto D = tg::param<"D", double, tg::shape<tg::dyn, 5>>;
 constexpr auto labels = tg::input<"labels", std::int32_t, tg::shape<tg::dyn>>;
+// bf16 / f16 leaves
+constexpr auto Ah = tg::param<"Ah", tg::bf16, tg::shape<tg::dyn, 5>>;
+constexpr auto Bh = tg::param<"Bh", tg::bf16, tg::shape<tg::dyn, 5>>;
+constexpr auto Mh = tg::param<"Mh", tg::bf16, tg::shape<5, 4>>;
+constexpr auto Hf = tg::param<"Hf", tg::f16, tg::shape<tg::dyn, 5>>;
+constexpr auto Mf = tg::param<"Mf", tg::f16, tg::shape<5, 4>>;
 // the MLP
 constexpr std::size_t hidden = 16;
 constexpr auto X = tg::input<"X", float, tg::shape<tg::dyn, 2>>;
@@ -91,6 +97,20 @@ void for_each_graph(F&& f) {
     // dtypes
     f("cast", tg::compile(tg::sum(tg::cast<double>(A) * D), tg::wrt(A, D)));
     f("f64", tg::compile(tg::sum(tg::exp(D) * D), tg::wrt(D)));
+    // bf16 / f16 (docs/cuda.md): per-op rounding in float loops, reductions in float buffers,
+    // mixed promotion, views, cuBLAS GEMMs with f32 accumulation, autocast regions on CUDA
+    f("bf16_elementwise", tg::compile(tg::sum(tg::cast<float>(tg::exp(Ah) * Bh + Ah)), tg::wrt(Ah, Bh)));
+    f("f16_elementwise", tg::compile(tg::sum(tg::cast<float>(tg::tanh(Hf) * Hf - tg::square(Hf))), tg::wrt(Hf)));
+    f("bf16_promote", tg::compile(tg::sum(Ah * A + tg::sigmoid(Bh)), tg::wrt(Ah, A, Bh)));
+    f("bf16_reduction", tg::compile(tg::sum(tg::cast<float>(tg::square(tg::sum(Ah * Bh, tg::axes<1>)))), tg::wrt(Ah, Bh)));
+    f("bf16_slice_transpose", tg::compile(tg::sum(tg::cast<float>(tg::square(tg::slice<1, 1, 4>(tg::transpose(tg::transpose(Ah)))))),
+                                          tg::wrt(Ah)));
+    f("bf16_matmul", tg::compile(tg::sum(tg::cast<float>(tg::square(tg::matmul(Ah, Mh)))), tg::wrt(Ah, Mh)));
+    f("f16_matmul", tg::compile(tg::sum(tg::cast<float>(tg::matmul(Hf, Mf))), tg::wrt(Hf, Mf)));
+    f("autocast_cuda_f16_mlp",
+      tg::compile(tg::autocast<tg::cuda_f16>(tg::cross_entropy(tg::linear(tg::relu(tg::linear(X, W1, b1)), W2, b2), labels)),
+                  tg::wrt(W1, b1, W2, b2)));
+    f("autocast_cuda_bf16", tg::compile(tg::autocast<tg::cuda_bf16>(tg::sum(tg::exp(tg::matmul(A, M)))), tg::wrt(A, M)));
     // hooks
     f("hook_device", tg::compile(tg::sum(tg::square(tg::hook(A, double_the_gradient{}))), tg::wrt(A)));
     f("retain_grad", tg::compile(tg::sum(tg::square(tg::retain_grad(A) * B)), tg::wrt(A, B)));

@@ -852,6 +852,8 @@ private:
 
     template <class, class>
     friend class forward_context;
+    template <class>
+    friend struct detail::device_backend;  // shares the host checks (autocast context)
 
 public:
     // The plans value_and_grad and forward use when every wrt leaf gets a gradient; inspection

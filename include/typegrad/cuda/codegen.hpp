@@ -284,6 +284,46 @@ template <class T> __device__ __forceinline__ T tg_eq(T a, T b) { return a == b 
 template <class T> __device__ __forceinline__ bool tg_isfinite(T x) { return x - x == (T)0; }
 __device__ __forceinline__ double tg_double_bits(tg_u64 w) { return __longlong_as_double((tg_i64)w); }
 
+// bf16 and f16 are buffers of 16-bit patterns; values are floats. Conversions round to nearest
+// even, bit for bit the CPU's (core/half.hpp), in integer arithmetic so emulation computes the
+// same bits.
+__device__ __forceinline__ float tg_from_bf16(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+__device__ __forceinline__ unsigned short tg_to_bf16(float f) {
+    const unsigned x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);  // a quiet NaN
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float tg_from_f16(unsigned short h) {
+    const unsigned sign = ((unsigned)h & 0x8000u) << 16, e = ((unsigned)h >> 10) & 0x1fu, m = (unsigned)h & 0x3ffu;
+    if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        const float x = (float)m * 5.9604644775390625e-8f;  // m * 2^-24, exact
+        return sign ? -x : x;
+    }
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+__device__ __forceinline__ unsigned short tg_to_f16(float f) {
+    const unsigned x = __float_as_uint(f);
+    const unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (unsigned short)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // 65520 and above round to inf
+    const unsigned e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+    if (e >= 113u) {  // a normal half
+        unsigned h = ((e - 112u) << 10) | ((ax & 0x7fffffu) >> 13);
+        const unsigned r = ax & 0x1fffu;
+        if (r > 0x1000u || (r == 0x1000u && (h & 1u))) ++h;
+        return (unsigned short)(sign | h);
+    }
+    if (e < 102u) return (unsigned short)sign;  // below half the smallest subnormal
+    const unsigned shift = 126u - e;  // 14..24: units of 2^-24
+    unsigned q = m >> shift;
+    const unsigned r = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (r > half || (r == half && (q & 1u))) ++q;
+    return (unsigned short)(sign | q);
+}
+__device__ __forceinline__ float tg_round_bf16(float x) { return tg_from_bf16(tg_to_bf16(x)); }
+__device__ __forceinline__ float tg_round_f16(float x) { return tg_from_f16(tg_to_f16(x)); }
+
 template <class T> __device__ __forceinline__ T tg_infinity();
 template <> __device__ __forceinline__ float tg_infinity<float>() { return __int_as_float(0x7f800000); }
 template <> __device__ __forceinline__ double tg_infinity<double>() { return __longlong_as_double(0x7ff0000000000000LL); }
@@ -371,6 +411,11 @@ extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f32_f32(const t
 #ifdef TG_EMULATION
 extern "C" void tg_gather_f32_f32_host(const void* w) { tg_gather_f32_f32(*(const tg_gather_args*)w); }
 #endif
+// bf16/f16 operands and outputs are copied as bit patterns
+extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_b16_b16(const tg_gather_args p) { tg_gather<unsigned short, unsigned short>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_gather_b16_b16_host(const void* w) { tg_gather_b16_b16(*(const tg_gather_args*)w); }
+#endif
 extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f64_f64(const tg_gather_args p) { tg_gather<double, double>(p); }
 #ifdef TG_EMULATION
 extern "C" void tg_gather_f64_f64_host(const void* w) { tg_gather_f64_f64(*(const tg_gather_args*)w); }
@@ -449,6 +494,10 @@ extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_slice_backward_f64(con
 #ifdef TG_EMULATION
 extern "C" void tg_slice_backward_f64_host(const void* w) { tg_slice_backward_f64(*(const tg_slice_backward_args*)w); }
 #endif
+extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_slice_backward_b16(const tg_slice_backward_args p) { tg_slice_backward<unsigned short>(p); }
+#ifdef TG_EMULATION
+extern "C" void tg_slice_backward_b16_host(const void* w) { tg_slice_backward_b16(*(const tg_slice_backward_args*)w); }
+#endif
 
 )CUDA";
 }
@@ -463,7 +512,9 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     const word_layout w = layout_of(pv, g, ops);
     const std::string name = kernel_name(g.loop, group_index);
     const std::string args = name + "_args";
-    const char* T = info[lp.iter].elem_size == sizeof(double) ? "double" : "float";
+    // f64 loops compute in double; f32/bf16/f16 loops in float, each operand converting from and
+    // to its buffer's type and each bf16/f16 value rounded once, as the CPU's loops do.
+    const char* T = info[lp.iter].value == td::dtype_code::f64 ? "double" : "float";
     auto W = [](std::size_t i) { return std::string("p.w[") + std::to_string(i) + "]"; };
     auto I = [&](std::size_t i) { return std::string("((tg_i64)") + W(i) + ")"; };
     auto extent = [&](std::size_t a) {
@@ -483,6 +534,31 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
         return e.empty() ? std::string("0") : e;
     };
     auto v = [](std::size_t n) { return std::string("v") + std::to_string(n); };
+    auto rounded = [](td::dtype_code d, const std::string& e) {
+        return d == td::dtype_code::bf16 ? std::string("tg_round_bf16(") + e + ")"
+             : d == td::dtype_code::f16  ? std::string("tg_round_f16(") + e + ")"
+                                         : e;
+    };
+    auto load = [&](std::size_t n, const std::string& ptr, const std::string& off) {
+        const td::dtype_code b = info[n].buffer;
+        std::string e = b == td::dtype_code::bf16 ? std::string("tg_from_bf16(((const unsigned short*)") + ptr + ")[" + off + "])"
+                      : b == td::dtype_code::f16  ? std::string("tg_from_f16(((const unsigned short*)") + ptr + ")[" + off + "])"
+                                                  : std::string("((const T*)") + ptr + ")[" + off + "]";
+        return info[n].value != b ? rounded(info[n].value, e) : e;  // a bf16 value in a float buffer
+    };
+    auto store = [&](std::size_t n, const std::string& ptr, const std::string& off, const std::string& x,
+                     const std::string& accumulate) {
+        const td::dtype_code b = info[n].buffer;
+        if (b != td::dtype_code::bf16 && b != td::dtype_code::f16) {
+            if (accumulate.empty()) return std::string("((T*)") + ptr + ")[" + off + "] = " + x + ";";
+            return std::string("{ T* d = (T*)") + ptr + " + (" + off + "); if (" + accumulate + ") *d += " + x + "; else *d = " + x + "; }";
+        }
+        const std::string to = b == td::dtype_code::bf16 ? "tg_to_bf16" : "tg_to_f16";
+        const std::string from = b == td::dtype_code::bf16 ? "tg_from_bf16" : "tg_from_f16";
+        if (accumulate.empty()) return std::string("((unsigned short*)") + ptr + ")[" + off + "] = " + to + "(" + x + ");";
+        return std::string("{ unsigned short* d = (unsigned short*)") + ptr + " + (" + off + "); *d = " + to + "(" + accumulate + " ? " +
+               from + "(*d) + " + x + " : " + x + "); }";
+    };
 
     s += std::string("// loop ") + std::to_string(g.loop) + std::string(", group ") + std::to_string(group_index) + std::string(": iterates over node ") +
          std::to_string(lp.iter) + std::string(" ('") + std::string(it.name) + std::string("'), rank ") + std::to_string(rank) + "\n";
@@ -522,11 +598,11 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
             s += std::string("    const T ") + v(n) + std::string(" = (T)tg_double_bits(") + W(w.operand(o)) + ");\n";
         } else {
             s += std::string("    T ") + v(n) + std::string("[U];\n    TG_UNROLL for (int u = 0; u < U; ++u) ") + v(n) +
-                 std::string("[u] = ((const T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + "];\n";
+                 std::string("[u] = ") + load(n, W(w.operand(o)), offset(o)) + ";\n";
         }
     }
     auto value_of = [&](std::size_t n) -> std::string {
-        if (info[n].kind == op_kind::constant) return std::string("((T)") + literal(pv.constants[n]) + ")";
+        if (info[n].kind == op_kind::constant) return rounded(info[n].value, std::string("((T)") + literal(pv.constants[n]) + ")");
         if (info[n].kind == op_kind::meta) return v(n);
         return v(n) + "[u]";
     };
@@ -539,7 +615,7 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
         const char* expr = pv.device[n];
         s += std::string("    T ") + v(n) + std::string("[U];  // ") + std::string(info[n].name) +
              std::string("\n    TG_UNROLL for (int u = 0; u < U; ++u) ") + v(n) + std::string("[u] = ") +
-             substitute(expr ? expr : "/*no device expression*/", operands) + ";\n";
+             rounded(info[n].value, substitute(expr ? expr : "/*no device expression*/", operands)) + ";\n";
     }
     // reductions, materialisations, stores
     s += "    TG_UNROLL for (int u = 0; u < U; ++u) {\n        if (!ok[u]) continue;\n";
@@ -551,10 +627,9 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     std::size_t store_k = 0;
     for (std::size_t o = 0; o < ops.size(); ++o) {
         if (ops[o].role == 2) {
-            s += std::string("        ((T*)") + W(w.operand(o)) + std::string(")[") + offset(o) + std::string("] = ") + value_of(ops[o].node) + ";\n";
+            s += std::string("        ") + store(ops[o].node, W(w.operand(o)), offset(o), value_of(ops[o].node), "") + "\n";
         } else if (ops[o].role == 3) {
-            s += std::string("        { T* d = (T*)") + W(w.operand(o)) + std::string(" + (") + offset(o) + std::string("); if (") + W(w.flag(store_k)) +
-                 std::string(") *d += ") + value_of(ops[o].node) + std::string("; else *d = ") + value_of(ops[o].node) + "; }\n";
+            s += std::string("        ") + store(ops[o].node, W(w.operand(o)), offset(o), value_of(ops[o].node), W(w.flag(store_k))) + "\n";
             ++store_k;
         }
     }

@@ -46,6 +46,11 @@ constexpr void check_node_on_device() {
         static_assert(!td::custom_kernel_info<N>::is_custom,
                       "typegrad: cuda: custom ops (tg::custom) run host code and cannot run on the device; "
                       "evaluate this step with host bindings (docs/cuda.md)");
+        if constexpr (is_cast_v<typename N::op> || is_one_hot_v<typename N::op>)
+            static_assert(!is_reduced_precision_v<storage_t<typename N::value_type>> &&
+                              !is_reduced_precision_v<storage_t<typename td::type_at_t<0, typename N::children>::value_type>>,
+                          "typegrad: cuda: a cast to or from f64, or a one_hot, with a bf16/f16 side has no device "
+                          "kernel yet; cast through f32 (tg::cast<float>) first (docs/cuda.md)");
         static_assert(td::custom_kernel_info<N>::is_custom || is_matmul_v<typename N::op> ||
                           is_cast_v<typename N::op> || is_one_hot_v<typename N::op> ||
                           is_slice_backward_v<typename N::op>,
@@ -58,17 +63,20 @@ constexpr void check_node_on_device() {
                       "it cannot run on the device (docs/cuda.md)");
 }
 
-// The generator types every value of a loop with the loop's dtype, f32 or f64.
+// The generator computes an f64 loop in double and an f32/bf16/f16 loop in float, converting
+// each operand from and to its buffer's type; f64 never meets the float family in one loop
+// (promotion rules), which this re-checks.
 template <class PP>
-constexpr bool loops_have_one_device_dtype() {
+constexpr bool loops_have_one_compute_type() {
+    using td::dtype_code;
     for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
         const td::loop_plan& lp = PP::plan.loops[L];
-        const std::size_t size = PP::program::info[lp.iter].elem_size;
-        if (size != sizeof(float) && size != sizeof(double)) return false;
+        const bool f64 = PP::program::info[lp.iter].value == dtype_code::f64;
         for (std::size_t m = lp.in_begin; m < lp.store_end; ++m) {
             const std::size_t n = m >= lp.store_begin ? PP::stores[PP::plan.members[m]] : PP::plan.members[m];
-            const op_kind k = PP::program::info[n].kind;
-            if (k != op_kind::constant && k != op_kind::meta && PP::program::info[n].elem_size != size) return false;
+            const td::node_info& ni = PP::program::info[n];
+            if (ni.kind == op_kind::constant || ni.kind == op_kind::meta) continue;
+            if (ni.buffer == dtype_code::other || (ni.buffer == dtype_code::f64) != f64) return false;
         }
     }
     return true;
@@ -76,9 +84,9 @@ constexpr bool loops_have_one_device_dtype() {
 
 template <class PP>
 constexpr bool check_plan_on_device() {
-    static_assert(loops_have_one_device_dtype<PP>(),
-                  "typegrad: cuda: a fused loop of this graph mixes dtypes or computes in f16/bf16; the CUDA "
-                  "backend generates f32 and f64 loops only (docs/cuda.md)");
+    static_assert(loops_have_one_compute_type<PP>(),
+                  "typegrad: cuda: a fused loop of this graph mixes f64 with f32/bf16/f16 values; the CUDA "
+                  "backend computes a loop in double or in float (docs/cuda.md)");
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
         (check_node_on_device<typename PP::program::template node_at<Ns>>(), ...);
     }(std::make_index_sequence<PP::M>{});
@@ -90,13 +98,13 @@ enum prelude_fn : std::size_t {
     finish_sum_f32, finish_max_f32, finish_min_f32, finish_sum_f64, finish_max_f64, finish_min_f64,
     gather_f32_f32, gather_f64_f64, gather_f32_f64, gather_f64_f32,
     one_hot_i32_f32, one_hot_i64_f32, one_hot_i32_f64, one_hot_i64_f64,
-    slice_backward_f32, slice_backward_f64, prelude_fn_count
+    slice_backward_f32, slice_backward_f64, gather_b16_b16, slice_backward_b16, prelude_fn_count
 };
 inline constexpr const char* prelude_names[prelude_fn_count] = {
     "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_sum_f64", "tg_finish_max_f64",
     "tg_finish_min_f64", "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32",
     "tg_one_hot_i32_f32", "tg_one_hot_i64_f32", "tg_one_hot_i32_f64", "tg_one_hot_i64_f64",
-    "tg_slice_backward_f32", "tg_slice_backward_f64"};
+    "tg_slice_backward_f32", "tg_slice_backward_f64", "tg_gather_b16_b16", "tg_slice_backward_b16"};
 
 struct compiled_module {
     CUmodule module = nullptr;
@@ -177,7 +185,7 @@ inline group_launch configure(std::uint64_t O, std::uint64_t K) {
 
 template <class T>
 constexpr std::size_t gather_fn() {
-    return std::is_same_v<T, float> ? gather_f32_f32 : gather_f64_f64;
+    return std::is_same_v<T, float> ? gather_f32_f32 : std::is_same_v<T, double> ? gather_f64_f64 : gather_b16_b16;
 }
 
 // Strided -> dense copy on the device.
@@ -350,22 +358,34 @@ void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::te
     const cublasOperation_t opb = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t opa = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (emulator* e = active_emulator())
-        return e->gemm(std::is_same_v<T, double>, b.transposed, a.transposed, int(cols), int(rows), int(k), b.data,
+        return e->gemm(std::is_same_v<T, double> ? gemm_type::f64 : std::is_same_v<T, bf16> ? gemm_type::bf16
+                       : std::is_same_v<T, f16> ? gemm_type::f16 : gemm_type::f32, b.transposed, a.transposed, int(cols), int(rows), int(k), b.data,
                        int(b.ld), b.batch_stride, a.data, int(a.ld), a.batch_stride, out, int(cols),
                        (long long)(rows * cols), int(batch));
-    const T one = 1, zero = 0;
     cublasHandle_t h = blas_handle();
     const int n_ = int(cols), m_ = int(rows), k_ = int(k);
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (is_reduced_precision_v<T>) {
+        // bf16/f16 operands, f32 accumulation, the product rounded once to bf16/f16 (the CPU's
+        // vdpbf16ps kernel and PyTorch's CUDA matmul do the same).
+        const float one = 1, zero = 0;
+        const cudaDataType_t dt = std::is_same_v<T, bf16> ? CUDA_R_16BF : CUDA_R_16F;
+        check_cublas(cublasGemmStridedBatchedEx(h, opb, opa, n_, m_, k_, &one, b.data, dt, int(b.ld), b.batch_stride,
+                                                a.data, dt, int(a.ld), a.batch_stride, &zero, out, dt, n_,
+                                                (long long)(rows * cols), int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmStridedBatchedEx");
+    } else if constexpr (std::is_same_v<T, float>) {
+        const T one = 1, zero = 0;
         check_cublas(cublasSgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
                                                a.data, int(a.ld), a.batch_stride, &zero, out, n_,
                                                (long long)(rows * cols), int(batch)),
                      "cublasSgemmStridedBatched");
-    else
+    } else {
+        const T one = 1, zero = 0;
         check_cublas(cublasDgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
                                                a.data, int(a.ld), a.batch_stride, &zero, out, n_,
                                                (long long)(rows * cols), int(batch)),
                      "cublasDgemmStridedBatched");
+    }
 }
 
 // ---- one plan run ------------------------------------------------------------------------------
@@ -444,12 +464,13 @@ private:
         using node = typename PP::program::template node_at<N>;
         using op = typename node::op;
         using T = compute_t<typename node::value_type>;
+        using S = storage_t<typename node::value_type>;  // bf16/f16 kernels work on the stored type
         auto ref = [&](std::size_t k) { return td::ref_of<PP>(st, info[N].child[k]); };
         void* out = const_cast<void*>(st.ptr[N]);
         const std::size_t* ext = st.ext.data() + PP::rank_offset[N];
         const std::size_t n = td::node_numel<PP>(st, N);
         if constexpr (is_matmul_v<op>) {
-            run_matmul<T>(m, ref(0), ref(1), static_cast<T*>(out), ext, node::shape_type::rank == 3);
+            run_matmul<S>(m, ref(0), ref(1), static_cast<S*>(out), ext, node::shape_type::rank == 3);
         } else if constexpr (is_cast_v<op>) {
             using From = compute_t<typename td::type_at_t<0, typename node::children>::value_type>;
             const td::tensor_ref x = ref(0);
@@ -492,7 +513,9 @@ private:
                 w[7 + a] = ext[a];
                 w[15 + a] = std::uint64_t(g.stride[a]);
             }
-            if (n) launch(m.prelude[std::is_same_v<T, float> ? slice_backward_f32 : slice_backward_f64], grid_for(n), 1, w);
+            const std::size_t fn = is_reduced_precision_v<S> ? slice_backward_b16
+                                   : std::is_same_v<T, float> ? slice_backward_f32 : slice_backward_f64;
+            if (n) launch(m.prelude[fn], grid_for(n), 1, w);
         } else {
             static_assert(td::always_false<node>, "typegrad: cuda: internal: kernel op without a device path");
         }

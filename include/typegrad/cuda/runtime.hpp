@@ -151,13 +151,15 @@ inline const device_info& device_state() {
 // by block with one thread per block, and GEMMs follow cuBLAS's column-major contract. It
 // exercises everything but the GPU itself: code generation, launch configuration, parameter
 // layouts, reductions split into chunks, the finish kernels, cuBLAS arguments.
+enum class gemm_type { f32, f64, bf16, f16 };
 struct emulator {
     virtual ~emulator() = default;
     virtual void* load(const std::string& source) = 0;                     // a module
     virtual void* function(void* module, const char* name) = 0;            // a kernel
     virtual void launch(void* kernel, unsigned gx, unsigned gy, void* words) = 0;
-    // C = op(A) op(B), column-major, batched with element strides (cublas<t>gemmStridedBatched).
-    virtual void gemm(bool f64, bool transpose_a, bool transpose_b, int m, int n, int k, const void* a, int lda,
+    // C = op(A) op(B), column-major, batched with element strides (cublas<t>gemmStridedBatched;
+    // bf16/f16: f32 accumulation, C rounded once).
+    virtual void gemm(gemm_type type, bool transpose_a, bool transpose_b, int m, int n, int k, const void* a, int lda,
                       long long stride_a, const void* b, int ldb, long long stride_b, void* c, int ldc,
                       long long stride_c, int batch) = 0;
 };

@@ -127,10 +127,13 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
         decltype(all_topo<decltype(grad_nodes<Grads, Seeded>())>()), decltype(grad_nodes<Grads, Seeded>()), type_list<>,
         decltype(saved_reductions<decltype(all_topo<decltype(grad_nodes<Grads, Seeded>())>()), FwdPP>()), T>;
 
-    static constexpr void check_policy() {
-        static_assert(!std::is_same_v<Policy, detect_anomaly>,
+    static void check_policy() {
+        static_assert(!Policy::anomaly,
                       "typegrad: cuda: detect_anomaly checks values on the host; run the step with host "
                       "bindings to use it (docs/cuda.md)");
+        static_assert(!is_reduced_precision_v<storage_t<T>>,
+                      "typegrad: cuda: this step's output is bf16/f16, which the device path does not return yet; "
+                      "end the graph in f32 (tg::cast<float>, or a loss, which autocast computes in f32) (docs/cuda.md)");
     }
 
     // Host bindings mixed with device ones: a run-time device_error before anything runs.
@@ -326,6 +329,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
             using grads = decltype((type_list<>{} + ... + grad_list_of<Args>()));
             using PP = joint_plan<grads>;
             check_calls<PP, true, Args...>();
+            step_type::check_autocast_context();
             typename PP::state_type st{};
             bind_leaves<PP>(st, args...);
             compute_shapes<PP>(st);
@@ -404,6 +408,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                 using grads = decltype((type_list<>{} + ... + grad_list_of<Args>()));
                 using PP = backward_plan<grads, seeded, FwdPP>;
                 check_calls<PP, false, Args...>();
+                step_type::check_autocast_context();
                 typename PP::state_type st{};
                 [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
                     (restore_node<PP, FwdPP, Ns>(st, ctx.state_), ...);

@@ -140,7 +140,7 @@ template <class T> inline constexpr bool is_device_seed_binding_v<device_seed_bi
 template <class T, class Shape>
 class tensor {
     static_assert(is_dtype_v<T> || is_index_type_v<T>,
-                  "typegrad: cuda::tensor<T, Shape> holds float, double, std::int32_t or std::int64_t.");
+                  "typegrad: cuda::tensor<T, Shape> holds float, double, tg::bf16, tg::f16, std::int32_t or std::int64_t.");
     static_assert(typegrad::detail::is_shape_v<Shape>, "typegrad: cuda::tensor<T, Shape> needs a tg::shape<...>.");
 
 public:

@@ -50,6 +50,7 @@ struct node_info {
     bool is_param = false;
     std::size_t elem_size = 0;  // bytes per element as stored
     dtype_code buffer = dtype_code::other;  // the element type of its buffer
+    dtype_code value = dtype_code::other;   // its dtype (a bf16 reduction: value bf16, buffer f32)
     std::size_t extra_bytes = 0;  // kept after the elements (a custom op's saved values)
     std::string_view name{};
 };
@@ -60,6 +61,7 @@ constexpr node_info make_node_info() {
     r.kind = N::kind;
     r.elem_size = sizeof(buffer_t<N>);
     r.buffer = dtype_code_of<buffer_t<N>>();
+    r.value = dtype_code_of<storage_t<typename N::value_type>>();
     r.rank = N::shape_type::rank;
     for (std::size_t i = 0; i < r.rank; ++i) r.ext[i] = N::shape_type::extents[i];
     if constexpr (is_leaf_v<N>) {

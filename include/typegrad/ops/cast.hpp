@@ -82,6 +82,7 @@ struct convert_op : elementwise_op {
     };
     template <class V>
     static V apply(const V& x) { return x; }  // the loop rounds a bf16/f16 result
+    static constexpr const char* device = "{0}";  // so does the CUDA loop (cuda/codegen.hpp)
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X);
 };
