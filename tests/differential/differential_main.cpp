@@ -7,7 +7,8 @@
 // A mismatch prints a reproducer: the graph's C++ text, the smallest sizes that still fail, the
 // inputs. Environment:
 //   TYPEGRAD_DIFF_CASES=<n>   cases to draw (default 1280, both dtypes; a few are skipped)
-//   TYPEGRAD_DIFF_GRAPH=<id>  only this graph
+//   TYPEGRAD_DIFF_GRAPH=<id>  only this graph (ids from 2000: autocast graphs)
+//   TYPEGRAD_DIFF_AUTOCAST_CASES=<n>  autocast cases to draw (default 320; autocast_harness.cpp)
 // Any mismatch fails the run (exit status 1).
 #include <torch/torch.h>
 
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "autocast_registry.hpp"
 #include "graph_registry.hpp"
 
 namespace diff = typegrad_differential;
@@ -327,21 +329,24 @@ int main() {
     const long only = env_long("TYPEGRAD_DIFF_GRAPH", -1);
     if (only >= 0)
         graphs.erase(std::remove_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.id != only; }), graphs.end());
-    if (graphs.empty()) {
+    const long autocast_cases = env_long("TYPEGRAD_DIFF_AUTOCAST_CASES", 320);
+    if (graphs.empty() && only < 2000) {
         std::printf("no graphs\n");
         return 1;
     }
     const long total = env_long("TYPEGRAD_DIFF_CASES", 1280);
-    const long per_graph = std::max(1L, (total + 2 * long(graphs.size()) - 1) / (2 * long(graphs.size())));
+    const long per_graph = graphs.empty() ? 0 : std::max(1L, (total + 2 * long(graphs.size()) - 1) / (2 * long(graphs.size())));
     tally t;
     for (const auto& g : graphs) {
         run_graph<double>(g, per_graph, t);
         run_graph<float>(g, per_graph, t);
     }
+    // autocast graphs (cpu/bf16 against LibTorch's CPU autocast): prints its own summary
+    const long autocast_failures = diff::run_autocast_differential(autocast_cases, only);
     std::printf("\ndifferential: %zu graphs, %ld cases compared (skipped: %ld with a non-finite reference, %ld within "
                 "rounding of a kink), %ld failures; worst error double %.3g (bound %.0e), "
                 "float %.3g (bound %.0e)\n",
                 graphs.size(), t.cases, t.skipped, t.kinks, t.failures, t.worst_f64, rtol_f64, t.worst_f32,
                 rtol_f32);
-    return t.failures == 0 ? 0 : 1;
+    return t.failures == 0 && autocast_failures == 0 ? 0 : 1;
 }

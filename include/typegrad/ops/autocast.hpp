@@ -139,6 +139,12 @@ template <expression X>
 constexpr auto fp32_entry(X x) { return autocast_entry<autocast_class::fp32, autocast_class::fp32>(x); }
 template <expression X>
 constexpr auto fp32_on_cuda_entry(X x) { return autocast_entry<autocast_class::promote, autocast_class::fp32>(x); }
+// The entries of ops on PyTorch's lower-precision lists that are not one matmul node: matmul of
+// two vectors (a fused sum of products) and linear's bias (PyTorch casts all of linear's inputs).
+template <expression X>
+constexpr auto lower_precision_entry(X x) {
+    return autocast_entry<autocast_class::lower_precision, autocast_class::lower_precision>(x);
+}
 
 // ---- the rewrite: one bottom-up pass over the topological order ---------------------------
 // A map from old node types to new ones, looked up by overload resolution against its bases.

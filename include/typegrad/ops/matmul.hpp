@@ -10,6 +10,7 @@
 #include <typegrad/exec/cpu/gemm_half.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/view.hpp>
 
@@ -145,7 +146,9 @@ constexpr auto matmul(A a, B b) {
     if constexpr (SA::rank == 1 && SB::rank == 1) {
         static_assert(SA::extents[0] == dyn || SB::extents[0] == dyn || SA::extents[0] == SB::extents[0],
                       "typegrad: matmul(a, b) of two vectors needs equal lengths.");
-        return sum(a * b);
+        // torch.matmul is on autocast's lower-precision lists whatever the ranks: in a region the
+        // vectors are cast like a GEMM's operands (the products then round to that dtype too).
+        return sum(detail::lower_precision_entry(a) * detail::lower_precision_entry(b));
     } else if constexpr (SA::rank == 1) {
         return squeeze<-2>(matmul(unsqueeze<0>(a), b));
     } else if constexpr (SB::rank == 1) {
@@ -159,12 +162,17 @@ constexpr auto matmul(A a, B b) {
     }
 }
 
-// Inner product of two vectors (fused elementwise, no GEMM).
+// Inner product of two vectors (fused elementwise, no GEMM). Unlike matmul it promotes in an
+// autocast region: torch.dot is on none of PyTorch's autocast lists (LibTorch 1.13: a CPU
+// bf16 region leaves dot of f32 vectors in f32).
 template <expression A, expression B>
 constexpr auto dot(A a, B b) {
     static_assert(A::shape_type::rank == 1 && B::shape_type::rank == 1,
                   "typegrad: dot(a, b) takes two vectors.");
-    return matmul(a, b);
+    static_assert(A::shape_type::extents[0] == dyn || B::shape_type::extents[0] == dyn ||
+                      A::shape_type::extents[0] == B::shape_type::extents[0],
+                  "typegrad: dot(a, b) needs equal lengths.");
+    return sum(a * b);
 }
 
 // x W^T (+ b), as torch.nn.functional.linear: W is (out_features, in_features).
@@ -176,7 +184,8 @@ constexpr auto linear(X x, W w) {
 template <expression X, expression W, expression B>
 constexpr auto linear(X x, W w, B b) {
     static_assert(B::shape_type::rank == 1, "typegrad: linear(x, W, b) needs a 1-D bias.");
-    return linear(x, w) + b;
+    // PyTorch's autocast casts all of linear's inputs, the bias too: a bf16 region's linear is bf16.
+    return linear(x, w) + detail::lower_precision_entry(b);
 }
 
 namespace detail {

@@ -163,6 +163,42 @@ TEST_CASE("op classes per device: fp32 ops widen, promote ops keep their input d
     CHECK(widen(gh) == std::vector<double>{0.5, 0, -1, 0.25});  // 2 (h - t) / 4, back in bf16
 }
 
+TEST_CASE("cpu/bf16 region: vector matmul and linear's bias as LibTorch 1.13, dot promotes", "[autocast]") {
+    // Found by the differential test (docs/reliability.md): torch.matmul of two vectors and
+    // linear with a bias yield bf16 under CPU autocast, torch.dot (on no list) stays f32.
+    constexpr auto v = tg::param<"v", float, tg::shape<2>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<2>>;
+    constexpr auto x = tg::input<"x", float, tg::shape<1, 2>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<1, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<1>>;
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::autocast<tg::cpu_bf16>(tg::matmul(v, u)))::value_type, bf16>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::autocast<tg::cpu_bf16>(tg::dot(v, u)))::value_type, float>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::autocast<tg::cpu_bf16>(tg::linear(x, w, b)))::value_type, bf16>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::matmul(v, u))::value_type, float>);  // no region: f32
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::linear(x, w, b))::value_type, float>);
+    // v = [1 + 2^-8, 3], u = [1, 1]: in bf16 1 + 2^-8 rounds to 1, so matmul gives 4 where dot
+    // (and matmul outside a region) gives 4.00390625; gradients of f32 leaves come back in f32.
+    const std::vector<float> vs{1.0f + 1.0f / 256, 3.0f}, us{1.0f, 1.0f};
+    std::vector<float> gv(2), gu(2);
+    auto mm = tg::compile(tg::autocast<tg::cpu_bf16>(tg::matmul(v, u)), tg::wrt(v, u));
+    CHECK(double(mm.value_and_grad(tg::bind(v, vs), tg::bind(u, us), tg::grad_into(v, gv), tg::grad_into(u, gu))) == 4.0);
+    CHECK(widen(gv) == std::vector<double>{1.0, 1.0});
+    CHECK(widen(gu) == std::vector<double>{1.0, 3.0});  // the saved bf16 v: 1 + 2^-8 -> 1
+    auto d = tg::compile(tg::autocast<tg::cpu_bf16>(tg::dot(v, u)), tg::wrt(v, u));
+    CHECK(double(d.value_and_grad(tg::bind(v, vs), tg::bind(u, us), tg::grad_into(v, gv), tg::grad_into(u, gu))) ==
+          4.00390625);
+    CHECK(widen(gu) == std::vector<double>{1.00390625, 3.0});
+    // linear: x is cast to bf16 (1 + 2^-8 -> 1), x w^T = 4; the bias 2^-7 is cast to bf16 (exact)
+    // and the bf16 sum 4 + 2^-7 rounds to 4 (bf16 spacing at 4 is 2^-5); in f32 it would be 4.01171875.
+    const std::vector<float> ws{1.0f, 1.0f}, bs{1.0f / 128};
+    std::vector<float> gw(2), gb(1);
+    auto lin = tg::compile(tg::autocast<tg::cpu_bf16>(tg::sum(tg::linear(x, w, b))), tg::wrt(w, b));
+    CHECK(double(lin.value_and_grad(tg::bind(x, vs), tg::bind(w, ws), tg::bind(b, bs), tg::grad_into(w, gw),
+                                    tg::grad_into(b, gb))) == 4.0);
+    CHECK(widen(gb) == std::vector<double>{1.0});
+    CHECK(widen(gw) == std::vector<double>{1.0, 3.0});
+}
+
 TEST_CASE("backward autocast policies: the issue's worked example", "[autocast]") {
     constexpr auto x = tg::param<"x", float, tg::shape<1, 2>>;
     constexpr auto w = tg::param<"W", float, tg::shape<2, 1>>;
@@ -371,9 +407,12 @@ TEST_CASE("bf16 vs f32 error on the documented layer (docs/autocast.md)", "[auto
     double err_w = 0, err_b = 0;
     for (std::size_t i = 0; i < gw1.size(); ++i) err_w = std::max(err_w, double(std::fabs(gw1[i] - gw2[i])));
     for (std::size_t i = 0; i < gb1.size(); ++i) err_b = std::max(err_b, double(std::fabs(gb1[i] - gb2[i])));
-    // measured: loss -36.0034 vs -36.0581, max abs error 0.041 (grad W, |grad W| <= 12.5), 0.016 (grad b)
-    CHECK(std::fabs(l1 - l2) < 0.1);
+    // measured: loss -36.0034 vs -36 (a bf16 loss: its spacing at 36 is 0.25), max abs error 0.045
+    // (grad W, |grad W| <= 12.5) and 0.14 (grad b, |grad b| <= 58.4: a sum of 64 bf16 rows), both
+    // about 3e-3 relative. The whole layer runs in bf16 since linear's bias is cast as in PyTorch
+    // (before, bias add and tanh ran in f32: 0.041 and 0.016).
+    CHECK(std::fabs(l1 - l2) < 0.25);
     CHECK(std::fabs(l1 - l2) > 0);  // bf16 did run
     CHECK(err_w < 0.1);
-    CHECK(err_b < 0.05);
+    CHECK(err_b < 0.3);
 }

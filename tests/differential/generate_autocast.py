@@ -1,0 +1,465 @@
+#!/usr/bin/env python3
+"""Writes tests/differential/generated/autocast_<k>.cpp: random typegrad graphs evaluated under
+tg::autocast<tg::cpu_bf16>, for the differential test against LibTorch's CPU autocast (bf16)
+(see docs/reliability.md). Rerun after changing this script and commit the result:
+
+    python3 tests/differential/generate_autocast.py
+
+Graphs are built around the ops whose dtype autocast decides: matmul of matrices and vectors
+(transposed operands too), linear with and without bias (lower precision), mse_loss and
+binary_cross_entropy_with_logits (fp32), and the promote ops of generate.py (elementwise math,
+masks, where, reductions, log_sum_exp, softmax, log_softmax) mixing their f32 and bf16 results.
+Leaves are f32 or bf16. Some matmuls of leaves sit in a nested disabled region (they run in f32,
+their backward under the step's policy). Each graph is compiled twice: with the default backward
+policy (same_as_forward) and with backward_autocast::off. The generated function reports, for
+every node of the line program, the dtype typegrad gives it in the region, so that the harness
+compares dtypes op by op against LibTorch's.
+"""
+import pathlib
+import random
+
+import generate as g
+
+SEED = 20261124
+GRAPHS = 40
+FIRST_ID = 2000
+UNITS = 4
+LEAF_NAMES = "abcdef"
+UNARY = ["neg", "exp", "log", "sqrt", "square", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "powc"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
+REDUCE = ["sum", "mean", "max", "min", "lse"]
+DISABLED = "tg::autocast_disabled<tg::cpu>"
+
+
+def cpp_dtype(dt):
+    return "float" if dt == "f32" else "tg::bf16"
+
+
+def compatible(*shapes):
+    """Whether the shapes broadcast (right-aligned: equal extents, or one of them 1)."""
+    r = max(len(x) for x in shapes)
+    padded = [(1,) * (r - len(x)) + tuple(x) for x in shapes]
+    for axis in zip(*padded):
+        sizes = {e for e in axis if e != 1}
+        if len(sizes) > 1:
+            return False
+    return True
+
+
+def promote(a, b):
+    """typegrad's promotion in the float family (f32 wins), ranks ignored."""
+    return "f32" if "f32" in (a, b) else "bf16"
+
+
+class Graph(g.Graph):
+    """A generate.Graph whose nodes also carry the dtype they have in a cpu/bf16 region, as
+    typegrad decides it (the harness checks each against LibTorch)."""
+
+    def __init__(self, gid, rng):
+        self.dtypes = []
+        self.disabled_texts = set()
+        super().__init__(gid, rng)
+
+    def add(self, op, args, shape, lo, hi, text, program_line):
+        k = super().add(op, args, shape, lo, hi, text, program_line)
+        self.dtypes.append(self.pending_dtype)
+        return k
+
+    def make_leaves(self):
+        rng = self.rng
+        dims = [("d%d" % i) if rng.random() < 0.6 else rng.choice([2, 3, 4, 5]) for i in range(3)]
+        self.vars = sum(isinstance(d, str) for d in dims)
+        # renumber the dynamic dims 0.. in order (the harness draws vars[k] for "dk")
+        names, k = {}, 0
+        for i, d in enumerate(dims):
+            if isinstance(d, str):
+                names[i] = "d%d" % k
+                k += 1
+        dims = [names.get(i, d) for i, d in enumerate(dims)]
+        n, kk, m = dims
+        shapes = [(n, kk), (kk, m), (m, kk), (m,), (kk,), (n, m), (n, kk), (kk,), (m,), (1, m)]
+        count = rng.choice([3, 4, 4, 5, 6])
+        picked = [shapes[0]] + rng.sample(shapes[1:], count - 1)
+        for i, shape in enumerate(picked):
+            param = i == 0 or rng.random() < 0.7
+            dt = "bf16" if rng.random() < 0.25 else "f32"
+            lo, hi = (0.25, 2.0) if rng.random() < 0.35 else (-2.0, 2.0)
+            name = LEAF_NAMES[i]
+            self.leaves.append((name, param, tuple(shape), lo, hi, dt))
+            ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
+            kind = "param" if param else "input"
+            self.lines.append('constexpr auto %s = tg::%s<"%s", %s, tg::shape<%s>>;' % (name, kind, name, cpp_dtype(dt), ext))
+            self.pending_dtype = dt
+            self.add("leaf", [i], tuple(shape), lo, hi, name, "leaf %d %s" % (i, dt))
+
+    def node_dtype(self, n):
+        return self.dtypes[self.nodes.index(n)]
+
+    def try_matmul(self):
+        rng = self.rng
+        a, b = self.nodes[self.pick()], self.nodes[rng.randrange(len(self.nodes))]
+        if rng.random() < 0.5:
+            a, b = b, a
+        sa, sb = a.shape, b.shape
+        if not sa or not sb:
+            return False
+        kind = rng.choice(["matmul", "matmul", "matmul_t", "linear", "linear_b"])
+        if kind in ("linear", "linear_b"):
+            # linear(x, W[, bias]): W is (out, in); the bias is a vector leaf or node of length out
+            if len(sb) != 2 or sa[-1] != sb[1]:
+                return False
+            shape = sa[:-1] + (sb[0],)
+            terms = [sa[-1]]
+            bias = None
+            if kind == "linear_b":
+                cands = [x for x in self.nodes if x.shape == (sb[0],)]
+                if not cands:
+                    return False
+                bias = rng.choice(cands)
+        elif kind == "matmul_t":
+            if len(sb) != 2 or sa[-1] != sb[1]:
+                return False
+            shape = sa[:-1] + (sb[0],)
+        else:
+            inner_b = sb[0] if len(sb) == 2 else sb[0]
+            if sa[-1] != inner_b:
+                return False
+            shape = sa[:-1] + (sb[1:] if len(sb) == 2 else ())
+        inner = sa[-1]
+        n_in = g.MAX_DYN if isinstance(inner, str) else inner
+        mag = max(abs(a.lo), abs(a.hi)) * max(abs(b.lo), abs(b.hi)) * n_in
+        lo, hi = -mag, mag
+        ai, bi = self.nodes.index(a), self.nodes.index(b)
+        # (a disabled region runs the op in its inputs' dtype: LibTorch's mm then needs one dtype)
+        disabled = (a.op == "leaf" and b.op == "leaf" and self.node_dtype(a) == self.node_dtype(b)
+                    and rng.random() < 0.3)
+        if kind == "matmul":
+            text, line = "tg::matmul(%s, %s)" % (a.text, b.text), "matmul %d %d" % (ai, bi)
+        elif kind == "matmul_t":
+            text, line = "tg::matmul(%s, tg::transpose(%s))" % (a.text, b.text), "matmul_t %d %d" % (ai, bi)
+        elif kind == "linear":
+            text, line = "tg::linear(%s, %s)" % (a.text, b.text), "linear %d %d" % (ai, bi)
+        else:
+            ci = self.nodes.index(bias)
+            text, line = "tg::linear(%s, %s, %s)" % (a.text, b.text, bias.text), "linear %d %d %d" % (ai, bi, ci)
+            mb = max(abs(bias.lo), abs(bias.hi))
+            lo, hi = lo - mb, hi + mb
+            disabled = disabled and bias.op == "leaf" and self.node_dtype(bias) == self.node_dtype(a)
+        if disabled:
+            # A nested region over leaves only: a node shared with the outside would run under
+            # the nested spec everywhere (one type), which eager PyTorch does not do.
+            self.disabled_texts.add(text)
+            text, line = "tg::autocast<%s>(%s)" % (DISABLED, text), "off " + line
+            dt = self.node_dtype(a)
+        elif text in self.disabled_texts:
+            return False
+        else:
+            dt = "bf16"
+        self.pending_dtype = dt
+        self.emit(kind, [], shape, (lo, hi), text, line)
+        return True
+
+    def try_loss(self):
+        rng = self.rng
+        a = self.nodes[self.pick()]
+        same = [x for x in self.nodes if x.shape == a.shape and x is not a]
+        if not same:
+            return False
+        b = rng.choice(same)
+        ai, bi = self.nodes.index(a), self.nodes.index(b)
+        if rng.random() < 0.5:
+            span = max(abs(a.lo), abs(a.hi), abs(b.lo), abs(b.hi))
+            self.pending_dtype = "f32"
+            self.emit("mse", [], (), (0.0, 4 * span * span), "tg::mse_loss(%s, %s)" % (a.text, b.text), "mse %d %d" % (ai, bi))
+            return True
+        if b.lo < 0 or b.hi > 1:  # targets: probabilities
+            return False
+        span = max(abs(a.lo), abs(a.hi))
+        self.pending_dtype = "f32"
+        self.emit("bce", [], (), (0.0, span + 1), "tg::binary_cross_entropy_with_logits(%s, %s)" % (a.text, b.text),
+                  "bce %d %d" % (ai, bi))
+        return True
+
+    def try_softmax(self):
+        a = self.nodes[self.pick()]
+        if not a.shape:
+            return False
+        ai = self.nodes.index(a)
+        self.pending_dtype = self.node_dtype(a)
+        if self.rng.random() < 0.5:
+            self.emit("softmax", [], a.shape, (0.0, 1.0), "tg::softmax(%s)" % a.text, "softmax %d" % ai)
+        else:
+            n = g.numel_bound(a.shape[-1:])
+            span = (a.hi - a.lo) + g.math.log(n)
+            self.emit("log_softmax", [], a.shape, (-span, 0.0), "tg::log_softmax(%s)" % a.text, "log_softmax %d" % ai)
+        return True
+
+    def try_op(self):
+        rng = self.rng
+        kind = rng.choices(["matmul", "unary", "binary", "mask", "where", "reduce", "loss", "softmax"],
+                           [5, 6, 6, 1, 1, 2, 2, 1])[0]
+        if kind == "matmul":
+            return self.try_matmul()
+        if kind == "loss":
+            return self.try_loss()
+        if kind == "softmax":
+            return self.try_softmax()
+        # the promote ops: the parent's generator, with the dtype typegrad's promotion gives
+        before = len(self.nodes)
+        return self.try_promote_op(kind) and len(self.nodes) > before
+
+    def try_promote_op(self, kind):
+        rng = self.rng
+        a = self.nodes[self.pick()]
+        ai = self.nodes.index(a)
+        if kind == "unary":
+            op = rng.choice(UNARY)
+            c = rng.choice([0.5, 1.5, 2.5, -0.5, -1.0, 3.0]) if op == "powc" else None
+            bounds = g.interval(op, a, c=c)
+            if bounds is None:
+                return False
+            if op == "neg":
+                text, line = "-%s" % a.text, "neg %d" % ai
+            elif op == "powc":
+                text, line = "tg::pow(%s, tg::lit<%s>)" % (a.text, g.cpp_num(c)), "powc %d %s" % (ai, repr(c))
+            else:
+                text, line = "%s(%s)" % (g.CPP_UNARY[op], a.text), "%s %d" % (op, ai)
+            self.pending_dtype = self.node_dtype(a)
+            self.emit(op, [ai], a.shape, bounds, text, line)
+            return True
+        if kind == "reduce":
+            if a.shape == ():
+                return False
+            op = rng.choice(REDUCE)
+            self.pending_dtype = self.node_dtype(a)
+            self.emit(op, [ai], (), g.interval(op, a), "%s(%s)" % (g.CPP_UNARY[op], a.text), "%s %d" % (op, ai))
+            return True
+        if kind == "where":
+            x, y = self.nodes[self.pick()], self.nodes[self.pick()]
+            cond = rng.choice(g.MASKS)
+            v, w = self.nodes[self.pick()], self.nodes[self.pick()]
+            if not compatible(x.shape, y.shape, v.shape, w.shape):
+                return False
+            shape = g.broadcast(g.broadcast(g.broadcast(x.shape, y.shape), v.shape), w.shape)
+            if len(shape) > 2:
+                return False
+            ids = [self.nodes.index(n) for n in (x, y, v, w)]
+            text = "tg::where(%s(%s, %s), %s, %s)" % (g.CPP_BINFN[cond], x.text, y.text, v.text, w.text)
+            # the mask has its operands' dtype; where promotes mask and both values
+            dt = promote(promote(self.node_dtype(x), self.node_dtype(y)), promote(self.node_dtype(v), self.node_dtype(w)))
+            self.pending_dtype = dt
+            self.emit("where", ids, shape, g.hull((v.lo, v.hi), (w.lo, w.hi)), text, "where_%s %d %d %d %d" % (cond, *ids))
+            return True
+        use_const = rng.random() < 0.25
+        b = self.constant() if use_const else self.nodes[self.pick()]
+        op = rng.choice(g.MASKS) if kind == "mask" else rng.choice(BINARY)
+        swap = use_const and rng.random() < 0.4
+        left, right = (b, a) if swap else (a, b)
+        bounds = g.interval(op, left, right)
+        if bounds is None:
+            return False
+
+        def ref(n):
+            return "c%s" % repr(n.lo) if n.op == "const" else str(self.nodes.index(n))
+
+        def dt_of(n):
+            return None if n.op == "const" else self.node_dtype(n)
+
+        if not compatible(left.shape, right.shape):
+            return False
+        shape = g.broadcast(left.shape, right.shape)
+        if len(shape) > 2:
+            return False
+        dts = [d for d in (dt_of(left), dt_of(right)) if d]
+        dt = dts[0] if len(dts) == 1 else promote(*dts)
+        if op in g.CPP_BINOP:
+            text = "(%s %s %s)" % (left.text, g.CPP_BINOP[op], right.text)
+        else:
+            text = "%s(%s, %s)" % (g.CPP_BINFN[op], left.text, right.text)
+        if kind == "mask":
+            other = self.nodes[self.pick()]
+            if not compatible(shape, other.shape):
+                return False
+            shape = g.broadcast(shape, other.shape)
+            if len(shape) > 2:
+                return False
+            text = "(%s * %s)" % (text, other.text)
+            oi = self.nodes.index(other)
+            self.pending_dtype = promote(dt, self.node_dtype(other))
+            self.emit("mask", [], shape, g.hull((0.0, 0.0), (min(0.0, other.lo), max(0.0, other.hi))), text,
+                      "mask_%s %s %s %d" % (op, ref(left), ref(right), oi))
+            return True
+        self.pending_dtype = dt
+        self.emit(op, [], shape, bounds, text, "%s %s %s" % (op, ref(left), ref(right)))
+        return True
+
+    def make(self):
+        self.make_leaves()
+        target = self.rng.randint(3, 8)
+        # every graph has a matmul (or linear) at least: the ops autocast lowers
+        for _ in range(100):
+            if self.try_matmul():
+                break
+        tries = 0
+        while len(self.nodes) - len(self.leaves) < target and tries < 300:
+            tries += 1
+            self.try_op()
+        last = self.nodes[-1]
+        parts = []
+        second = ([self.nodes[self.rng.randrange(len(self.leaves), len(self.nodes))]]
+                  if self.rng.random() < 0.5 and len(self.nodes) > len(self.leaves) else [])
+        # the loss reads a matmul: if the last node does not, the loss adds the latest matmul
+        matmuls = [k for k, n in enumerate(self.nodes) if n.op in ("matmul", "matmul_t", "linear", "linear_b")]
+        if matmuls and not any(k in self.ancestors(len(self.nodes) - 1) for k in matmuls):
+            second = [self.nodes[matmuls[-1]]]
+        for n in [last] + second:
+            if n.shape == () and n.op not in ("leaf",):
+                parts.append(n)
+                continue
+            op = self.rng.choice(REDUCE)
+            self.pending_dtype = self.node_dtype(n)
+            self.emit(op, [], (), g.interval(op, n), "%s(%s)" % (g.CPP_UNARY[op], n.text),
+                      "%s %d" % (op, self.nodes.index(n)), force=True)
+            parts.append(self.nodes[-1])
+        if len(parts) == 2:
+            a, b = parts
+            self.pending_dtype = promote(self.node_dtype(a), self.node_dtype(b))
+            self.emit("add", [], (), g.interval("add", a, b), "(%s + %s)" % (a.text, b.text),
+                      "add %d %d" % (self.nodes.index(a), self.nodes.index(b)), force=True)
+        self.loss = self.nodes[-1].text
+
+    def ancestors(self, k):
+        seen, todo = set(), [k]
+        while todo:
+            j = todo.pop()
+            if j in seen:
+                continue
+            seen.add(j)
+            tok = self.program[j].split()
+            if tok[0] == "off":
+                tok = tok[1:]
+            if tok[0] != "leaf":
+                todo += [int(t) for t in tok[1:] if t.lstrip("-").isdigit()]
+        return seen
+
+    def emit(self, op, args, shape, bounds, text, line, force=False):
+        lo, hi = bounds
+        if max(abs(lo), abs(hi)) > 1e3 and not force:
+            return
+        name = "e%d" % len(self.nodes)
+        self.lines.append("constexpr auto %s = %s;" % (name, text))
+        self.add(op, args, shape, lo, hi, name, line)
+
+    def prune(self):
+        refs = []
+        for line in self.program:
+            tok = line.split()
+            if tok[0] == "off":
+                tok = tok[1:]
+            refs.append([] if tok[0] == "leaf" else [int(t) for t in tok[1:] if t.lstrip("-").isdigit()])
+        keep = {len(self.nodes) - 1}
+        for k in range(len(self.nodes) - 1, -1, -1):
+            if k in keep:
+                keep.update(refs[k])
+        self.used_leaves = {k for k in keep if k < len(self.leaves)}
+        keep |= set(range(len(self.leaves)))
+        new_id = {old: new for new, old in enumerate(sorted(keep))}
+        program, lines, dtypes = [], [], []
+        for k in sorted(keep):
+            tok = self.program[k].split()
+            if tok[0] != "leaf":
+                tok = [t if (not t.lstrip("-").isdigit() or t in ("off",)) else str(new_id[int(t)]) for t in tok]
+            program.append(" ".join(tok))
+            lines.append(self.lines[k])
+            dtypes.append(self.dtypes[k])
+        self.program, self.lines, self.dtypes = program, lines, dtypes
+        self.kept = sorted(keep)
+
+    def cpp(self):
+        gid = self.gid
+        self.prune()
+        params = [l[0] for l in self.leaves if l[1]]
+        binds = []
+        convs = []
+        for i, (name, param, shape, _, _, dt) in enumerate(self.leaves):
+            ext = ", ".join("ext[%d][%d]" % (i, a) for a in range(len(shape)))
+            if i in self.used_leaves or param:
+                convs.append("    const auto in%d = narrow<%s>(in[%d]);" % (i, cpp_dtype(dt), i))
+                binds.append("tg::bind(%s, in%d, {%s})" % (name, i, ext))
+        grads, gbufs, gback = [], [], []
+        k = 0
+        for i, (name, param, shape, _, _, dt) in enumerate(self.leaves):
+            if param:
+                gbufs.append("    std::vector<%s> g%d(in[%d].size());" % (cpp_dtype(dt), k, i))
+                grads.append("tg::grad_into(%s, g%d)" % (name, k))
+                gback.append("    grad[%d] = widen(g%d);" % (k, k))
+                k += 1
+        body = []
+        for j, l in enumerate(self.lines):
+            unused = j < len(self.leaves) and j not in self.used_leaves and not self.leaves[j][1]
+            body.append("    " + ("[[maybe_unused]] " if unused else "") + l)
+        body.append("    constexpr auto loss = tg::autocast<tg::cpu_bf16>(%s);" % self.loss)
+        # the dtype of every program node in the region, leaves included (a node of the region
+        # is the same type as the region over that node alone: the rewrite is bottom-up)
+        names = []
+        for j, l in enumerate(self.lines):
+            var = l.split("constexpr auto ")[1].split(" ")[0]
+            names.append(var)
+        dts = ", ".join("region_dtype(%s)" % v for v in names)
+        body.append("    if (dtypes != nullptr) {")
+        body.append("        *dtypes = {%s};" % dts)
+        body.append("        return 0;")
+        body.append("    }")
+        body += convs
+        body += gbufs
+        call = "step.value_and_grad(%s, %s)" % (", ".join(binds), ", ".join(grads))
+        body.append("    auto run = [&](const auto& step) { return double(%s); };" % call)
+        body.append("    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(%s)))"
+                    % ", ".join(params))
+        body.append("                                          : run(tg::compile(loss, tg::wrt(%s)));" % ", ".join(params))
+        body += gback
+        body.append("    return v;")
+        fn = ["double autocast_graph_%d(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,"
+              % gid,
+              "                         std::vector<std::string_view>* dtypes) {"]
+        if "ext[" not in call:
+            body.insert(0, "    (void)ext;")
+        fn += body + ["}"]
+        text = "\n".join(self.lines + ["constexpr auto loss = tg::autocast<tg::cpu_bf16>(%s);" % self.loss])
+        leaves = []
+        for name, param, shape, lo, hi, dt in self.leaves:
+            ext = ", ".join(str(-1 - int(e[1:])) if isinstance(e, str) else str(e) for e in shape)
+            leaves.append('{"%s", %s, %d, {%s}, %s, %s}' % (name, "true" if param else "false", len(shape), ext,
+                                                             g.cpp_num(lo), g.cpp_num(hi)))
+        reg = ("    r.push_back({%d, %d, %s,\n                %s,\n                {%s},\n"
+               "                &autocast_graph_%d});"
+               % (gid, self.vars, g.c_string(text), g.c_string("\n".join(self.program)), ", ".join(leaves), gid))
+        return "\n".join(fn), reg
+
+
+def main():
+    out = pathlib.Path(__file__).resolve().parent / "generated"
+    out.mkdir(exist_ok=True)
+    graphs = [Graph(FIRST_ID + k, random.Random(SEED * 1000 + k)) for k in range(GRAPHS)]
+    for u in range(UNITS):
+        mine = [x for x in graphs if (x.gid - FIRST_ID) % UNITS == u]
+        fns, regs = zip(*(x.cpp() for x in mine))
+        src = ["// Generated by tests/differential/generate_autocast.py: do not edit.",
+               "#include \"autocast_registry.hpp\"",
+               "",
+               "namespace tg = typegrad;",
+               "",
+               "namespace typegrad_differential {",
+               "namespace {",
+               ""]
+        src += [f + "\n" for f in fns]
+        src += ["const bool registered = [] {",
+                "    auto& r = autocast_registry();"]
+        src += list(regs)
+        src += ["    return true;", "}();", "", "}  // namespace", "}  // namespace typegrad_differential", ""]
+        (out / ("autocast_%d.cpp" % u)).write_text("\n".join(src))
+    print("wrote %d autocast graphs in %d units to %s" % (GRAPHS, UNITS, out))
+
+
+if __name__ == "__main__":
+    main()
