@@ -40,6 +40,36 @@ struct double_the_gradient {
     V operator()(const V& g) const { return g * V(2); }
 };
 
+// A custom op with device implementations beside its host ones: y = x * w * w (elementwise),
+// dx = g * w * w, dw = 2 g x w. Each device body is the inside of a kernel (docs/cuda.md).
+struct weighted_square {
+    template <class Ctx>
+    static void forward(Ctx& ctx) {
+        auto [x, w] = ctx.inputs();
+        auto y = ctx.output();
+        for (std::size_t i = 0; i < y.size(); ++i) y[i] = x[i] * w[i] * w[i];
+    }
+    template <class Ctx>
+    static void backward(Ctx& ctx) {
+        auto [x, w] = ctx.inputs();
+        auto g = ctx.grad_output();
+        auto [gx, gw] = ctx.grad_inputs();
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            gx[i] = g[i] * w[i] * w[i];
+            gw[i] = 2 * g[i] * x[i] * w[i];
+        }
+    }
+    static constexpr const char* device_forward = R"(
+        for (tg_i64 i = tg_thread; i < n; i += tg_threads) out[i] = in0[i] * in1[i] * in1[i];
+    )";
+    static constexpr const char* device_backward = R"(
+        for (tg_i64 i = tg_thread; i < n; i += tg_threads) {
+            grad_in0[i] = grad_out[i] * in1[i] * in1[i];
+            grad_in1[i] = (T)2 * grad_out[i] * in0[i] * in1[i];
+        }
+    )";
+};
+
 template <class F>
 void for_each_graph(F&& f) {
     using tg::lit;
@@ -111,6 +141,9 @@ void for_each_graph(F&& f) {
       tg::compile(tg::autocast<tg::cuda_f16>(tg::cross_entropy(tg::linear(tg::relu(tg::linear(X, W1, b1)), W2, b2), labels)),
                   tg::wrt(W1, b1, W2, b2)));
     f("autocast_cuda_bf16", tg::compile(tg::autocast<tg::cuda_bf16>(tg::sum(tg::exp(tg::matmul(A, M)))), tg::wrt(A, M)));
+    // a custom op with device implementations, inside fused code on both sides
+    f("custom_device", tg::compile(tg::sum(tg::square(tg::custom<weighted_square>(tg::exp(A), B)) + A), tg::wrt(A, B)));
+    f("custom_device_f64", tg::compile(tg::sum(tg::custom<weighted_square>(D, D * D)), tg::wrt(D)));
     // hooks
     f("hook_device", tg::compile(tg::sum(tg::square(tg::hook(A, double_the_gradient{}))), tg::wrt(A)));
     f("retain_grad", tg::compile(tg::sum(tg::square(tg::retain_grad(A) * B)), tg::wrt(A, B)));

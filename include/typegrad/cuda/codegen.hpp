@@ -55,6 +55,28 @@ struct op_device_expr<td::hook_apply_op<F>> {
     }();
 };
 
+// A custom op runs on the device when it gives CUDA statements for its forward and backward
+// (`static constexpr const char* device_forward = "...";`, `device_backward`): the body of a
+// kernel, see docs/cuda.md "Custom ops on the device".
+template <class Op>
+struct op_device_expr<td::custom_forward_op<Op>> {
+    static constexpr const char* value = [] {
+        if constexpr (requires { Op::device_forward; }) return static_cast<const char*>(Op::device_forward);
+        else return static_cast<const char*>(nullptr);
+    }();
+};
+template <class Op>
+struct op_device_expr<td::custom_backward_op<Op>> {
+    static constexpr const char* value = [] {
+        if constexpr (requires { Op::device_backward; }) return static_cast<const char*>(Op::device_backward);
+        else return static_cast<const char*>(nullptr);
+    }();
+};
+inline bool is_custom_node(const node_info& n) {
+    return n.kind == op_kind::kernel && (n.name == "custom" || n.name == "custom_backward");
+}
+inline std::string custom_kernel_name(std::size_t n) { return std::string("tg_custom_") + std::to_string(n); }
+
 // Leaves and constants have no op.
 template <class N>
 struct node_op {
@@ -674,13 +696,57 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
          "*)w); }\n#endif\n\n";
 }
 
-// The whole module of a plan: the prelude and one kernel per loop group.
+// A custom op's kernel: the op's statements inside a kernel that names its operands. Parameter
+// words: forward out, n, then (in_k, n_k) per input; backward grad_out, n, out, n, then
+// (in_k, n_k) and grad_in_k per input (the gradients are zeroed before the launch).
+inline void emit_custom(std::string& s, const plan_view& pv, std::size_t n) {
+    const node_info& ni = pv.info[n];
+    const bool backward = ni.name == "custom_backward";
+    const std::size_t inputs = ni.arity - (backward ? 2 : 0);
+    const char* T = ni.value == td::dtype_code::f64 ? "double" : "float";
+    auto W = [](std::size_t i) { return std::string("p.w[") + std::to_string(i) + "]"; };
+    s += std::string("// custom op, node ") + std::to_string(n) + (backward ? " (backward)\n" : " (forward)\n");
+    s += "struct " + custom_kernel_name(n) + "_args { tg_u64 w[16]; };\n";
+    s += "extern \"C\" __global__ void __launch_bounds__(TG_BLOCK) " + custom_kernel_name(n) + "(const " +
+         custom_kernel_name(n) + "_args p) {\n";
+    s += std::string("    typedef ") + T + " T;\n";
+    s += "    const tg_i64 tg_thread = blockIdx.x * (tg_i64)blockDim.x + threadIdx.x, tg_threads = (tg_i64)gridDim.x * blockDim.x;\n";
+    std::size_t w = 0;
+    auto word = [&](const std::string& declaration) {  // "T* out = (T*)" -> that plus the next word
+        s += "    " + declaration + W(w) + ";\n";
+        ++w;
+    };
+    if (backward) {
+        word("const T* grad_out = (const T*)");
+        word("const tg_i64 n = (tg_i64)");
+        word("const T* out = (const T*)");
+        word("(void)");
+    } else {
+        word("T* out = (T*)");
+        word("const tg_i64 n = (tg_i64)");
+    }
+    for (std::size_t k = 0; k < inputs; ++k) {
+        const std::string i = std::to_string(k);
+        word("const T* in" + i + " = (const T*)");
+        word("const tg_i64 n" + i + " = (tg_i64)");
+        if (backward) word("T* grad_in" + i + " = (T*)");
+    }
+    for (std::size_t k = 0; k < inputs; ++k) s += "    (void)n" + std::to_string(k) + ";\n";
+    s += "    (void)tg_thread; (void)tg_threads; (void)n; (void)out;\n";
+    s += std::string("    {\n") + pv.device[n] + "\n    }\n}\n";
+    s += "#ifdef TG_EMULATION\nextern \"C\" void " + custom_kernel_name(n) + "_host(const void* w) { " + custom_kernel_name(n) +
+         "(*(const " + custom_kernel_name(n) + "_args*)w); }\n#endif\n\n";
+}
+
+// The whole module of a plan: the prelude, one kernel per loop group, one per custom op.
 inline std::string generate_source(const plan_view& pv) {
     std::string s = prelude();
     for (std::size_t L = 0; L < pv.loop_count; ++L) {
         const auto groups = loop_groups(pv, L);
         for (std::size_t gi = 0; gi < groups.size(); ++gi) emit_group(s, pv, groups[gi], gi);
     }
+    for (std::size_t n = 0; n < pv.node_count; ++n)
+        if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) emit_custom(s, pv, n);
     return s;
 }
 template <class PP>

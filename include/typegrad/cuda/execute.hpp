@@ -43,9 +43,20 @@ constexpr void check_node_on_device() {
                       "hook runs on the device only when its function object declares one, e.g. "
                       "`static constexpr const char* device = \"{0} + (T)10\";` (docs/cuda.md)");
     } else if constexpr (N::kind == op_kind::kernel) {
-        static_assert(!td::custom_kernel_info<N>::is_custom,
-                      "typegrad: cuda: custom ops (tg::custom) run host code and cannot run on the device; "
-                      "evaluate this step with host bindings (docs/cuda.md)");
+        if constexpr (td::custom_kernel_info<N>::is_custom) {
+            using op = typename td::custom_kernel_info<N>::op;
+            static_assert(op_device_expr<typename N::op>::value != nullptr,
+                          "typegrad: cuda: a custom op (tg::custom) of this graph has no device implementation; "
+                          "give it `static constexpr const char* device_forward` and `device_backward` (CUDA "
+                          "statements, docs/cuda.md) or evaluate this step with host bindings");
+            static_assert(td::saved_of<op>::bytes == 0 && std::is_same_v<td::forward_mutations_t<op>, mutation_list<>> &&
+                              std::is_same_v<td::backward_mutations_t<op>, mutation_list<>>,
+                          "typegrad: cuda: a custom op with saved values or declared mutations runs on the host "
+                          "only; evaluate this step with host bindings (docs/cuda.md)");
+            static_assert(std::is_same_v<storage_t<typename N::value_type>, float> ||
+                              std::is_same_v<storage_t<typename N::value_type>, double>,
+                          "typegrad: cuda: a custom op runs on the device in f32 or f64 only (docs/cuda.md)");
+        }
         if constexpr (is_cast_v<typename N::op> || is_one_hot_v<typename N::op>)
             static_assert(!is_reduced_precision_v<storage_t<typename N::value_type>> &&
                               !is_reduced_precision_v<storage_t<typename td::type_at_t<0, typename N::children>::value_type>>,
@@ -111,6 +122,7 @@ struct compiled_module {
     std::vector<std::vector<group_desc>> groups;       // [loop][group]
     std::vector<std::vector<CUfunction>> functions;    // [loop][group]
     std::array<CUfunction, prelude_fn_count> prelude{};
+    std::vector<CUfunction> custom;                    // [node]: a custom op's kernel, or null
 };
 
 // The virtual architecture NVRTC targets for the device in use.
@@ -151,6 +163,10 @@ const compiled_module& module_for() {
             for (std::size_t g = 0; g < c.groups.back().size(); ++g) c.functions.back().push_back(get(kernel_name(L, g)));
         }
         for (std::size_t i = 0; i < prelude_fn_count; ++i) c.prelude[i] = get(prelude_names[i]);
+        const plan_view pv = view_of<PP>();
+        c.custom.assign(PP::M, nullptr);
+        for (std::size_t n = 0; n < PP::M; ++n)
+            if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) c.custom[n] = get(custom_kernel_name(n));
         return c;
     }();
     return m;
@@ -516,6 +532,35 @@ private:
             const std::size_t fn = is_reduced_precision_v<S> ? slice_backward_b16
                                    : std::is_same_v<T, float> ? slice_backward_f32 : slice_backward_f64;
             if (n) launch(m.prelude[fn], grid_for(n), 1, w);
+        } else if constexpr (td::custom_kernel_info<node>::is_custom) {
+            // the op's kernel: operands as in emit_custom; a grid covering the largest operand
+            std::uint64_t w[16] = {};
+            std::size_t word = 0, most = n;
+            auto numel = [](const td::tensor_ref& r) {
+                std::size_t e = 1;
+                for (std::size_t a = 0; a < r.rank; ++a) e *= r.ext[a];
+                return e;
+            };
+            auto put = [&](const void* p, std::size_t count) {
+                w[word++] = reinterpret_cast<std::uintptr_t>(p);
+                w[word++] = count;
+                most = count > most ? count : most;
+            };
+            if constexpr (td::custom_kernel_info<node>::backward) {
+                zero_on_device(out, n * sizeof(T));  // the packed input gradients
+                put(ref(0).data, numel(ref(0)));
+                put(ref(1).data, numel(ref(1)));
+                std::size_t offset = 0;
+                for (std::size_t k = 2; k < info[N].arity; ++k) {
+                    put(ref(k).data, numel(ref(k)));
+                    w[word++] = reinterpret_cast<std::uintptr_t>(static_cast<T*>(out) + offset);
+                    offset += numel(ref(k));
+                }
+            } else {
+                put(out, n);
+                for (std::size_t k = 0; k < info[N].arity; ++k) put(ref(k).data, numel(ref(k)));
+            }
+            if (most) launch(m.custom[N], grid_for(most), 1, w);
         } else {
             static_assert(td::always_false<node>, "typegrad: cuda: internal: kernel op without a device path");
         }

@@ -1,4 +1,4 @@
-// EXPECT: typegrad: cuda: custom ops \(tg::custom\) run host code
+// EXPECT: typegrad: cuda: a custom op \(tg::custom\) of this graph has no device implementation
 #include <typegrad/cuda.hpp>
 
 namespace tg = typegrad;
