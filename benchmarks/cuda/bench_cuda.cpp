@@ -4,7 +4,8 @@
 //      (8 bytes per element) measured on the same device: the target is >= 80% of the copy's
 //      bandwidth;
 //   2. matmul forward + backward, sum(A B) with gradients for A and B, against the three cuBLAS
-//      SGEMMs alone (C = A B, dA = G B^T, dB = A^T G).
+//      SGEMMs alone (C = A B, dA = G B^T, dB = A^T G);
+//   3. the same under tg::autocast<tg::cuda_bf16> against three bf16 cublasGemmEx calls.
 // Without a GPU it says so and exits 0.
 #include <typegrad/cuda.hpp>
 
@@ -87,6 +88,42 @@ void matmul(int reps) {
     }
 }
 
+// The same sum(A B) with f32 leaves in a tg::autocast<tg::cuda_bf16> region: A and B are cast to
+// bf16 (fused kernels), the three GEMMs run in bf16 with f32 accumulation (cublasGemmEx), the
+// gradients are cast back to f32. Against three bf16 GemmEx calls alone on bf16 copies.
+void matmul_bf16(int reps) {
+    auto step = tg::compile(tg::autocast<tg::cuda_bf16>(tg::sum(tg::matmul(A, B))), tg::wrt(A, B));
+    std::printf("\nautocast<cuda_bf16> matmul forward + backward (f32 leaves, casts included) against 3 bf16 "
+                "cublasGemmEx alone\n");
+    std::printf("%8s %14s %14s %10s %10s\n", "n", "typegrad ms", "cuBLAS ms", "TFLOP/s", "overhead");
+    for (std::size_t n : {1024u, 2048u, 4096u, 8192u}) {
+        std::vector<float> h(n * n, 0.01f);
+        auto da = tg::cuda::tensor<float, tg::shape<tg::dyn, tg::dyn>>::from_host(h, {n, n});
+        auto db = tg::cuda::tensor<float, tg::shape<tg::dyn, tg::dyn>>::from_host(h, {n, n});
+        tg::cuda::tensor<float, tg::shape<tg::dyn, tg::dyn>> ga({n, n}), gb({n, n});
+        const double t = seconds([&] {
+            step.value_and_grad(tg::bind(A, da), tg::bind(B, db), tg::grad_into(A, ga), tg::grad_into(B, gb));
+        }, reps);
+        std::vector<tg::bf16> hb(n * n, tg::bf16(0.01f));
+        std::vector<tg::cuda::tensor<tg::bf16, tg::shape<tg::dyn, tg::dyn>>> m;
+        for (int i = 0; i < 5; ++i) m.push_back(tg::cuda::tensor<tg::bf16, tg::shape<tg::dyn, tg::dyn>>::from_host(hb, {n, n}));
+        cublasHandle_t hdl = tg::cuda::detail::blas_handle();
+        const float one = 1, zero = 0;
+        const int k = int(n);
+        auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, const void* x, const void* y, void* z) {
+            cublasGemmEx(hdl, ta, tb, k, k, k, &one, x, CUDA_R_16BF, k, y, CUDA_R_16BF, k, &zero, z, CUDA_R_16BF, k,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        };
+        const double blas = seconds([&] {
+            gemm(CUBLAS_OP_N, CUBLAS_OP_N, m[1].data(), m[0].data(), m[2].data());
+            gemm(CUBLAS_OP_T, CUBLAS_OP_N, m[1].data(), m[2].data(), m[3].data());
+            gemm(CUBLAS_OP_N, CUBLAS_OP_T, m[2].data(), m[0].data(), m[4].data());
+        }, reps);
+        const double flops = 3 * 2.0 * double(n) * double(n) * double(n);
+        std::printf("%8zu %14.3f %14.3f %10.2f %9.1f%%\n", n, t * 1e3, blas * 1e3, flops / t / 1e12, 100 * (t / blas - 1));
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,4 +135,5 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", tg::cuda::device_name().c_str());
     fused(reps);
     matmul(reps);
+    matmul_bf16(reps);
 }
