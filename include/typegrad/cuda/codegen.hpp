@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <typegrad/exec/execute.hpp>
+#include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/hook.hpp>
 
 namespace typegrad::cuda::detail {
