@@ -363,10 +363,10 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                 // lower precision: typegrad casts the operands (bias too) to bf16, cast nodes whose
                 // adjoints are bf16; the product's own rounding follows below (its dtype is bf16)
                 r = product(lowered(a), lowered(b));
-                if (bias) r = r + lowered(x);
+                if (bias) r = rg(rnd(r)) + lowered(x);  // typegrad: linear(x, W) + cast(b), two bf16 ops
             } else if (c.policy == diff::policy_off) {
                 r = product(node(a), node(b));  // the disabled region: the inputs' dtype, forward and backward
-                if (bias) r = r + node(x);
+                if (bias) r = (bf_op ? rg(rnd(r)) : r) + node(x);  // two ops, as above
             } else {
                 // The disabled region's product under same_as_forward: the forward in the inputs'
                 // dtype, the backward's matmuls under the ambient spec (bf16 operands, the adjoint
@@ -379,7 +379,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                     plain = product(node(a), node(b));
                 }
                 r = lowered + (plain - lowered).detach();
-                if (bias) r = r + node(x);
+                if (bias) r = (bf_op ? rg(rnd(r)) : r) + node(x);  // two ops, as above
             }
         } else if (op == "mse") { ts >> b; r = torch::mse_loss(fp32_operand(a), fp32_operand(b)); }
         else if (op == "bce") { ts >> b; r = torch::binary_cross_entropy_with_logits(fp32_operand(a), fp32_operand(b)); }
