@@ -253,9 +253,11 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
     };
     // semantic: an operand of an fp32 op (the losses): a bf16 node is cast to f32 by a node whose
     // VJP casts the gradient back to bf16, contribution by contribution.
+    std::vector<torch::Tensor> below_view;  // semantic: see matmul
     auto fp32_operand = [&](const std::string& tok) {
         const std::size_t k = std::stoul(tok);
-        return is_bf16_node(k) ? rg(nodes.at(k)) : nodes.at(k);
+        if (!is_bf16_node(k)) return nodes.at(k);
+        return rg(k < below_view.size() && below_view[k].defined() ? below_view[k] : nodes.at(k));
     };
     // semantic, bf16: log_sum_exp over the last axis (keepdim) or all elements, typegrad's
     // composite (log_sum_exp.hpp): a detached shift by the maximum, then x - shift, exp, sum, log,
@@ -380,6 +382,15 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                 }
                 r = lowered + (plain - lowered).detach();
                 if (bias) r = (bf_op ? rg(rnd(r)) : r) + node(x);  // two ops, as above
+            }
+            if (semantic && !vectors && !bias && (nodes.at(std::stoul(a)).dim() == 1 || nodes.at(std::stoul(b)).dim() == 1)) {
+                // typegrad: a 1-D operand is unsqueezed and the GEMM's result squeezed again; the
+                // squeeze is a bf16 node of its own (its adjoint rounded), and a cast to f32 (an fp32
+                // op's entry) sits below the view, reading the GEMM node: contributions through such
+                // a cast reach the GEMM node beside the view's already rounded adjoint.
+                if (bf_op) r = rnd(r);  // the GEMM node; the view's rounding follows below
+                if (below_view.size() <= nodes.size()) below_view.resize(nodes.size() + 1);
+                below_view[nodes.size()] = r;
             }
         } else if (op == "mse") { ts >> b; r = torch::mse_loss(fp32_operand(a), fp32_operand(b)); }
         else if (op == "bce") { ts >> b; r = torch::binary_cross_entropy_with_logits(fp32_operand(a), fp32_operand(b)); }
