@@ -3,7 +3,12 @@
 // at random points and sizes, with f32 and bf16 leaves. Compared per case:
 //   - the dtype of every node (typegrad's, read from the region's types, against the tensor
 //     LibTorch's autocast produced): exact;
-//   - the loss and every gradient, within rtol_autocast of the reference tensor's largest element.
+//   - the loss and every gradient, element by element: within rtol_autocast of LibTorch's autocast,
+//     or within rtol_semantic of the semantic reference: the same program in f64 (LibTorch
+//     autograd), rounded to bf16 wherever typegrad's documented semantics round (every op of dtype
+//     bf16 rounds its result once, computed in float; every bf16 node's adjoint is cast to bf16;
+//     the VJPs of bf16 ops round like the ops they are made of). It is what typegrad should compute
+//     if it does what it documents, independently of where LibTorch's CPU kernels round.
 // The backward policies: same_as_forward (typegrad's default) is LibTorch's backward() called
 // inside the autocast region (the engine runs on the calling thread, autocast applies to the
 // backward's matmuls); backward_autocast::off is backward() called after the region is left.
@@ -22,7 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iostream>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -35,18 +39,27 @@ namespace diff = typegrad_differential;
 
 namespace {
 
-// bf16 keeps 8 significant bits: one rounding is a relative error up to 2^-9 = 2e-3, and a value
-// that lands near a rounding boundary can round one way in typegrad and the other in LibTorch
-// (different accumulation orders, fused vs separate kernels): 2^-8 = 3.9e-3 at that op. Such a
-// difference propagates through a few more bf16 ops (each adding its own rounding) and is
-// amplified by the graph's conditioning. 3e-2 (about 8 bf16 ulps of the tensor's largest element)
-// passes those and still fails any wrong formula or wrong dtype in a kernel; dtypes themselves are
-// compared exactly. The loss also gets an absolute floor of 8 bf16 ulps of the largest
-// intermediate value (a small difference of large bf16 intermediates is rightly inexact).
+// Against LibTorch's autocast: bf16 keeps 8 significant bits, one rounding is a relative error up
+// to 2^-9 = 2e-3, and LibTorch 1.13's CPU kernels round at other places than typegrad (its bf16
+// mm and dot accumulate in bf16, rounding every product and partial sum; its softmax and
+// tanh_backward are fused and round once), so values near a rounding boundary round differently
+// and the differences are carried and amplified through further bf16 ops. 3e-2 (about 8 bf16 ulps
+// of the tensor's largest element) passes well-conditioned graphs; the loss also gets an absolute
+// floor of 8 bf16 ulps of the largest intermediate value. An ill-conditioned graph (a cancelling
+// sum of bf16 terms, sigmoid of a large argument) can differ by far more, and for those only the
+// semantic reference below can say whether typegrad is right.
 constexpr double rtol_autocast = 3e-2;
-// Provisional (measured below): the semantic reference's bound, relative to the tensor's largest element.
-constexpr double rtol_semantic = 2 * 0x1p-8;
-constexpr double semantic_loss_floor_ulps = 2;
+// Against the semantic reference (run_torch, torch_mode::semantic): the same bf16 roundings, at
+// the same places, of the same values; only the arithmetic between two roundings differs (typegrad
+// f32, the reference f64). A rounded value is therefore identical in both unless the exact value
+// lies within the f32 error (a few 2^-24 relative per op, up to 289 * 2^-24 for the longest sum
+// here, 17 x 17 elements) of a bf16 rounding boundary; then it differs by one bf16 ulp, at most
+// 2^-7 of its magnitude. The bound allows that for the tensor's largest element: one flip at the
+// final rounding (2^-7), the f32 terms (at most 289 * 2^-24 = 1.7e-5 of a sum's terms) being far
+// below it. Upstream flips carried through a cancellation could exceed it: the case then has to
+// pass against LibTorch or it is reported. In 20114 cases the largest difference seen was 1.8e-4
+// (docs/reliability.md): no flip at a tensor's scale at all.
+constexpr double rtol_semantic = 0x1p-7;
 constexpr double kink_tol = 3e-2;
 constexpr std::size_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17};
 
@@ -121,16 +134,19 @@ struct operand {
     bool is_const = false;
 };
 
+// A double tensor's values rounded to bf16 (via float, as typegrad computes in float and rounds).
+torch::Tensor to_bf16(const torch::Tensor& t) { return t.to(at::kFloat).to(at::kBFloat16).to(at::kDouble); }
+
 // The semantic reference rounds with these (double tensors holding bf16 values where rounded).
 // round_bf16: the value rounded to bf16 (via float, as typegrad computes in float and rounds), and
 // its incoming gradient rounded too: a node of typegrad dtype bf16 (its adjoint is cast to the
 // node's dtype, reverse.hpp), or a cast to bf16 in front of a lower-precision op.
 struct round_bf16 : torch::autograd::Function<round_bf16> {
     static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) {
-        return x.to(at::kFloat).to(at::kBFloat16).to(at::kDouble);
+        return to_bf16(x);
     }
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
-        return {g[0].to(at::kFloat).to(at::kBFloat16).to(at::kDouble)};
+        return {to_bf16(g[0])};
     }
 };
 // round_bf16_grad: the value unchanged, the incoming gradient rounded (an f32 adjoint that a bf16
@@ -138,11 +154,9 @@ struct round_bf16 : torch::autograd::Function<round_bf16> {
 struct round_bf16_grad : torch::autograd::Function<round_bf16_grad> {
     static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
-        return {g[0].to(at::kFloat).to(at::kBFloat16).to(at::kDouble)};
+        return {to_bf16(g[0])};
     }
 };
-
-torch::Tensor to_bf16(const torch::Tensor& t) { return t.to(at::kFloat).to(at::kBFloat16).to(at::kDouble); }
 
 // A unary op of typegrad dtype bf16 in the semantic reference: the result rounded, and the VJP
 // typegrad's formula (ops/exp_log.hpp, trig.hpp, piecewise.hpp) on the rounded result, each of
@@ -445,12 +459,6 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         // typegrad's rule: every op whose dtype is bf16 rounds its result once (computed in float),
         // and the node's adjoint is cast to its dtype (leaves included: a bf16 leaf's gradient)
         if (semantic && tg_dtypes->at(nodes.size()) == "bf16") r = rnd(r);
-        if (std::getenv("DEBUG_NODES")) {
-            const auto f = r.detach().to(at::kDouble).contiguous().reshape({-1});
-            std::printf("DEBUG node %zu mode %d:", nodes.size(), int(mode));
-            for (long j = 0; j < std::min<long>(4, f.numel()); ++j) std::printf(" %.9g", f.data_ptr<double>()[j]);
-            std::printf("\n");
-        }
         ref.magnitude = std::max(ref.magnitude, r.detach().to(at::kDouble).abs().max().item<double>());
         ref.dtypes.push_back(dtype_name(r.scalar_type()));
         nodes.push_back(r);
@@ -530,8 +538,6 @@ verdict compare(const diff::autocast_graph_def& g, const ac_case& c) {
             const bool sem_zero = sem_scale == 0 && got[i] == 0;
             v.worst = std::max(v.worst, zero ? 0.0 : err);
             v.worst_semantic = std::max(v.worst_semantic, sem_zero ? 0.0 : sem_err);
-            if (std::getenv("DEBUG_SEM") && sem_err > std::atof(std::getenv("DEBUG_SEM")))
-                std::printf("DEBUG %s[%zu]: tg %.9g lib %.9g sem %.9g (scale %.3g)\n", what.c_str(), i, got[i], want[i], sem_want[i], sem_scale);
             const bool by_libtorch = err <= rtol_autocast || zero;
             const bool by_semantic = sem_err <= rtol_semantic || sem_zero;
             if (by_libtorch) continue;
@@ -549,7 +555,7 @@ verdict compare(const diff::autocast_graph_def& g, const ac_case& c) {
             v.ok = false;
         }
     };
-    check("loss", {ref.loss}, {loss}, {sem.loss}, 8 * 0x1p-8 * ref.magnitude, semantic_loss_floor_ulps * 0x1p-7 * sem.magnitude);
+    check("loss", {ref.loss}, {loss}, {sem.loss}, 8 * 0x1p-8 * ref.magnitude, 0);
     std::size_t k = 0;
     for (std::size_t i = 0; i < g.leaves.size(); ++i) {
         if (!g.leaves[i].param) continue;
@@ -643,7 +649,7 @@ long diff::run_autocast_differential(long cases, long only) {
         graphs.erase(std::remove_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.id != only; }), graphs.end());
     if (graphs.empty() || cases <= 0) return 0;
     const long per_graph = std::max(1L, (cases + long(graphs.size()) - 1) / long(graphs.size()));
-    long compared = 0, skipped = 0, kinks = 0, failures = 0, zero_dim = 0, where_cond = 0, by_semantic = 0, known = 0;
+    long compared = 0, skipped = 0, kinks = 0, failures = 0, zero_dim = 0, where_cond = 0, by_semantic = 0;
     // compared cases by their largest distance to the semantic reference, in bf16 ulps (2^-8) of
     // the tensor's largest element: 0, up to 1/16, 1/2, 1, 2, 4, 8, beyond
     long ulp_histogram[8] = {};
@@ -671,8 +677,6 @@ long diff::run_autocast_differential(long cases, long only) {
             by_semantic += v.ok && v.by_semantic;
             worst[policy] = std::max(worst[policy], v.worst);
             worst_semantic[policy] = std::max(worst_semantic[policy], v.worst_semantic);
-            if (std::getenv("DEBUG_SEM") && v.worst_semantic > std::atof(std::getenv("DEBUG_SEM")))
-                std::printf("DEBUG graph %d case %ld policy %d: semantic %.3g libtorch %.3g\n", g.id, k, policy, v.worst_semantic, v.worst);
             {
                 const double u = v.worst_semantic / 0x1p-8;
                 const double edges[] = {0, 1.0 / 16, 0.5, 1, 2, 4, 8};
@@ -681,14 +685,6 @@ long diff::run_autocast_differential(long cases, long only) {
                 ++ulp_histogram[b];
             }
             if (v.ok) continue;
-            // Known difference (docs/reliability.md): typegrad's softmax and log_softmax are
-            // composites of primitives that each round to bf16, LibTorch's are fused kernels that
-            // round once; their bf16 gradients can be several times less accurate. Value
-            // mismatches of graphs with a softmax are counted apart (dtype mismatches never are).
-            if (std::string(g.program).find("softmax") != std::string::npos && v.detail.rfind("dtype", 0) != 0) {
-                ++known;
-                continue;
-            }
             ++failures;
             if (!reported) {
                 reported = true;
@@ -701,11 +697,11 @@ long diff::run_autocast_differential(long cases, long only) {
     std::printf("\nautocast differential (cpu/bf16 against LibTorch CPU autocast): %zu graphs, %ld cases compared "
                 "(%ld same_as_forward, %ld off; skipped: %ld with a non-finite reference, %ld within rounding of a "
                 "kink), %ld failures; worst difference to LibTorch same_as_forward %.3g, off %.3g (bound %.0e; %ld "
-                "cases beyond it passed by the semantic reference; %ld known softmax differences); worst difference "
+                "cases beyond it passed by the semantic reference); worst difference "
                 "to the semantic reference same_as_forward %.3g, off %.3g (bound %.3g); nodes following typegrad's "
                 "documented promotion: %ld zero-dim, %ld where-condition\n",
                 graphs.size(), compared, per_policy[0], per_policy[1], skipped, kinks, failures, worst[0], worst[1],
-                rtol_autocast, by_semantic, known, worst_semantic[0], worst_semantic[1], rtol_semantic, zero_dim,
+                rtol_autocast, by_semantic, worst_semantic[0], worst_semantic[1], rtol_semantic, zero_dim,
                 where_cond);
     std::printf("autocast differential: compared cases by their largest difference to the semantic reference, in bf16 "
                 "ulps (2^-8) of the tensor's largest element: 0: %ld, <=1/16: %ld, <=1/2: %ld, <=1: %ld, <=2: %ld, "
