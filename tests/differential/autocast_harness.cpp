@@ -64,11 +64,10 @@ constexpr double rtol_semantic = 0x1p-7;
 // skips or adds (that moves a value by at most half an ulp). Over many cases it can: without
 // flips the two sides differ by f32 arithmetic only, 289 * 2^-24 = 2^-15.8 of a sum's terms at
 // most, below semantic_noise = 2^-12 (1/16 ulp) unless a cancellation amplifies it 8-fold. A flip
-// needs a value within about 2^-24 relative of a bf16 rounding boundary (one ulp, 2^-8 or more
-// relative, apart):
-// about 2^-15 per rounded element, and a case rounds at most a few hundred elements (up to 17 x 17
-// per op, a few ops), so at most about 1% of cases can hold one. More than max_beyond_noise of a
-// policy's cases beyond semantic_noise fails the run.
+// needs a value within about 2^-24 relative of a bf16 rounding boundary (boundaries are one ulp,
+// 2^-8 or more relative, apart): about 2^-15 per rounded element, and a case rounds at most a few
+// hundred elements (up to 17 x 17 per op, a few ops), so at most about 1% of cases can hold one.
+// More than max_beyond_noise of a policy's cases beyond semantic_noise fails the run.
 constexpr double semantic_noise = 0x1p-12;
 constexpr double max_beyond_noise = 0.01;
 constexpr double kink_tol = 3e-2;
