@@ -25,7 +25,7 @@ int main() {
     int dot_f32 = 0, dot_bf16 = 0;
     for (int t = 0; t < dots; ++t) {
         const int k = 2 + int(rng() % 16);
-        std::vector<float> a(std::size_t(k)), b(std::size_t(k));
+        std::vector<float> a(static_cast<std::size_t>(k)), b(static_cast<std::size_t>(k));
         for (auto& x : a) x = to_bf16(pos(rng));
         for (auto& x : b) x = to_bf16(sym(rng));
         const float lib = torch::matmul(torch::tensor(a).to(at::kBFloat16), torch::tensor(b).to(at::kBFloat16)).item<float>();
@@ -40,7 +40,7 @@ int main() {
     int mm_f32 = 0, mm_bf16 = 0;
     for (int t = 0; t < mms; ++t) {
         const int m = 1 + int(rng() % 4), k = 2 + int(rng() % 16), n = 1 + int(rng() % 4);
-        std::vector<float> a(std::size_t(m * k)), b(std::size_t(k * n));
+        std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n));
         for (auto& x : a) x = to_bf16(sym(rng));
         for (auto& x : b) x = to_bf16(sym(rng));
         const auto c = torch::mm(torch::tensor(a).reshape({m, k}).to(at::kBFloat16),
