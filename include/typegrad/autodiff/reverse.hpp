@@ -11,6 +11,7 @@
 #include <utility>
 
 #include <typegrad/graph/node.hpp>
+#include <typegrad/graph/topo.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
@@ -109,11 +110,18 @@ struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
 template <class N, class State>
 typename reverse_step<N, State>::type operator<<(visit<N>, State);
 
+// The nodes are visited last to first. One fold covers at most 16 of them (clang limits a fold
+// to 256 operands): the first 16 are folded over the state the rest of the list produced.
 template <class Topo, class Init>
 struct run_reverse;
 template <class... Ns, class Init>
 struct run_reverse<type_list<Ns...>, Init> {
     using type = decltype((visit<Ns>{} << ... << Init{}));
+};
+template <class A0, class A1, class A2, class A3, class A4, class A5, class A6, class A7, class A8, class A9, class A10, class A11, class A12, class A13, class A14, class A15, class N, class... Rest, class Init>
+struct run_reverse<type_list<A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, N, Rest...>, Init> {
+    using rest = typename run_reverse<type_list<N, Rest...>, Init>::type;
+    using type = decltype((visit<A0>{} << (visit<A1>{} << (visit<A2>{} << (visit<A3>{} << (visit<A4>{} << (visit<A5>{} << (visit<A6>{} << (visit<A7>{} << (visit<A8>{} << (visit<A9>{} << (visit<A10>{} << (visit<A11>{} << (visit<A12>{} << (visit<A13>{} << (visit<A14>{} << (visit<A15>{} << rest{})))))))))))))))));
 };
 
 // Adjoints of every leaf reached from Root when its gradient is Seed: type_list<pending<Leaf, Adj>...>.
@@ -121,7 +129,7 @@ struct run_reverse<type_list<Ns...>, Init> {
 // every gradient is zero.
 template <class Root, class Seed>
 using leaf_adjoints_t = typename run_reverse<
-    typename Root::topo,
+    topo_t<Root>,
     reverse_state<std::conditional_t<Root::requires_grad, type_list<pending<Root, Seed>>, type_list<>>,
                   type_list<>>>::type::results;
 

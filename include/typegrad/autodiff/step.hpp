@@ -42,8 +42,7 @@ constexpr auto wrt(Es...) {
     static_assert(((Es::node_type::role == leaf_role::param) && ...),
                   "typegrad: wrt(...) got a tg::input; only a tg::param has a gradient (declare "
                   "the leaf with tg::param to differentiate with respect to it).");
-    static_assert(detail::type_list<typename Es::node_type...>::size ==
-                      detail::union_all_t<detail::type_list<typename Es::node_type>...>::size,
+    static_assert(detail::distinct<typename Es::node_type...>(),
                   "typegrad: wrt(...) names the same leaf twice.");
     return wrt_t<typename Es::node_type...>{};
 }
@@ -109,9 +108,9 @@ constexpr void check_shape_known() {
                   "typegrad: a leaf with a dynamic extent has no binding, so its size is unknown; "
                   "bind it (tg::bind) in this call.");
 }
-template <class Leaf, class WrtList, class LossTopo>
+template <class Leaf, class WrtList, class LossGraph>
 constexpr void check_grad_target() {
-    static_assert(contains_v<Leaf, WrtList> || (retained_node_v<Leaf> && contains_v<Leaf, LossTopo>),
+    static_assert(contains_v<Leaf, WrtList> || (retained_node_v<Leaf> && LossGraph::template id_of<Leaf> != no_parent),
                   "typegrad: grad_into(leaf, buffer) names a leaf that is not in the step's "
                   "tg::wrt(...) list.");
 }
@@ -206,19 +205,21 @@ struct step_policy {
     static constexpr bool check_mismatch = !(std::is_same_v<Ps, on_autocast_mismatch::ignore> || ...);
 };
 
-template <class Exclude, class... Ns>
-auto list_minus(type_list<Ns...>)
-    -> decltype((type_list<>{} + ... + std::conditional_t<contains_v<Ns, Exclude>, type_list<>, type_list<Ns>>{}));
 
 template <class N>
 constexpr std::string_view op_name_of() {
     if constexpr (requires { N::op::name; }) return N::op::name;
     else return "";
 }
+template <fixed_string Name>
+struct named {
+    template <class N>
+    struct test : std::bool_constant<op_name_of<N>() == Name.view()> {};
+};
+template <class... Ms>
+type_list<typename Ms::value_type...> value_types(type_list<Ms...>);
 template <fixed_string Name, class... Ns>
-auto op_dtypes(type_list<Ns...>)
-    -> decltype((type_list<>{} + ... +
-                 std::conditional_t<op_name_of<Ns>() == Name.view(), type_list<typename Ns::value_type>, type_list<>>{}));
+auto op_dtypes(type_list<Ns...>) -> decltype(value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
 
 // Backward nodes (those not in the forward graph) rewritten under the backward's spec.
 template <class N, class Spec, class ForwardTopo>
@@ -262,7 +263,7 @@ public:
     using grad_node = typename decltype(detail::canonical_gradient<Leaf, typename detail::backward_autocast_rewrite<
         typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, constant<1>>,
                                                 Leaf>())::node_type,
-        backward_autocast_spec, typename Loss::topo>::type>())::node_type;
+        backward_autocast_spec, detail::topo_t<Loss>>::type>())::node_type;
 
     template <class... Args>
         requires(!detail::any_device_argument<Args...>)
@@ -272,7 +273,7 @@ public:
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
         using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
         using stores = decltype(grad_nodes<grads, false>() + loss_store());
-        using nodes = detail::union_all_t<typename Loss::topo, decltype(all_topo<stores>())>;
+        using nodes = detail::graph_of_t<decltype(detail::type_list<Loss>{} + stores{})>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
                                          value_type>;
         typename PP::state_type st{};
@@ -301,7 +302,7 @@ public:
         requires(!detail::any_device_argument<Args...>)
     auto forward(const Args&... args) const {
         using stores = decltype(loss_store());
-        using nodes = detail::union_all_t<typename Loss::topo>;
+        using nodes = detail::topo<Loss>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
                                          value_type>;
         forward_context<step, PP> ctx;
@@ -344,8 +345,8 @@ public:
                       "tg::seed(buffer) with the output's shape.");
         using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
         using stores = decltype(grad_nodes<grads, seeded>());
-        using nodes = decltype(all_topo<stores>());
-        using given = decltype(saved_reductions<nodes, FwdPP>());
+        using nodes = detail::graph_of_t<stores>;
+        using given = decltype(saved_reductions<typename nodes::type, FwdPP>());
         using PP = detail::plan_provider<nodes, stores, detail::type_list<>, given, value_type>;
         typename PP::state_type st{};
         check_calls<PP, grads, false>(args...);
@@ -410,27 +411,24 @@ private:
             return detail::type_list<Loss>{};
         else return detail::type_list<>{};
     }
-    template <class Stores>
-    static constexpr auto all_topo() {
-        return []<class... Ss>(detail::type_list<Ss...>) {
-            return detail::union_all_t<typename Ss::topo...>{};
-        }(Stores{});
-    }
     // Reductions the forward pass computed that the backward reads instead of recomputing.
-    template <class Nodes, class FwdPP>
-    static constexpr auto saved_reductions() {
-        return []<class... Ns>(detail::type_list<Ns...>) {
-            return (detail::type_list<>{} + ... +
-                    std::conditional_t<is_saved<Ns, FwdPP>(), detail::type_list<Ns>, detail::type_list<>>{});
-        }(Nodes{});
-    }
+
     template <class N, class FwdPP>
     static constexpr bool is_saved() {
         // reductions and kernels (matmul, custom ops): never recomputed, and a custom op's
         // forward mutations must not run twice
         if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
-        else if constexpr (!detail::contains_v<N, typename FwdPP::program::nodes>) return false;
+        else if constexpr (!FwdPP::program::template contains<N>) return false;
         else return FwdPP::plan.computed[FwdPP::program::template id_of<N>];
+    }
+    template <class FwdPP>
+    struct saved_in {
+        template <class N>
+        struct test : std::bool_constant<is_saved<N, FwdPP>()> {};
+    };
+    template <class Nodes, class FwdPP>
+    static constexpr auto saved_reductions() {
+        return detail::filter_t<Nodes, saved_in<FwdPP>::template test>{};
     }
 
     template <class Grads, class... Args>
@@ -475,7 +473,7 @@ private:
             detail::check_bound_once<L, detail::count_leaf_bindings<L, Args...>()>();
         } else if constexpr (detail::is_grad_binding_v<Arg>) {
             using L = typename Arg::leaf_type;
-            detail::check_grad_target<L, wrt_list, typename Loss::topo>();
+            detail::check_grad_target<L, wrt_list, detail::topo<Loss>>();
             static_assert(detail::count_grad_bindings<L, Args...>() <= 1,
                           "typegrad: grad_into names the same leaf twice in one call.");
         }
@@ -612,10 +610,9 @@ private:
     }
 
     // Post-accumulate hooks of wrt leaves whose gradient this call writes.
-    using post_hooks = decltype([]<class... Ns>(detail::type_list<Ns...>) {
-        return (detail::type_list<>{} + ... +
-                std::conditional_t<detail::is_post_hook_v<Ns>, detail::type_list<Ns>, detail::type_list<>>{});
-    }(typename Loss::topo{}));
+    template <class N>
+    struct is_post_hook : std::bool_constant<detail::is_post_hook_v<N>> {};
+    using post_hooks = detail::filter_t<detail::topo_t<Loss>, is_post_hook>;
 
     template <class PP, class... Args>
     static void check_post_hooks(const typename PP::state_type& st, const Args&...) {
@@ -683,7 +680,7 @@ public:
     template <bool Seeded, class... GradLeaves>
     static constexpr std::size_t create_graph_hazard_count() {
         using stores = detail::type_list<grad_node<GradLeaves, Seeded>...>;
-        using nodes = decltype(all_topo<stores>());
+        using nodes = detail::graph_of_t<stores>;
         using PP = detail::plan_provider<nodes, stores, detail::type_list<>, detail::type_list<>, value_type>;
         return detail::create_graph_hazards<PP>().size();
     }
@@ -729,13 +726,9 @@ private:
     static void report_anomaly() {
         const std::size_t n = detail::anomaly_node();
         if (n == detail::no_anomaly) return;
-        constexpr auto forward_nodes = [] {
-            std::array<bool, PP::M> r{};
-            [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-                ((r[Ns] = detail::contains_v<typename PP::program::template node_at<Ns>, typename Loss::topo>), ...);
-            }(std::make_index_sequence<PP::M>{});
-            return r;
-        }();
+        constexpr auto forward_nodes = []<class... Ns>(detail::type_list<Ns...>) {
+            return std::array<bool, PP::M>{(detail::topo<Loss>::template id_of<Ns> != detail::no_parent)...};
+        }(typename PP::program::nodes{});
         throw anomaly_error(detail::message("typegrad: anomaly: node %", n, " '", PP::program::info[n].name, "' (",
                                             forward_nodes[n] ? "forward" : "backward",
                                             ") produced NaN or Inf; nothing was written"));
@@ -792,7 +785,7 @@ private:
     template <class PP, class FwdPP, std::size_t N, class FwdState>
     static void restore_node(typename PP::state_type& st, const FwdState& fst) {
         using node = typename PP::program::template node_at<N>;
-        if constexpr (detail::contains_v<node, typename FwdPP::program::nodes>) {
+        if constexpr (FwdPP::program::template contains<node>) {
             constexpr std::size_t f = FwdPP::program::template id_of<node>;
             if constexpr (node::kind == op_kind::leaf) {
                 for (std::size_t a = 0; a < node::shape_type::rank; ++a)
@@ -812,7 +805,7 @@ private:
     }
     template <class PP, class FwdPP, class FwdState, class... Args>
     static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
-        if constexpr (!detail::contains_v<seed_leaf, typename PP::program::nodes>) {
+        if constexpr (!PP::program::template contains<seed_leaf>) {
             return;  // no gradient requested: nothing reads the seed
         } else {
         constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
@@ -835,7 +828,7 @@ private:
     }
     template <class PP, class... Args>
     static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
-        if constexpr (detail::contains_v<seed_leaf, typename PP::program::nodes>) {
+        if constexpr (PP::program::template contains<seed_leaf>) {
             constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
             auto check = [&](const auto& b) {
                 using B = std::remove_cvref_t<decltype(b)>;
@@ -863,9 +856,9 @@ public:
         using grad_stores = decltype(grad_nodes<wrt_list, false>());
         using joint_stores = decltype(grad_stores{} + loss_store());
         using joint = detail::plan_provider<
-            detail::union_all_t<typename Loss::topo, decltype(all_topo<joint_stores>())>,
+            detail::graph_of_t<decltype(detail::type_list<Loss>{} + joint_stores{})>,
             joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
-        using forward = detail::plan_provider<detail::union_all_t<typename Loss::topo>,
+        using forward = detail::plan_provider<detail::topo<Loss>,
                                               decltype(loss_store()), decltype(loss_required()),
                                               detail::type_list<>, value_type>;
     };
@@ -907,10 +900,15 @@ private:
 inline std::size_t plan_count() { return detail::plan_counter().load(); }
 
 namespace detail {
+template <class Loss>
+struct not_in_forward {
+    template <class N>
+    struct test : std::bool_constant<topo<Loss>::template id_of<N> == no_parent> {};
+};
 template <class Step, class... Ls>
 auto backward_nodes_of(type_list<Ls...>)
-    -> decltype(list_minus<typename Step::loss_node::topo>(
-        union_all_t<type_list<>, typename Step::template grad_node<Ls, !Step::scalar_loss>::topo...>{}));
+    -> filter_t<topo_t<typename Step::template grad_node<Ls, !Step::scalar_loss>...>,
+                not_in_forward<typename Step::loss_node>::template test>;
 }  // namespace detail
 
 // The nodes of a step's backward graph for all its wrt leaves (forward nodes excluded), e.g. to

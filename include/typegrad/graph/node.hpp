@@ -1,9 +1,10 @@
 #pragma once
 // The graph as a type: leaves, compile-time constants, op nodes and the expr<> wrapper.
 //
-// Every node type carries its own topological order (`topo`, children first, each node once).
-// It is computed when the node type is first formed, i.e. bottom-up as the user's expression
-// is written, so no algorithm ever recurses through the depth of a graph.
+// Every node type carries a constexpr descriptor (`desc`: its operands' descriptors and a
+// structural hash), formed bottom-up as the user's expression is written. Graph algorithms
+// (graph/topo.hpp) walk descriptors as plain constexpr data, so no template is instantiated per
+// node and per graph, and nothing recurses through the depth of a graph.
 #include <bit>
 #include <concepts>
 #include <cstdint>
@@ -18,6 +19,31 @@
 namespace typegrad {
 
 enum class leaf_role { param, input, seed };
+
+namespace detail {
+// What graph algorithms see of a node type: its operands and a hash of its structure (equal
+// types have equal hashes; distinct types rarely do). Its address is the type's identity.
+struct node_desc {
+    const node_desc* const* child;
+    std::size_t arity;
+    std::uint64_t hash;
+};
+constexpr std::uint64_t hash_mix(std::uint64_t h, std::uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xFF51AFD7ED558CCDull;
+}
+constexpr std::uint64_t hash_text(std::uint64_t h, std::string_view s) {
+    for (char c : s) h = hash_mix(h, static_cast<unsigned char>(c));
+    return h;
+}
+template <class Shape>
+constexpr std::uint64_t hash_shape(std::uint64_t h) {
+    h = hash_mix(h, Shape::rank);
+    for (std::size_t a = 0; a < Shape::rank; ++a) h = hash_mix(h, Shape::extents[a]);
+    return h;
+}
+inline constexpr const node_desc* no_children[1] = {nullptr};
+}  // namespace detail
 // elementwise: fused into loops; reduce: ends a loop; meta: a scalar computed from shapes;
 // view: a zero-copy reinterpretation (strides) of a materialised value; kernel: its own routine
 // (matmul, ...) reading and writing materialised buffers.
@@ -38,7 +64,9 @@ struct leaf {
     static constexpr bool requires_grad = Role == leaf_role::param;
     static constexpr bool contiguous = true;
     static constexpr std::string_view name() { return Name.view(); }
-    using topo = detail::type_list<leaf>;
+    static constexpr detail::node_desc desc{
+        detail::no_children, 0,
+        detail::hash_shape<Shape>(detail::hash_text(detail::hash_mix(1, std::size_t(Role) * 16 + sizeof(T)), Name.view()))};
 };
 
 // A double held in a structural type, so that it can be a template argument on every
@@ -61,7 +89,7 @@ struct constant {
     static constexpr bool requires_grad = false;
     static constexpr double value = V.value();
     static constexpr bool contiguous = true;
-    using topo = detail::type_list<constant>;
+    static constexpr detail::node_desc desc{detail::no_children, 0, detail::hash_mix(2, V.bits)};
 };
 
 namespace detail {
@@ -93,8 +121,10 @@ struct node {
         Op::differentiable && detail::any_value_child_requires_grad<Op, Children...>();
     // Row-major and dense when materialised (views may permute or skip).
     static constexpr bool contiguous = detail::node_contiguous<Op, Children...>();
-    using topo = decltype(detail::union_all_t<typename Children::topo...>{} +
-                          detail::type_list<node>{});
+    static constexpr const detail::node_desc* child_desc[sizeof...(Children) + 1] = {&Children::desc..., nullptr};
+    static constexpr detail::node_desc desc{
+        child_desc, sizeof...(Children),
+        detail::hash_shape<shape_type>((detail::hash_mix(std::uint64_t(Op::kind) + 3, Children::desc.hash) ^ ... ^ 0))};
 };
 
 // The user-facing handle. Empty: the whole expression is its type.
