@@ -77,16 +77,23 @@ constexpr auto sum_contributions(type_list<Ms...>) {
     else return cast<T>(total);
 }
 
+// Filters of the pending list (no fold: the list can be long).
+template <class N>
+struct targets {
+    template <class P>
+    struct test : std::bool_constant<__is_same(typename P::target, N)> {};
+    template <class P>
+    struct other : std::bool_constant<!__is_same(typename P::target, N)> {};
+};
+template <class... Ps>
+type_list<typename Ps::contribution...> contributions(type_list<Ps...>);
+
 template <class N, class State>
 struct reverse_step;
 template <class N, class... Ps, class Results>
 struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
-    using matched = decltype((type_list<>{} + ... +
-                              std::conditional_t<__is_same(typename Ps::target, N),
-                                                 type_list<typename Ps::contribution>, type_list<>>{}));
-    using rest = decltype((type_list<>{} + ... +
-                           std::conditional_t<__is_same(typename Ps::target, N), type_list<>,
-                                              type_list<Ps>>{}));
+    using matched = decltype(contributions(filter_t<type_list<Ps...>, targets<N>::template test>{}));
+    using rest = filter_t<type_list<Ps...>, targets<N>::template other>;
     static constexpr auto next() {
         if constexpr (matched::size == 0) {
             return reverse_state<type_list<Ps...>, Results>{};
@@ -139,10 +146,8 @@ struct find_adjoint {
 };
 template <class Leaf, class... Rs>
 struct find_adjoint<Leaf, type_list<Rs...>> {
-    using hits = decltype((type_list<>{} + ... +
-                           std::conditional_t<__is_same(typename Rs::target, Leaf),
-                                              type_list<typename Rs::contribution>, type_list<>>{}));
-    using type = std::conditional_t<hits::size == 0, void, type_at_t<0, decltype(hits{} + type_list<void>{})>>;
+    static constexpr std::size_t at = index_of_v<Leaf, type_list<typename Rs::target...>>;
+    using type = typename type_at_t<at, type_list<Rs..., pending<void, void>>>::contribution;
 };
 
 // The gradient of Leaf in canonical form: an elementwise node of the leaf's shape and dtype
@@ -163,7 +168,7 @@ template <class Root, class Seed>
 struct shaped_seed {
     using type = Seed;
 };
-template <class Root, num V>
+template <class Root, std::uint64_t V>
     requires(Root::shape_type::rank > 0)
 struct shaped_seed<Root, constant<V>> {
     using type = node<expand_op, constant<V>, Root>;
@@ -196,7 +201,7 @@ constexpr auto grad(Loss, Leaf) {
                   "output needs a seed: use grad(output, leaf, seed)");
     static_assert(is_leaf_v<W>, "typegrad: grad(loss, leaf) differentiates with respect to a leaf "
                                 "(a tg::param), not an expression.");
-    return detail::gradient_expr<L, constant<1>, W>();
+    return detail::gradient_expr<L, detail::node_of_t<decltype(lit<1>)>, W>();
 }
 template <class Out, class Leaf, class Seed>
 constexpr auto grad(Out, Leaf, Seed) {

@@ -37,9 +37,9 @@ struct wrt_t {
 
 template <class... Es>
 constexpr auto wrt(Es...) {
-    static_assert((is_leaf_v<typename Es::node_type> && ...),
+    static_assert(detail::all_true({is_leaf_v<typename Es::node_type>...}),
                   "typegrad: wrt(...) takes leaves (tg::param), not expressions.");
-    static_assert(((Es::node_type::role == leaf_role::param) && ...),
+    static_assert(detail::all_true({(Es::node_type::role == leaf_role::param)...}),
                   "typegrad: wrt(...) got a tg::input; only a tg::param has a gradient (declare "
                   "the leaf with tg::param to differentiate with respect to it).");
     static_assert(detail::distinct<typename Es::node_type...>(),
@@ -71,9 +71,9 @@ template <class Leaf, bool A>
 inline constexpr bool grads_leaf_v<grad_binding<Leaf, A>, Leaf> = true;
 
 template <class Leaf, class... Bs>
-constexpr std::size_t count_leaf_bindings() { return (std::size_t(binds_leaf_v<Bs, Leaf>) + ... + 0); }
+constexpr std::size_t count_leaf_bindings() { return count_true({binds_leaf_v<Bs, Leaf>...}); }
 template <class Leaf, class... Bs>
-constexpr std::size_t count_grad_bindings() { return (std::size_t(grads_leaf_v<Bs, Leaf>) + ... + 0); }
+constexpr std::size_t count_grad_bindings() { return count_true({grads_leaf_v<Bs, Leaf>...}); }
 
 template <class Leaf, class... Bs>
 constexpr std::size_t leaf_binding_index() {
@@ -252,7 +252,7 @@ public:
     using value_type = typename Loss::value_type;
     using wrt_list = detail::type_list<Wrt...>;
     static constexpr bool scalar_loss = detail::is_scalar_loss_v<Loss>;
-    using seed_leaf = leaf<"seed", value_type, typename Loss::shape_type, leaf_role::seed>;
+    using seed_leaf = leaf<name_of_t<"seed">, value_type, typename Loss::shape_type, leaf_role::seed>;
 
     using ambient_autocast = typename Policy::ambient;
     using backward_autocast_spec = typename Policy::backward_spec;
@@ -261,7 +261,7 @@ public:
     // backward ops under the backward's autocast spec.
     template <class Leaf, bool Seeded>
     using grad_node = typename decltype(detail::canonical_gradient<Leaf, typename detail::backward_autocast_rewrite<
-        typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, constant<1>>,
+        typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>,
                                                 Leaf>())::node_type,
         backward_autocast_spec, detail::topo_t<Loss>>::type>())::node_type;
 
@@ -271,7 +271,7 @@ public:
         static_assert(scalar_loss,
                       "typegrad: value_and_grad(...) needs a scalar loss; for a non-scalar output "
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
-        using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
+        using grads = grads_of<Args...>;
         using stores = decltype(grad_nodes<grads, false>() + loss_store());
         using nodes = detail::graph_of_t<decltype(detail::type_list<Loss>{} + stores{})>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
@@ -321,10 +321,10 @@ public:
         detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
         if constexpr (anomaly) {
             detail::anomaly_node() = detail::no_anomaly;
-            detail::run_loops<PP, 0, true>(ctx.state_);
+            detail::run_loops<PP, detail::grad_mask{}, true>(ctx.state_);
             report_anomaly<PP>();
         } else {
-            detail::run_loops<PP, 0>(ctx.state_);
+            detail::run_loops<PP, detail::grad_mask{}>(ctx.state_);
         }
         if constexpr (Loss::kind != op_kind::elementwise)
             copy_node_value<PP, Loss>(ctx.state_, loss_buf, loss_n);
@@ -339,11 +339,11 @@ public:
         using FwdPP = typename Ctx::plan_type;
         static_assert(std::is_same_v<typename Ctx::step_type, step>,
                       "typegrad: backward(ctx, ...) got a context from another step.");
-        constexpr bool seeded = (detail::is_seed_binding_v<Args> || ...);
+        constexpr bool seeded = detail::any_true({detail::is_seed_binding_v<Args>...});
         static_assert(seeded || scalar_loss,
                       "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
                       "tg::seed(buffer) with the output's shape.");
-        using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
+        using grads = grads_of<Args...>;
         using stores = decltype(grad_nodes<grads, seeded>());
         using nodes = detail::graph_of_t<stores>;
         using given = decltype(saved_reductions<typename nodes::type, FwdPP>());
@@ -353,7 +353,7 @@ public:
         check_autocast_context();
         // Leaves come from the forward call, the seed from this one.
         [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            (restore_node<PP, FwdPP, Ns>(st, ctx.state_), ...);
+            [[maybe_unused]] const int in_order[] = {0, (restore_node<PP, FwdPP, Ns>(st, ctx.state_), 0)...};
         }(std::make_index_sequence<PP::M>{});
         if constexpr (seeded) bind_seed<PP, FwdPP>(st, ctx.state_, args...);
         detail::compute_shapes<PP>(st);
@@ -392,10 +392,12 @@ public:
 
 private:
     template <class Arg>
-    static constexpr auto grad_list_of() {
-        if constexpr (detail::is_grad_binding_v<Arg>) return detail::type_list<typename Arg::leaf_type>{};
-        else return detail::type_list<>{};
-    }
+    struct is_grad_arg : std::bool_constant<detail::is_grad_binding_v<Arg>> {};
+    template <class... Bs>
+    static detail::type_list<typename Bs::leaf_type...> leaves_of(detail::type_list<Bs...>);
+    // The leaves of the call's grad_into bindings, in order.
+    template <class... Args>
+    using grads_of = decltype(leaves_of(detail::filter_t<detail::type_list<Args...>, is_grad_arg>{}));
     template <class Grads, bool Seeded>
     static constexpr auto grad_nodes() {
         return []<class... Ls>(detail::type_list<Ls...>) {
@@ -432,11 +434,16 @@ private:
     }
 
     template <class Grads, class... Args>
-    static constexpr std::uint64_t accumulate_mask() {
-        static_assert(Grads::size <= 64, "typegrad: at most 64 grad_into bindings per call.");
-        std::uint64_t mask = 0;
-        std::size_t i = 0;
-        ((detail::is_grad_binding_v<Args> ? (mask |= (accumulate_of<Args>() ? (std::uint64_t(1) << i) : 0), ++i) : i), ...);
+    static constexpr detail::grad_mask accumulate_mask() {
+        static_assert(Grads::size <= detail::grad_mask::capacity, "typegrad: at most 1024 grad_into bindings per call.");
+        constexpr bool is_grad[] = {detail::is_grad_binding_v<Args>..., false};
+        constexpr bool accumulates[] = {accumulate_of<Args>()..., false};
+        detail::grad_mask mask;
+        for (std::size_t a = 0, i = 0; a < sizeof...(Args); ++a) {
+            if (!is_grad[a]) continue;
+            if (accumulates[a]) mask.set(i);
+            ++i;
+        }
         return mask;
     }
     template <class Arg>
@@ -449,9 +456,9 @@ private:
     static void check_calls(const Args&...) {
         detail::log_graphs_once<step>();  // TYPEGRAD_LOG=graphs: describe() on the first call
         using nodes = typename PP::program::nodes;
-        (check_arg<nodes, Args, Args...>(), ...);
+        [[maybe_unused]] const int in_order[] = {0, (check_arg<nodes, Args, Args...>(), 0)...};
         if constexpr (!LeavesFromArgs) {
-            static_assert(!(detail::is_leaf_binding_v<Args> || ...),
+            static_assert(!detail::any_true({detail::is_leaf_binding_v<Args>...}),
                           "typegrad: backward(ctx, ...) reads the inputs bound in forward(...); it "
                           "takes only tg::grad_into(...) and tg::seed(...).");
         } else {
@@ -528,7 +535,7 @@ private:
     }
     template <class PP, class... Args>
     static void check_leaf_sizes(const typename PP::state_type& st, const Args&... args) {
-        (check_leaf_size<PP>(st, args), ...);
+        detail::for_each_arg([&](const auto& a) { check_leaf_size<PP>(st, a); }, args...);
     }
     template <class PP, class Arg>
     static void check_leaf_size(const typename PP::state_type& st, const Arg& b) {
@@ -569,7 +576,7 @@ private:
                 ++k;
             }
         };
-        (add(args), ...);
+        detail::for_each_arg(add, args...);
         // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
         detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
             [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
@@ -581,7 +588,7 @@ private:
                 ++n_in;
             });
         std::size_t gi = 0;
-        (bind_grad<PP, Grads>(st, args, gi), ...);
+        detail::for_each_arg([&](const auto& a) { bind_grad<PP, Grads>(st, a, gi); }, args...);
         for (std::size_t i = 0; i < n_out; ++i) {
             if (out_ranges[2 * i] == out_ranges[2 * i + 1]) continue;
             for (std::size_t j = 0; j < n_in; ++j)
@@ -619,7 +626,7 @@ private:
         [&]<class... Hs>(detail::type_list<Hs...>) {
             auto one = [&]<class H>(std::type_identity<H>) {
                 using L = typename detail::underlying_leaf<detail::type_at_t<0, typename H::children>>::type;
-                if constexpr ((detail::grads_leaf_v<Args, L> || ...)) {
+                if constexpr (detail::any_true({detail::grads_leaf_v<Args, L>...})) {
                     if (st.mut[PP::program::template id_of<L>] == nullptr)
                         throw binding_error(detail::message("typegrad: post_accumulate_grad_hook on ", L::name(),
                                                             " writes the param, but it was bound read-only; bind "
@@ -642,7 +649,7 @@ private:
                     else return nullptr;
                 };
                 value_type* g = nullptr;
-                ((g = g ? g : grad_ptr(args)), ...);
+                detail::for_each_arg([&](const auto& a) { g = g ? g : grad_ptr(a); }, args...);
                 if (!g) return;
                 constexpr std::size_t id = PP::program::template id_of<L>;
                 std::span<const std::size_t> ext(st.ext.data() + PP::rank_offset[id], L::shape_type::rank);
@@ -664,7 +671,7 @@ private:
             auto see = [&](const auto& a) {
                 if constexpr (std::is_same_v<std::remove_cvref_t<decltype(a)>, create_graph_t>) requested = requested || a.enabled;
             };
-            (see(args), ...);
+            detail::for_each_arg(see, args...);
             if (requested) {
                 std::string what = "typegrad: backward(..., tg::create_graph): a custom op's backward mutates input";
                 for (const auto& h : hazards)
@@ -704,7 +711,7 @@ private:
 
     // Anomaly mode: run the whole plan once with every value checked and the outputs redirected
     // to temporaries; only a clean run is repeated for real.
-    template <class PP, std::uint64_t Acc>
+    template <class PP, detail::grad_mask Acc>
     static void dry_run(const typename PP::state_type& st, detail::scratch_unit* scratch,
                         const std::array<std::size_t, PP::M + 1>& offset) {
         static_assert(detail::create_graph_hazard_count<PP>() == 0 && !mutates_anything<PP>(),
@@ -735,9 +742,9 @@ private:
     }
     template <class PP>
     static constexpr bool mutates_anything() {
-        return []<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            return (mutating_custom<typename PP::program::template node_at<Ns>>() || ...);
-        }(std::make_index_sequence<PP::M>{});
+        return []<class... Ns>(detail::type_list<Ns...>) {
+            return detail::any_true({mutating_custom<Ns>()...});
+        }(typename PP::program::nodes{});
     }
     template <class N>
     static constexpr bool mutating_custom() {
@@ -809,7 +816,7 @@ private:
             return;  // no gradient requested: nothing reads the seed
         } else {
         constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
-        static_assert(((std::size_t(detail::is_seed_binding_v<Args>) + ... + 0)) == 1,
+        static_assert(detail::count_true({detail::is_seed_binding_v<Args>...}) == 1,
                       "typegrad: backward(ctx, ...) takes one tg::seed(...).");
         auto set = [&](const auto& b) {
             using B = std::remove_cvref_t<decltype(b)>;
@@ -819,7 +826,7 @@ private:
                 st.ptr[id] = b.data;
             }
         };
-        (set(args), ...);
+        detail::for_each_arg(set, args...);
         using S = typename seed_leaf::shape_type;
         for (std::size_t a = 0; a < S::rank; ++a)
             st.ext[PP::rank_offset[id] + a] =
@@ -839,7 +846,7 @@ private:
                                                           " elements but the output has ", need));
                 }
             };
-            (check(args), ...);
+            detail::for_each_arg(check, args...);
         }
     }
 

@@ -49,7 +49,26 @@ inline constexpr const node_desc* no_children[1] = {nullptr};
 // (matmul, ...) reading and writing materialised buffers.
 enum class op_kind { leaf, constant, elementwise, reduce, meta, view, kernel };
 
-template <fixed_string Name, class T, class Shape, leaf_role Role>
+// A leaf's name as a pack of characters. Graph types hold no class-type template argument
+// (fixed_string, num): g++ 12 gives a type with one no canonical form, so comparing two graph
+// types walks their whole structure, again at every use, which grew exponentially with depth.
+template <char... Cs>
+struct name_chars {
+    static constexpr char text[sizeof...(Cs) + 1] = {Cs..., '\0'};
+    static constexpr std::string_view view() { return {text, sizeof...(Cs)}; }
+};
+namespace detail {
+template <fixed_string S, class = std::make_index_sequence<S.size()>>
+struct name_of;
+template <fixed_string S, std::size_t... Is>
+struct name_of<S, std::index_sequence<Is...>> {
+    using type = name_chars<S.data[Is]...>;
+};
+}  // namespace detail
+template <fixed_string S>
+using name_of_t = typename detail::name_of<S>::type;
+
+template <class Name, class T, class Shape, leaf_role Role>
 struct leaf {
     static_assert(is_dtype_v<T> || (Role == leaf_role::input && is_index_type_v<T>),
                   "typegrad: a leaf's element type must be float or double (an input may also "
@@ -63,10 +82,10 @@ struct leaf {
     static constexpr leaf_role role = Role;
     static constexpr bool requires_grad = Role == leaf_role::param;
     static constexpr bool contiguous = true;
-    static constexpr std::string_view name() { return Name.view(); }
+    static constexpr std::string_view name() { return Name::view(); }
     static constexpr detail::node_desc desc{
         detail::no_children, 0,
-        detail::hash_shape<Shape>(detail::hash_text(detail::hash_mix(1, std::size_t(Role) * 16 + sizeof(T)), Name.view()))};
+        detail::hash_shape<Shape>(detail::hash_text(detail::hash_mix(1, std::size_t(Role) * 16 + sizeof(T)), Name::view()))};
 };
 
 // A double held in a structural type, so that it can be a template argument on every
@@ -81,15 +100,16 @@ struct num {
     constexpr double value() const { return std::bit_cast<double>(bits); }
 };
 
-template <num V>
+// A constant's type holds its value's bits (an integer: see name_chars).
+template <std::uint64_t Bits>
 struct constant {
     using value_type = weak_scalar;
     using shape_type = scalar_shape;
     static constexpr op_kind kind = op_kind::constant;
     static constexpr bool requires_grad = false;
-    static constexpr double value = V.value();
+    static constexpr double value = std::bit_cast<double>(Bits);
     static constexpr bool contiguous = true;
-    static constexpr detail::node_desc desc{detail::no_children, 0, detail::hash_mix(2, V.bits)};
+    static constexpr detail::node_desc desc{detail::no_children, 0, detail::hash_mix(2, Bits)};
 };
 
 namespace detail {
@@ -145,22 +165,22 @@ concept expression = is_expr_v<std::remove_cvref_t<T>>;
 
 template <class T>
 inline constexpr bool is_leaf_v = false;
-template <fixed_string Name, class T, class S, leaf_role R>
+template <class Name, class T, class S, leaf_role R>
 inline constexpr bool is_leaf_v<leaf<Name, T, S, R>> = true;
 
 template <class T>
 inline constexpr bool is_constant_v = false;
-template <num V>
+template <std::uint64_t V>
 inline constexpr bool is_constant_v<constant<V>> = true;
 
 // Leaves. `param` requires grad, `input` does not.
 template <fixed_string Name, class T, class Shape = scalar_shape>
-inline constexpr expr<leaf<Name, T, Shape, leaf_role::param>> param{};
+inline constexpr expr<leaf<name_of_t<Name>, T, Shape, leaf_role::param>> param{};
 template <fixed_string Name, class T, class Shape = scalar_shape>
-inline constexpr expr<leaf<Name, T, Shape, leaf_role::input>> input{};
+inline constexpr expr<leaf<name_of_t<Name>, T, Shape, leaf_role::input>> input{};
 // A compile-time constant; it takes the dtype of the tensor it meets (a "weak" scalar).
 template <num V>
-inline constexpr expr<constant<V>> lit{};
+inline constexpr expr<constant<V.bits>> lit{};
 
 namespace detail {
 template <class Op, class... Es>

@@ -6,6 +6,7 @@
 // nesting to 256 operands. Everything downstream works on integer ids (see program.hpp).
 #include <array>
 #include <cstddef>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
@@ -38,6 +39,20 @@ template <class T, class List>
 inline constexpr std::size_t index_of_v = index_of<T, List>::value;
 template <class T, class List>
 inline constexpr bool contains_v = index_of<T, List>::value < List::size;
+
+// Pack helpers without fold expressions: a call may carry hundreds of bindings, a plan hundreds
+// of steps, and clang nests a fold's operands (256 at most).
+template <class F, class... As>
+constexpr void for_each_arg(F&& f, As&&... as) {
+    [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(f(static_cast<As&&>(as))), 0)...};
+}
+constexpr std::size_t count_true(std::initializer_list<bool> flags) {
+    std::size_t n = 0;
+    for (bool b : flags) n += b;
+    return n;
+}
+constexpr bool any_true(std::initializer_list<bool> flags) { return count_true(flags) != 0; }
+constexpr bool all_true(std::initializer_list<bool> flags) { return count_true(flags) == flags.size(); }
 
 // No type appears twice.
 template <class... Ts>
@@ -81,7 +96,7 @@ template <class List, template <class> class Pred>
 struct filter;
 template <class... Ts, template <class> class Pred>
 struct filter<type_list<Ts...>, Pred> {
-    static constexpr bool keep[] = {bool(Pred<Ts>::value)..., false};
+    static constexpr std::array<bool, sizeof...(Ts) + 1> keep{bool(Pred<Ts>::value)..., false};
     static constexpr std::size_t count = [] {
         std::size_t n = 0;
         for (std::size_t i = 0; i < sizeof...(Ts); ++i) n += keep[i];
