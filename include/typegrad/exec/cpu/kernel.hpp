@@ -230,15 +230,16 @@ struct loop_kernel {
         using child_slots = typename slot_sequence<slots, picked<id>.n>::type;
     };
 
-    // The body is one fold over free functions named by (op, dtype, slots) rather than by the
+    // The body is one pack expansion over free functions named by (op, dtype, slots) rather than by the
     // plan: a member per node would carry the whole plan type in every symbol name, so symbol
     // text would grow quadratically with the graph (see exec/node_filter.hpp).
     template <class V, class Values>
     static void eval_body(Values& v) {
         [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
-            (eval_node<typename body_node<Bs>::type::op, storage_t<typename body_node<Bs>::type::value_type>, Check,
-                       n_in + Bs, body_node<Bs>::id>(v, typename body_node<Bs>::child_slots{}),
-             ...);
+            [[maybe_unused]] const int in_order[] = {
+                0, (eval_node<typename body_node<Bs>::type::op, storage_t<typename body_node<Bs>::type::value_type>,
+                              Check, n_in + Bs, body_node<Bs>::id>(v, typename body_node<Bs>::child_slots{}),
+                    0)...};
         }(std::make_index_sequence<n_body>{});
     }
 
@@ -260,7 +261,7 @@ struct loop_kernel {
         }
         std::array<std::array<std::ptrdiff_t, G>, n_ops + 1> stride{};
         [&]<std::size_t... Os>(std::index_sequence<Os...>) {
-            ((stride[Os] = operand_strides<Os>(st)), ...);
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(stride[Os] = operand_strides<Os>(st)), 0)...};
         }(std::make_index_sequence<n_ops>{});
 
         std::array<const void*, n_in + 1> in_ptr{};
@@ -270,7 +271,7 @@ struct loop_kernel {
         for (std::size_t k = 0; k < n_store; ++k) out_ptr[n_red + n_mat + k] = st.out[plan.members[lp.store_begin + k]];
         std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-            ((inner_stride[Is] = is_view_input(Is) ? stride[Is][G - 1] : 1), ...);
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(inner_stride[Is] = is_view_input(Is) ? stride[Is][G - 1] : 1), 0)...};
         }(std::make_index_sequence<n_in>{});
 
         std::size_t outer = 1;
@@ -323,7 +324,7 @@ struct loop_kernel {
         std::array<T, n_slots + 1> s;
         // Inputs constant along the row.
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-            ((load_row_constant<Is>(v, s, in_ptr, off)), ...);
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_row_constant<Is>(v, s, in_ptr, off)), 0)...};
         }(std::make_index_sequence<n_in>{});
         std::array<batch_t, n_red + 1> acc;
         std::array<T, n_red + 1> acc_s;
@@ -335,20 +336,20 @@ struct loop_kernel {
         std::size_t j = 0;
         for (; j + W <= inner; j += W) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                ((load_vector<Is>(v, in_ptr, off, j, inner_stride)), ...);
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(v, in_ptr, off, j, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
             eval_body<batch_t>(v);
             finish<batch_t>(v, acc, out_ptr, off, j);
         }
         for (; j < inner; ++j) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                ((load_scalar<Is>(s, in_ptr, off, j, inner_stride)), ...);
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_scalar<Is>(s, in_ptr, off, j, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
             eval_body<T>(s);
             finish<T>(s, acc_s, out_ptr, off, j);
         }
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
-            ((close_reduction<Rs>(acc, acc_s, out_ptr, off)), ...);
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(close_reduction<Rs>(acc, acc_s, out_ptr, off)), 0)...};
         }(std::make_index_sequence<n_red>{});
     }
 
@@ -402,13 +403,13 @@ struct loop_kernel {
     template <class V, class Values, class Acc, class OutPtr, class Off>
     static void finish(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
-            ((reduce_step<V, Rs>(v, acc, out_ptr, off, j)), ...);
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(reduce_step<V, Rs>(v, acc, out_ptr, off, j)), 0)...};
         }(std::make_index_sequence<n_red>{});
         [&]<std::size_t... Ms>(std::index_sequence<Ms...>) {
-            ((mat_step<V, Ms>(v, out_ptr, off, j)), ...);
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(mat_step<V, Ms>(v, out_ptr, off, j)), 0)...};
         }(std::make_index_sequence<n_mat>{});
         [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
-            ((store_step<V, Ss>(v, out_ptr, off, j)), ...);
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(store_step<V, Ss>(v, out_ptr, off, j)), 0)...};
         }(std::make_index_sequence<n_store>{});
     }
     template <class V, std::size_t M_, class Values, class OutPtr, class Off>
