@@ -6,6 +6,7 @@
 #include <typegrad/core/fixed_string.hpp>
 #include <typegrad/core/shape.hpp>
 #include <typegrad/graph/node.hpp>
+#include <typegrad/ops/activation.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/broadcast.hpp>
@@ -19,6 +20,7 @@
 #include <typegrad/ops/matmul.hpp>
 #include <typegrad/ops/piecewise.hpp>
 #include <typegrad/ops/reduce.hpp>
+#include <typegrad/ops/special.hpp>
 #include <typegrad/ops/trig.hpp>
 #include <typegrad/ops/view.hpp>
 #include <typegrad/autodiff/reverse.hpp>
