@@ -7,6 +7,7 @@
 #include <typegrad/core/shape.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/activation.hpp>
+#include <typegrad/ops/arg_reduce.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/broadcast.hpp>
@@ -18,6 +19,7 @@
 #include <typegrad/ops/log_sum_exp.hpp>
 #include <typegrad/ops/loss.hpp>
 #include <typegrad/ops/matmul.hpp>
+#include <typegrad/ops/norm.hpp>
 #include <typegrad/ops/piecewise.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/special.hpp>
