@@ -16,6 +16,7 @@
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/hook.hpp>
+#include <typegrad/ops/index.hpp>
 #include <typegrad/ops/log_sum_exp.hpp>
 #include <typegrad/ops/loss.hpp>
 #include <typegrad/ops/matmul.hpp>
