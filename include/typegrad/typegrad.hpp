@@ -14,6 +14,7 @@
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/custom.hpp>
+#include <typegrad/ops/dropout.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/hook.hpp>
 #include <typegrad/ops/index.hpp>
