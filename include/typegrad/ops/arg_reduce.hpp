@@ -41,6 +41,12 @@ template <bool Largest, std::size_t Axis, bool Keep>
 struct arg_reduce_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = Largest ? "argmax" : "argmin";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: argmax/argmin has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
     static constexpr bool differentiable = false;
     static constexpr bool shape_only(std::size_t) { return false; }
     template <class X>

@@ -30,6 +30,12 @@ template <num P>
 struct dropout_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "dropout";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: dropout has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
     static constexpr double p = P.value();

@@ -87,6 +87,12 @@ template <std::int64_t Padding, bool ZeroPadding>
 struct embedding_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "embedding";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: embedding has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
     template <class Ids, class Table>
@@ -137,6 +143,12 @@ template <std::int64_t Padding>
 struct embedding_backward_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "embedding_backward";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: embedding (its backward) has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return i == 2; }
     template <class G, class Ids, class Table>
@@ -202,6 +214,12 @@ template <std::size_t Axis>
 struct index_select_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "index_select";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: index_select has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
     template <class X, class Ids>
@@ -252,6 +270,12 @@ template <std::size_t Axis>
 struct index_add_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "index_select_backward";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: index_select (its backward) has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return i == 2; }
     template <class G, class Ids, class X>
@@ -300,6 +324,12 @@ template <std::size_t Axis>
 struct concat_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "concat";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: concat (or stack) has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
     template <class... Xs>
