@@ -1,7 +1,7 @@
 #pragma once
 // Indexing: embedding(ids, table) (torch.nn.functional.embedding, optional padding_idx),
-// index_select(x, ids) along an axis (torch.index_select), concat and stack of several
-// expressions along an axis (torch.cat, torch.stack).
+// index_select(x, ids) and gather(x, index) along an axis (torch.index_select, torch.gather),
+// concat and stack of several expressions along an axis (torch.cat, torch.stack).
 //
 // Ids are integer tensors (a tg::input of std::int32_t or std::int64_t, of any shape, or the
 // result of argmax/argmin). Every id is checked against the table's rows: an id out of range
@@ -16,7 +16,7 @@
 // promote to the widest input, as on PyTorch's CPU list.
 //
 // All are kernel ops (their own routines over strided operands); the CUDA backend has no device
-// kernels for embedding, index_select and concat yet: a step holding one runs with host bindings
+// kernels for embedding, index_select, gather and concat yet: a step holding one runs with host bindings
 // (a typegrad: static_assert names the op when device buffers are bound).
 #include <algorithm>
 #include <cstddef>
@@ -319,6 +319,119 @@ struct index_add_op {
     static constexpr auto vjp(G g, Out, Gr, Ids ids, X);
 };
 
+// ---- gather along Axis: out[i] = x[i with axis Axis replaced by index[i]] ---------------------
+// index has x's rank; its extents may be smaller than x's on the other axes (torch.gather).
+template <std::size_t Axis>
+struct gather_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "gather";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: gather has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class X, class Index>
+    struct rule {
+        using value_type = typename X::value_type;
+        using shape_type = typename Index::shape_type;
+    };
+    template <class Ref>
+    static void check(const Ref& x, const Ref& index, const char* op) {
+        for (std::size_t a = 0; a < x.rank; ++a)
+            if (a != Axis && index.ext[a] > x.ext[a])
+                throw shape_error(message("typegrad: ", op, ": index extent ", index.ext[a], " on axis ", a,
+                                          " exceeds x's extent ", x.ext[a]));
+    }
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        check(in[0], in[1], "gather(x, index)");
+        for (std::size_t a = 0; a < in[1].rank; ++a) ext[a] = in[1].ext[a];
+        check_ids<Id>("gather(x, index)", in[1], in[0].ext[Axis]);
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using X = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<X>;
+        const Ref& x = in[0];
+        const Ref& index = in[1];
+        check_ids<Id>("gather(x, index)", index, x.ext[Axis]);
+        const auto* xp = static_cast<const B*>(x.data);
+        const auto* ip = static_cast<const Id*>(index.data);
+        const std::size_t n = numel_of(index);
+        for (std::size_t e = 0; e < n; ++e) {
+            std::size_t r = e;
+            std::ptrdiff_t off = 0;
+            for (std::size_t a = index.rank; a-- > 0;) {
+                if (a != Axis) off += std::ptrdiff_t(r % ext[a]) * x.stride[a];
+                r /= ext[a];
+            }
+            off += std::ptrdiff_t(ip[strided_offset(index, e)]) * x.stride[Axis];
+            out[e] = convert_element<T, typename X::value_type>(xp[off]);
+        }
+    }
+    template <std::size_t I, class G, class Out, class X, class Index>
+    static constexpr auto vjp(G g, Out, X x, Index index);
+};
+
+// x's gradient: zeros like x, each g[i] added at x's position of out[i], in order. Operands:
+// g, index, x (shape only).
+template <std::size_t Axis>
+struct gather_backward_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "gather_backward";
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: gather (its backward) has no device kernel yet; evaluate this "
+                                       "step with host bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t i) { return i == 2; }
+    template <class G, class Index, class X>
+    struct rule {
+        using value_type = typename G::value_type;
+        using shape_type = typename X::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        for (std::size_t a = 0; a < in[2].rank; ++a) ext[a] = in[2].ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using Gn = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<Gn>;
+        using C = compute_t<T>;
+        const Ref& g = in[0];
+        const Ref& index = in[1];
+        check_ids<Id>("gather(x, index)", index, ext[Axis]);
+        const auto* gp = static_cast<const B*>(g.data);
+        const auto* ip = static_cast<const Id*>(index.data);
+        std::size_t total = 1;
+        for (std::size_t a = 0; a < index.rank; ++a) total *= ext[a];
+        std::vector<C> acc(total, C(0));
+        const std::size_t n = numel_of(index);
+        for (std::size_t e = 0; e < n; ++e) {
+            std::size_t r = e, o = 0, scale = 1;
+            for (std::size_t a = index.rank; a-- > 0;) {
+                std::size_t i = r % index.ext[a];
+                r /= index.ext[a];
+                if (a == Axis) i = std::size_t(ip[strided_offset(index, e)]);
+                o += i * scale;
+                scale *= ext[a];
+            }
+            acc[o] += static_cast<C>(convert_element<T, typename Gn::value_type>(gp[strided_offset(g, e)]));
+        }
+        for (std::size_t i = 0; i < total; ++i) out[i] = T(acc[i]);
+    }
+    template <std::size_t I, class G, class Out, class Gr, class Index, class X>
+    static constexpr auto vjp(G g, Out, Gr, Index index, X);
+};
+
 // ---- concat along Axis of up to 5 operands (longer lists are chained) -----------------------
 template <std::size_t Axis>
 struct concat_op {
@@ -470,6 +583,20 @@ constexpr auto index_select(X x, Ids ids) {
     return detail::make_node<detail::index_select_op<detail::normalize_axis<S>(Axis)>>(x, ids);
 }
 
+// torch.gather(x, axis, index): index has x's rank (extents at most x's off the axis); the
+// result has index's shape.
+template <int Axis, expression X, expression Index>
+constexpr auto gather(X x, Index index) {
+    using S = typename X::shape_type;
+    static_assert(is_index_type_v<typename Index::value_type>,
+                  "typegrad: gather<axis>(x, index) takes an integer index (std::int32_t or std::int64_t).");
+    static_assert(Index::shape_type::rank == S::rank, "typegrad: gather<axis>(x, index) needs index of x's rank.");
+    static_assert(is_dtype_v<typename X::value_type>, "typegrad: gather<axis>(x, index) takes a floating x.");
+    static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
+                  "typegrad: gather<axis>(x, index) names an axis x does not have.");
+    return detail::make_node<detail::gather_op<detail::normalize_axis<S>(Axis)>>(x, index);
+}
+
 // torch.cat(xs, axis): extents equal except along axis; the result has the widest dtype.
 template <int Axis = 0, expression X0, expression... Xs>
 constexpr auto concat(X0 x0, Xs... xs) {
@@ -521,6 +648,18 @@ template <std::size_t I, class G, class Out, class Gr, class Ids, class X>
 constexpr auto index_add_op<Axis>::vjp(G g, Out, Gr, Ids ids, X) {
     static_assert(I == 0, "typegrad: internal: index_select_backward's ids carry no gradient");
     return make_node<index_select_op<Axis>>(g, ids);
+}
+template <std::size_t Axis>
+template <std::size_t I, class G, class Out, class X, class Index>
+constexpr auto gather_op<Axis>::vjp(G g, Out, X x, Index index) {
+    static_assert(I == 0, "typegrad: internal: gather's index carries no gradient");
+    return make_node<gather_backward_op<Axis>>(g, index, x);
+}
+template <std::size_t Axis>
+template <std::size_t I, class G, class Out, class Gr, class Index, class X>
+constexpr auto gather_backward_op<Axis>::vjp(G g, Out, Gr, Index index, X) {
+    static_assert(I == 0, "typegrad: internal: gather_backward's index carries no gradient");
+    return make_node<gather_op<Axis>>(g, index);
 }
 template <std::size_t Axis>
 template <std::size_t I, class G, class Out, class... Xs>
