@@ -211,11 +211,9 @@ class Graph:
     def pick(self):
         # recent nodes more often (depth), any earlier node sometimes (sharing)
         n = len(self.nodes)
-        while True:
-            k = self.rng.randrange(max(0, n - 3), n) if self.rng.random() < 0.6 else self.rng.randrange(n)
-            # a concat's extents are not the graph's: it is only ever reduced (emitted with its reduction)
-            if self.nodes[k].op != "concat":
-                return k
+        if self.rng.random() < 0.6:
+            return self.rng.randrange(max(0, n - 3), n)
+        return self.rng.randrange(n)
 
     def constant(self):
         v = self.rng.choice(CONSTANTS)
@@ -223,10 +221,7 @@ class Graph:
 
     def try_op(self):
         rng = self.rng
-        kinds, weights = ["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2]
-        if self.gid >= FIRST_NEW:  # ops/norm.hpp and ops/index.hpp's concat
-            kinds, weights = kinds + ["norm", "concat"], weights + [2, 1]
-        kind = rng.choices(kinds, weights)[0]
+        kind = rng.choices(["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2])[0]
         a = self.nodes[self.pick()]
         ai = self.nodes.index(a)
         if kind == "unary":
@@ -258,32 +253,6 @@ class Graph:
             else:
                 text, line = "%s(%s)" % (CPP_UNARY[op], a.text), "%s %d" % (op, ai)
             self.emit(op, [ai], a.shape, bounds, text, line)
-            return True
-        if kind == "norm":  # over the last axis
-            if a.shape == ():
-                return False
-            op = rng.choice(["layer_norm", "rms_norm"])
-            last = a.shape[-1]
-            bound = math.sqrt(MAX_DYN if isinstance(last, str) else last)
-            text = "tg::layer_norm(%s)" % a.text if op == "layer_norm" else "tg::rms_norm<1, 1e-05>(%s)" % a.text
-            self.emit(op, [ai], a.shape, (-bound, bound), text, "%s %d" % (op, ai))
-            return True
-        if kind == "concat":  # with itself or a node of the same shape, then summed
-            if a.shape == ():
-                return False
-            same = [n for n in self.nodes if n.shape == a.shape and n.op != "concat"]
-            b = rng.choice(same)
-            bi = self.nodes.index(b)
-            axis = rng.randrange(len(a.shape))
-            before = len(self.nodes)
-            self.emit("concat", [ai, bi], a.shape, hull((a.lo, a.hi), (b.lo, b.hi)),
-                      "tg::concat<%d>(%s, %s)" % (axis, a.text, b.text), "concat %d %d ax%d" % (ai, bi, axis))
-            if len(self.nodes) == before:
-                return False
-            c = self.nodes[-1]
-            lo, hi = interval("sum", c)  # over twice the extent along the axis
-            self.emit("sum", [], (), (min(lo, 2 * lo), max(hi, 2 * hi)), "tg::sum(%s)" % c.text,
-                      "sum %d" % (len(self.nodes) - 1), force=True)
             return True
         if kind == "reduce":
             if a.shape == ():

@@ -263,15 +263,12 @@ T graph_64(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     constexpr auto a = tg::param<"a", T, tg::shape<3, tg::dyn>>;
     constexpr auto b = tg::input<"b", T, tg::shape<3, tg::dyn>>;
     constexpr auto c = tg::param<"c", T, tg::shape<>>;
-    constexpr auto e4 = tg::exp(c);
-    constexpr auto e5 = tg::detach(c);
-    constexpr auto e6 = (c - e4);
-    constexpr auto e7 = tg::sigmoid(e6);
-    constexpr auto e8 = tg::min(e5, b);
-    constexpr auto e10 = (tg::gt(e6, e8) * e7);
-    constexpr auto e11 = tg::sum(e10);
-    constexpr auto e12 = (e11 + e7);
-    constexpr auto step = tg::compile(e12, tg::wrt(a, c));
+    constexpr auto e3 = (b / tg::lit<2.0>);
+    constexpr auto e5 = tg::gelu<tg::approximate::tanh>(e3);
+    constexpr auto e8 = tg::silu(e5);
+    constexpr auto e10 = tg::softplus<1.0>(e8);
+    constexpr auto e11 = tg::max(e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, c));
     (void)split;
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
 }
@@ -292,16 +289,19 @@ T graph_68(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
 template <class T>
 T graph_72(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
     constexpr auto a = tg::param<"a", T, tg::shape<4, tg::dyn, tg::dyn>>;
-    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<4, tg::dyn, 1>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<4, tg::dyn, 1>>;
     constexpr auto c = tg::param<"c", T, tg::shape<4, tg::dyn, tg::dyn>>;
-    constexpr auto e5 = tg::layer_norm(c);
-    constexpr auto e8 = tg::mean(e5);
-    constexpr auto e10 = tg::rms_norm<1, 1e-05>(e5);
-    constexpr auto e11 = tg::log_sum_exp(e10);
-    constexpr auto e12 = (e11 + e8);
-    constexpr auto step = tg::compile(e12, tg::wrt(a, c));
+    constexpr auto e3 = (tg::lt(b, c) * b);
+    constexpr auto e5 = tg::abs(e3);
+    constexpr auto e6 = tg::relu(e5);
+    constexpr auto e9 = tg::min(e5, e6);
+    constexpr auto e10 = tg::min(c, tg::lit<3.0>);
+    constexpr auto e11 = tg::sum(e10);
+    constexpr auto e12 = tg::mean(e9);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, c));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
 }
 
 template <class T>
@@ -309,13 +309,9 @@ T graph_76(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     constexpr auto a = tg::param<"a", T, tg::shape<2>>;
     constexpr auto b = tg::param<"b", T, tg::shape<2>>;
     constexpr auto c = tg::param<"c", T, tg::shape<2>>;
-    constexpr auto e3 = tg::softplus<0.5>(c);
-    constexpr auto e6 = tg::exp(e3);
-    constexpr auto e7 = tg::layer_norm(e6);
-    constexpr auto e8 = tg::rms_norm<1, 1e-05>(c);
-    constexpr auto e10 = (e7 + e8);
-    constexpr auto e11 = tg::max(e10);
-    constexpr auto e12 = tg::sum(e7);
+    constexpr auto e10 = (tg::lit<3.0> + a);
+    constexpr auto e11 = tg::sum(e10);
+    constexpr auto e12 = tg::mean(c);
     constexpr auto e13 = (e11 + e12);
     constexpr auto step = tg::compile(e13, tg::wrt(a, b, c));
     (void)split;
@@ -325,9 +321,14 @@ T graph_76(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
 template <class T>
 T graph_80(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
     constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
-    constexpr auto e8 = tg::exp(a);
-    constexpr auto e9 = tg::detach(e8);
-    constexpr auto e10 = tg::max(e9);
+    constexpr auto e1 = tg::log_sum_exp(a);
+    constexpr auto e3 = (tg::le(tg::lit<-2.0>, e1) * a);
+    constexpr auto e4 = tg::pow(e1, e3);
+    constexpr auto e5 = (e4 * e3);
+    constexpr auto e7 = tg::sigmoid(e4);
+    constexpr auto e8 = (tg::lit<-0.75> + e7);
+    constexpr auto e9 = tg::max(e5, e8);
+    constexpr auto e10 = tg::log_sum_exp(e9);
     constexpr auto step = tg::compile(e10, tg::wrt(a));
     (void)split;
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::grad_into(a, grad[0]));
@@ -336,21 +337,19 @@ T graph_80(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
 template <class T>
 T graph_84(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
     constexpr auto a = tg::param<"a", T, tg::shape<3>>;
-    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<3>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<3>>;
     [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<>>;
-    constexpr auto d = tg::input<"d", T, tg::shape<1>>;
-    constexpr auto e4 = tg::mean(d);
-    constexpr auto e6 = tg::min(tg::lit<2.0>, e4);
-    constexpr auto e7 = (e4 + e6);
-    constexpr auto e8 = tg::silu(e4);
-    constexpr auto e9 = (e8 + e7);
+    [[maybe_unused]] constexpr auto d = tg::input<"d", T, tg::shape<1>>;
+    constexpr auto e7 = tg::silu(b);
+    constexpr auto e8 = (tg::lit<2.0> + e7);
+    constexpr auto e9 = tg::mean(e8);
     constexpr auto step = tg::compile(e9, tg::wrt(a));
     if (split) {
-        auto ctx = step.forward(tg::bind(d, in[3], {ext[3][0]}));
+        auto ctx = step.forward(tg::bind(b, in[1], {ext[1][0]}));
         step.backward(ctx, tg::grad_into(a, grad[0]));
         return ctx.value();
     }
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(d, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::grad_into(a, grad[0]));
 }
 
 const bool registered = [] {
@@ -436,8 +435,8 @@ const bool registered = [] {
                 {{"a", true, 2, {-1, 5}, -2.0, 2.0}},
                 &graph_60<double>, &graph_60<float>});
     r.push_back({64, 1, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<3, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto e4 = tg::exp(c);\nconstexpr auto e5 = tg::detach(c);\nconstexpr auto e6 = (c - e4);\nconstexpr auto e7 = tg::sigmoid(e6);\nconstexpr auto e8 = tg::min(e5, b);\nconstexpr auto e10 = (tg::gt(e6, e8) * e7);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = (e11 + e7);\nconstexpr auto loss = e12;",
-                "leaf 0\nleaf 1\nleaf 2\nexp 2\ndetach 2\nsub 2 3\nsigmoid 5\nminimum 4 1\nmask_gt 5 7 6\nsum 8\nadd 9 6",
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto e3 = (b / tg::lit<2.0>);\nconstexpr auto e5 = tg::gelu<tg::approximate::tanh>(e3);\nconstexpr auto e8 = tg::silu(e5);\nconstexpr auto e10 = tg::softplus<1.0>(e8);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\ndiv 1 c2.0\ngelu_tanh 3\nsilu 4\nsoftplus 5 1.0\nmax 6",
                 {{"a", true, 2, {3, -1}, -2.0, 2.0}, {"b", false, 2, {3, -1}, -2.0, 2.0}, {"c", true, 0, {}, -2.0, 2.0}},
                 &graph_64<double>, &graph_64<float>});
     r.push_back({68, 2, false,
@@ -446,23 +445,23 @@ const bool registered = [] {
                 {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {-1, -2}, 0.25, 2.0}},
                 &graph_68<double>, &graph_68<float>});
     r.push_back({72, 2, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<4, tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<4, tg::dyn, 1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<4, tg::dyn, tg::dyn>>;\nconstexpr auto e5 = tg::layer_norm(c);\nconstexpr auto e8 = tg::mean(e5);\nconstexpr auto e10 = tg::rms_norm<1, 1e-05>(e5);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e12 = (e11 + e8);\nconstexpr auto loss = e12;",
-                "leaf 0\nleaf 1\nleaf 2\nlayer_norm 2\nmean 3\nrms_norm 3\nlse 5\nadd 6 4",
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<4, tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<4, tg::dyn, 1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<4, tg::dyn, tg::dyn>>;\nconstexpr auto e3 = (tg::lt(b, c) * b);\nconstexpr auto e5 = tg::abs(e3);\nconstexpr auto e6 = tg::relu(e5);\nconstexpr auto e9 = tg::min(e5, e6);\nconstexpr auto e10 = tg::min(c, tg::lit<3.0>);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::mean(e9);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nmask_lt 1 2 1\nabs 3\nrelu 4\nminimum 4 5\nminimum 2 c3.0\nsum 7\nmean 6\nadd 8 9",
                 {{"a", true, 3, {4, -1, -2}, 0.25, 2.0}, {"b", false, 3, {4, -1, 1}, -2.0, 2.0}, {"c", true, 3, {4, -1, -2}, 0.25, 2.0}},
                 &graph_72<double>, &graph_72<float>});
     r.push_back({76, 0, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<2>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<2>>;\nconstexpr auto e3 = tg::softplus<0.5>(c);\nconstexpr auto e6 = tg::exp(e3);\nconstexpr auto e7 = tg::layer_norm(e6);\nconstexpr auto e8 = tg::rms_norm<1, 1e-05>(c);\nconstexpr auto e10 = (e7 + e8);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto e12 = tg::sum(e7);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
-                "leaf 0\nleaf 1\nleaf 2\nsoftplus 2 0.5\nexp 3\nlayer_norm 4\nrms_norm 2\nadd 5 6\nmax 7\nsum 5\nadd 8 9",
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<2>>;\nconstexpr auto e10 = (tg::lit<3.0> + a);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::mean(c);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nadd c3.0 0\nsum 3\nmean 2\nadd 4 5",
                 {{"a", true, 1, {2}, 0.25, 2.0}, {"b", true, 1, {2}, 0.25, 2.0}, {"c", true, 1, {2}, 0.25, 2.0}},
                 &graph_76<double>, &graph_76<float>});
     r.push_back({80, 2, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e8 = tg::exp(a);\nconstexpr auto e9 = tg::detach(e8);\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto loss = e10;",
-                "leaf 0\nexp 0\ndetach 1\nmax 2",
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e1 = tg::log_sum_exp(a);\nconstexpr auto e3 = (tg::le(tg::lit<-2.0>, e1) * a);\nconstexpr auto e4 = tg::pow(e1, e3);\nconstexpr auto e5 = (e4 * e3);\nconstexpr auto e7 = tg::sigmoid(e4);\nconstexpr auto e8 = (tg::lit<-0.75> + e7);\nconstexpr auto e9 = tg::max(e5, e8);\nconstexpr auto e10 = tg::log_sum_exp(e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nlse 0\nmask_le c-2.0 1 0\npow 1 2\nmul 3 2\nsigmoid 3\nadd c-0.75 5\nmaximum 4 6\nlse 7",
                 {{"a", true, 2, {-1, -2}, 0.25, 2.0}},
                 &graph_80<double>, &graph_80<float>});
     r.push_back({84, 0, true,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<1>>;\nconstexpr auto e4 = tg::mean(d);\nconstexpr auto e6 = tg::min(tg::lit<2.0>, e4);\nconstexpr auto e7 = (e4 + e6);\nconstexpr auto e8 = tg::silu(e4);\nconstexpr auto e9 = (e8 + e7);\nconstexpr auto loss = e9;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nmean 3\nminimum c2.0 4\nadd 4 5\nsilu 4\nadd 7 6",
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<1>>;\nconstexpr auto e7 = tg::silu(b);\nconstexpr auto e8 = (tg::lit<2.0> + e7);\nconstexpr auto e9 = tg::mean(e8);\nconstexpr auto loss = e9;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nsilu 1\nadd c2.0 4\nmean 5",
                 {{"a", true, 1, {3}, -2.0, 2.0}, {"b", false, 1, {3}, 0.25, 2.0}, {"c", false, 0, {}, -2.0, 2.0}, {"d", false, 1, {1}, -2.0, 2.0}},
                 &graph_84<double>, &graph_84<float>});
     return true;
