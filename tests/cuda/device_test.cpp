@@ -42,7 +42,8 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
                                              "matmul", "linear", "matmul_batched", "transpose", "slice",
                                              "cross_entropy", "cast", "hook_device", "mlp", "non_scalar",
                                              "bf16_elementwise", "f16_elementwise", "bf16_reduction", "bf16_slice_transpose",
-                                             "bf16_matmul", "autocast_cuda_f16_mlp", "custom_device", "custom_device_f64"};
+                                             "bf16_matmul", "autocast_cuda_f16_mlp", "custom_device", "custom_device_f64",
+                                             "activations", "special", "layer_norm", "bf16_activations"};
     for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
         cuda_tests::for_each_graph([&](const char* name, const auto& step) {
             if (all || std::find(subset.begin(), subset.end(), name) != subset.end()) compare_with_cpu(name, step, n);

@@ -95,6 +95,15 @@ void for_each_graph(F&& f) {
                                          A * tg::ge(A, B) + B * tg::le(A, B) + A * tg::lt(A, B) + B * tg::eq(A, B)),
                                  tg::wrt(A, B)));
     f("detach", tg::compile(tg::sum(tg::detach(A) * B), tg::wrt(A, B)));
+    // activations, special functions and norms (ops/activation.hpp, special.hpp, norm.hpp)
+    f("activations", tg::compile(tg::sum((tg::gelu(A) + tg::gelu<tg::approximate::tanh>(B) + tg::silu(A)) * B +
+                                         tg::softplus<2>(A) + tg::leaky_relu<0.2>(B) * A + tg::elu(A) +
+                                         tg::clamp(A, lit<-0.5>, B)),
+                                 tg::wrt(A, B)));
+    f("special", tg::compile(tg::sum(tg::erf(A) * B + tg::log1p(tg::square(A)) + tg::expm1(B * lit<0.5>)), tg::wrt(A, B)));
+    f("layer_norm", tg::compile(tg::sum(tg::square(tg::layer_norm(A, v, w5)) + tg::rms_norm(B, v) * A), tg::wrt(A, v, w5, B)));
+    f("bf16_activations", tg::compile(tg::sum(tg::cast<float>(tg::gelu(Ah) * tg::softplus(Bh) + tg::layer_norm(Ah))),
+                                      tg::wrt(Ah, Bh)));
     // broadcasting
     f("broadcast_row", tg::compile(tg::sum((A + v) * B), tg::wrt(A, v, B)));
     f("broadcast_to", tg::compile(tg::sum(tg::square(tg::broadcast_to<tg::shape<4, 5>>(v))), tg::wrt(v)));

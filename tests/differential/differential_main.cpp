@@ -126,6 +126,28 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             r = op == "relu" ? torch::relu(node(a)) : torch::abs(node(a));
         }
         else if (op == "detach") r = node(a).detach();
+        else if (op == "erf") r = torch::erf(node(a));
+        else if (op == "log1p") r = torch::log1p(node(a));
+        else if (op == "expm1") r = torch::expm1(node(a));
+        else if (op == "gelu") r = torch::gelu(node(a));
+        else if (op == "gelu_tanh") r = torch::gelu(node(a), "tanh");
+        else if (op == "silu") r = torch::silu(node(a));
+        else if (op == "softplus") { ts >> b; r = torch::softplus(node(a), std::stod(b), 20.0); }
+        else if (op == "leaky_relu") {
+            ts >> b;
+            note_margin(ref, node(a), torch::zeros({}, opts), kink_tol);
+            r = torch::leaky_relu(node(a), std::stod(b));
+        } else if (op == "elu") {
+            ts >> b;
+            if (std::stod(b) != 1.0) note_margin(ref, node(a), torch::zeros({}, opts), kink_tol);
+            r = torch::elu(node(a), std::stod(b));
+        } else if (op == "clamp") {
+            ts >> b >> x;
+            const double lo = std::stod(b), hi = std::stod(x);
+            note_margin(ref, node(a) - lo, torch::scalar_tensor(lo, opts), kink_tol);
+            note_margin(ref, node(a) - hi, torch::scalar_tensor(hi, opts), kink_tol);
+            r = torch::clamp(node(a), lo, hi);
+        }
         else if (op == "powc") { ts >> b; r = torch::pow(node(a), torch::scalar_tensor(std::stod(b), opts)); }
         else if (op == "sum") r = node(a).sum();
         else if (op == "mean") r = node(a).mean();

@@ -21,7 +21,8 @@ import pathlib
 import random
 
 SEED = 20250611
-GRAPHS = 64
+GRAPHS = 88
+FIRST_NEW = 64      # graphs from here on also draw the activations and special functions
 UNITS = 4           # generated translation units (compile time: about 16 graphs each)
 MAX_DYN = 17        # largest dynamic extent the harness draws (sum bounds use it)
 LEAF_NAMES = "abcd"
@@ -29,6 +30,11 @@ CONSTANTS = [0.5, 2.0, 1.5, -0.75, 3.0, 0.25, -2.0]
 
 UNARY = ["neg", "exp", "log", "sqrt", "square", "sin", "cos", "tanh", "sigmoid", "relu", "abs",
          "powc", "detach"]
+# ops/activation.hpp and ops/special.hpp; drawn by graphs FIRST_NEW.. only, so that graphs
+# 0..FIRST_NEW-1 stay the ones docs/reliability.md measured
+ACTIVATIONS = ["erf", "log1p", "expm1", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "elu", "clamp"]
+ACTIVATION_PARAMS = {"softplus": [1.0, 2.0, 0.5], "leaky_relu": [0.01, 0.2], "elu": [1.0, 0.5],
+                     "clamp": [(-1.0, 1.0), (0.0, 2.0), (-0.5, 0.5)]}
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 MASKS = ["gt", "ge", "lt", "le"]
 REDUCE = ["sum", "mean", "max", "min", "lse"]
@@ -37,7 +43,8 @@ CPP_UNARY = {"exp": "tg::exp", "log": "tg::log", "sqrt": "tg::sqrt", "square": "
              "sin": "tg::sin", "cos": "tg::cos", "tanh": "tg::tanh", "sigmoid": "tg::sigmoid",
              "relu": "tg::relu", "abs": "tg::abs", "detach": "tg::detach",
              "sum": "tg::sum", "mean": "tg::mean", "max": "tg::max", "min": "tg::min",
-             "lse": "tg::log_sum_exp"}
+             "lse": "tg::log_sum_exp", "erf": "tg::erf", "log1p": "tg::log1p", "expm1": "tg::expm1",
+             "gelu": "tg::gelu", "gelu_tanh": "tg::gelu<tg::approximate::tanh>", "silu": "tg::silu"}
 CPP_BINOP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 CPP_BINFN = {"pow": "tg::pow", "maximum": "tg::max", "minimum": "tg::min",
              "gt": "tg::gt", "ge": "tg::ge", "lt": "tg::lt", "le": "tg::le"}
@@ -94,6 +101,25 @@ def interval(op, a, b=None, c=None):
         return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
     if op == "detach":
         return lo, hi
+    if op == "erf":
+        return math.erf(lo), math.erf(hi)
+    if op == "log1p":
+        return (math.log1p(lo), math.log1p(hi)) if lo >= -0.8 else None
+    if op == "expm1":
+        return (math.expm1(lo), math.expm1(hi)) if hi <= 4 and lo >= -40 else None
+    if op in ("gelu", "gelu_tanh", "silu"):
+        f = (lambda x: x * 0.5 * (1 + math.erf(x / math.sqrt(2)))) if op != "silu" else (lambda x: x / (1 + math.exp(-x)))
+        low = (-0.18 if op != "silu" else -0.28) if lo < 0 else f(lo)
+        return low, (f(hi) if hi > 0 else 0.0)
+    if op == "softplus":  # c: beta; threshold 20
+        f = lambda x: x if x * c > 20 else math.log1p(math.exp(x * c)) / c
+        return f(lo), f(hi)
+    if op == "leaky_relu":
+        return (lo if lo > 0 else c * lo), (hi if hi > 0 else c * hi)
+    if op == "elu":
+        return (lo if lo > 0 else c * math.expm1(lo)), (hi if hi > 0 else c * math.expm1(hi))
+    if op == "clamp":
+        return min(max(lo, c[0]), c[1]), min(max(hi, c[0]), c[1])
     if op == "powc":
         if lo < 0.2 or hi > 20:
             return None
@@ -147,6 +173,7 @@ class Graph:
         self.lines = []      # C++ statements, T is the dtype
         self.program = []    # the interpreter's lines
         self.leaves = []     # (name, is_param, shape, lo, hi)
+        self.activations_drawn = 0
         self.make()
 
     def add(self, op, args, shape, lo, hi, text, program_line):
@@ -198,12 +225,28 @@ class Graph:
         a = self.nodes[self.pick()]
         ai = self.nodes.index(a)
         if kind == "unary":
-            op = rng.choice(UNARY)
+            new = self.gid >= FIRST_NEW and rng.random() < 0.6
+            # activations in turn (each graph starts elsewhere), so that every one is drawn
+            op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)] if new else rng.choice(UNARY)
             c = rng.choice([0.5, 1.5, 2.5, -0.5, -1.0, 3.0]) if op == "powc" else None
+            if op in ACTIVATION_PARAMS:
+                c = rng.choice(ACTIVATION_PARAMS[op])
+            self.activations_drawn += new
+            if op == "log1p" and a.lo < -0.8:  # another operand in its domain, if there is one
+                ok = [n for n in self.nodes if n.lo >= -0.8]
+                if ok:
+                    a = rng.choice(ok)
+                    ai = self.nodes.index(a)
             bounds = interval(op, a, c=c)
             if bounds is None:
                 return False
-            if op == "neg":
+            if op in ("softplus", "leaky_relu", "elu"):
+                text = "tg::%s<%s>(%s)" % (op, cpp_num(c), a.text)
+                line = "%s %d %s" % (op, ai, repr(c))
+            elif op == "clamp":
+                text = "tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (a.text, cpp_num(c[0]), cpp_num(c[1]))
+                line = "clamp %d %s %s" % (ai, repr(c[0]), repr(c[1]))
+            elif op == "neg":
                 text, line = "-%s" % a.text, "neg %d" % ai
             elif op == "powc":
                 text, line = "tg::pow(%s, tg::lit<%s>)" % (a.text, cpp_num(c)), "powc %d %s" % (ai, repr(c))

@@ -62,7 +62,9 @@ constexpr void check_node_on_device() {
                               !is_reduced_precision_v<storage_t<typename td::type_at_t<0, typename N::children>::value_type>>,
                           "typegrad: cuda: a cast to or from f64, or a one_hot, with a bf16/f16 side has no device "
                           "kernel yet; cast through f32 (tg::cast<float>) first (docs/cuda.md)");
-        static_assert(td::custom_kernel_info<N>::is_custom || is_matmul_v<typename N::op> ||
+        // a kernel op without a device kernel names itself (ops/index.hpp, dropout.hpp, arg_reduce.hpp)
+        if constexpr (requires { N::op::template no_device_kernel<N>(); }) N::op::template no_device_kernel<N>();
+        else static_assert(td::custom_kernel_info<N>::is_custom || is_matmul_v<typename N::op> ||
                           is_cast_v<typename N::op> || is_one_hot_v<typename N::op> ||
                           is_slice_backward_v<typename N::op>,
                       "typegrad: cuda: this graph has a kernel op with no device implementation (tensor hooks, "

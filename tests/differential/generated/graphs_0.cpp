@@ -258,6 +258,100 @@ T graph_60(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::grad_into(a, grad[0]));
 }
 
+template <class T>
+T graph_64(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3, tg::dyn>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<3, tg::dyn>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto e3 = (b / tg::lit<2.0>);
+    constexpr auto e5 = tg::gelu<tg::approximate::tanh>(e3);
+    constexpr auto e8 = tg::silu(e5);
+    constexpr auto e10 = tg::softplus<1.0>(e8);
+    constexpr auto e11 = tg::max(e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
+}
+
+template <class T>
+T graph_68(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e5 = (b + b);
+    constexpr auto e6 = tg::max(e5);
+    constexpr auto e7 = tg::sum(b);
+    constexpr auto e8 = (e6 + e7);
+    constexpr auto step = tg::compile(e8, tg::wrt(a, b));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]));
+}
+
+template <class T>
+T graph_72(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<4, tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<4, tg::dyn, 1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<4, tg::dyn, tg::dyn>>;
+    constexpr auto e3 = (tg::lt(b, c) * b);
+    constexpr auto e5 = tg::abs(e3);
+    constexpr auto e6 = tg::relu(e5);
+    constexpr auto e9 = tg::min(e5, e6);
+    constexpr auto e10 = tg::min(c, tg::lit<3.0>);
+    constexpr auto e11 = tg::sum(e10);
+    constexpr auto e12 = tg::mean(e9);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
+}
+
+template <class T>
+T graph_76(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<2>>;
+    constexpr auto e10 = (tg::lit<3.0> + a);
+    constexpr auto e11 = tg::sum(e10);
+    constexpr auto e12 = tg::mean(c);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, b, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]));
+}
+
+template <class T>
+T graph_80(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e1 = tg::log_sum_exp(a);
+    constexpr auto e3 = (tg::le(tg::lit<-2.0>, e1) * a);
+    constexpr auto e4 = tg::pow(e1, e3);
+    constexpr auto e5 = (e4 * e3);
+    constexpr auto e7 = tg::sigmoid(e4);
+    constexpr auto e8 = (tg::lit<-0.75> + e7);
+    constexpr auto e9 = tg::max(e5, e8);
+    constexpr auto e10 = tg::log_sum_exp(e9);
+    constexpr auto step = tg::compile(e10, tg::wrt(a));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::grad_into(a, grad[0]));
+}
+
+template <class T>
+T graph_84(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<3>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", T, tg::shape<1>>;
+    constexpr auto e7 = tg::silu(b);
+    constexpr auto e8 = (tg::lit<2.0> + e7);
+    constexpr auto e9 = tg::mean(e8);
+    constexpr auto step = tg::compile(e9, tg::wrt(a));
+    if (split) {
+        auto ctx = step.forward(tg::bind(b, in[1], {ext[1][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::grad_into(a, grad[0]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({0, 3, true,
@@ -340,6 +434,36 @@ const bool registered = [] {
                 "leaf 0\nrelu 0\ncos 1\nmax 0\nsub 2 3\nsin 2\nminimum 4 5\nsub 6 1\nsum 7\nadd 8 3",
                 {{"a", true, 2, {-1, 5}, -2.0, 2.0}},
                 &graph_60<double>, &graph_60<float>});
+    r.push_back({64, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto e3 = (b / tg::lit<2.0>);\nconstexpr auto e5 = tg::gelu<tg::approximate::tanh>(e3);\nconstexpr auto e8 = tg::silu(e5);\nconstexpr auto e10 = tg::softplus<1.0>(e8);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\ndiv 1 c2.0\ngelu_tanh 3\nsilu 4\nsoftplus 5 1.0\nmax 6",
+                {{"a", true, 2, {3, -1}, -2.0, 2.0}, {"b", false, 2, {3, -1}, -2.0, 2.0}, {"c", true, 0, {}, -2.0, 2.0}},
+                &graph_64<double>, &graph_64<float>});
+    r.push_back({68, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e5 = (b + b);\nconstexpr auto e6 = tg::max(e5);\nconstexpr auto e7 = tg::sum(b);\nconstexpr auto e8 = (e6 + e7);\nconstexpr auto loss = e8;",
+                "leaf 0\nleaf 1\nadd 1 1\nmax 2\nsum 1\nadd 3 4",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {-1, -2}, 0.25, 2.0}},
+                &graph_68<double>, &graph_68<float>});
+    r.push_back({72, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<4, tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<4, tg::dyn, 1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<4, tg::dyn, tg::dyn>>;\nconstexpr auto e3 = (tg::lt(b, c) * b);\nconstexpr auto e5 = tg::abs(e3);\nconstexpr auto e6 = tg::relu(e5);\nconstexpr auto e9 = tg::min(e5, e6);\nconstexpr auto e10 = tg::min(c, tg::lit<3.0>);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::mean(e9);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nmask_lt 1 2 1\nabs 3\nrelu 4\nminimum 4 5\nminimum 2 c3.0\nsum 7\nmean 6\nadd 8 9",
+                {{"a", true, 3, {4, -1, -2}, 0.25, 2.0}, {"b", false, 3, {4, -1, 1}, -2.0, 2.0}, {"c", true, 3, {4, -1, -2}, 0.25, 2.0}},
+                &graph_72<double>, &graph_72<float>});
+    r.push_back({76, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<2>>;\nconstexpr auto e10 = (tg::lit<3.0> + a);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::mean(c);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nadd c3.0 0\nsum 3\nmean 2\nadd 4 5",
+                {{"a", true, 1, {2}, 0.25, 2.0}, {"b", true, 1, {2}, 0.25, 2.0}, {"c", true, 1, {2}, 0.25, 2.0}},
+                &graph_76<double>, &graph_76<float>});
+    r.push_back({80, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e1 = tg::log_sum_exp(a);\nconstexpr auto e3 = (tg::le(tg::lit<-2.0>, e1) * a);\nconstexpr auto e4 = tg::pow(e1, e3);\nconstexpr auto e5 = (e4 * e3);\nconstexpr auto e7 = tg::sigmoid(e4);\nconstexpr auto e8 = (tg::lit<-0.75> + e7);\nconstexpr auto e9 = tg::max(e5, e8);\nconstexpr auto e10 = tg::log_sum_exp(e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nlse 0\nmask_le c-2.0 1 0\npow 1 2\nmul 3 2\nsigmoid 3\nadd c-0.75 5\nmaximum 4 6\nlse 7",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}},
+                &graph_80<double>, &graph_80<float>});
+    r.push_back({84, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<1>>;\nconstexpr auto e7 = tg::silu(b);\nconstexpr auto e8 = (tg::lit<2.0> + e7);\nconstexpr auto e9 = tg::mean(e8);\nconstexpr auto loss = e9;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nsilu 1\nadd c2.0 4\nmean 5",
+                {{"a", true, 1, {3}, -2.0, 2.0}, {"b", false, 1, {3}, 0.25, 2.0}, {"c", false, 0, {}, -2.0, 2.0}, {"d", false, 1, {1}, -2.0, 2.0}},
+                &graph_84<double>, &graph_84<float>});
     return true;
 }();
 

@@ -258,6 +258,100 @@ T graph_61(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(d, in[3], {}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(d, grad[2]));
 }
 
+template <class T>
+T graph_65(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<1, 1, tg::dyn>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<1, tg::dyn, tg::dyn>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<tg::dyn, tg::dyn, 1>>;
+    constexpr auto e4 = tg::silu(a);
+    constexpr auto e5 = tg::pow(a, e4);
+    constexpr auto e6 = tg::max(e5, e5);
+    constexpr auto e7 = -e6;
+    constexpr auto e8 = tg::where(tg::lt(e7, e5), e5, c);
+    constexpr auto e9 = tg::max(e7, e7);
+    constexpr auto e10 = tg::max(e9);
+    constexpr auto e11 = tg::max(e8);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto step = tg::compile(e12, tg::wrt(a, c, d));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(d, grad[2]));
+}
+
+template <class T>
+T graph_69(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e1 = tg::sin(a);
+    constexpr auto e6 = tg::max(e1);
+    constexpr auto e7 = (e6 + e6);
+    constexpr auto step = tg::compile(e7, tg::wrt(a));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::grad_into(a, grad[0]));
+}
+
+template <class T>
+T graph_73(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
+    constexpr auto e1 = (a * a);
+    constexpr auto e6 = tg::max(e1);
+    constexpr auto step = tg::compile(e6, tg::wrt(a));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::grad_into(a, grad[0]));
+}
+
+template <class T>
+T graph_77(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn>>;
+    constexpr auto e5 = tg::max(c, tg::lit<-2.0>);
+    constexpr auto e6 = tg::leaky_relu<0.01>(e5);
+    constexpr auto e7 = (a + e5);
+    constexpr auto e8 = tg::sum(e7);
+    constexpr auto e9 = tg::mean(e6);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto step = tg::compile(e10, tg::wrt(a, b, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]));
+}
+
+template <class T>
+T graph_81(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2, tg::dyn>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<1>>;
+    constexpr auto e3 = tg::log1p(b);
+    constexpr auto e4 = tg::max(c, e3);
+    constexpr auto e5 = tg::expm1(e4);
+    constexpr auto e6 = (e4 - b);
+    constexpr auto e7 = (tg::le(e5, tg::lit<0.25>) * e6);
+    constexpr auto e8 = (tg::lit<0.5> * e7);
+    constexpr auto e10 = (e5 * e8);
+    constexpr auto e11 = tg::log_sum_exp(e10);
+    constexpr auto e12 = tg::mean(e4);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, b, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]));
+}
+
+template <class T>
+T graph_85(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3, tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<3, 1, tg::dyn>>;
+    constexpr auto e3 = tg::silu(a);
+    constexpr auto e4 = tg::max(e3);
+    constexpr auto e5 = (tg::lit<2.0> + e4);
+    constexpr auto e7 = (e5 - tg::lit<2.0>);
+    constexpr auto step = tg::compile(e7, tg::wrt(a));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::grad_into(a, grad[0]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({1, 0, false,
@@ -340,6 +434,36 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nadd 1 1\nabs 4\ntanh 5\nrelu 6\nmin 7",
                 {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", false, 2, {1, -2}, -2.0, 2.0}, {"c", true, 1, {1}, 0.25, 2.0}, {"d", true, 0, {}, -2.0, 2.0}},
                 &graph_61<double>, &graph_61<float>});
+    r.push_back({65, 3, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1, 1, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1, tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<tg::dyn, tg::dyn, 1>>;\nconstexpr auto e4 = tg::silu(a);\nconstexpr auto e5 = tg::pow(a, e4);\nconstexpr auto e6 = tg::max(e5, e5);\nconstexpr auto e7 = -e6;\nconstexpr auto e8 = tg::where(tg::lt(e7, e5), e5, c);\nconstexpr auto e9 = tg::max(e7, e7);\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e8);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = e12;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nsilu 0\npow 0 4\nmaximum 5 5\nneg 6\nwhere_lt 7 5 5 2\nmaximum 7 7\nmax 9\nmax 8\nadd 10 11",
+                {{"a", true, 3, {-1, -2, -3}, 0.25, 2.0}, {"b", false, 3, {1, 1, -3}, -2.0, 2.0}, {"c", true, 3, {1, -2, -3}, -2.0, 2.0}, {"d", true, 3, {-1, -2, 1}, -2.0, 2.0}},
+                &graph_65<double>, &graph_65<float>});
+    r.push_back({69, 2, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e1 = tg::sin(a);\nconstexpr auto e6 = tg::max(e1);\nconstexpr auto e7 = (e6 + e6);\nconstexpr auto loss = e7;",
+                "leaf 0\nsin 0\nmax 1\nadd 2 2",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}},
+                &graph_69<double>, &graph_69<float>});
+    r.push_back({73, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto e1 = (a * a);\nconstexpr auto e6 = tg::max(e1);\nconstexpr auto loss = e6;",
+                "leaf 0\nmul 0 0\nmax 1",
+                {{"a", true, 1, {-1}, -2.0, 2.0}},
+                &graph_73<double>, &graph_73<float>});
+    r.push_back({77, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn>>;\nconstexpr auto e5 = tg::max(c, tg::lit<-2.0>);\nconstexpr auto e6 = tg::leaky_relu<0.01>(e5);\nconstexpr auto e7 = (a + e5);\nconstexpr auto e8 = tg::sum(e7);\nconstexpr auto e9 = tg::mean(e6);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nleaf 1\nleaf 2\nmaximum 2 c-2.0\nleaky_relu 3 0.01\nadd 0 3\nsum 5\nmean 4\nadd 6 7",
+                {{"a", true, 1, {-1}, -2.0, 2.0}, {"b", true, 1, {-1}, -2.0, 2.0}, {"c", true, 1, {-1}, -2.0, 2.0}},
+                &graph_77<double>, &graph_77<float>});
+    r.push_back({81, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1>>;\nconstexpr auto e3 = tg::log1p(b);\nconstexpr auto e4 = tg::max(c, e3);\nconstexpr auto e5 = tg::expm1(e4);\nconstexpr auto e6 = (e4 - b);\nconstexpr auto e7 = (tg::le(e5, tg::lit<0.25>) * e6);\nconstexpr auto e8 = (tg::lit<0.5> * e7);\nconstexpr auto e10 = (e5 * e8);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e12 = tg::mean(e4);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nlog1p 1\nmaximum 2 3\nexpm1 4\nsub 4 1\nmask_le 5 c0.25 6\nmul c0.5 7\nmul 5 8\nlse 9\nmean 4\nadd 10 11",
+                {{"a", true, 2, {2, -1}, -2.0, 2.0}, {"b", true, 2, {2, -1}, 0.25, 2.0}, {"c", true, 1, {1}, -2.0, 2.0}},
+                &graph_81<double>, &graph_81<float>});
+    r.push_back({85, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3, tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3, 1, tg::dyn>>;\nconstexpr auto e3 = tg::silu(a);\nconstexpr auto e4 = tg::max(e3);\nconstexpr auto e5 = (tg::lit<2.0> + e4);\nconstexpr auto e7 = (e5 - tg::lit<2.0>);\nconstexpr auto loss = e7;",
+                "leaf 0\nleaf 1\nsilu 0\nmax 2\nadd c2.0 3\nsub 4 c2.0",
+                {{"a", true, 3, {3, -1, -2}, 0.25, 2.0}, {"b", false, 3, {3, 1, -2}, -2.0, 2.0}},
+                &graph_85<double>, &graph_85<float>});
     return true;
 }();
 

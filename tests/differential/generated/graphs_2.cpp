@@ -255,6 +255,101 @@ T graph_62(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::grad_into(a, grad[0]));
 }
 
+template <class T>
+T graph_66(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<1>>;
+    constexpr auto e5 = tg::softplus<1.0>(c);
+    constexpr auto e6 = tg::min(e5);
+    constexpr auto step = tg::compile(e6, tg::wrt(a, b, c));
+    if (split) {
+        auto ctx = step.forward(tg::bind(c, in[2], {ext[2][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]));
+}
+
+template <class T>
+T graph_70(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, 5>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<1, 1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<1, 5>>;
+    constexpr auto e4 = (b * c);
+    constexpr auto e10 = tg::gelu(e4);
+    constexpr auto e11 = tg::min(e10);
+    constexpr auto e12 = tg::max(e10);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
+}
+
+template <class T>
+T graph_74(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    (void)ext;
+    constexpr auto a = tg::param<"a", T, tg::shape<>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<>>;
+    constexpr auto e5 = tg::abs(c);
+    constexpr auto e6 = tg::gelu<tg::approximate::tanh>(e5);
+    constexpr auto e7 = tg::abs(e5);
+    constexpr auto e8 = tg::silu(d);
+    constexpr auto e9 = (tg::gt(e7, e8) * e7);
+    constexpr auto e10 = tg::where(tg::le(e7, e9), e9, a);
+    constexpr auto e11 = (e10 + e6);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, d));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {}), tg::bind(b, in[1], {}), tg::bind(c, in[2], {}), tg::bind(d, in[3], {}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(d, grad[3]));
+}
+
+template <class T>
+T graph_78(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn>>;
+    constexpr auto e4 = tg::elu<1.0>(c);
+    constexpr auto e6 = tg::pow(a, e4);
+    constexpr auto e7 = tg::log_sum_exp(e6);
+    constexpr auto step = tg::compile(e7, tg::wrt(a, c));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0]}), tg::bind(c, in[2], {ext[2][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]));
+}
+
+template <class T>
+T graph_82(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 1>>;
+    constexpr auto e2 = (tg::ge(a, b) * a);
+    constexpr auto e3 = (b * e2);
+    constexpr auto e4 = tg::max(b, e3);
+    constexpr auto e5 = -e3;
+    constexpr auto e7 = tg::where(tg::ge(e4, e5), e2, e4);
+    constexpr auto e8 = tg::max(e7);
+    constexpr auto e9 = tg::max(e4);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto step = tg::compile(e10, tg::wrt(a, b));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]));
+}
+
+template <class T>
+T graph_86(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 2>>;
+    constexpr auto e4 = (a * b);
+    constexpr auto e5 = tg::mean(e4);
+    constexpr auto step = tg::compile(e5, tg::wrt(a, b));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2, 0, false,
@@ -337,6 +432,36 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nmax 1\nsquare 2\nmin 0\nadd 3 4",
                 {{"a", true, 2, {4, 3}, -2.0, 2.0}, {"b", false, 2, {4, 1}, -2.0, 2.0}},
                 &graph_62<double>, &graph_62<float>});
+    r.push_back({66, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1>>;\nconstexpr auto e5 = tg::softplus<1.0>(c);\nconstexpr auto e6 = tg::min(e5);\nconstexpr auto loss = e6;",
+                "leaf 0\nleaf 1\nleaf 2\nsoftplus 2 1.0\nmin 3",
+                {{"a", true, 1, {2}, 0.25, 2.0}, {"b", true, 1, {2}, -2.0, 2.0}, {"c", true, 1, {1}, -2.0, 2.0}},
+                &graph_66<double>, &graph_66<float>});
+    r.push_back({70, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, 5>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1, 1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1, 5>>;\nconstexpr auto e4 = (b * c);\nconstexpr auto e10 = tg::gelu(e4);\nconstexpr auto e11 = tg::min(e10);\nconstexpr auto e12 = tg::max(e10);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nmul 1 2\ngelu 3\nmin 4\nmax 4\nadd 5 6",
+                {{"a", true, 3, {-1, -2, 5}, -2.0, 2.0}, {"b", false, 2, {1, 1}, 0.25, 2.0}, {"c", true, 2, {1, 5}, 0.25, 2.0}},
+                &graph_70<double>, &graph_70<float>});
+    r.push_back({74, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<>>;\nconstexpr auto e5 = tg::abs(c);\nconstexpr auto e6 = tg::gelu<tg::approximate::tanh>(e5);\nconstexpr auto e7 = tg::abs(e5);\nconstexpr auto e8 = tg::silu(d);\nconstexpr auto e9 = (tg::gt(e7, e8) * e7);\nconstexpr auto e10 = tg::where(tg::le(e7, e9), e9, a);\nconstexpr auto e11 = (e10 + e6);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nabs 2\ngelu_tanh 4\nabs 4\nsilu 3\nmask_gt 6 7 6\nwhere_le 6 8 8 0\nadd 9 5",
+                {{"a", true, 0, {}, -2.0, 2.0}, {"b", true, 0, {}, -2.0, 2.0}, {"c", true, 0, {}, -2.0, 2.0}, {"d", true, 0, {}, -2.0, 2.0}},
+                &graph_74<double>, &graph_74<float>});
+    r.push_back({78, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::elu<1.0>(c);\nconstexpr auto e6 = tg::pow(a, e4);\nconstexpr auto e7 = tg::log_sum_exp(e6);\nconstexpr auto loss = e7;",
+                "leaf 0\nleaf 1\nleaf 2\nelu 2 1.0\npow 0 3\nlse 4",
+                {{"a", true, 1, {-1}, 0.25, 2.0}, {"b", false, 1, {1}, 0.25, 2.0}, {"c", true, 1, {-1}, -2.0, 2.0}},
+                &graph_78<double>, &graph_78<float>});
+    r.push_back({82, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 1>>;\nconstexpr auto e2 = (tg::ge(a, b) * a);\nconstexpr auto e3 = (b * e2);\nconstexpr auto e4 = tg::max(b, e3);\nconstexpr auto e5 = -e3;\nconstexpr auto e7 = tg::where(tg::ge(e4, e5), e2, e4);\nconstexpr auto e8 = tg::max(e7);\nconstexpr auto e9 = tg::max(e4);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nleaf 1\nmask_ge 0 1 0\nmul 1 2\nmaximum 1 3\nneg 3\nwhere_ge 4 5 2 4\nmax 6\nmax 4\nadd 7 8",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 2, {-1, 1}, 0.25, 2.0}},
+                &graph_82<double>, &graph_82<float>});
+    r.push_back({86, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 2>>;\nconstexpr auto e4 = (a * b);\nconstexpr auto e5 = tg::mean(e4);\nconstexpr auto loss = e5;",
+                "leaf 0\nleaf 1\nmul 0 1\nmean 2",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {-1, 2}, -2.0, 2.0}},
+                &graph_86<double>, &graph_86<float>});
     return true;
 }();
 

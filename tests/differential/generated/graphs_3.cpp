@@ -248,6 +248,101 @@ T graph_63(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::grad_into(a, grad[0]));
 }
 
+template <class T>
+T graph_67(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn>>;
+    constexpr auto e3 = (tg::le(b, a) * c);
+    constexpr auto e5 = tg::min(e3, tg::lit<-0.75>);
+    constexpr auto e6 = (e3 * a);
+    constexpr auto e8 = (b + e5);
+    constexpr auto e9 = (tg::ge(tg::lit<0.25>, e6) * e8);
+    constexpr auto e10 = tg::max(e9);
+    constexpr auto e11 = tg::max(e5);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto step = tg::compile(e12, tg::wrt(a, b, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {}), tg::bind(c, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]));
+}
+
+template <class T>
+T graph_71(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<5, 2>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<5, 2>>;
+    constexpr auto e3 = tg::min(b, a);
+    constexpr auto e5 = tg::max(e3, tg::lit<3.0>);
+    constexpr auto e7 = tg::tanh(e5);
+    constexpr auto e10 = -e7;
+    constexpr auto e11 = tg::mean(e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::grad_into(a, grad[0]));
+}
+
+template <class T>
+T graph_75(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto e1 = -a;
+    constexpr auto e2 = tg::silu(e1);
+    constexpr auto e3 = (e2 + e2);
+    constexpr auto e4 = tg::softplus<2.0>(e3);
+    constexpr auto e6 = tg::sin(e4);
+    constexpr auto e7 = tg::log_sum_exp(e6);
+    constexpr auto step = tg::compile(e7, tg::wrt(a));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::grad_into(a, grad[0]));
+}
+
+template <class T>
+T graph_79(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<>>;
+    constexpr auto e5 = (c - d);
+    constexpr auto e7 = (e5 + b);
+    constexpr auto e8 = tg::clamp(e7, tg::lit<-1.0>, tg::lit<1.0>);
+    constexpr auto step = tg::compile(e8, tg::wrt(a, c, d));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {}), tg::bind(c, in[2], {}), tg::bind(d, in[3], {}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(d, grad[2]));
+}
+
+template <class T>
+T graph_83(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    (void)ext;
+    constexpr auto a = tg::param<"a", T, tg::shape<>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto e4 = tg::gelu<tg::approximate::tanh>(c);
+    constexpr auto e5 = tg::max(e4, c);
+    constexpr auto e9 = -e5;
+    constexpr auto step = tg::compile(e9, tg::wrt(a, b, c));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {}), tg::bind(b, in[1], {}), tg::bind(c, in[2], {}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]));
+}
+
+template <class T>
+T graph_87(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn>>;
+    constexpr auto e2 = tg::leaky_relu<0.2>(b);
+    constexpr auto e4 = tg::clamp(e2, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e6 = tg::max(e4);
+    constexpr auto e7 = tg::erf(e6);
+    constexpr auto e8 = tg::min(b, e7);
+    constexpr auto e9 = tg::min(e8);
+    constexpr auto e10 = tg::sum(e4);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({3, 1, false,
@@ -330,6 +425,36 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nminimum 0 1\nmaximum 1 2\nsquare 1\nminimum 3 4\nmax 5",
                 {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", false, 2, {1, -2}, -2.0, 2.0}},
                 &graph_63<double>, &graph_63<float>});
+    r.push_back({67, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn>>;\nconstexpr auto e3 = (tg::le(b, a) * c);\nconstexpr auto e5 = tg::min(e3, tg::lit<-0.75>);\nconstexpr auto e6 = (e3 * a);\nconstexpr auto e8 = (b + e5);\nconstexpr auto e9 = (tg::ge(tg::lit<0.25>, e6) * e8);\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e5);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = e12;",
+                "leaf 0\nleaf 1\nleaf 2\nmask_le 1 0 2\nminimum 3 c-0.75\nmul 3 0\nadd 1 4\nmask_ge c0.25 5 6\nmax 7\nmax 4\nadd 8 9",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 0, {}, -2.0, 2.0}, {"c", true, 1, {-2}, -2.0, 2.0}},
+                &graph_67<double>, &graph_67<float>});
+    r.push_back({71, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<5, 2>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<5, 2>>;\nconstexpr auto e3 = tg::min(b, a);\nconstexpr auto e5 = tg::max(e3, tg::lit<3.0>);\nconstexpr auto e7 = tg::tanh(e5);\nconstexpr auto e10 = -e7;\nconstexpr auto e11 = tg::mean(e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nminimum 1 0\nmaximum 2 c3.0\ntanh 3\nneg 4\nmean 5",
+                {{"a", true, 2, {5, 2}, 0.25, 2.0}, {"b", false, 2, {5, 2}, -2.0, 2.0}},
+                &graph_71<double>, &graph_71<float>});
+    r.push_back({75, 3, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto e1 = -a;\nconstexpr auto e2 = tg::silu(e1);\nconstexpr auto e3 = (e2 + e2);\nconstexpr auto e4 = tg::softplus<2.0>(e3);\nconstexpr auto e6 = tg::sin(e4);\nconstexpr auto e7 = tg::log_sum_exp(e6);\nconstexpr auto loss = e7;",
+                "leaf 0\nneg 0\nsilu 1\nadd 2 2\nsoftplus 3 2.0\nsin 4\nlse 5",
+                {{"a", true, 3, {-1, -2, -3}, 0.25, 2.0}},
+                &graph_75<double>, &graph_75<float>});
+    r.push_back({79, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<>>;\nconstexpr auto e5 = (c - d);\nconstexpr auto e7 = (e5 + b);\nconstexpr auto e8 = tg::clamp(e7, tg::lit<-1.0>, tg::lit<1.0>);\nconstexpr auto loss = e8;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nsub 2 3\nadd 4 1\nclamp 5 -1.0 1.0",
+                {{"a", true, 1, {2}, -2.0, 2.0}, {"b", false, 0, {}, 0.25, 2.0}, {"c", true, 0, {}, -2.0, 2.0}, {"d", true, 0, {}, -2.0, 2.0}},
+                &graph_79<double>, &graph_79<float>});
+    r.push_back({83, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto e4 = tg::gelu<tg::approximate::tanh>(c);\nconstexpr auto e5 = tg::max(e4, c);\nconstexpr auto e9 = -e5;\nconstexpr auto loss = e9;",
+                "leaf 0\nleaf 1\nleaf 2\ngelu_tanh 2\nmaximum 3 2\nneg 4",
+                {{"a", true, 0, {}, -2.0, 2.0}, {"b", true, 0, {}, -2.0, 2.0}, {"c", true, 0, {}, -2.0, 2.0}},
+                &graph_83<double>, &graph_83<float>});
+    r.push_back({87, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn>>;\nconstexpr auto e2 = tg::leaky_relu<0.2>(b);\nconstexpr auto e4 = tg::clamp(e2, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e6 = tg::max(e4);\nconstexpr auto e7 = tg::erf(e6);\nconstexpr auto e8 = tg::min(b, e7);\nconstexpr auto e9 = tg::min(e8);\nconstexpr auto e10 = tg::sum(e4);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaky_relu 1 0.2\nclamp 2 0.0 2.0\nmax 3\nerf 4\nminimum 1 5\nmin 6\nsum 3\nadd 7 8",
+                {{"a", true, 1, {-1}, 0.25, 2.0}, {"b", true, 1, {-1}, -2.0, 2.0}},
+                &graph_87<double>, &graph_87<float>});
     return true;
 }();
 

@@ -107,6 +107,9 @@ template <class T, class A> inline auto sin(const xsimd::batch<T, A>& x) { retur
 template <class T, class A> inline auto cos(const xsimd::batch<T, A>& x) { return xsimd::cos(x); }
 template <class T, class A> inline auto tanh(const xsimd::batch<T, A>& x) { return xsimd::tanh(x); }
 template <class T, class A> inline auto abs(const xsimd::batch<T, A>& x) { return xsimd::abs(x); }
+template <class T, class A> inline auto erf(const xsimd::batch<T, A>& x) { return xsimd::erf(x); }
+template <class T, class A> inline auto log1p(const xsimd::batch<T, A>& x) { return xsimd::log1p(x); }
+template <class T, class A> inline auto expm1(const xsimd::batch<T, A>& x) { return xsimd::expm1(x); }
 template <class T, class A>
 inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) { return xsimd::pow(x, y); }
 // NaN-propagating, as torch.maximum / torch.minimum.
@@ -152,6 +155,12 @@ inline T cos(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd
 template <class T> requires std::is_floating_point_v<T>
 inline T tanh(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::tanh(b); }); }
 template <class T> requires std::is_floating_point_v<T> inline T abs(T x) { return std::fabs(x); }
+template <class T> requires std::is_floating_point_v<T>
+inline T erf(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::erf(b); }); }
+template <class T> requires std::is_floating_point_v<T>
+inline T log1p(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::log1p(b); }); }
+template <class T> requires std::is_floating_point_v<T>
+inline T expm1(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::expm1(b); }); }
 template <class T> requires std::is_floating_point_v<T>
 inline T pow(T x, T y) {
     return through_batch(x, [y](const batch<T>& b) { return xsimd::pow(b, batch<T>(y)); });

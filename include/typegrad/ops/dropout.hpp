@@ -1,0 +1,108 @@
+#pragma once
+// dropout<p>(x, rng) (torch.nn.functional.dropout in training mode): each element is kept with
+// probability 1 - p and scaled by 1 / (1 - p), or zeroed. The mask comes from Philox4x32-10
+// (core/philox.hpp), a counter-based generator: rng is a run-time input of two std::int64_t,
+// {seed, offset}, and element e (row-major) uses word e % 4 of the block
+// philox4x32_10(counter_at(offset + e / 4), key_from_seed(seed)), kept when its uniform float
+// (PyTorch's rule: low 24 bits * 2^-24) is below 1 - p. Any element can be produced alone, in any
+// order: the backward regenerates the mask from {seed, offset} instead of storing it (the VJP of
+// dropout is dropout of the gradient with the same rng). Advance the offset by ceil(numel / 4)
+// between calls for fresh masks, as PyTorch's philox offset.
+//
+// Disabled (inference, dropout<p, false>) and p = 0 are the identity: no node at all. p = 1
+// zeroes everything, as PyTorch. The streams are typegrad's own: PyTorch's CPU dropout draws from
+// mt19937, so masks are not bitwise PyTorch's, only their law is.
+//
+// A kernel op; the CUDA backend has no device kernel for it yet (a step holding it runs with host
+// bindings; a typegrad: static_assert names it when device buffers are bound).
+#include <cstddef>
+#include <cstdint>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/core/philox.hpp>
+#include <typegrad/exec/program.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+
+namespace typegrad {
+namespace detail {
+
+template <num P>
+struct dropout_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "dropout";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: dropout has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    static constexpr double p = P.value();
+    template <class X, class Rng>
+    struct rule {
+        using value_type = typename X::value_type;
+        using shape_type = typename X::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = in[0].ext[a];
+        if (in[1].ext[0] != 2)
+            throw shape_error(message("typegrad: dropout(x, rng): rng holds {seed, offset}, 2 integers, not ",
+                                      in[1].ext[0]));
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using X = type_at_t<0, typename N::children>;
+        using B = buffer_t<X>;
+        using C = compute_t<T>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        const Ref& x = in[0];
+        const Ref& rng = in[1];
+        const auto* rp = static_cast<const Id*>(rng.data);
+        const auto seed = std::uint64_t(std::int64_t(rp[0]));
+        const auto offset = std::uint64_t(std::int64_t(rp[rng.stride[0]]));
+        const philox_key key = philox_key_from_seed(seed);
+        const auto* xp = static_cast<const B*>(x.data);
+        const C scale = p < 1 ? C(1.0 / (1.0 - p)) : C(0);
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < x.rank; ++a) n *= ext[a];
+        for (std::size_t e = 0; e < n; e += 4) {
+            const philox_counter r = philox4x32_10(philox_counter_at(offset + e / 4), key);
+            for (std::size_t k = 0; k < 4 && e + k < n; ++k) {
+                std::size_t idx = e + k;
+                std::ptrdiff_t off = 0;
+                for (std::size_t a = x.rank; a-- > 0;) {
+                    off += std::ptrdiff_t(idx % ext[a]) * x.stride[a];
+                    idx /= ext[a];
+                }
+                const bool keep = double(uniform_float(r[k])) < 1.0 - p;
+                const C v = static_cast<C>(static_cast<compute_t<typename X::value_type>>(static_cast<compute_t<B>>(xp[off])));
+                out[e + k] = T(keep ? v * scale : C(0));
+            }
+        }
+    }
+    template <std::size_t I, class G, class Out, class X, class Rng>
+    static constexpr auto vjp(G g, Out, X, Rng rng) {
+        static_assert(I == 0, "typegrad: internal: dropout's rng carries no gradient");
+        return make_node<dropout_op>(g, rng);
+    }
+};
+
+}  // namespace detail
+
+// torch.nn.functional.dropout(x, p, training): rng is a tg::input of two std::int64_t,
+// {seed, offset}. Training = false, or p = 0, gives x itself.
+template <num P, bool Training = true, expression X, expression Rng>
+constexpr auto dropout(X x, Rng rng) {
+    static_assert(P.value() >= 0.0 && P.value() <= 1.0, "typegrad: dropout<p>(x, rng) needs 0 <= p <= 1.");
+    static_assert(is_index_type_v<typename Rng::value_type> && Rng::shape_type::rank == 1 &&
+                      (Rng::shape_type::extents[0] == 2 || Rng::shape_type::extents[0] == dyn),
+                  "typegrad: dropout<p>(x, rng) takes rng as a tg::input of two std::int64_t (or std::int32_t): "
+                  "{seed, offset}.");
+    static_assert(is_dtype_v<typename X::value_type>, "typegrad: dropout<p>(x, rng) takes a floating x.");
+    if constexpr (!Training || P.value() == 0.0) return x;
+    else return detail::make_node<detail::dropout_op<P>>(x, rng);
+}
+
+}  // namespace typegrad

@@ -1,0 +1,681 @@
+#pragma once
+// Indexing: embedding(ids, table) (torch.nn.functional.embedding, optional padding_idx),
+// index_select(x, ids) and gather(x, index) along an axis (torch.index_select, torch.gather),
+// concat and stack of several expressions along an axis (torch.cat, torch.stack).
+//
+// Ids are integer tensors (a tg::input of std::int32_t or std::int64_t, of any shape, or the
+// result of argmax/argmin). Every id is checked against the table's rows: an id out of range
+// throws tg::shape_error naming it, from the shape pass when the ids are a leaf (before anything
+// runs), otherwise before the kernel writes. Negative ids are errors, as in PyTorch.
+//
+// Gradients: the backward of a lookup is a deterministic scatter-add (rows added in the order of
+// the ids, on one thread: the same bits on every run), skipping padding_idx. concat's gradient
+// of each input is a zero-copy view of the incoming gradient.
+//
+// Autocast: embedding and index_select keep their dtypes (PyTorch lists neither); cat and stack
+// promote to the widest input, as on PyTorch's CPU list.
+//
+// All are kernel ops (their own routines over strided operands); the CUDA backend has no device
+// kernels for embedding, index_select, gather and concat yet: a step holding one runs with host bindings
+// (a typegrad: static_assert names the op when device buffers are bound).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/exec/program.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/broadcast.hpp>
+#include <typegrad/ops/view.hpp>
+
+namespace typegrad {
+
+// embedding<padding_idx>: no padding index.
+inline constexpr std::int64_t no_padding = std::numeric_limits<std::int64_t>::min();
+
+namespace detail {
+
+// The element at logical (row-major) position e of a strided operand.
+template <class Ref>
+inline std::ptrdiff_t strided_offset(const Ref& r, std::size_t e) {
+    std::ptrdiff_t off = 0;
+    for (std::size_t a = r.rank; a-- > 0;) {
+        off += std::ptrdiff_t(e % r.ext[a]) * r.stride[a];
+        e /= r.ext[a];
+    }
+    return off;
+}
+template <class Ref>
+inline std::size_t numel_of(const Ref& r) {
+    std::size_t n = 1;
+    for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
+    return n;
+}
+// One element of buffer type B (value dtype V) as the output's storage type T.
+template <class T, class V, class B>
+inline T convert_element(B x) {
+    if constexpr (std::is_same_v<T, B>) return x;
+    else return T(static_cast<compute_t<V>>(static_cast<compute_t<B>>(x)));
+}
+
+// The ids of an index op, checked: each in [0, rows). Throws before the caller writes.
+template <class Id, class Ref>
+inline void check_ids(const char* op, const Ref& ids, std::size_t rows) {
+    const auto* p = static_cast<const Id*>(ids.data);
+    if (p == nullptr) return;  // not computed yet (checked again when the kernel runs)
+    const std::size_t n = numel_of(ids);
+    for (std::size_t e = 0; e < n; ++e) {
+        const Id id = p[strided_offset(ids, e)];
+        if (id < 0 || std::uint64_t(id) >= rows)
+            throw shape_error(message("typegrad: ", op, ": id ", id < 0 ? "-" : "", std::uint64_t(id < 0 ? -id : id),
+                                      " at position ", e, " is out of range for ", rows, " rows"));
+    }
+}
+template <std::int64_t Padding>
+inline bool is_padding(std::int64_t id, std::size_t rows) {
+    if constexpr (Padding == no_padding) return false;
+    else return id == (Padding < 0 ? Padding + std::int64_t(rows) : Padding);
+}
+
+// ---- embedding: out[i..., :] = table[ids[i...], :] -------------------------------------------
+// ZeroPadding: rows of padding ids are written as zeros (the adjoint of embedding_backward).
+template <std::int64_t Padding, bool ZeroPadding>
+struct embedding_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "embedding";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: embedding has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class Ids, class Table>
+    struct rule {
+        template <std::size_t... Is>
+        static auto make(std::index_sequence<Is...>)
+            -> shape<Ids::shape_type::extents[Is]..., Table::shape_type::extents[1]>;
+        using value_type = typename Table::value_type;
+        using shape_type = decltype(make(std::make_index_sequence<Ids::shape_type::rank>{}));
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        using Id = typename type_at_t<0, typename N::children>::value_type;
+        for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = in[0].ext[a];
+        ext[in[0].rank] = in[1].ext[1];
+        check_ids<Id>("embedding(ids, table)", in[0], in[1].ext[0]);
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using Id = typename type_at_t<0, typename N::children>::value_type;
+        using Table = type_at_t<1, typename N::children>;
+        using B = buffer_t<Table>;
+        const Ref& ids = in[0];
+        const Ref& table = in[1];
+        const std::size_t rows = table.ext[0], dim = table.ext[1], n = numel_of(ids);
+        check_ids<Id>("embedding(ids, table)", ids, rows);
+        const auto* idp = static_cast<const Id*>(ids.data);
+        const auto* tp = static_cast<const B*>(table.data);
+        for (std::size_t e = 0; e < n; ++e) {
+            const auto id = std::int64_t(idp[strided_offset(ids, e)]);
+            T* o = out + e * dim;
+            if (ZeroPadding && is_padding<Padding>(id, rows)) {
+                for (std::size_t j = 0; j < dim; ++j) o[j] = T(0.0f);
+                continue;
+            }
+            const B* row = tp + std::ptrdiff_t(id) * table.stride[0];
+            for (std::size_t j = 0; j < dim; ++j)
+                o[j] = convert_element<T, typename Table::value_type>(row[std::ptrdiff_t(j) * table.stride[1]]);
+        }
+    }
+    template <std::size_t I, class G, class Out, class Ids, class Table>
+    static constexpr auto vjp(G g, Out, Ids ids, Table table);
+};
+
+// The table's gradient: zeros of the table's shape, each row of g added to its id's row, in
+// order; padding rows get nothing. Operands: g, ids, table (shape only).
+template <std::int64_t Padding>
+struct embedding_backward_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "embedding_backward";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: embedding (its backward) has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t i) { return i == 2; }
+    template <class G, class Ids, class Table>
+    struct rule {
+        using value_type = typename G::value_type;
+        using shape_type = typename Table::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        ext[0] = in[2].ext[0];
+        ext[1] = in[2].ext[1];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using Gn = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<Gn>;
+        using C = compute_t<T>;
+        const Ref& g = in[0];
+        const Ref& ids = in[1];
+        const std::size_t rows = ext[0], dim = ext[1], n = numel_of(ids);
+        check_ids<Id>("embedding(ids, table)", ids, rows);
+        const auto* idp = static_cast<const Id*>(ids.data);
+        const auto* gp = static_cast<const B*>(g.data);
+        // accumulate in the compute type (f32 for bf16/f16 tables), then store once
+        std::vector<C> wide;
+        C* acc = nullptr;
+        if constexpr (std::is_same_v<C, T>) {
+            acc = out;
+        } else {
+            wide.assign(rows * dim, C(0));
+            acc = wide.data();
+        }
+        if constexpr (std::is_same_v<C, T>) std::fill(acc, acc + rows * dim, C(0));
+        for (std::size_t e = 0; e < n; ++e) {
+            const auto id = std::int64_t(idp[strided_offset(ids, e)]);
+            if (is_padding<Padding>(id, rows)) continue;
+            C* row = acc + std::size_t(id) * dim;
+            // g has the ids' axes then the embedding axis
+            const std::ptrdiff_t base = strided_offset_prefix(g, e);
+            for (std::size_t j = 0; j < dim; ++j)
+                row[j] += static_cast<C>(convert_element<T, typename Gn::value_type>(gp[base + std::ptrdiff_t(j) * g.stride[g.rank - 1]]));
+        }
+        if constexpr (!std::is_same_v<C, T>)
+            for (std::size_t i = 0; i < rows * dim; ++i) out[i] = T(wide[i]);
+    }
+    // the offset of g's row e (all axes but the last, row-major)
+    template <class Ref>
+    static std::ptrdiff_t strided_offset_prefix(const Ref& g, std::size_t e) {
+        std::ptrdiff_t off = 0;
+        for (std::size_t a = g.rank - 1; a-- > 0;) {
+            off += std::ptrdiff_t(e % g.ext[a]) * g.stride[a];
+            e /= g.ext[a];
+        }
+        return off;
+    }
+    template <std::size_t I, class G, class Out, class Gr, class Ids, class Table>
+    static constexpr auto vjp(G g, Out, Gr, Ids ids, Table);
+};
+
+// ---- index_select along Axis: out = x with axis Axis taken at ids (a vector) ------------------
+template <std::size_t Axis>
+struct index_select_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "index_select";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: index_select has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class X, class Ids>
+    struct rule {
+        template <std::size_t... Is>
+        static auto make(std::index_sequence<Is...>)
+            -> shape<(Is == Axis ? Ids::shape_type::extents[0] : X::shape_type::extents[Is])...>;
+        using value_type = typename X::value_type;
+        using shape_type = decltype(make(std::make_index_sequence<X::shape_type::rank>{}));
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = a == Axis ? in[1].ext[0] : in[0].ext[a];
+        check_ids<Id>("index_select(x, ids)", in[1], in[0].ext[Axis]);
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using X = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<X>;
+        const Ref& x = in[0];
+        const Ref& ids = in[1];
+        check_ids<Id>("index_select(x, ids)", ids, x.ext[Axis]);
+        const auto* xp = static_cast<const B*>(x.data);
+        const auto* idp = static_cast<const Id*>(ids.data);
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < x.rank; ++a) n *= ext[a];
+        for (std::size_t e = 0; e < n; ++e) {
+            std::size_t r = e;
+            std::ptrdiff_t off = 0;
+            for (std::size_t a = x.rank; a-- > 0;) {
+                std::size_t i = r % ext[a];
+                r /= ext[a];
+                if (a == Axis) i = std::size_t(idp[std::ptrdiff_t(i) * ids.stride[0]]);
+                off += std::ptrdiff_t(i) * x.stride[a];
+            }
+            out[e] = convert_element<T, typename X::value_type>(xp[off]);
+        }
+    }
+    template <std::size_t I, class G, class Out, class X, class Ids>
+    static constexpr auto vjp(G g, Out, X x, Ids ids);
+};
+
+// x's gradient: zeros like x, g's slices along Axis added at their ids, in order. Operands:
+// g, ids, x (shape only).
+template <std::size_t Axis>
+struct index_add_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "index_select_backward";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: index_select (its backward) has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t i) { return i == 2; }
+    template <class G, class Ids, class X>
+    struct rule {
+        using value_type = typename G::value_type;
+        using shape_type = typename X::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        for (std::size_t a = 0; a < in[2].rank; ++a) ext[a] = in[2].ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using Gn = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<Gn>;
+        using C = compute_t<T>;
+        const Ref& g = in[0];
+        const Ref& ids = in[1];
+        check_ids<Id>("index_select(x, ids)", ids, ext[Axis]);
+        const auto* gp = static_cast<const B*>(g.data);
+        const auto* idp = static_cast<const Id*>(ids.data);
+        std::size_t total = 1;
+        for (std::size_t a = 0; a < g.rank; ++a) total *= ext[a];
+        std::vector<C> acc(total, C(0));
+        const std::size_t n = numel_of(g);
+        for (std::size_t e = 0; e < n; ++e) {  // g in row-major order: ids in order on each line
+            std::size_t r = e, o = 0, scale = 1;
+            for (std::size_t a = g.rank; a-- > 0;) {
+                std::size_t i = r % g.ext[a];
+                r /= g.ext[a];
+                if (a == Axis) i = std::size_t(idp[std::ptrdiff_t(i) * ids.stride[0]]);
+                o += i * scale;
+                scale *= ext[a];
+            }
+            acc[o] += static_cast<C>(convert_element<T, typename Gn::value_type>(gp[strided_offset(g, e)]));
+        }
+        for (std::size_t i = 0; i < total; ++i) out[i] = T(acc[i]);
+    }
+    template <std::size_t I, class G, class Out, class Gr, class Ids, class X>
+    static constexpr auto vjp(G g, Out, Gr, Ids ids, X);
+};
+
+// ---- gather along Axis: out[i] = x[i with axis Axis replaced by index[i]] ---------------------
+// index has x's rank; its extents may be smaller than x's on the other axes (torch.gather).
+template <std::size_t Axis>
+struct gather_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "gather";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: gather has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class X, class Index>
+    struct rule {
+        using value_type = typename X::value_type;
+        using shape_type = typename Index::shape_type;
+    };
+    template <class Ref>
+    static void check(const Ref& x, const Ref& index, const char* op) {
+        for (std::size_t a = 0; a < x.rank; ++a)
+            if (a != Axis && index.ext[a] > x.ext[a])
+                throw shape_error(message("typegrad: ", op, ": index extent ", index.ext[a], " on axis ", a,
+                                          " exceeds x's extent ", x.ext[a]));
+    }
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        check(in[0], in[1], "gather(x, index)");
+        for (std::size_t a = 0; a < in[1].rank; ++a) ext[a] = in[1].ext[a];
+        check_ids<Id>("gather(x, index)", in[1], in[0].ext[Axis]);
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using X = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<X>;
+        const Ref& x = in[0];
+        const Ref& index = in[1];
+        check_ids<Id>("gather(x, index)", index, x.ext[Axis]);
+        const auto* xp = static_cast<const B*>(x.data);
+        const auto* ip = static_cast<const Id*>(index.data);
+        const std::size_t n = numel_of(index);
+        for (std::size_t e = 0; e < n; ++e) {
+            std::size_t r = e;
+            std::ptrdiff_t off = 0;
+            for (std::size_t a = index.rank; a-- > 0;) {
+                if (a != Axis) off += std::ptrdiff_t(r % ext[a]) * x.stride[a];
+                r /= ext[a];
+            }
+            off += std::ptrdiff_t(ip[strided_offset(index, e)]) * x.stride[Axis];
+            out[e] = convert_element<T, typename X::value_type>(xp[off]);
+        }
+    }
+    template <std::size_t I, class G, class Out, class X, class Index>
+    static constexpr auto vjp(G g, Out, X x, Index index);
+};
+
+// x's gradient: zeros like x, each g[i] added at x's position of out[i], in order. Operands:
+// g, index, x (shape only).
+template <std::size_t Axis>
+struct gather_backward_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "gather_backward";
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: gather (its backward) has no device kernel yet; evaluate this "
+                                       "step with host bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t i) { return i == 2; }
+    template <class G, class Index, class X>
+    struct rule {
+        using value_type = typename G::value_type;
+        using shape_type = typename X::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        for (std::size_t a = 0; a < in[2].rank; ++a) ext[a] = in[2].ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using Gn = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<Gn>;
+        using C = compute_t<T>;
+        const Ref& g = in[0];
+        const Ref& index = in[1];
+        check_ids<Id>("gather(x, index)", index, ext[Axis]);
+        const auto* gp = static_cast<const B*>(g.data);
+        const auto* ip = static_cast<const Id*>(index.data);
+        std::size_t total = 1;
+        for (std::size_t a = 0; a < index.rank; ++a) total *= ext[a];
+        std::vector<C> acc(total, C(0));
+        const std::size_t n = numel_of(index);
+        for (std::size_t e = 0; e < n; ++e) {
+            std::size_t r = e, o = 0, scale = 1;
+            for (std::size_t a = index.rank; a-- > 0;) {
+                std::size_t i = r % index.ext[a];
+                r /= index.ext[a];
+                if (a == Axis) i = std::size_t(ip[strided_offset(index, e)]);
+                o += i * scale;
+                scale *= ext[a];
+            }
+            acc[o] += static_cast<C>(convert_element<T, typename Gn::value_type>(gp[strided_offset(g, e)]));
+        }
+        for (std::size_t i = 0; i < total; ++i) out[i] = T(acc[i]);
+    }
+    template <std::size_t I, class G, class Out, class Gr, class Index, class X>
+    static constexpr auto vjp(G g, Out, Gr, Index index, X);
+};
+
+// ---- concat along Axis of up to 5 operands (longer lists are chained) -----------------------
+template <std::size_t Axis>
+struct concat_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = "concat";
+    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: concat (or stack) has no device kernel yet; evaluate this step with host "
+                                       "bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class... Xs>
+    struct rule {
+        using first = typename type_at_t<0, type_list<Xs...>>::shape_type;
+        static constexpr bool any_dyn = ((Xs::shape_type::extents[Axis] == dyn) || ...);
+        static constexpr std::size_t total = (Xs::shape_type::extents[Axis] + ...);
+        template <std::size_t... Is>
+        static auto make(std::index_sequence<Is...>)
+            -> shape<(Is == Axis ? (any_dyn ? dyn : total) : first::extents[Is])...>;
+        using value_type = promote_t<typename Xs::value_type...>;
+        using shape_type = decltype(make(std::make_index_sequence<first::rank>{}));
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        constexpr std::size_t n = N::children::size;
+        const std::size_t rank = in[0].rank;
+        std::size_t total = 0;
+        for (std::size_t k = 0; k < n; ++k) {
+            for (std::size_t a = 0; a < rank; ++a)
+                if (a != Axis && in[k].ext[a] != in[0].ext[a])
+                    throw shape_error(message("typegrad: concat: operand ", k, " has extent ", in[k].ext[a], " on axis ",
+                                              a, " where operand 0 has ", in[0].ext[a]));
+            total += in[k].ext[Axis];
+        }
+        for (std::size_t a = 0; a < rank; ++a) ext[a] = a == Axis ? total : in[0].ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        const std::size_t rank = in[0].rank;
+        std::size_t outer = 1, inner = 1;
+        for (std::size_t a = 0; a < Axis; ++a) outer *= ext[a];
+        for (std::size_t a = Axis + 1; a < rank; ++a) inner *= ext[a];
+        const std::size_t row = ext[Axis] * inner;
+        std::size_t at = 0;  // offset along Axis
+        [&]<class... Cs>(type_list<Cs...>) {
+            std::size_t k = 0;
+            (copy_operand<Cs>(in[k++], out, outer, inner, row, at), ...);
+        }(typename N::children{});
+    }
+    template <class C, class Ref, class T>
+    static void copy_operand(const Ref& x, T* out, std::size_t outer, std::size_t inner, std::size_t row, std::size_t& at) {
+        using B = buffer_t<C>;
+        const auto* xp = static_cast<const B*>(x.data);
+        const std::size_t len = x.ext[Axis], count = outer * len * inner;
+        for (std::size_t e = 0; e < count; ++e) {
+            const std::size_t o = e / (len * inner), rest = e % (len * inner);
+            out[o * row + at * inner + rest] = convert_element<T, typename C::value_type>(xp[strided_offset(x, e)]);
+        }
+        at += len;
+    }
+    template <std::size_t I, class G, class Out, class... Xs>
+    static constexpr auto vjp(G g, Out, Xs... xs);
+};
+
+// Operand I's part of a concat's gradient: a view of g. Operands: g, then the concat's operands
+// (shape only).
+template <std::size_t Axis, std::size_t I>
+struct concat_part_op : view_op_base<concat_part_op<Axis, I>> {
+    static constexpr const char* name = "concat_part";
+    static constexpr bool keeps_contiguity = false;
+    static constexpr bool shape_only(std::size_t i) { return i > 0; }
+    template <class G, class... Xs>
+    struct rule {
+        using value_type = typename G::value_type;
+        using shape_type = typename type_at_t<I, type_list<Xs...>>::shape_type;
+    };
+    template <class N, class Ref>
+    static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
+        std::size_t before = 0;
+        for (std::size_t k = 0; k < I; ++k) before += in[1 + k].ext[Axis];
+        for (std::size_t a = 0; a < in[0].rank; ++a) {
+            ext[a] = in[1 + I].ext[a];
+            stride[a] = in[0].stride[a];
+        }
+        offset = std::ptrdiff_t(before) * in[0].stride[Axis];
+    }
+    template <std::size_t J, class G, class Out, class Gr, class... Xs>
+    static constexpr auto vjp(G g, Out, Gr, Xs... xs);
+};
+
+template <class X, class First>
+constexpr bool concat_compatible(std::size_t axis) {
+    using SX = typename X::shape_type;
+    using SF = typename First::shape_type;
+    if (SX::rank != SF::rank) return false;
+    for (std::size_t a = 0; a < SX::rank; ++a)
+        if (a != axis && SX::extents[a] != dyn && SF::extents[a] != dyn && SX::extents[a] != SF::extents[a])
+            return false;
+    return true;
+}
+
+template <std::size_t Axis, expression... Xs>
+constexpr auto concat_node(Xs... xs) {
+    return make_node<concat_op<Axis>>(xs...);
+}
+// groups of at most 5
+template <std::size_t Axis, expression X0, expression... Xs>
+constexpr auto concat_chain(X0 x0, Xs... xs) {
+    if constexpr (sizeof...(Xs) == 0) {
+        return x0;
+    } else if constexpr (sizeof...(Xs) <= 4) {
+        return concat_node<Axis>(x0, xs...);
+    } else {
+        return [&]<class X1, class X2, class X3, class X4, class... Rest>(X1 x1, X2 x2, X3 x3, X4 x4, Rest... rest) {
+            return concat_chain<Axis>(concat_node<Axis>(x0, x1, x2, x3, x4), rest...);
+        }(xs...);
+    }
+}
+
+}  // namespace detail
+
+// torch.nn.functional.embedding(ids, table, padding_idx): table is (rows, dim); the result has
+// the ids' shape plus the embedding axis. padding_idx (negative: from the end) gets no gradient.
+template <std::int64_t PaddingIdx = no_padding, expression Ids, expression Table>
+constexpr auto embedding(Ids ids, Table table) {
+    static_assert(is_index_type_v<typename Ids::value_type>,
+                  "typegrad: embedding(ids, table) takes integer ids (a tg::input of std::int32_t or std::int64_t).");
+    static_assert(Table::shape_type::rank == 2, "typegrad: embedding(ids, table) takes a 2-D table (rows, dim).");
+    static_assert(is_dtype_v<typename Table::value_type>, "typegrad: embedding(ids, table) takes a floating table.");
+    static_assert(Ids::shape_type::rank + 1 <= detail::max_rank, "typegrad: embedding(ids, table): ids of rank 8 leave no axis for the embedding.");
+    static_assert(PaddingIdx == no_padding || Table::shape_type::extents[0] == dyn ||
+                      (PaddingIdx < std::int64_t(Table::shape_type::extents[0]) &&
+                       PaddingIdx >= -std::int64_t(Table::shape_type::extents[0])),
+                  "typegrad: embedding<padding_idx>(ids, table): padding_idx must be within the table's rows.");
+    return detail::make_node<detail::embedding_op<PaddingIdx, false>>(ids, table);
+}
+
+// torch.index_select(x, axis, ids): ids a vector of integers.
+template <int Axis, expression X, expression Ids>
+constexpr auto index_select(X x, Ids ids) {
+    using S = typename X::shape_type;
+    static_assert(is_index_type_v<typename Ids::value_type> && Ids::shape_type::rank == 1,
+                  "typegrad: index_select<axis>(x, ids) takes a vector of integer ids (std::int32_t or std::int64_t).");
+    static_assert(is_dtype_v<typename X::value_type>, "typegrad: index_select<axis>(x, ids) takes a floating x.");
+    static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
+                  "typegrad: index_select<axis>(x, ids) names an axis x does not have.");
+    return detail::make_node<detail::index_select_op<detail::normalize_axis<S>(Axis)>>(x, ids);
+}
+
+// torch.gather(x, axis, index): index has x's rank (extents at most x's off the axis); the
+// result has index's shape.
+template <int Axis, expression X, expression Index>
+constexpr auto gather(X x, Index index) {
+    using S = typename X::shape_type;
+    static_assert(is_index_type_v<typename Index::value_type>,
+                  "typegrad: gather<axis>(x, index) takes an integer index (std::int32_t or std::int64_t).");
+    static_assert(Index::shape_type::rank == S::rank, "typegrad: gather<axis>(x, index) needs index of x's rank.");
+    static_assert(is_dtype_v<typename X::value_type>, "typegrad: gather<axis>(x, index) takes a floating x.");
+    static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
+                  "typegrad: gather<axis>(x, index) names an axis x does not have.");
+    return detail::make_node<detail::gather_op<detail::normalize_axis<S>(Axis)>>(x, index);
+}
+
+// torch.cat(xs, axis): extents equal except along axis; the result has the widest dtype.
+template <int Axis = 0, expression X0, expression... Xs>
+constexpr auto concat(X0 x0, Xs... xs) {
+    using S = typename X0::shape_type;
+    static_assert(S::rank >= 1, "typegrad: concat<axis>(xs...) takes tensors of rank 1 or more.");
+    static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
+                  "typegrad: concat<axis>(xs...) names an axis the operands do not have.");
+    constexpr std::size_t a = detail::normalize_axis<S>(Axis);
+    static_assert((detail::concat_compatible<Xs, X0>(a) && ...),
+                  "typegrad: concat<axis>(xs...) needs operands of one rank whose static extents agree on every "
+                  "axis but the concatenated one.");
+    static_assert(is_dtype_v<typename X0::value_type> && (is_dtype_v<typename Xs::value_type> && ...),
+                  "typegrad: concat<axis>(xs...) takes floating expressions.");
+    return detail::concat_chain<a>(x0, xs...);
+}
+// torch.stack(xs, axis): a new axis of extent len(xs).
+template <int Axis = 0, expression X0, expression... Xs>
+constexpr auto stack(X0 x0, Xs... xs) {
+    using S = typename X0::shape_type;
+    static_assert((std::is_same_v<typename Xs::shape_type, S> && ...),
+                  "typegrad: stack<axis>(xs...) needs operands of one shape.");
+    static_assert((Axis < 0 ? -Axis <= int(S::rank) + 1 : Axis <= int(S::rank)),
+                  "typegrad: stack<axis>(xs...) names an axis out of range.");
+    constexpr int a = Axis < 0 ? int(S::rank) + 1 + Axis : Axis;
+    return concat<a>(unsqueeze<a>(x0), unsqueeze<a>(xs)...);
+}
+
+namespace detail {
+template <std::int64_t Padding, bool ZeroPadding>
+template <std::size_t I, class G, class Out, class Ids, class Table>
+constexpr auto embedding_op<Padding, ZeroPadding>::vjp(G g, Out, Ids ids, Table table) {
+    static_assert(I == 1, "typegrad: internal: embedding's ids carry no gradient");
+    return make_node<embedding_backward_op<Padding>>(g, ids, table);
+}
+template <std::int64_t Padding>
+template <std::size_t I, class G, class Out, class Gr, class Ids, class Table>
+constexpr auto embedding_backward_op<Padding>::vjp(G g, Out, Gr, Ids ids, Table) {
+    static_assert(I == 0, "typegrad: internal: embedding_backward's ids carry no gradient");
+    return make_node<embedding_op<Padding, true>>(ids, g);  // padding rows received nothing
+}
+template <std::size_t Axis>
+template <std::size_t I, class G, class Out, class X, class Ids>
+constexpr auto index_select_op<Axis>::vjp(G g, Out, X x, Ids ids) {
+    static_assert(I == 0, "typegrad: internal: index_select's ids carry no gradient");
+    return make_node<index_add_op<Axis>>(g, ids, x);
+}
+template <std::size_t Axis>
+template <std::size_t I, class G, class Out, class Gr, class Ids, class X>
+constexpr auto index_add_op<Axis>::vjp(G g, Out, Gr, Ids ids, X) {
+    static_assert(I == 0, "typegrad: internal: index_select_backward's ids carry no gradient");
+    return make_node<index_select_op<Axis>>(g, ids);
+}
+template <std::size_t Axis>
+template <std::size_t I, class G, class Out, class X, class Index>
+constexpr auto gather_op<Axis>::vjp(G g, Out, X x, Index index) {
+    static_assert(I == 0, "typegrad: internal: gather's index carries no gradient");
+    return make_node<gather_backward_op<Axis>>(g, index, x);
+}
+template <std::size_t Axis>
+template <std::size_t I, class G, class Out, class Gr, class Index, class X>
+constexpr auto gather_backward_op<Axis>::vjp(G g, Out, Gr, Index index, X) {
+    static_assert(I == 0, "typegrad: internal: gather_backward's index carries no gradient");
+    return make_node<gather_op<Axis>>(g, index);
+}
+template <std::size_t Axis>
+template <std::size_t I, class G, class Out, class... Xs>
+constexpr auto concat_op<Axis>::vjp(G g, Out, Xs... xs) {
+    return make_node<concat_part_op<Axis, I>>(g, xs...);
+}
+template <std::size_t Axis, std::size_t I>
+template <std::size_t J, class G, class Out, class Gr, class... Xs>
+constexpr auto concat_part_op<Axis, I>::vjp(G g, Out, Gr, Xs...) {
+    // g in part I, zeros elsewhere: a concat of zeros shaped like the other operands
+    return [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+        return make_node<concat_op<Axis>>([&] {
+            if constexpr (Ks == I) return g;
+            else return broadcast_like(lit<0>, type_at_t<Ks, type_list<Xs...>>{});
+        }()...);
+    }(std::index_sequence_for<Xs...>{});
+}
+}  // namespace detail
+}  // namespace typegrad

@@ -1,0 +1,161 @@
+// Indexing (ops/index.hpp): embedding (padding_idx, repeated ids, ids of several ranks, id
+// errors before any write), index_select, concat and stack: gradients against finite
+// differences in double, values, dtypes, and second order through concat.
+#include <check_gradient.hpp>
+
+#include <cstdint>
+
+namespace tg = typegrad;
+using tg::testing::at;
+using tg::testing::check_gradient;
+using tg::testing::fixed;
+using tg::testing::uniform;
+
+TEST_CASE("embedding: values, gradient by finite differences, padding_idx", "[ops][index][gradient]") {
+    constexpr auto table = tg::param<"table", double, tg::shape<tg::dyn, 3>>;
+    constexpr auto ids1 = tg::input<"ids1", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto ids2 = tg::input<"ids2", std::int32_t, tg::shape<2, 3>>;
+    constexpr auto q = tg::input<"q", double, tg::shape<2, 3, 3>>;
+    auto tv = uniform(15, -1.0, 1.0, 1);
+    // repeated ids accumulate; every id used at least once or not at all
+    const std::vector<std::int64_t> i1{4, 0, 4, 2, 4};
+    const std::vector<std::int32_t> i2{1, 1, 0, 3, 4, 1};
+    auto qv = uniform(18, -1.0, 1.0, 2);
+    check_gradient(tg::sum(tg::square(tg::embedding(ids1, table))), fixed(tg::bind(ids1, i1, {5})), at(table, tv, {5, 3}));
+    check_gradient(tg::sum(tg::exp(tg::embedding(ids2, table)) * q), fixed(tg::bind(ids2, i2), tg::bind(q, qv)),
+                   at(table, tv, {5, 3}));
+    // a single id of shape [1, 1]
+    constexpr auto one = tg::input<"one", std::int64_t, tg::shape<1, 1>>;
+    const std::vector<std::int64_t> iv{3};
+    check_gradient(tg::sum(tg::sin(tg::embedding(one, table))), fixed(tg::bind(one, iv)), at(table, tv, {5, 3}));
+
+    // values and the padding row's gradient (PyTorch: padding_idx rows get no gradient)
+    auto fwd = tg::compile(tg::embedding(ids2, table), tg::wrt(table)).forward(tg::bind(ids2, i2), tg::bind(table, tv, {5, 3}));
+    REQUIRE(fwd.values().size() == 18);
+    for (std::size_t e = 0; e < 6; ++e)
+        for (std::size_t j = 0; j < 3; ++j) CHECK(fwd.values()[e * 3 + j] == tv[std::size_t(i2[e]) * 3 + j]);
+    std::vector<double> g(15, -7), gneg(15, -7);
+    tg::compile(tg::sum(tg::embedding<1>(ids2, table) * q), tg::wrt(table))
+        .value_and_grad(tg::bind(ids2, i2), tg::bind(q, qv), tg::bind(table, tv, {5, 3}), tg::grad_into(table, g));
+    tg::compile(tg::sum(tg::embedding<-4>(ids2, table) * q), tg::wrt(table))  // -4 of 5 rows is row 1
+        .value_and_grad(tg::bind(ids2, i2), tg::bind(q, qv), tg::bind(table, tv, {5, 3}), tg::grad_into(table, gneg));
+    for (std::size_t j = 0; j < 3; ++j) {
+        CHECK(g[1 * 3 + j] == 0);                    // the padding row
+        CHECK(g[0 * 3 + j] == qv[2 * 3 + j]);        // id 0 at position 2
+        CHECK(g[3 * 3 + j] == qv[3 * 3 + j]);
+        CHECK(g[2 * 3 + j] == 0);                    // id 2 is not used
+    }
+    CHECK(g == gneg);
+}
+
+TEST_CASE("embedding ids out of range throw before anything is written", "[ops][index]") {
+    constexpr auto table = tg::param<"table", float, tg::shape<4, 2>>;
+    constexpr auto ids = tg::input<"ids", std::int64_t, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::sum(tg::embedding(ids, table)), tg::wrt(table));
+    const std::vector<float> tv(8, 1.0f);
+    std::vector<float> g(8, 42.0f);
+    for (std::vector<std::int64_t> bad : {std::vector<std::int64_t>{0, 4}, std::vector<std::int64_t>{-1, 2}}) {
+        CHECK_THROWS_AS(step.value_and_grad(tg::bind(ids, bad), tg::bind(table, tv), tg::grad_into(table, g)),
+                        tg::shape_error);
+        CHECK(g == std::vector<float>(8, 42.0f));
+    }
+    const std::vector<std::int64_t> ok{3, 3, 0};
+    CHECK(step.value_and_grad(tg::bind(ids, ok), tg::bind(table, tv), tg::grad_into(table, g)) == 6.0f);
+    CHECK(g == std::vector<float>{1, 1, 0, 0, 0, 0, 2, 2});
+    // a bf16 table: bf16 values, a bf16 gradient accumulated in f32
+    constexpr auto tb = tg::param<"tb", tg::bf16, tg::shape<4, 2>>;
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::embedding(ids, tb))::value_type, tg::bf16>);
+    const std::vector<tg::bf16> tbv(8, tg::bf16(0.5f));
+    std::vector<tg::bf16> gb(8);
+    const std::vector<std::int64_t> many(300, 2);  // 300 in bf16 accumulation would stall at 256
+    tg::compile(tg::sum(tg::cast<float>(tg::embedding(ids, tb))), tg::wrt(tb))
+        .value_and_grad(tg::bind(ids, many), tg::bind(tb, tbv), tg::grad_into(tb, gb));
+    CHECK(float(gb[4]) == 300.0f);
+    CHECK(float(gb[0]) == 0.0f);
+}
+
+TEST_CASE("index_select along an axis matches finite differences", "[ops][index][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<4, 3>>;
+    constexpr auto ids = tg::input<"ids", std::int32_t, tg::shape<tg::dyn>>;
+    auto xv = uniform(12, -1.0, 1.0, 3);
+    for (const std::vector<std::int32_t>& iv : {std::vector<std::int32_t>{2}, std::vector<std::int32_t>{0, 2, 2, 1, 0}}) {
+        const std::size_t n = iv.size();
+        check_gradient(tg::sum(tg::square(tg::index_select<0>(x, ids)) * tg::lit<0.5> + tg::index_select<0>(x, ids)),
+                       fixed(tg::bind(ids, iv, {n})), at(x, xv));
+        if (std::all_of(iv.begin(), iv.end(), [](int i) { return i < 3; }))
+            check_gradient(tg::sum(tg::exp(tg::index_select<-1>(x, ids))), fixed(tg::bind(ids, iv, {n})), at(x, xv));
+    }
+    const std::vector<std::int32_t> iv{2, 0};
+    auto fwd = tg::compile(tg::index_select<1>(x, ids), tg::wrt(x)).forward(tg::bind(x, xv), tg::bind(ids, iv, {2}));
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::index_select<1>(x, ids))::shape_type, tg::shape<4, tg::dyn>>);
+    for (std::size_t r = 0; r < 4; ++r) {
+        CHECK(fwd.values()[r * 2] == xv[r * 3 + 2]);
+        CHECK(fwd.values()[r * 2 + 1] == xv[r * 3 + 0]);
+    }
+    const std::vector<std::int32_t> bad{3};
+    CHECK_THROWS_AS(tg::compile(tg::index_select<1>(x, ids), tg::wrt(x)).forward(tg::bind(x, xv), tg::bind(ids, bad, {1})),
+                    tg::shape_error);
+}
+
+TEST_CASE("concat and stack match finite differences and values", "[ops][index][gradient]") {
+    constexpr auto a = tg::param<"a", double, tg::shape<2, 3>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<tg::dyn, 3>>;
+    constexpr auto c = tg::param<"c", double, tg::shape<2, 1>>;
+    auto av = uniform(6, -1.0, 1.0, 4);
+    auto bv = uniform(9, -1.0, 1.0, 5);
+    auto cv = uniform(2, -1.0, 1.0, 6);
+    check_gradient(tg::sum(tg::square(tg::concat<0>(a, b)) * tg::lit<0.5> + tg::sin(tg::concat<0>(a, b))),
+                   at(a, av), at(b, bv, {3, 3}));
+    check_gradient(tg::sum(tg::exp(tg::concat<1>(a, c, a))), at(a, av), at(c, cv));
+    check_gradient(tg::sum(tg::exp(tg::concat<-1>(c, tg::exp(a)))), at(a, av), at(c, cv));
+    // seven operands: chained concat nodes of at most five
+    check_gradient(tg::sum(tg::square(tg::concat<1>(a, c, a, c, tg::sin(a), c, a))), at(a, av), at(c, cv));
+    check_gradient(tg::sum(tg::square(tg::stack<0>(a, tg::exp(a), a)) * tg::stack<0>(a, a, a)), at(a, av));
+    check_gradient(tg::sum(tg::exp(tg::stack<2>(a, c * a))), at(a, av), at(c, cv));
+    // second order through concat's gradient views
+    check_gradient(tg::sum(tg::square(tg::grad(tg::sum(tg::square(tg::concat<1>(a, c))), a))), at(a, av), at(c, cv));
+
+    auto fwd = tg::compile(tg::concat<0>(a, b), tg::wrt(a)).forward(tg::bind(a, av), tg::bind(b, bv, {3, 3}));
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::concat<0>(a, b))::shape_type, tg::shape<tg::dyn, 3>>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::concat<1>(a, c, a))::shape_type, tg::shape<2, 7>>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::stack<1>(a, a))::shape_type, tg::shape<2, 2, 3>>);
+    for (std::size_t i = 0; i < 6; ++i) CHECK(fwd.values()[i] == av[i]);
+    for (std::size_t i = 0; i < 9; ++i) CHECK(fwd.values()[6 + i] == bv[i]);
+    // dynamic extents that disagree off the concatenated axis
+    constexpr auto d = tg::param<"d", double, tg::shape<2, tg::dyn>>;
+    const std::vector<double> dv(8, 1.0);
+    CHECK_THROWS_AS(tg::compile(tg::concat<0>(a, d), tg::wrt(a)).forward(tg::bind(a, av), tg::bind(d, dv, {2, 4})),
+                    tg::shape_error);
+    // cat promotes to the widest input
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<2, 3>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<2, 3>>;
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::concat<0>(h, f))::value_type, float>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::stack<0>(h, h))::value_type, tg::bf16>);
+}
+
+TEST_CASE("gather along an axis matches finite differences and torch.gather", "[ops][index][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<3, 4>>;
+    constexpr auto i0 = tg::input<"i0", std::int64_t, tg::shape<2, 4>>;
+    constexpr auto i1 = tg::input<"i1", std::int32_t, tg::shape<3, tg::dyn>>;
+    auto xv = uniform(12, -1.0, 1.0, 11);
+    const std::vector<std::int64_t> v0{2, 0, 1, 2, 0, 0, 2, 1};             // along axis 0 (repeats in a column)
+    const std::vector<std::int32_t> v1{3, 3, 1, 0, 0, 2};                   // along axis 1, [3, 2]
+    check_gradient(tg::sum(tg::square(tg::gather<0>(x, i0)) * tg::lit<0.5> + tg::gather<0>(x, i0)),
+                   fixed(tg::bind(i0, v0)), at(x, xv));
+    check_gradient(tg::sum(tg::exp(tg::gather<-1>(x, i1))), fixed(tg::bind(i1, v1, {3, 2})), at(x, xv));
+    // second order: gather's gradient (a scatter-add) is differentiable again
+    check_gradient(tg::sum(tg::square(tg::grad(tg::sum(tg::square(tg::gather<1>(x, i1))), x))),
+                   fixed(tg::bind(i1, v1, {3, 2})), at(x, xv));
+    // values: torch.gather(x, 1, index)[i][j] = x[i][index[i][j]]
+    auto fwd = tg::compile(tg::gather<1>(x, i1), tg::wrt(x)).forward(tg::bind(x, xv), tg::bind(i1, v1, {3, 2}));
+    for (std::size_t r = 0; r < 3; ++r)
+        for (std::size_t j = 0; j < 2; ++j) CHECK(fwd.values()[r * 2 + j] == xv[r * 4 + std::size_t(v1[r * 2 + j])]);
+    // an index out of range, or an index extent larger than x's off the axis: errors
+    const std::vector<std::int32_t> bad{4, 0, 0, 0, 0, 0};
+    CHECK_THROWS_AS(tg::compile(tg::gather<1>(x, i1), tg::wrt(x)).forward(tg::bind(x, xv), tg::bind(i1, bad, {3, 2})),
+                    tg::shape_error);
+    constexpr auto wide = tg::input<"wide", std::int32_t, tg::shape<tg::dyn, 5>>;
+    const std::vector<std::int32_t> w(5, 0);
+    CHECK_THROWS_AS(tg::compile(tg::gather<0>(x, wide), tg::wrt(x)).forward(tg::bind(x, xv), tg::bind(wide, w, {1, 5})),
+                    tg::shape_error);
+}
