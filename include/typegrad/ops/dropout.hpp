@@ -16,6 +16,7 @@
 // A kernel op; the CUDA backend has no device kernel for it yet (a step holding it runs with host
 // bindings; a typegrad: static_assert names it when device buffers are bound).
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 
 #include <typegrad/core/error.hpp>
@@ -26,7 +27,8 @@
 namespace typegrad {
 namespace detail {
 
-template <num P>
+// p as its double's bits: graph types hold no class-type template argument (graph/node.hpp).
+template <std::uint64_t PBits>
 struct dropout_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "dropout";
@@ -38,7 +40,7 @@ struct dropout_op {
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
-    static constexpr double p = P.value();
+    static constexpr double p = std::bit_cast<double>(PBits);
     template <class X, class Rng>
     struct rule {
         using value_type = typename X::value_type;
@@ -102,7 +104,7 @@ constexpr auto dropout(X x, Rng rng) {
                   "{seed, offset}.");
     static_assert(is_dtype_v<typename X::value_type>, "typegrad: dropout<p>(x, rng) takes a floating x.");
     if constexpr (!Training || P.value() == 0.0) return x;
-    else return detail::make_node<detail::dropout_op<P>>(x, rng);
+    else return detail::make_node<detail::dropout_op<P.bits>>(x, rng);
 }
 
 }  // namespace typegrad
