@@ -100,15 +100,45 @@ template <class T>
 inline T reduce_max(T v) { return v; }
 
 // ---- elementwise math: batches ------------------------------------------------------------
-template <class T, class A> inline auto exp(const xsimd::batch<T, A>& x) { return xsimd::exp(x); }
+// xsimd 8.1's exp flushes results below the smallest normal number to 0 (exp(-90.f) = 0, not
+// 8.2e-40) and overflows early (exp(88.7f) = inf, not 3.3e38); PyTorch's kernels do neither.
+// Lanes that far out (rare) take the C library's exp.
+template <class T, class A>
+inline auto exp(const xsimd::batch<T, A>& x) {
+    using B = xsimd::batch<T, A>;
+    B r = xsimd::exp(x);
+    constexpr T edge = std::is_same_v<T, float> ? T(87) : T(708);
+    if (xsimd::any(xsimd::abs(x) > B(edge))) [[unlikely]] {
+        alignas(64) T in[B::size], out[B::size];
+        x.store_aligned(in);
+        r.store_aligned(out);
+        for (std::size_t i = 0; i < B::size; ++i)
+            if (std::abs(in[i]) > edge) out[i] = std::exp(in[i]);
+        r = B::load_aligned(out);
+    }
+    return r;
+}
 template <class T, class A> inline auto log(const xsimd::batch<T, A>& x) { return xsimd::log(x); }
 template <class T, class A> inline auto sqrt(const xsimd::batch<T, A>& x) { return xsimd::sqrt(x); }
 template <class T, class A> inline auto sin(const xsimd::batch<T, A>& x) { return xsimd::sin(x); }
 template <class T, class A> inline auto cos(const xsimd::batch<T, A>& x) { return xsimd::cos(x); }
 template <class T, class A> inline auto tanh(const xsimd::batch<T, A>& x) { return xsimd::tanh(x); }
 template <class T, class A> inline auto abs(const xsimd::batch<T, A>& x) { return xsimd::abs(x); }
+// pow with the special values of C's pow (C11 F.10.4.4), which PyTorch follows. xsimd 8.1's
+// pow gives 0 for every zero base, NaN for pow(x, 0) with infinite or NaN x, for pow(1, NaN),
+// pow(-1, +-inf) and pow(-inf, 0.5), and takes huge even exponents (1e30f) for odd ones; so
+// |x|^y = exp(y log|x|) here, with the sign and the special cases set explicitly.
 template <class T, class A>
-inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) { return xsimd::pow(x, y); }
+inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) {
+    using B = xsimd::batch<T, A>;
+    const B zero(T(0)), one(T(1)), inf(std::numeric_limits<T>::infinity());
+    const auto integer = xsimd::floor(y) == y;                                 // +-inf too, not NaN
+    const auto odd = (y - B(T(2)) * xsimd::floor(y * B(T(0.5)))) == one;      // not +-inf
+    B r = simd::exp(y * xsimd::log(xsimd::abs(x)));  // +-0 and +-inf bases: 0 or inf by y's sign
+    r = xsimd::select(odd, xsimd::copysign(r, x), r);  // x < 0 or -0 with an odd integer y
+    r = xsimd::select(x < zero && x > -inf && !integer, B(std::numeric_limits<T>::quiet_NaN()), r);
+    return xsimd::select(y == zero || x == one || (x == -one && xsimd::isinf(y)), one, r);
+}
 // NaN-propagating, as torch.maximum / torch.minimum.
 template <class T, class A>
 inline auto max(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
@@ -141,7 +171,7 @@ inline T through_batch(T x, F f) {
     return lanes[0];
 }
 template <class T> requires std::is_floating_point_v<T>
-inline T exp(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::exp(b); }); }
+inline T exp(T x) { return through_batch(x, [](const batch<T>& b) { return simd::exp(b); }); }
 template <class T> requires std::is_floating_point_v<T>
 inline T log(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::log(b); }); }
 template <class T> requires std::is_floating_point_v<T> inline T sqrt(T x) { return std::sqrt(x); }
@@ -154,7 +184,7 @@ inline T tanh(T x) { return through_batch(x, [](const batch<T>& b) { return xsim
 template <class T> requires std::is_floating_point_v<T> inline T abs(T x) { return std::fabs(x); }
 template <class T> requires std::is_floating_point_v<T>
 inline T pow(T x, T y) {
-    return through_batch(x, [y](const batch<T>& b) { return xsimd::pow(b, batch<T>(y)); });
+    return through_batch(x, [y](const batch<T>& b) { return simd::pow(b, batch<T>(y)); });
 }
 template <class T> requires std::is_floating_point_v<T>
 inline T max(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }

@@ -1,0 +1,149 @@
+// Edge cases where typegrad must give PyTorch's documented results (issue 17): precision of
+// softmax at large inputs, masked (-inf) logits, pow's special values, several post-accumulate
+// hooks, and one broadcasting rule for dynamic extents in every entry point.
+#include <check_gradient.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace tg = typegrad;
+
+namespace {
+constexpr float inf = std::numeric_limits<float>::infinity();
+constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
+
+template <class Step, class... Bs>
+std::vector<float> values_of(Step& step, Bs... bs) {
+    auto ctx = step.forward(bs...);
+    return std::vector<float>(ctx.values().begin(), ctx.values().end());
+}
+
+// Same value, with NaN equal to NaN and the sign of zeros and infinities compared.
+bool same_special(float got, double want) {
+    if (std::isnan(want)) return std::isnan(got);
+    if (std::isinf(want) || want == 0) return double(got) == want && std::signbit(got) == std::signbit(want);
+    // exp(y log|x|) in float: |y log x| ulps of error at most, and subnormals are coarse
+    return std::abs(got - want) <= 1e-5 * std::abs(want) + 2 * std::numeric_limits<float>::denorm_min();
+}
+}  // namespace
+
+TEST_CASE("log_softmax and softmax keep their precision at large inputs (float)", "[ops][softmax][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<3>>;
+    auto ls = tg::compile(tg::log_softmax(x), tg::wrt(x));
+    auto sm = tg::compile(tg::softmax(x), tg::wrt(x));
+    // [c, c+1, c+2] is exact in float; the result does not depend on c
+    const double lse = std::log(1 + std::exp(1.0) + std::exp(2.0));
+    for (float c : {0.f, 1e3f, 1e5f, -1e6f}) {
+        INFO("c = " << c);
+        std::vector<float> xd{c, c + 1, c + 2};
+        const auto l = values_of(ls, tg::bind(x, xd));
+        const auto s = values_of(sm, tg::bind(x, xd));
+        for (int i = 0; i < 3; ++i) {
+            CHECK(std::abs(l[i] - (i - lse)) <= 1e-6);  // was 1e-3 at c = 1e5: rounded at c's scale
+            CHECK(std::abs(s[i] - std::exp(i - lse)) <= 1e-6 * std::exp(i - lse));
+        }
+    }
+    // cross_entropy inherits it
+    constexpr auto logits = tg::param<"logits", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto labels = tg::input<"labels", std::int64_t, tg::shape<tg::dyn>>;
+    std::vector<float> ld{1e5f, 1e5f + 1, 1e5f + 2}, g(3);
+    std::vector<std::int64_t> lab{2};
+    const float l = tg::compile(tg::cross_entropy(logits, labels), tg::wrt(logits))
+                        .value_and_grad(tg::bind(logits, ld, {1, 3}), tg::bind(labels, lab), tg::grad_into(logits, g));
+    CHECK(std::abs(l - (lse - 2)) <= 1e-6);
+    CHECK(std::abs(g[2] - (std::exp(2 - lse) - 1)) <= 1e-6);
+}
+
+TEST_CASE("cross_entropy with a masked (-inf) logit of another class is finite, as in PyTorch", "[ops][loss][edge]") {
+    constexpr auto logits = tg::param<"logits", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto labels = tg::input<"labels", std::int64_t, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::cross_entropy(logits, labels), tg::wrt(logits));
+    std::vector<float> ld{0, -inf, 0, -inf, 1, -inf}, g(6);
+    std::vector<std::int64_t> lab{0, 1};
+    const float l = step.value_and_grad(tg::bind(logits, ld, {2, 3}), tg::bind(labels, lab), tg::grad_into(logits, g));
+    // rows: log 2 and 0 (PyTorch: torch.nn.functional.cross_entropy gives the same)
+    CHECK_THAT(l, Catch::Matchers::WithinRel(float(std::log(2.0) / 2), 1e-6f));
+    const std::vector<float> want{-0.25f, 0, 0.25f, 0, 0, 0};
+    for (int i = 0; i < 6; ++i) CHECK_THAT(g[i], Catch::Matchers::WithinAbs(want[i], 1e-7));
+    // nll_loss on log-probabilities with -inf entries: the same
+    auto nll = tg::compile(tg::nll_loss(tg::log_softmax(logits, tg::axes<1>), labels), tg::wrt(logits));
+    CHECK_THAT(nll.value_and_grad(tg::bind(logits, ld, {2, 3}), tg::bind(labels, lab), tg::grad_into(logits, g)),
+               Catch::Matchers::WithinRel(float(std::log(2.0) / 2), 1e-6f));
+    // the label's own logit masked: +inf, as in PyTorch
+    std::vector<std::int64_t> masked{1, 1};
+    CHECK(step.value_and_grad(tg::bind(logits, ld, {2, 3}), tg::bind(labels, masked), tg::grad_into(logits, g)) == inf);
+}
+
+TEST_CASE("pow follows C's (and PyTorch's) special values, zero bases included", "[ops][pow][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    constexpr auto y = tg::param<"y", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::pow(x, y), tg::wrt(x, y));
+    const std::vector<float> special{0.f, -0.f, 1.f, -1.f, 0.5f, -0.5f, 2.f, -2.f, 2.5f, -3.f, 3.f,
+                                     inf, -inf, qnan, 1e-40f, -1e-40f, 1e30f, -1e30f};
+    // all pairs, more than a SIMD width: batch bodies and loop tails
+    std::vector<float> xd, yd;
+    for (float a : special)
+        for (float b : special) xd.push_back(a), yd.push_back(b);
+    const auto r = values_of(step, tg::bind(x, xd, {xd.size()}), tg::bind(y, yd, {yd.size()}));
+    for (std::size_t i = 0; i < xd.size(); ++i) {
+        const double want = double(std::pow(xd[i], yd[i]));  // float pow, rounded as typegrad's
+        INFO("pow(" << xd[i] << ", " << yd[i] << ") = " << r[i] << ", C gives " << want);
+        CHECK(same_special(r[i], want));
+    }
+    // gradients at a zero base, against PyTorch's pow_backward: d/dx is 0 where y == 0
+    auto grads = tg::compile(tg::sum(tg::pow(x, y)), tg::wrt(x, y));
+    std::vector<float> x0{0, 0, 0, 0, 0}, y0{1, 0, 2, 0.5f, -1}, gx(5), gy(5);
+    const float v = grads.value_and_grad(tg::bind(x, x0, {5}), tg::bind(y, y0, {5}), tg::grad_into(x, gx), tg::grad_into(y, gy));
+    CHECK(v == inf);  // 0 + 1 + 0 + 0 + inf
+    CHECK(gx[0] == 1.f);   // 1 * 0^0
+    CHECK(gx[1] == 0.f);   // masked: 0 * 0^-1 would be NaN
+    CHECK(gx[2] == 0.f);   // 2 * 0^1
+    CHECK(gx[3] == inf);   // 0.5 * 0^-0.5
+    CHECK(gx[4] == -inf);  // -1 * 0^-2
+    for (int i = 0; i < 4; ++i) CHECK(gy[i] == 0.f);  // x == 0, y >= 0: 0 by convention
+    // pow(x, constant) and the gradient away from the special points
+    constexpr auto xd64 = tg::param<"x", double, tg::shape<3>>;
+    tg::testing::check_gradient(tg::sum(tg::pow(xd64, tg::lit<3>)), tg::testing::at(xd64, std::vector<double>{0.0, -1.5, 2.0}));
+}
+
+namespace {
+std::vector<int> post_hook_calls;
+}  // namespace
+
+TEST_CASE("several post-accumulate hooks on one param run in registration order", "[hooks][post][edge]") {
+    constexpr auto p = tg::param<"p", float, tg::shape<3>>;
+    auto hooked = tg::post_accumulate_grad_hook(
+        tg::post_accumulate_grad_hook(p, [](tg::grad_view<float>, tg::grad_view<float>) { post_hook_calls.push_back(1); }),
+        [](tg::grad_view<float> param, tg::grad_view<float> grad) {
+            post_hook_calls.push_back(2);
+            for (std::size_t i = 0; i < param.size(); ++i) param[i] -= grad[i];  // an SGD step
+        });
+    std::vector<float> pd{1, 2, 3}, g(3);
+    post_hook_calls.clear();
+    tg::compile(tg::sum(tg::square(hooked)), tg::wrt(p)).value_and_grad(tg::bind(p, pd), tg::grad_into(p, g));
+    CHECK(post_hook_calls == std::vector<int>{1, 2});
+    CHECK(g == std::vector<float>{2, 4, 6});
+    CHECK(pd == std::vector<float>{-1, -2, -3});
+}
+
+TEST_CASE("a dynamic matmul batch extent bound as 1 does not broadcast, in forward() as in value_and_grad()",
+          "[ops][matmul][dynamic][edge]") {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2, 3>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<2, 3, 4>>;
+    auto step = tg::compile(tg::sum(tg::matmul(a, w)), tg::wrt(a, w));
+    std::vector<float> ad(6, 1.f), wd(24, 1.f), ga(6, 7.f), gw(24, 7.f);
+    CHECK_THROWS_AS(step.forward(tg::bind(a, ad, {1, 2, 3}), tg::bind(w, wd)), tg::shape_error);
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(a, ad, {1, 2, 3}), tg::bind(w, wd), tg::grad_into(a, ga),
+                                        tg::grad_into(w, gw)),
+                    tg::shape_error);
+    CHECK(ga == std::vector<float>(6, 7.f));
+    // a static 1 broadcasts, in both
+    constexpr auto a1 = tg::param<"a1", float, tg::shape<1, 2, 3>>;
+    auto bcast = tg::compile(tg::sum(tg::matmul(a1, w)), tg::wrt(a1, w));
+    CHECK(bcast.forward(tg::bind(a1, ad), tg::bind(w, wd)).value() == 48.f);
+    CHECK(bcast.value_and_grad(tg::bind(a1, ad), tg::bind(w, wd), tg::grad_into(a1, ga), tg::grad_into(w, gw)) == 48.f);
+    CHECK(ga == std::vector<float>(6, 8.f));
+}
