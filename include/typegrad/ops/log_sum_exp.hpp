@@ -52,7 +52,10 @@ constexpr auto log_softmax(X x, axes_t<Axis> = {}) {
 }
 template <expression X, int Axis = -1>
 constexpr auto softmax(X x, axes_t<Axis> a = {}) {
-    return exp(log_softmax(x, a));
+    static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
+                  "typegrad: softmax(x, tg::axes<a>) names an axis x does not have.");
+    if constexpr (!detail::axes_valid<typename X::shape_type, Axis>()) return x;  // one error, not two
+    else return exp(log_softmax(x, a));
 }
 
 }  // namespace typegrad
