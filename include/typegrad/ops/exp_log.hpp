@@ -79,7 +79,7 @@ constexpr auto pow_op::vjp(G g, Out out, X x, Y y) {
         if constexpr (is_constant_v<NY> && !is_constant_value<NY>(0.0)) return gmul(g, y * pow(x, y - lit<1>));
         else return where(eq(y, lit<0>), lit<0>, gmul(g, y * pow(x, y - lit<1>)));
     }
-    else return where(eq(x, lit<0>) * ge(y, lit<0>), lit<0>, gmul(g, out * log(x)));
+    else return gmul(g, where(eq(x, lit<0>) * ge(y, lit<0>), lit<0>, out * log(x)));  // g * 0: NaN for NaN g
 }
 }  // namespace detail
 }  // namespace typegrad

@@ -147,3 +147,59 @@ TEST_CASE("a dynamic matmul batch extent bound as 1 does not broadcast, in forwa
     CHECK(bcast.value_and_grad(tg::bind(a1, ad), tg::bind(w, wd), tg::grad_into(a1, ga), tg::grad_into(w, gw)) == 48.f);
     CHECK(ga == std::vector<float>(6, 8.f));
 }
+
+// Found by the differential test's special values: xsimd 8.1's batch `!=` is false for NaN on
+// AVX and AVX-512, so NaN checks written `a != a` saw no NaN in SIMD batches (only in tails).
+TEST_CASE("NaN propagates through relu, min/max and reductions in SIMD batches, with PyTorch's gradients",
+          "[ops][nan][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    constexpr auto y = tg::param<"y", float, tg::shape<tg::dyn>>;
+    const std::size_t n = 37;  // batches and a tail, whatever the SIMD width
+    for (std::size_t at : {std::size_t(0), std::size_t(5), std::size_t(36)}) {
+        INFO("NaN at " << at);
+        std::vector<float> xd(n), yd(n, 0.5f), gx(n), gy(n);
+        for (std::size_t i = 0; i < n; ++i) xd[i] = float(i % 7) - 3;
+        xd[at] = qnan;
+        // relu(NaN) is NaN and passes the gradient (threshold_backward: 0 only where x <= 0)
+        auto r = tg::compile(tg::sum(tg::relu(x)), tg::wrt(x));
+        CHECK(std::isnan(r.value_and_grad(tg::bind(x, xd), tg::grad_into(x, gx))));
+        CHECK(gx[at] == 1.f);
+        // max / min reductions: NaN; the gradient goes to the NaN element (evenly_distribute_backward)
+        auto mx = tg::compile(tg::max(x), tg::wrt(x));
+        CHECK(std::isnan(mx.value_and_grad(tg::bind(x, xd), tg::grad_into(x, gx))));
+        for (std::size_t i = 0; i < n; ++i) CHECK(gx[i] == (i == at ? 1.f : 0.f));
+        auto mn = tg::compile(tg::min(x), tg::wrt(x));
+        CHECK(std::isnan(mn.value_and_grad(tg::bind(x, xd), tg::grad_into(x, gx))));
+        CHECK(gx[at] == 1.f);
+        // maximum / minimum: NaN; both sides get the whole gradient (no order)
+        auto bin = tg::compile(tg::sum(tg::max(x, y) + tg::min(x, y)), tg::wrt(x, y));
+        CHECK(std::isnan(bin.value_and_grad(tg::bind(x, xd), tg::bind(y, yd), tg::grad_into(x, gx), tg::grad_into(y, gy))));
+        CHECK(gx[at] == 2.f);
+        CHECK(gy[at] == 2.f);
+        CHECK(gx[(at + 1) % n] + gy[(at + 1) % n] == 2.f);
+        // where: a NaN condition is nonzero, so true
+        constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn>>;
+        auto w = tg::compile(tg::where(c, c * tg::lit<0>, y), tg::wrt(y));
+        const auto v = values_of(w, tg::bind(c, xd), tg::bind(y, yd));
+        CHECK(std::isnan(v[at]));
+    }
+}
+
+TEST_CASE("exp reaches subnormal results and overflows only past the largest float", "[ops][exp][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::exp(x), tg::wrt(x));
+    std::vector<float> xd(33, -90.f);
+    xd[3] = 88.7f;
+    xd[20] = 89.f;
+    xd[32] = -104.f;
+    const auto r = values_of(step, tg::bind(x, xd));
+    CHECK(r[0] == std::exp(-90.f));  // 8.2e-40, was 0
+    CHECK(r[3] == std::exp(88.7f));  // 3.3e38, was inf
+    CHECK(r[20] == inf);
+    CHECK(r[32] == 0.f);
+    constexpr auto xd64 = tg::param<"x", double, tg::shape<2>>;
+    std::vector<double> d{-720.0, 709.5};
+    auto s64 = tg::compile(tg::exp(xd64), tg::wrt(xd64)).forward(tg::bind(xd64, d));
+    CHECK(s64.values()[0] == std::exp(-720.0));
+    CHECK(s64.values()[1] == std::exp(709.5));
+}

@@ -139,14 +139,15 @@ inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) {
     r = xsimd::select(x < zero && x > -inf && !integer, B(std::numeric_limits<T>::quiet_NaN()), r);
     return xsimd::select(y == zero || x == one || (x == -one && xsimd::isinf(y)), one, r);
 }
-// NaN-propagating, as torch.maximum / torch.minimum.
+// NaN-propagating, as torch.maximum / torch.minimum. Not `a != a`: xsimd 8.1 compiles batch
+// != to _CMP_NEQ_OQ on AVX and AVX-512, false for NaN operands (true on SSE2).
 template <class T, class A>
 inline auto max(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
-    return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::max(a, b)));
+    return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::max(a, b)));
 }
 template <class T, class A>
 inline auto min(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
-    return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::min(a, b)));
+    return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::min(a, b)));
 }
 template <class T, class A>
 inline auto mask(const xsimd::batch_bool<T, A>& m) {
