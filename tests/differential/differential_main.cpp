@@ -102,6 +102,7 @@ struct reference {
     std::vector<std::vector<double>> grads;  // params, leaf order
     bool near_kink = false;
     bool known_open = false;  // a documented open difference (docs/reliability.md, finding 14)
+    bool ill_conditioned = false;  // log_sum_exp of values whose rounding errors exceed 1e-3
     double magnitude = 0;  // largest |value| of any node: the scale of the rounding errors
 };
 
@@ -147,8 +148,15 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         else if (op == "log") r = torch::log(node(a));
         else if (op == "sqrt") r = torch::sqrt(node(a));
         else if (op == "square") r = node(a) * node(a);
-        else if (op == "sin") r = torch::sin(node(a));
-        else if (op == "cos") r = torch::cos(node(a));
+        else if (op == "sin" || op == "cos") {
+            // sin and cos of an argument whose rounding error exceeds 1e-3 (|x| > 1.7e4 in float)
+            // are noise: a correctly rounded pow(1e306, 0.5) and typegrad's exp(0.5 log x) differ
+            // by 4e-14 relative, and sin(1e153) then by anything (graph 52)
+            const double eps = dtype == torch::kFloat32 ? 0x1p-24 : 0x1p-53;
+            const auto xa = node(a).detach().abs();
+            if (xa.masked_fill(~torch::isfinite(xa), 0).max().item<double>() * eps > 1e-3) ref.ill_conditioned = true;
+            r = op == "sin" ? torch::sin(node(a)) : torch::cos(node(a));
+        }
         else if (op == "tanh") r = torch::tanh(node(a));
         else if (op == "sigmoid") r = torch::sigmoid(node(a));
         else if (op == "relu" || op == "abs") {
@@ -169,6 +177,12 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
                                                         : std::log(std::numeric_limits<double>::max());
             if ((x == INFINITY).any().item<bool>() && (torch::isfinite(x) & (x > big)).any().item<bool>())
                 ref.known_open = true;
+            // Its weights exp(x - max) are meaningless when the inputs' rounding errors (from huge
+            // values cancelling: 1e306 - 1e306 + 1) exceed 1e-3: which of them tie after rounding
+            // then depends on the order of sums (graph 56)
+            const double eps = dtype == torch::kFloat32 ? 0x1p-24 : 0x1p-53;
+            const auto fin = x.abs().masked_fill(~torch::isfinite(x), 0);
+            if (fin.max().item<double>() * eps > 1e-3) ref.ill_conditioned = true;
             r = torch::logsumexp(node(a).reshape({-1}), 0);
         }
         else if (op == "where_gt" || op == "where_ge" || op == "where_lt" || op == "where_le") {
@@ -240,12 +254,13 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
                                     special && std::is_same_v<T, float> ? torch::kFloat32 : torch::kFloat64);
     v.near_kink = ref.near_kink;
     v.known_open = ref.known_open;
+    v.near_overflow = v.near_overflow || (special && ref.ill_conditioned);
     auto finite = [](const std::vector<double>& xs) {
         return std::all_of(xs.begin(), xs.end(), [](double x) { return std::isfinite(x); });
     };
     v.reference_finite = std::isfinite(ref.loss) && std::all_of(ref.grads.begin(), ref.grads.end(), finite);
     // whether a sum overflows there depends on the order of its terms: not a case
-    v.near_overflow = special && ref.magnitude > double(std::numeric_limits<T>::max()) / 16;
+    v.near_overflow = v.near_overflow || (special && ref.magnitude > double(std::numeric_limits<T>::max()) / 16);
     if (v.near_kink || v.near_overflow || (special && v.known_open)) return v;
     if (!v.reference_finite && !special) return v;  // not a case: outside the domain
 
@@ -258,6 +273,8 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
     else loss = g.f32(in, c.ext, grads, split);
 
     const double rtol = std::is_same_v<T, double> ? rtol_f64 : rtol_f32;
+    // subnormal results carry few bits: a few of their ulps are not an error (graph 47)
+    const double subnormal_floor = special ? 4 * double(std::numeric_limits<T>::denorm_min()) : 0.0;
     auto check = [&](const char* what, const std::vector<double>& want, auto&& got_at, double floor = 0) {
         double scale = floor / rtol;
         for (double w : want)
@@ -267,7 +284,7 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
             // NaN-ness and infinities exactly; finite values relative to the largest finite one
             const double err = std::isnan(want[i])   ? (std::isnan(got) ? 0.0 : INFINITY)
                                : std::isinf(want[i]) ? (got == want[i] ? 0.0 : INFINITY)
-                               : std::isfinite(got)  ? std::abs(got - want[i]) / (scale + 1e-300)
+                               : std::isfinite(got)  ? std::max(0.0, std::abs(got - want[i]) - subnormal_floor) / (scale + 1e-300)
                                                      : INFINITY;
             v.worst = std::max(v.worst, scale == 0 && got == 0 ? 0.0 : err);
             if (!(err <= rtol) && !(scale == 0 && got == 0)) {
@@ -424,7 +441,7 @@ int main() {
                 graphs.size(), t.cases, t.skipped, t.kinks, t.failures, t.worst_f64, rtol_f64, t.worst_f32,
                 rtol_f32);
     std::printf("special values: %ld cases compared (%ld with NaN or inf in the reference; skipped: %ld within "
-                "rounding of a kink, %ld near overflow, %ld known open: log_sum_exp with +inf, finding 14), %ld failures\n",
+                "rounding of a kink, %ld near overflow or ill-conditioned, %ld known open: log_sum_exp with +inf, finding 14), %ld failures\n",
                 t.special_cases, t.special_nonfinite, t.special_kinks, t.special_overflow, t.special_known_open,
                 t.special_failures);
     return t.failures == 0 && t.special_failures == 0 && autocast_failures == 0 ? 0 : 1;

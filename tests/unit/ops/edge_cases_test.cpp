@@ -203,3 +203,18 @@ TEST_CASE("exp reaches subnormal results and overflows only past the largest flo
     CHECK(s64.values()[0] == std::exp(-720.0));
     CHECK(s64.values()[1] == std::exp(709.5));
 }
+
+TEST_CASE("log and pow of subnormal doubles", "[ops][log][edge]") {
+    // xsimd 8.1's double log of a subnormal was off by up to ln(2^52): found by the differential test
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
+    std::vector<double> xd(11, 4.9406564584124654e-321);
+    xd[2] = 1e-310;
+    xd[9] = 2.5;
+    auto lg = tg::compile(tg::log(x), tg::wrt(x)).forward(tg::bind(x, xd));
+    auto pw = tg::compile(tg::pow(x, tg::lit<-0.5>), tg::wrt(x)).forward(tg::bind(x, xd));
+    for (std::size_t i = 0; i < xd.size(); ++i) {
+        INFO("x = " << xd[i]);
+        CHECK_THAT(lg.values()[i], Catch::Matchers::WithinRel(std::log(xd[i]), 1e-14));
+        CHECK_THAT(pw.values()[i], Catch::Matchers::WithinRel(std::pow(xd[i], -0.5), 1e-12));
+    }
+}

@@ -118,7 +118,20 @@ inline auto exp(const xsimd::batch<T, A>& x) {
     }
     return r;
 }
-template <class T, class A> inline auto log(const xsimd::batch<T, A>& x) { return xsimd::log(x); }
+// xsimd 8.1's double log is wrong for subnormal inputs (log(1e-310) gave -746.5, not -713.8;
+// float is right): such lanes are scaled into the normal range first.
+template <class T, class A>
+inline auto log(const xsimd::batch<T, A>& x) {
+    using B = xsimd::batch<T, A>;
+    if constexpr (std::is_same_v<T, double>) {
+        const auto sub = x < B(std::numeric_limits<double>::min()) && x > B(0.0);
+        if (xsimd::any(sub)) [[unlikely]] {
+            const B r = xsimd::log(xsimd::select(sub, x * B(0x1p54), x));
+            return xsimd::select(sub, r - B(54 * 0.69314718055994530942), r);
+        }
+    }
+    return xsimd::log(x);
+}
 template <class T, class A> inline auto sqrt(const xsimd::batch<T, A>& x) { return xsimd::sqrt(x); }
 template <class T, class A> inline auto sin(const xsimd::batch<T, A>& x) { return xsimd::sin(x); }
 template <class T, class A> inline auto cos(const xsimd::batch<T, A>& x) { return xsimd::cos(x); }
@@ -134,7 +147,7 @@ inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) {
     const B zero(T(0)), one(T(1)), inf(std::numeric_limits<T>::infinity());
     const auto integer = xsimd::floor(y) == y;                                 // +-inf too, not NaN
     const auto odd = (y - B(T(2)) * xsimd::floor(y * B(T(0.5)))) == one;      // not +-inf
-    B r = simd::exp(y * xsimd::log(xsimd::abs(x)));  // +-0 and +-inf bases: 0 or inf by y's sign
+    B r = simd::exp(y * simd::log(xsimd::abs(x)));  // +-0 and +-inf bases: 0 or inf by y's sign
     r = xsimd::select(odd, xsimd::copysign(r, x), r);  // x < 0 or -0 with an odd integer y
     r = xsimd::select(x < zero && x > -inf && !integer, B(std::numeric_limits<T>::quiet_NaN()), r);
     return xsimd::select(y == zero || x == one || (x == -one && xsimd::isinf(y)), one, r);
@@ -174,7 +187,7 @@ inline T through_batch(T x, F f) {
 template <class T> requires std::is_floating_point_v<T>
 inline T exp(T x) { return through_batch(x, [](const batch<T>& b) { return simd::exp(b); }); }
 template <class T> requires std::is_floating_point_v<T>
-inline T log(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::log(b); }); }
+inline T log(T x) { return through_batch(x, [](const batch<T>& b) { return simd::log(b); }); }
 template <class T> requires std::is_floating_point_v<T> inline T sqrt(T x) { return std::sqrt(x); }
 template <class T> requires std::is_floating_point_v<T>
 inline T sin(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::sin(b); }); }
