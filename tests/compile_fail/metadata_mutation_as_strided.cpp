@@ -1,5 +1,6 @@
 // EXPECT: typegrad: a custom op may not as_strided_ a tensor
 #include <typegrad/typegrad.hpp>
+#include <array>
 #include <vector>
 namespace tg = typegrad;
 struct bad_op {
@@ -11,7 +12,7 @@ struct bad_op {
     }
     template <class Ctx> static void backward(Ctx& ctx) {
         auto [x] = ctx.inputs();
-        x.as_strided_(6);  // metadata change of input 0 inside the backward
+        x.as_strided_(std::array<std::size_t, 2>{1, 3}, std::array<std::size_t, 2>{3, 1});  // size, stride
     }
 };
 int main() {

@@ -11,7 +11,7 @@ struct bad_op {
     }
     template <class Ctx> static void backward(Ctx& ctx) {
         auto [x] = ctx.inputs();
-        x.resize_(6);  // metadata change of input 0 inside the backward
+        x.resize_(2, 2);  // metadata change of input 0 (several extents)
     }
 };
 int main() {

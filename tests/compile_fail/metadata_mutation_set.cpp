@@ -11,7 +11,7 @@ struct bad_op {
     }
     template <class Ctx> static void backward(Ctx& ctx) {
         auto [x] = ctx.inputs();
-        x.set_(6);  // metadata change of input 0 inside the backward
+        x.set_();  // metadata change of input 0 (no arguments: detach from its storage)
     }
 };
 int main() {

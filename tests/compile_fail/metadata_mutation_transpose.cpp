@@ -11,7 +11,7 @@ struct bad_op {
     }
     template <class Ctx> static void backward(Ctx& ctx) {
         auto [x] = ctx.inputs();
-        x.transpose_(6);  // metadata change of input 0 inside the backward
+        x.transpose_(0, 1);  // metadata change of input 0 (two arguments, as in PyTorch)
     }
 };
 int main() {

@@ -363,10 +363,16 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
         else if (op == "lse") r = bf_op ? lse_bf16(node(a), false) : torch::logsumexp(node(a).reshape({-1}), 0);
         else if (op == "softmax" || op == "log_softmax") {
-            // typegrad: log_softmax = x - log_sum_exp(x) (keepdim), softmax = exp(log_softmax(x))
+            // typegrad: log_softmax = (x - shift) - log(sum(exp(x - shift))) (keepdim, the shift a
+            // detached maximum; issue 17), softmax = exp(log_softmax(x)); each a bf16 op
             if (!bf_op) r = op == "softmax" ? torch::softmax(node(a), -1) : torch::log_softmax(node(a), -1);
             else {
-                const auto ls = rg(node(a)) - rg(rnd(lse_bf16(node(a), true)));
+                const torch::Tensor x = node(a);
+                const torch::Tensor shift = std::get<0>(x.max(-1, true)).detach();
+                const auto d = rnd(rg(x) - shift);
+                const auto e = rnd(bf16_unary::apply(rg(d), "exp", 0.0));
+                const auto l = rnd(bf16_unary::apply(rg(rnd(rg(e).sum(-1, true))), "log", 0.0));
+                const auto ls = rg(d) - rg(l);
                 r = op == "softmax" ? bf16_unary::apply(rg(rnd(ls)), "exp", 0.0) : ls;
             }
         }

@@ -73,13 +73,15 @@ template <class T> inline constexpr bool is_seed_binding_v<seed_binding<T>> = tr
 template <class R>
 using range_value_t = std::remove_cv_t<std::ranges::range_value_t<R>>;
 
+// Checked in the body of each public function, and nothing is converted after a failed check:
+// a helper function template would be instantiated only at the end of the translation unit, so
+// the raw pointer conversion errors would come before the sentence.
 template <class Leaf, class T>
-constexpr void check_element_type() {
-    static_assert(std::is_same_v<T, typename Leaf::value_type>,
-                  "typegrad: bind(leaf, buffer) needs a buffer whose element type is the leaf's "
-                  "dtype (a float leaf binds float data, a double leaf double data); convert the "
-                  "data first, typegrad never converts silently");
-}
+inline constexpr bool element_type_ok_v = std::is_same_v<T, typename Leaf::value_type>;
+#define TYPEGRAD_DETAIL_ELEMENT_TYPE_SENTENCE(fname)                                              \
+    "typegrad: " fname " needs a buffer whose element type is the leaf's dtype (a float leaf "      \
+    "binds float data, a double leaf double data); convert the data first, typegrad never "        \
+    "converts silently"
 
 // Extents from the buffer size when at most one is dynamic.
 template <class Leaf>
@@ -106,17 +108,21 @@ auto bind(E, R&& range) {
     using Leaf = typename E::node_type;
     static_assert(is_leaf_v<Leaf>, "typegrad: bind(leaf, buffer) binds a leaf (tg::param or "
                                    "tg::input), not an expression.");
-    detail::check_element_type<Leaf, detail::range_value_t<R>>();
+    constexpr bool ok = detail::element_type_ok_v<Leaf, detail::range_value_t<R>>;
+    static_assert(ok, TYPEGRAD_DETAIL_ELEMENT_TYPE_SENTENCE("bind(leaf, buffer)"));
     static_assert(Leaf::shape_type::dyn_count <= 1,
                   "typegrad: bind(leaf, buffer) cannot infer two or more dynamic extents from a "
                   "buffer's size: pass them, bind(leaf, buffer, {n, m})");
     detail::leaf_binding<Leaf> b;
+    if constexpr (!ok) return b;  // the sentence above is the error the user sees
+    else {
     b.data = std::ranges::data(range);
     if constexpr (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
         b.mutable_data = std::ranges::data(range);
     b.size = std::ranges::size(range);
     b.extents = detail::infer_extents<Leaf>(b.size);
     return b;
+    }
 }
 
 template <class E, std::ranges::contiguous_range R>
@@ -126,12 +132,15 @@ auto bind(E, R&& range,
     using Leaf = typename E::node_type;
     static_assert(is_leaf_v<Leaf>, "typegrad: bind(leaf, buffer, extents) binds a leaf (tg::param "
                                    "or tg::input), not an expression.");
-    detail::check_element_type<Leaf, detail::range_value_t<R>>();
+    constexpr bool ok = detail::element_type_ok_v<Leaf, detail::range_value_t<R>>;
+    static_assert(ok, TYPEGRAD_DETAIL_ELEMENT_TYPE_SENTENCE("bind(leaf, buffer, extents)"));
     detail::leaf_binding<Leaf> b;
-    b.data = std::ranges::data(range);
-    if constexpr (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
-        b.mutable_data = std::ranges::data(range);
-    b.size = std::ranges::size(range);
+    if constexpr (ok) {
+        b.data = std::ranges::data(range);
+        if constexpr (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+            b.mutable_data = std::ranges::data(range);
+        b.size = std::ranges::size(range);
+    }
     b.extents = extents;
     b.extents_given = true;
     return b;
@@ -143,10 +152,13 @@ auto bind(E, T* pointer,
     using Leaf = typename E::node_type;
     static_assert(is_leaf_v<Leaf>, "typegrad: bind(leaf, pointer, extents) binds a leaf (tg::param "
                                    "or tg::input), not an expression.");
-    detail::check_element_type<Leaf, std::remove_cv_t<T>>();
+    constexpr bool ok = detail::element_type_ok_v<Leaf, std::remove_cv_t<T>>;
+    static_assert(ok, TYPEGRAD_DETAIL_ELEMENT_TYPE_SENTENCE("bind(leaf, pointer, extents)"));
     detail::leaf_binding<Leaf> b;
-    b.data = pointer;
-    if constexpr (!std::is_const_v<T>) b.mutable_data = pointer;
+    if constexpr (ok) {
+        b.data = pointer;
+        if constexpr (!std::is_const_v<T>) b.mutable_data = pointer;
+    }
     b.extents = extents;
     b.extents_given = true;
     return b;
@@ -161,8 +173,10 @@ auto grad_into(E, R&& range) {
                   "expression.");
     static_assert(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>,
                   "typegrad: grad_into(leaf, buffer) needs a writable buffer.");
-    detail::check_element_type<Leaf, detail::range_value_t<R>>();
-    return detail::grad_binding<Leaf, false>{std::ranges::data(range), std::ranges::size(range)};
+    constexpr bool ok = detail::element_type_ok_v<Leaf, detail::range_value_t<R>>;
+    static_assert(ok, TYPEGRAD_DETAIL_ELEMENT_TYPE_SENTENCE("grad_into(leaf, buffer)"));
+    if constexpr (!ok) return detail::grad_binding<Leaf, false>{};
+    else return detail::grad_binding<Leaf, false>{std::ranges::data(range), std::ranges::size(range)};
 }
 template <class E, std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
@@ -173,8 +187,10 @@ auto grad_into(E e, R&& range, accumulate_t) {
 template <class E, class T>
 auto grad_into(E, T* pointer, std::size_t size) {
     using Leaf = typename E::node_type;
-    detail::check_element_type<Leaf, std::remove_cv_t<T>>();
-    return detail::grad_binding<Leaf, false>{pointer, size};
+    constexpr bool ok = detail::element_type_ok_v<Leaf, std::remove_cv_t<T>>;
+    static_assert(ok, TYPEGRAD_DETAIL_ELEMENT_TYPE_SENTENCE("grad_into(leaf, pointer, size)"));
+    if constexpr (!ok) return detail::grad_binding<Leaf, false>{nullptr, size};
+    else return detail::grad_binding<Leaf, false>{pointer, size};
 }
 
 template <std::ranges::contiguous_range R>

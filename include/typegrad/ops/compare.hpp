@@ -36,7 +36,8 @@ struct where_op : elementwise_op {
     static constexpr const char* name = "where";
     static constexpr const char* device = "({0} != (T)0 ? {1} : {2})";
     template <class V>
-    static V apply(const V& c, const V& a, const V& b) { return simd::select(c != V(0), a, b); }
+    // !(c == 0), not c != 0: a NaN condition is nonzero, and xsimd's batch != is false for NaN
+    static V apply(const V& c, const V& a, const V& b) { return simd::select(c == V(0), b, a); }
     template <std::size_t I, class G, class Out, class C, class A, class B>
     static constexpr auto vjp(G g, Out, C c, A, B);
 };

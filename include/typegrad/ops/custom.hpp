@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <new>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 #include <type_traits>
@@ -123,6 +124,34 @@ struct has_metadata<mutation_list<Ds...>> {
     template <std::size_t I> struct is_meta<metadata_t<I>> : std::true_type {};
     static constexpr bool value = (is_meta<Ds>::value || ...);
 };
+
+// The mutations an op declares, as describe() / to_dot() show them on its nodes (AOTAutograd's
+// graphs show the copy_ into the input): "backward mutates input 1 (data)".
+template <class L>
+[[gnu::cold]] inline std::string mutation_text(const char* when) {
+    std::string s;
+    [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+        auto one = [&](bool mutated, std::size_t i) {
+            if (!mutated) return;
+            s += s.empty() ? std::string(when) + " mutates input " : std::string(", input ");
+            s += std::to_string(i);
+        };
+        (one(L::template data_of<Is>, Is), ...);
+    }(std::make_index_sequence<max_arity>{});
+    if (!s.empty()) s += " (data)";
+    if constexpr (L::grad_output) s += std::string(s.empty() ? when : ",") + " mutates its copy of grad_output";
+    return s;
+}
+template <class Op>
+[[gnu::cold]] inline std::string custom_mutations_text(bool forward_too) {
+    std::string f = forward_too ? mutation_text<forward_mutations_t<Op>>("forward") : std::string();
+    const std::string b = mutation_text<backward_mutations_t<Op>>("backward");
+    if (!f.empty() && !b.empty()) f += "; ";
+    return f + b;
+}
+template <class Op>
+inline constexpr bool declares_mutations_v =
+    !std::is_same_v<forward_mutations_t<Op>, mutation_list<>> || !std::is_same_v<backward_mutations_t<Op>, mutation_list<>>;
 
 template <class Op, class... Xs>
 struct custom_result {
@@ -257,6 +286,9 @@ struct custom_forward_op {
     static constexpr bool shape_only(std::size_t) { return false; }
     static constexpr std::size_t extra_bytes = saved_of<Op>::bytes;
     using op = Op;
+    // inspect/describe.hpp's extension point: the declared mutations, in red in to_dot()
+    static std::string describe_extra() { return custom_mutations_text<Op>(true); }
+    static std::string dot_attributes() { return declares_mutations_v<Op> ? "color=\"#c62828\", penwidth=2" : ""; }
     // Autocast: the class the op declares (`static constexpr tg::autocast_class autocast`), or
     // per device (`static constexpr tg::autocast_class autocast_on(tg::device_kind)`).
     static constexpr autocast_class autocast_on(device_kind d) {
@@ -324,6 +356,11 @@ struct custom_backward_op {
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
     using op = Op;
+    // where the backward's mutations happen (its operands are grad_output, output, inputs...)
+    static std::string describe_extra() { return custom_mutations_text<Op>(false); }
+    static std::string dot_attributes() {
+        return std::is_same_v<backward_mutations_t<Op>, mutation_list<>> ? "" : "color=\"#c62828\", penwidth=2";
+    }
     template <class G, class Out, class... Xs>
     struct rule {
         using value_type = typename G::value_type;

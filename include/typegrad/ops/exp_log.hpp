@@ -72,9 +72,14 @@ constexpr auto pow(X x, S) {
 namespace detail {
 template <std::size_t I, class G, class Out, class X, class Y>
 constexpr auto pow_op::vjp(G g, Out out, X x, Y y) {
+    // d/dx x^y = y x^(y-1), taken as 0 where y == 0 (else 0 * inf at x == 0) as PyTorch does;
     // d/dy x^y = x^y log x; taken as 0 where x == 0 and y >= 0, as PyTorch does.
-    if constexpr (I == 0) return gmul(g, y * pow(x, y - lit<1>));
-    else return where(eq(x, lit<0>) * ge(y, lit<0>), lit<0>, gmul(g, out * log(x)));
+    if constexpr (I == 0) {
+        using NY = typename Y::node_type;
+        if constexpr (is_constant_v<NY> && !is_constant_value<NY>(0.0)) return gmul(g, y * pow(x, y - lit<1>));
+        else return where(eq(y, lit<0>), lit<0>, gmul(g, y * pow(x, y - lit<1>)));
+    }
+    else return gmul(g, where(eq(x, lit<0>) * ge(y, lit<0>), lit<0>, out * log(x)));  // g * 0: NaN for NaN g
 }
 }  // namespace detail
 }  // namespace typegrad

@@ -143,20 +143,45 @@ struct hooked<node<hook_op<Fs...>, X>> {
     using with = node<hook_op<Fs..., F>, X>;
 };
 
-// f(param, grad) after the gradient of the param is written.
-template <class F>
+// Several post-accumulate hooks on one param run in registration order, as in PyTorch.
+template <class... Fs>
+struct post_hooks_in_order {
+    template <class P, class G>
+    void operator()(const P& param, const G& grad) const { (Fs{}(param, grad), ...); }
+};
+
+// f(param, grad) after the gradient of the param is written (Fs... in order).
+template <class... Fs>
 struct post_accumulate_hook_op : elementwise_op {
     static constexpr const char* name = "post_accumulate_grad_hook";
     static constexpr const char* device = "{0}";
-    using hook_type = F;
+    using hook_type = post_hooks_in_order<Fs...>;
     template <class V> static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) { return g; }
 };
 template <class N>
 inline constexpr bool is_post_hook_v = false;
-template <class F, class X>
-inline constexpr bool is_post_hook_v<node<post_accumulate_hook_op<F>, X>> = true;
+template <class... Fs, class X>
+inline constexpr bool is_post_hook_v<node<post_accumulate_hook_op<Fs...>, X>> = true;
+
+// post_accumulate_grad_hook(post_accumulate_grad_hook(p, f), g): one node with f, g.
+template <class N, class F>
+struct add_post_hook {
+    using type = node<post_accumulate_hook_op<F>, N>;
+};
+template <class... Fs, class X, class F>
+struct add_post_hook<node<post_accumulate_hook_op<Fs...>, X>, F> {
+    using type = node<post_accumulate_hook_op<Fs..., F>, X>;
+};
+template <class N>
+struct strip_post_hooks {
+    using type = N;
+};
+template <class... Fs, class X>
+struct strip_post_hooks<node<post_accumulate_hook_op<Fs...>, X>> {
+    using type = X;
+};
 
 // Marks a node whose gradient grad_into may ask for.
 struct retain_grad_op : elementwise_op {
@@ -193,13 +218,26 @@ struct underlying_leaf<node<hook_op<Fs...>, X>> {
 };
 }  // namespace detail
 
-// p is a param, or a param with pre-hooks (tg::hook(p, f)): those run first, as in PyTorch.
+namespace detail {
+template <class L>
+constexpr bool is_param_leaf() {
+    if constexpr (is_leaf_v<L>) return L::role == leaf_role::param;
+    else return true;  // reported as "not a leaf"
+}
+}  // namespace detail
+
+// p is a param, or a param with pre-hooks (tg::hook(p, f)): those run first, as in PyTorch; or
+// the result of post_accumulate_grad_hook: the hooks then run in the order they were added.
 template <expression P, class F>
 constexpr auto post_accumulate_grad_hook(P, F) {
-    using L = typename detail::underlying_leaf<typename P::node_type>::type;
+    using L = typename detail::underlying_leaf<typename detail::strip_post_hooks<typename P::node_type>::type>::type;
     using T = typename P::value_type;
-    static_assert(is_leaf_v<L> && L::role == leaf_role::param,
-                  "typegrad: post_accumulate_grad_hook(p, f) takes a tg::param.");
+    static_assert(is_leaf_v<L>,
+                  "typegrad: post_accumulate_grad_hook(p, f) takes a tg::param, and p is not a leaf but "
+                  "the result of an op (PyTorch too rejects post-accumulate hooks on non-leaf tensors).");
+    static_assert(detail::is_param_leaf<L>(),
+                  "typegrad: post_accumulate_grad_hook(p, f) takes a tg::param, and p is a tg::input, "
+                  "which has no gradient.");
     static_assert(std::is_default_constructible_v<F>,
                   "typegrad: post_accumulate_grad_hook(p, f): f is part of the graph's type and must be "
                   "stateless (a captureless lambda or a default-constructible function object).");
@@ -209,7 +247,8 @@ constexpr auto post_accumulate_grad_hook(P, F) {
     static_assert(std::is_void_v<std::invoke_result_t<const F&, grad_view<T>, grad_view<T>>>,
                   "typegrad: post_accumulate_grad_hook(p, f): f must return void; it acts on the "
                   "param and its gradient in place (PyTorch ignores a returned value, typegrad rejects it).");
-    return expr<node<detail::post_accumulate_hook_op<F>, typename P::node_type>>{};
+    if constexpr (!is_leaf_v<L>) return P{};  // rejected above; stops further errors
+    else return expr<typename detail::add_post_hook<typename P::node_type, F>::type>{};
 }
 
 template <expression E>

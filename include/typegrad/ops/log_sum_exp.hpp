@@ -11,8 +11,11 @@ template <expression X>
 constexpr auto finite_or_zero(X x) { return make_node<finite_or_zero_op>(x); }
 
 template <int Axis, expression X>
+constexpr auto softmax_shift(X x) { return detach(finite_or_zero(max(x, axes<Axis>, keepdim))); }
+
+template <int Axis, expression X>
 constexpr auto log_sum_exp_keepdim(X x) {
-    auto shift = detach(finite_or_zero(max(x, axes<Axis>, keepdim)));
+    auto shift = softmax_shift<Axis>(x);
     return shift + log(sum(exp(x - shift), axes<Axis>, keepdim));
 }
 }  // namespace detail
@@ -41,12 +44,18 @@ template <expression X, int Axis = -1>
 constexpr auto log_softmax(X x, axes_t<Axis> = {}) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
                   "typegrad: log_softmax(x, tg::axes<a>) names an axis x does not have.");
+    // (x - max) - log(sum(exp(x - max))), as PyTorch's CPU kernel: the exact subtraction comes
+    // first, so the result does not round at the scale of x (x - lse(x) loses ~|x| ulp).
     auto e = detail::fp32_on_cuda_entry(x);
-    return e - detail::log_sum_exp_keepdim<Axis>(e);
+    auto shifted = e - detail::softmax_shift<Axis>(e);
+    return shifted - log(sum(exp(shifted), axes<Axis>, keepdim));
 }
 template <expression X, int Axis = -1>
 constexpr auto softmax(X x, axes_t<Axis> a = {}) {
-    return exp(log_softmax(x, a));
+    static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
+                  "typegrad: softmax(x, tg::axes<a>) names an axis x does not have.");
+    if constexpr (!detail::axes_valid<typename X::shape_type, Axis>()) return x;  // one error, not two
+    else return exp(log_softmax(x, a));
 }
 
 }  // namespace typegrad

@@ -73,7 +73,9 @@ template <expression L, expression Y>
 constexpr auto nll_loss(L log_probs, Y labels) {
     detail::check_labels<Y, L>();
     auto lp = detail::fp32_entry(log_probs);
-    auto picked = lp * detail::make_node<detail::one_hot_op>(labels, lp);
+    // Select the label's entry rather than multiply by the one-hot: a -inf log-probability of
+    // another class (a masked logit) times 0 would be NaN, where PyTorch's loss stays finite.
+    auto picked = where(detail::make_node<detail::one_hot_op>(labels, lp), lp, lit<0>);
     return -mean(sum(picked, axes<1>));
 }
 

@@ -53,8 +53,16 @@ struct matmul_op {
                                       ") differs from b's second-to-last (", k2, ")"));
         if constexpr (N::shape_type::rank == 3) {
             const std::size_t ba = a.rank == 3 ? a.ext[0] : 1, bb = b.rank == 3 ? b.ext[0] : 1;
-            if (ba != bb && ba != 1 && bb != 1)
-                throw shape_error(message("typegrad: matmul(a, b): batch extents ", ba, " and ", bb, " differ"));
+            // Only a static 1 (or a missing batch axis) broadcasts; a dynamic extent bound as 1
+            // must match, as everywhere else (README rule 1), or forward() would accept what
+            // the backward's reduction rejects.
+            using SA = typename type_at_t<0, typename N::children>::shape_type;
+            using SB = typename type_at_t<1, typename N::children>::shape_type;
+            constexpr bool a_broadcasts = SA::rank < 3 || SA::extents[0] == 1;
+            constexpr bool b_broadcasts = SB::rank < 3 || SB::extents[0] == 1;
+            if (ba != bb && !a_broadcasts && !b_broadcasts)
+                throw shape_error(message("typegrad: matmul(a, b): batch extents ", ba, " and ", bb,
+                                          " differ (dynamic extents must match exactly; they never broadcast)"));
             ext[0] = std::max(ba, bb);
             ext[1] = m;
             ext[2] = n;

@@ -60,6 +60,8 @@ inline constexpr bool same_shape_v = std::is_same_v<typename A::shape_type, type
                   "static extent on an axis, the extents must be equal or one of them 1")
 
 namespace typegrad::detail {
-template <class>
+// Variadic: member templates over argument packs (tensor_view::transpose_(0, 1), set_()) use it
+// with zero or several types, and must reach their sentence, not a template-arity error.
+template <class...>
 inline constexpr bool always_false = false;
 }  // namespace typegrad::detail

@@ -12,8 +12,10 @@ struct relu_op : elementwise_op {
     static constexpr const char* device = "tg_max({0}, (T)0)";
     // max() propagates NaN, as torch.relu does.
     template <class V> static V apply(const V& x) { return simd::max(x, V(0)); }
+    // 0 where x <= 0 (even for a NaN or inf g), else g: a NaN input passes the gradient, as
+    // torch's threshold_backward (a where, not a product with a mask)
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out, X x) { return gmul(g, gt(x, lit<0>)); }
+    static constexpr auto vjp(G g, Out, X x) { return where(le(x, lit<0>), lit<0>, g); }
 };
 struct abs_op : elementwise_op {
     static constexpr const char* name = "abs";
@@ -23,15 +25,18 @@ struct abs_op : elementwise_op {
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X x) { return gmul(g, gt(x, lit<0>) - lt(x, lit<0>)); }
 };
-// Ties send half the gradient to each side, as torch.maximum / torch.minimum.
+// Ties send half the gradient to each side, as torch.maximum / torch.minimum; the side that is
+// not the result gets 0, and with a NaN operand (no order) both get the whole gradient:
+// where(a == b, g / 2, g).masked_fill_(a < b, 0) for maximum's a, as PyTorch's formula (a
+// masked_fill: the losing side gets 0 even where g is NaN or inf).
 struct maximum_op : elementwise_op {
     static constexpr const char* name = "maximum";
     static constexpr const char* device = "tg_max({0}, {1})";
     template <class V> static V apply(const V& a, const V& b) { return simd::max(a, b); }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b) {
-        if constexpr (I == 0) return gmul(g, gt(a, b) + lit<0.5> * eq(a, b));
-        else return gmul(g, gt(b, a) + lit<0.5> * eq(a, b));
+        if constexpr (I == 0) return where(lt(a, b), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
+        else return where(lt(b, a), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
     }
 };
 struct minimum_op : elementwise_op {
@@ -40,8 +45,8 @@ struct minimum_op : elementwise_op {
     template <class V> static V apply(const V& a, const V& b) { return simd::min(a, b); }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b) {
-        if constexpr (I == 0) return gmul(g, lt(a, b) + lit<0.5> * eq(a, b));
-        else return gmul(g, lt(b, a) + lit<0.5> * eq(a, b));
+        if constexpr (I == 0) return where(gt(a, b), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
+        else return where(gt(b, a), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
     }
 };
 

@@ -144,9 +144,11 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
     if constexpr (K == reduce_kind::sum) {
         return broadcast_like(g, x);
     } else {
-        // Ties share the gradient evenly (torch.max / torch.amax).
-        auto hit = eq(x, out);
-        return broadcast_like(g, x) * hit / sum_to<Target>(hit);
+        // Ties share the gradient evenly (torch.max / torch.amax); a NaN result (max and min
+        // propagate NaN) shares it among the NaN elements, as PyTorch's evenly_distribute_backward.
+        // The others get 0 even where g is NaN or inf (a masked_fill in PyTorch, not a product).
+        auto hit = eq(x, out) + (lit<1> - eq(x, x)) * (lit<1> - eq(out, out));
+        return where(hit, broadcast_like(g, x) / sum_to<Target>(hit), lit<0>);
     }
 }
 }  // namespace detail

@@ -224,3 +224,25 @@ TEST_CASE("custom op: values saved in ctx reach the backward", "[custom]") {
     step.backward(ctx, tg::grad_into(x, g2));
     CHECK(g2 == std::vector<float>{1.0f / 6, 1.0f / 6, 1.0f / 6 + 1000.0f, 1.0f / 6, 1.0f / 6});
 }
+
+TEST_CASE("describe() and to_dot() show the mutations a custom op declares", "[custom][mutation][describe]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<3>>;
+    constexpr auto x1 = tg::input<"x1", float, tg::shape<3>>;
+    constexpr auto x2 = tg::input<"x2", float, tg::shape<3>>;
+    auto step = tg::compile(tg::sum(tg::custom<scale_then_zero>(x, x1, x2)), tg::wrt(x));
+    const std::string text = tg::describe(step);
+    INFO(text);
+    // on the forward node: both; on the backward node, where the backward's write happens: its own
+    CHECK(text.find("[forward mutates input 2 (data); backward mutates input 1 (data)]") != std::string::npos);
+    CHECK(text.find("[backward mutates input 1 (data)]") != std::string::npos);
+    const std::string dot = tg::to_dot(step);
+    CHECK(dot.find("forward mutates input 2 (data); backward mutates input 1 (data)") != std::string::npos);
+    CHECK(dot.find("color=\"#c62828\"") != std::string::npos);
+
+    auto local = tg::compile(tg::sum(tg::custom<double_grad_output>(x)), tg::wrt(x));
+    CHECK(tg::describe(local).find("backward mutates its copy of grad_output") != std::string::npos);
+    // an op without mutations shows none
+    auto plain = tg::compile(tg::sum(tg::custom<straight_through_round>(x)), tg::wrt(x));
+    CHECK(tg::describe(plain).find("mutates") == std::string::npos);
+    CHECK(tg::to_dot(plain).find("#c62828") == std::string::npos);
+}

@@ -100,8 +100,38 @@ template <class T>
 inline T reduce_max(T v) { return v; }
 
 // ---- elementwise math: batches ------------------------------------------------------------
-template <class T, class A> inline auto exp(const xsimd::batch<T, A>& x) { return xsimd::exp(x); }
-template <class T, class A> inline auto log(const xsimd::batch<T, A>& x) { return xsimd::log(x); }
+// xsimd 8.1's exp flushes results below the smallest normal number to 0 (exp(-90.f) = 0, not
+// 8.2e-40) and overflows early (exp(88.7f) = inf, not 3.3e38); PyTorch's kernels do neither.
+// Lanes that far out (rare) take the C library's exp.
+template <class T, class A>
+inline auto exp(const xsimd::batch<T, A>& x) {
+    using B = xsimd::batch<T, A>;
+    B r = xsimd::exp(x);
+    constexpr T edge = std::is_same_v<T, float> ? T(87) : T(708);
+    if (xsimd::any(xsimd::abs(x) > B(edge))) [[unlikely]] {
+        alignas(64) T in[B::size], out[B::size];
+        x.store_aligned(in);
+        r.store_aligned(out);
+        for (std::size_t i = 0; i < B::size; ++i)
+            if (std::abs(in[i]) > edge) out[i] = std::exp(in[i]);
+        r = B::load_aligned(out);
+    }
+    return r;
+}
+// xsimd 8.1's double log is wrong for subnormal inputs (log(1e-310) gave -746.5, not -713.8;
+// float is right): such lanes are scaled into the normal range first.
+template <class T, class A>
+inline auto log(const xsimd::batch<T, A>& x) {
+    using B = xsimd::batch<T, A>;
+    if constexpr (std::is_same_v<T, double>) {
+        const auto sub = x < B(std::numeric_limits<double>::min()) && x > B(0.0);
+        if (xsimd::any(sub)) [[unlikely]] {
+            const B r = xsimd::log(xsimd::select(sub, x * B(0x1p54), x));
+            return xsimd::select(sub, r - B(54 * 0.69314718055994530942), r);
+        }
+    }
+    return xsimd::log(x);
+}
 template <class T, class A> inline auto sqrt(const xsimd::batch<T, A>& x) { return xsimd::sqrt(x); }
 template <class T, class A> inline auto sin(const xsimd::batch<T, A>& x) { return xsimd::sin(x); }
 template <class T, class A> inline auto cos(const xsimd::batch<T, A>& x) { return xsimd::cos(x); }
@@ -110,16 +140,30 @@ template <class T, class A> inline auto abs(const xsimd::batch<T, A>& x) { retur
 template <class T, class A> inline auto erf(const xsimd::batch<T, A>& x) { return xsimd::erf(x); }
 template <class T, class A> inline auto log1p(const xsimd::batch<T, A>& x) { return xsimd::log1p(x); }
 template <class T, class A> inline auto expm1(const xsimd::batch<T, A>& x) { return xsimd::expm1(x); }
+// pow with the special values of C's pow (C11 F.10.4.4), which PyTorch follows. xsimd 8.1's
+// pow gives 0 for every zero base, NaN for pow(x, 0) with infinite or NaN x, for pow(1, NaN),
+// pow(-1, +-inf) and pow(-inf, 0.5), and takes huge even exponents (1e30f) for odd ones; so
+// |x|^y = exp(y log|x|) here, with the sign and the special cases set explicitly.
 template <class T, class A>
-inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) { return xsimd::pow(x, y); }
-// NaN-propagating, as torch.maximum / torch.minimum.
+inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) {
+    using B = xsimd::batch<T, A>;
+    const B zero(T(0)), one(T(1)), inf(std::numeric_limits<T>::infinity());
+    const auto integer = xsimd::floor(y) == y;                                 // +-inf too, not NaN
+    const auto odd = (y - B(T(2)) * xsimd::floor(y * B(T(0.5)))) == one;      // not +-inf
+    B r = simd::exp(y * simd::log(xsimd::abs(x)));  // +-0 and +-inf bases: 0 or inf by y's sign
+    r = xsimd::select(odd, xsimd::copysign(r, x), r);  // x < 0 or -0 with an odd integer y
+    r = xsimd::select(x < zero && x > -inf && !integer, B(std::numeric_limits<T>::quiet_NaN()), r);
+    return xsimd::select(y == zero || x == one || (x == -one && xsimd::isinf(y)), one, r);
+}
+// NaN-propagating, as torch.maximum / torch.minimum. Not `a != a`: xsimd 8.1 compiles batch
+// != to _CMP_NEQ_OQ on AVX and AVX-512, false for NaN operands (true on SSE2).
 template <class T, class A>
 inline auto max(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
-    return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::max(a, b)));
+    return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::max(a, b)));
 }
 template <class T, class A>
 inline auto min(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
-    return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::min(a, b)));
+    return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::min(a, b)));
 }
 template <class T, class A>
 inline auto mask(const xsimd::batch_bool<T, A>& m) {
@@ -144,9 +188,9 @@ inline T through_batch(T x, F f) {
     return lanes[0];
 }
 template <class T> requires std::is_floating_point_v<T>
-inline T exp(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::exp(b); }); }
+inline T exp(T x) { return through_batch(x, [](const batch<T>& b) { return simd::exp(b); }); }
 template <class T> requires std::is_floating_point_v<T>
-inline T log(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::log(b); }); }
+inline T log(T x) { return through_batch(x, [](const batch<T>& b) { return simd::log(b); }); }
 template <class T> requires std::is_floating_point_v<T> inline T sqrt(T x) { return std::sqrt(x); }
 template <class T> requires std::is_floating_point_v<T>
 inline T sin(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::sin(b); }); }
@@ -163,7 +207,7 @@ template <class T> requires std::is_floating_point_v<T>
 inline T expm1(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::expm1(b); }); }
 template <class T> requires std::is_floating_point_v<T>
 inline T pow(T x, T y) {
-    return through_batch(x, [y](const batch<T>& b) { return xsimd::pow(b, batch<T>(y)); });
+    return through_batch(x, [y](const batch<T>& b) { return simd::pow(b, batch<T>(y)); });
 }
 template <class T> requires std::is_floating_point_v<T>
 inline T max(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }

@@ -1,0 +1,220 @@
+// Edge cases where typegrad must give PyTorch's documented results (issue 17): precision of
+// softmax at large inputs, masked (-inf) logits, pow's special values, several post-accumulate
+// hooks, and one broadcasting rule for dynamic extents in every entry point.
+#include <check_gradient.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace tg = typegrad;
+
+namespace {
+constexpr float inf = std::numeric_limits<float>::infinity();
+constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
+
+template <class Step, class... Bs>
+std::vector<float> values_of(Step& step, Bs... bs) {
+    auto ctx = step.forward(bs...);
+    return std::vector<float>(ctx.values().begin(), ctx.values().end());
+}
+
+// Same value, with NaN equal to NaN and the sign of zeros and infinities compared.
+bool same_special(float got, double want) {
+    if (std::isnan(want)) return std::isnan(got);
+    if (std::isinf(want) || want == 0) return double(got) == want && std::signbit(got) == std::signbit(want);
+    // exp(y log|x|) in float: |y log x| ulps of error at most, and subnormals are coarse
+    return std::abs(got - want) <= 1e-5 * std::abs(want) + 2 * std::numeric_limits<float>::denorm_min();
+}
+}  // namespace
+
+TEST_CASE("log_softmax and softmax keep their precision at large inputs (float)", "[ops][softmax][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<3>>;
+    auto ls = tg::compile(tg::log_softmax(x), tg::wrt(x));
+    auto sm = tg::compile(tg::softmax(x), tg::wrt(x));
+    // [c, c+1, c+2] is exact in float; the result does not depend on c
+    const double lse = std::log(1 + std::exp(1.0) + std::exp(2.0));
+    for (float c : {0.f, 1e3f, 1e5f, -1e6f}) {
+        INFO("c = " << c);
+        std::vector<float> xd{c, c + 1, c + 2};
+        const auto l = values_of(ls, tg::bind(x, xd));
+        const auto s = values_of(sm, tg::bind(x, xd));
+        for (int i = 0; i < 3; ++i) {
+            CHECK(std::abs(l[i] - (i - lse)) <= 1e-6);  // was 1e-3 at c = 1e5: rounded at c's scale
+            CHECK(std::abs(s[i] - std::exp(i - lse)) <= 1e-6 * std::exp(i - lse));
+        }
+    }
+    // cross_entropy inherits it
+    constexpr auto logits = tg::param<"logits", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto labels = tg::input<"labels", std::int64_t, tg::shape<tg::dyn>>;
+    std::vector<float> ld{1e5f, 1e5f + 1, 1e5f + 2}, g(3);
+    std::vector<std::int64_t> lab{2};
+    const float l = tg::compile(tg::cross_entropy(logits, labels), tg::wrt(logits))
+                        .value_and_grad(tg::bind(logits, ld, {1, 3}), tg::bind(labels, lab), tg::grad_into(logits, g));
+    CHECK(std::abs(l - (lse - 2)) <= 1e-6);
+    CHECK(std::abs(g[2] - (std::exp(2 - lse) - 1)) <= 1e-6);
+}
+
+TEST_CASE("cross_entropy with a masked (-inf) logit of another class is finite, as in PyTorch", "[ops][loss][edge]") {
+    constexpr auto logits = tg::param<"logits", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto labels = tg::input<"labels", std::int64_t, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::cross_entropy(logits, labels), tg::wrt(logits));
+    std::vector<float> ld{0, -inf, 0, -inf, 1, -inf}, g(6);
+    std::vector<std::int64_t> lab{0, 1};
+    const float l = step.value_and_grad(tg::bind(logits, ld, {2, 3}), tg::bind(labels, lab), tg::grad_into(logits, g));
+    // rows: log 2 and 0 (PyTorch: torch.nn.functional.cross_entropy gives the same)
+    CHECK_THAT(l, Catch::Matchers::WithinRel(float(std::log(2.0) / 2), 1e-6f));
+    const std::vector<float> want{-0.25f, 0, 0.25f, 0, 0, 0};
+    for (int i = 0; i < 6; ++i) CHECK_THAT(g[i], Catch::Matchers::WithinAbs(want[i], 1e-7));
+    // nll_loss on log-probabilities with -inf entries: the same
+    auto nll = tg::compile(tg::nll_loss(tg::log_softmax(logits, tg::axes<1>), labels), tg::wrt(logits));
+    CHECK_THAT(nll.value_and_grad(tg::bind(logits, ld, {2, 3}), tg::bind(labels, lab), tg::grad_into(logits, g)),
+               Catch::Matchers::WithinRel(float(std::log(2.0) / 2), 1e-6f));
+    // the label's own logit masked: +inf, as in PyTorch
+    std::vector<std::int64_t> masked{1, 1};
+    CHECK(step.value_and_grad(tg::bind(logits, ld, {2, 3}), tg::bind(labels, masked), tg::grad_into(logits, g)) == inf);
+}
+
+TEST_CASE("pow follows C's (and PyTorch's) special values, zero bases included", "[ops][pow][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    constexpr auto y = tg::param<"y", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::pow(x, y), tg::wrt(x, y));
+    const std::vector<float> special{0.f, -0.f, 1.f, -1.f, 0.5f, -0.5f, 2.f, -2.f, 2.5f, -3.f, 3.f,
+                                     inf, -inf, qnan, 1e-40f, -1e-40f, 1e30f, -1e30f};
+    // all pairs, more than a SIMD width: batch bodies and loop tails
+    std::vector<float> xd, yd;
+    for (float a : special)
+        for (float b : special) xd.push_back(a), yd.push_back(b);
+    const auto r = values_of(step, tg::bind(x, xd, {xd.size()}), tg::bind(y, yd, {yd.size()}));
+    for (std::size_t i = 0; i < xd.size(); ++i) {
+        const double want = double(std::pow(xd[i], yd[i]));  // float pow, rounded as typegrad's
+        INFO("pow(" << xd[i] << ", " << yd[i] << ") = " << r[i] << ", C gives " << want);
+        CHECK(same_special(r[i], want));
+    }
+    // gradients at a zero base, against PyTorch's pow_backward: d/dx is 0 where y == 0
+    auto grads = tg::compile(tg::sum(tg::pow(x, y)), tg::wrt(x, y));
+    std::vector<float> x0{0, 0, 0, 0, 0}, y0{1, 0, 2, 0.5f, -1}, gx(5), gy(5);
+    const float v = grads.value_and_grad(tg::bind(x, x0, {5}), tg::bind(y, y0, {5}), tg::grad_into(x, gx), tg::grad_into(y, gy));
+    CHECK(v == inf);  // 0 + 1 + 0 + 0 + inf
+    CHECK(gx[0] == 1.f);   // 1 * 0^0
+    CHECK(gx[1] == 0.f);   // masked: 0 * 0^-1 would be NaN
+    CHECK(gx[2] == 0.f);   // 2 * 0^1
+    CHECK(gx[3] == inf);   // 0.5 * 0^-0.5
+    CHECK(gx[4] == -inf);  // -1 * 0^-2
+    for (int i = 0; i < 4; ++i) CHECK(gy[i] == 0.f);  // x == 0, y >= 0: 0 by convention
+    // pow(x, constant) and the gradient away from the special points
+    constexpr auto xd64 = tg::param<"x", double, tg::shape<3>>;
+    tg::testing::check_gradient(tg::sum(tg::pow(xd64, tg::lit<3>)), tg::testing::at(xd64, std::vector<double>{0.0, -1.5, 2.0}));
+}
+
+namespace {
+std::vector<int> post_hook_calls;
+}  // namespace
+
+TEST_CASE("several post-accumulate hooks on one param run in registration order", "[hooks][post][edge]") {
+    constexpr auto p = tg::param<"p", float, tg::shape<3>>;
+    auto hooked = tg::post_accumulate_grad_hook(
+        tg::post_accumulate_grad_hook(p, [](tg::grad_view<float>, tg::grad_view<float>) { post_hook_calls.push_back(1); }),
+        [](tg::grad_view<float> param, tg::grad_view<float> grad) {
+            post_hook_calls.push_back(2);
+            for (std::size_t i = 0; i < param.size(); ++i) param[i] -= grad[i];  // an SGD step
+        });
+    std::vector<float> pd{1, 2, 3}, g(3);
+    post_hook_calls.clear();
+    tg::compile(tg::sum(tg::square(hooked)), tg::wrt(p)).value_and_grad(tg::bind(p, pd), tg::grad_into(p, g));
+    CHECK(post_hook_calls == std::vector<int>{1, 2});
+    CHECK(g == std::vector<float>{2, 4, 6});
+    CHECK(pd == std::vector<float>{-1, -2, -3});
+}
+
+TEST_CASE("a dynamic matmul batch extent bound as 1 does not broadcast, in forward() as in value_and_grad()",
+          "[ops][matmul][dynamic][edge]") {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2, 3>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<2, 3, 4>>;
+    auto step = tg::compile(tg::sum(tg::matmul(a, w)), tg::wrt(a, w));
+    std::vector<float> ad(6, 1.f), wd(24, 1.f), ga(6, 7.f), gw(24, 7.f);
+    CHECK_THROWS_AS(step.forward(tg::bind(a, ad, {1, 2, 3}), tg::bind(w, wd)), tg::shape_error);
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(a, ad, {1, 2, 3}), tg::bind(w, wd), tg::grad_into(a, ga),
+                                        tg::grad_into(w, gw)),
+                    tg::shape_error);
+    CHECK(ga == std::vector<float>(6, 7.f));
+    // a static 1 broadcasts, in both
+    constexpr auto a1 = tg::param<"a1", float, tg::shape<1, 2, 3>>;
+    auto bcast = tg::compile(tg::sum(tg::matmul(a1, w)), tg::wrt(a1, w));
+    CHECK(bcast.forward(tg::bind(a1, ad), tg::bind(w, wd)).value() == 48.f);
+    CHECK(bcast.value_and_grad(tg::bind(a1, ad), tg::bind(w, wd), tg::grad_into(a1, ga), tg::grad_into(w, gw)) == 48.f);
+    CHECK(ga == std::vector<float>(6, 8.f));
+}
+
+// Found by the differential test's special values: xsimd 8.1's batch `!=` is false for NaN on
+// AVX and AVX-512, so NaN checks written `a != a` saw no NaN in SIMD batches (only in tails).
+TEST_CASE("NaN propagates through relu, min/max and reductions in SIMD batches, with PyTorch's gradients",
+          "[ops][nan][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    constexpr auto y = tg::param<"y", float, tg::shape<tg::dyn>>;
+    const std::size_t n = 37;  // batches and a tail, whatever the SIMD width
+    for (std::size_t at : {std::size_t(0), std::size_t(5), std::size_t(36)}) {
+        INFO("NaN at " << at);
+        std::vector<float> xd(n), yd(n, 0.5f), gx(n), gy(n);
+        for (std::size_t i = 0; i < n; ++i) xd[i] = float(i % 7) - 3;
+        xd[at] = qnan;
+        // relu(NaN) is NaN and passes the gradient (threshold_backward: 0 only where x <= 0)
+        auto r = tg::compile(tg::sum(tg::relu(x)), tg::wrt(x));
+        CHECK(std::isnan(r.value_and_grad(tg::bind(x, xd), tg::grad_into(x, gx))));
+        CHECK(gx[at] == 1.f);
+        // max / min reductions: NaN; the gradient goes to the NaN element (evenly_distribute_backward)
+        auto mx = tg::compile(tg::max(x), tg::wrt(x));
+        CHECK(std::isnan(mx.value_and_grad(tg::bind(x, xd), tg::grad_into(x, gx))));
+        for (std::size_t i = 0; i < n; ++i) CHECK(gx[i] == (i == at ? 1.f : 0.f));
+        auto mn = tg::compile(tg::min(x), tg::wrt(x));
+        CHECK(std::isnan(mn.value_and_grad(tg::bind(x, xd), tg::grad_into(x, gx))));
+        CHECK(gx[at] == 1.f);
+        // maximum / minimum: NaN; both sides get the whole gradient (no order)
+        auto bin = tg::compile(tg::sum(tg::max(x, y) + tg::min(x, y)), tg::wrt(x, y));
+        CHECK(std::isnan(bin.value_and_grad(tg::bind(x, xd), tg::bind(y, yd), tg::grad_into(x, gx), tg::grad_into(y, gy))));
+        CHECK(gx[at] == 2.f);
+        CHECK(gy[at] == 2.f);
+        CHECK(gx[(at + 1) % n] + gy[(at + 1) % n] == 2.f);
+        // where: a NaN condition is nonzero, so true
+        constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn>>;
+        auto w = tg::compile(tg::where(c, c * tg::lit<0>, y), tg::wrt(y));
+        const auto v = values_of(w, tg::bind(c, xd), tg::bind(y, yd));
+        CHECK(std::isnan(v[at]));
+    }
+}
+
+TEST_CASE("exp reaches subnormal results and overflows only past the largest float", "[ops][exp][edge]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::exp(x), tg::wrt(x));
+    std::vector<float> xd(33, -90.f);
+    xd[3] = 88.7f;
+    xd[20] = 89.f;
+    xd[32] = -104.f;
+    const auto r = values_of(step, tg::bind(x, xd));
+    CHECK(r[0] == std::exp(-90.f));  // 8.2e-40, was 0
+    CHECK(r[3] == std::exp(88.7f));  // 3.3e38, was inf
+    CHECK(r[20] == inf);
+    CHECK(r[32] == 0.f);
+    constexpr auto xd64 = tg::param<"x", double, tg::shape<2>>;
+    std::vector<double> d{-720.0, 709.5};
+    auto s64 = tg::compile(tg::exp(xd64), tg::wrt(xd64)).forward(tg::bind(xd64, d));
+    CHECK(s64.values()[0] == std::exp(-720.0));
+    CHECK(s64.values()[1] == std::exp(709.5));
+}
+
+TEST_CASE("log and pow of subnormal doubles", "[ops][log][edge]") {
+    // xsimd 8.1's double log of a subnormal was off by up to ln(2^52): found by the differential test
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
+    std::vector<double> xd(11, 4.9406564584124654e-321);
+    xd[2] = 1e-310;
+    xd[9] = 2.5;
+    auto lg = tg::compile(tg::log(x), tg::wrt(x)).forward(tg::bind(x, xd));
+    auto pw = tg::compile(tg::pow(x, tg::lit<-0.5>), tg::wrt(x)).forward(tg::bind(x, xd));
+    for (std::size_t i = 0; i < xd.size(); ++i) {
+        INFO("x = " << xd[i]);
+        CHECK_THAT(lg.values()[i], Catch::Matchers::WithinRel(std::log(xd[i]), 1e-14));
+        CHECK_THAT(pw.values()[i], Catch::Matchers::WithinRel(std::pow(xd[i], -0.5), 1e-12));
+    }
+}
