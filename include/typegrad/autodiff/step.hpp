@@ -502,7 +502,7 @@ private:
             [&]<std::size_t N>(std::integral_constant<std::size_t, N>) { bind_leaf_node<PP, N, Args...>(st, all); });
     }
     template <class PP, std::size_t N, class... Args, class Tuple>
-    static void bind_leaf_node(typename PP::state_type& st, const Tuple& all) {
+    [[gnu::always_inline]] static void bind_leaf_node(typename PP::state_type& st, const Tuple& all) {
         using node = typename PP::program::template node_at<N>;
         if constexpr (detail::is_bound_leaf<node>()) {
             std::size_t* e = st.ext.data() + PP::rank_offset[N];
@@ -790,7 +790,7 @@ private:
     }
 
     template <class PP, class FwdPP, std::size_t N, class FwdState>
-    static void restore_node(typename PP::state_type& st, const FwdState& fst) {
+    [[gnu::always_inline]] static void restore_node(typename PP::state_type& st, const FwdState& fst) {
         using node = typename PP::program::template node_at<N>;
         if constexpr (FwdPP::program::template contains<node>) {
             constexpr std::size_t f = FwdPP::program::template id_of<node>;

@@ -295,8 +295,11 @@ constexpr auto schedule() {
     return r;
 }
 
+// Each loop (loop_kernel::run) and kernel is its own function: inlined into one body, a plan's
+// loops make one huge function, and the optimiser's cost grows faster than linearly with a
+// function's size. A call per loop costs nothing next to the loop.
 template <class PP, std::size_t N>
-void run_kernel(typename PP::state_type& st) {
+[[gnu::noinline]] void run_kernel(typename PP::state_type& st) {
     using node = typename PP::program::template node_at<N>;
     using T = buffer_t<node>;
     constexpr std::size_t arity = PP::program::info[N].arity;
@@ -330,12 +333,8 @@ void check_buffer(const typename PP::state_type& st, std::size_t n) {
     }
 }
 
-// Each loop or kernel is its own function: inlined into one body, a plan's loops make one huge
-// function, and the optimiser's cost grows faster than linearly with a function's size (four
-// GPT blocks: over ten minutes of g++ time instead of seconds). A call per loop costs nothing
-// next to the loop.
 template <class PP, grad_mask AccumulateMask, std::size_t I, bool Check>
-[[gnu::noinline]] void run_item(typename PP::state_type& st) {
+void run_item(typename PP::state_type& st) {
     constexpr step_item item = schedule_v<PP>[I];
     if constexpr (item.is_loop) {
         loop_kernel<PP, item.index, AccumulateMask, Check>::run(st);

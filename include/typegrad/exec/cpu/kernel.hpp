@@ -250,7 +250,7 @@ struct loop_kernel {
     }
 
     template <class State>
-    static void run(State& st) {
+    [[gnu::noinline]] static void run(State& st) {  // see run_kernel (execute.hpp)
         // Group extents and operand strides (elements) per group.
         std::array<std::size_t, G> gext{};
         for (std::size_t g = 0; g < G; ++g) {
@@ -318,7 +318,7 @@ struct loop_kernel {
     }
 
     template <class InPtr, class OutPtr, class Off, class InnerStride>
-    static void row(const InPtr& in_ptr, const OutPtr& out_ptr, const Off& off, std::size_t inner,
+    [[gnu::always_inline]] static void row(const InPtr& in_ptr, const OutPtr& out_ptr, const Off& off, std::size_t inner,
                     const InnerStride& inner_stride) {
         std::array<batch_t, n_slots + 1> v;
         std::array<T, n_slots + 1> s;
