@@ -1,10 +1,13 @@
 #pragma once
 // typegrad: reverse-mode automatic differentiation in which the computation graph is a type.
 // The only header users need.
+#include <typegrad/core/version.hpp>  // first: its C++20 check must be the first error
 #include <typegrad/core/dtype.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/core/fixed_string.hpp>
+#include <typegrad/core/philox.hpp>
 #include <typegrad/core/shape.hpp>
+#include <typegrad/core/threads.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/autocast.hpp>

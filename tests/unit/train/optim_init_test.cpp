@@ -3,10 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <typegrad/core/philox.hpp>
+#include <typegrad/core/threads.hpp>
+#include <typegrad/version.hpp>
 
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 namespace tg = typegrad;
 
@@ -77,4 +80,24 @@ TEST_CASE("philox uniforms are uniform: mean and variance of 2^16 draws", "[phil
     // Standard error of the mean is sqrt(1/12/n) = 0.0011; 5 sigma.
     CHECK(std::abs(mean - 0.5) < 0.0057);
     CHECK(std::abs(var - 1.0 / 12.0) < 0.002);
+}
+
+TEST_CASE("version macros agree with each other and with typegrad::version", "[package]") {
+    STATIC_REQUIRE(TYPEGRAD_VERSION ==
+                   TYPEGRAD_VERSION_MAJOR * 10000 + TYPEGRAD_VERSION_MINOR * 100 + TYPEGRAD_VERSION_PATCH);
+    STATIC_REQUIRE(tg::version.major == TYPEGRAD_VERSION_MAJOR && tg::version.minor == TYPEGRAD_VERSION_MINOR &&
+                   tg::version.patch == TYPEGRAD_VERSION_PATCH);
+    const std::string expected = std::to_string(TYPEGRAD_VERSION_MAJOR) + "." + std::to_string(TYPEGRAD_VERSION_MINOR) +
+                                 "." + std::to_string(TYPEGRAD_VERSION_PATCH);
+    CHECK(expected == TYPEGRAD_VERSION_STRING);
+}
+
+TEST_CASE("set_num_threads sets the count in effect; 0 restores the default", "[package]") {
+    const std::size_t before = tg::num_threads();
+    tg::set_num_threads(3);
+    CHECK(tg::num_threads() == 3);
+    tg::set_num_threads(1);
+    CHECK(tg::num_threads() == 1);
+    tg::set_num_threads(0);
+    CHECK(tg::num_threads() == before);
 }
