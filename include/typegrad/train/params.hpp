@@ -529,9 +529,9 @@ auto expand_params(const param_set_binding<Model>& set, type_list<Args...>) {
     return []<class... Leaves>(Model& m, type_list<Leaves...>) {
         using unbound = decltype((type_list<>{} + ... +
                                   std::conditional_t<bound_explicitly_v<Leaves, Args...>, type_list<>, type_list<Leaves>>{}));
+        // Every member must be some graph param, bound here or explicitly.
+        coverage<S, type_list<Leaves...>>::check();
         return [&]<class... Ls>(type_list<Ls...>) {
-            using C = coverage<S, type_list<Ls...>>;
-            C::check();
             (check_param_has_member<Ls, S, located<S, Ls>::path.found>(), ...);
             if constexpr (!(located<S, Ls>::path.found && ...)) {
                 return std::tuple<>{};
@@ -539,7 +539,7 @@ auto expand_params(const param_set_binding<Model>& set, type_list<Args...>) {
                 (check_member_element<Ls, std::ranges::range_value_t<member_at_t<S, located<S, Ls>>>>(), ...);
                 return std::tuple<>{};
             } else {
-                check_vector_coverage<S, type_list<Ls...>>(m, "params(model)");
+                check_vector_coverage<S, type_list<Leaves...>>(m, "params(model)");
                 auto check_size = [&]<class L>(L*) {
                     using p = located<S, L>;
                     using Sh = typename L::shape_type;
@@ -566,9 +566,9 @@ auto expand_grads(const grad_set_binding<Grads, Accumulate>& set, type_list<Args
     return []<class... Leaves>(S& g, type_list<Leaves...>) {
         using unbound = decltype((type_list<>{} + ... +
                                   std::conditional_t<grad_bound_explicitly_v<Leaves, Args...>, type_list<>, type_list<Leaves>>{}));
+        // Every member must be some graph param, bound here or explicitly.
+        coverage<S, type_list<Leaves...>>::check();
         return [&]<class... Ls>(type_list<Ls...>) {
-            using C = coverage<S, type_list<Ls...>>;
-            C::check();
             (check_grad_has_member<Ls, S, located<S, Ls>::path.found>(), ...);
             if constexpr (!(located<S, Ls>::path.found && ...)) {
                 return std::tuple<>{};
@@ -576,7 +576,7 @@ auto expand_grads(const grad_set_binding<Grads, Accumulate>& set, type_list<Args
                 (check_member_element<Ls, std::ranges::range_value_t<member_at_t<S, located<S, Ls>>>>(), ...);
                 return std::tuple<>{};
             } else {
-                check_vector_coverage<S, type_list<Ls...>>(g, "grads_into(grads)");
+                check_vector_coverage<S, type_list<Leaves...>>(g, "grads_into(grads)");
                 auto check_size = [&]<class L>(L*) {
                     using p = located<S, L>;
                     using Sh = typename L::shape_type;
