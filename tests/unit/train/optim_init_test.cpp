@@ -4,12 +4,16 @@
 
 #include <typegrad/core/philox.hpp>
 #include <typegrad/core/threads.hpp>
+#include <typegrad/train/optim.hpp>
+#include <typegrad/train/schedule.hpp>
 #include <typegrad/version.hpp>
 
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
 namespace tg = typegrad;
 
@@ -100,4 +104,184 @@ TEST_CASE("set_num_threads sets the count in effect; 0 restores the default", "[
     CHECK(tg::num_threads() == 1);
     tg::set_num_threads(0);
     CHECK(tg::num_threads() == before);
+}
+
+// ---- optimizers -----------------------------------------------------------------------------
+namespace {
+
+struct pset {
+    BOOST_HANA_DEFINE_STRUCT(pset, (std::vector<double>, w), (std::vector<float>, f));
+};
+
+// A parameter set whose buffers are long enough for SIMD bodies and tails (19 and 37 elements).
+pset start_params() {
+    pset p{std::vector<double>(19), std::vector<float>(37)};
+    for (std::size_t i = 0; i < p.w.size(); ++i) p.w[i] = 0.5 - 0.07 * double(i);
+    for (std::size_t i = 0; i < p.f.size(); ++i) p.f[i] = float(0.3 - 0.02 * double(i));
+    return p;
+}
+// Gradients that change with the step and change sign across elements.
+pset grads_at(int t) {
+    pset g{std::vector<double>(19), std::vector<float>(37)};
+    for (std::size_t i = 0; i < g.w.size(); ++i) g.w[i] = std::sin(1.0 + double(i) * 0.7 + t * 1.3);
+    for (std::size_t i = 0; i < g.f.size(); ++i) g.f[i] = float(std::cos(0.5 + double(i) * 0.3 - t * 0.9));
+    return g;
+}
+
+// The update rules as PyTorch documents them (torch.optim.SGD / Adam / AdamW pseudo-code), one
+// element at a time in double: the reference the optimizers' SIMD loops are checked against.
+struct reference_state {
+    double m = 0, v = 0, vmax = 0, buf = 0;
+};
+double reference_sgd(double p, double g, reference_state& s, int t, const tg::sgd_options& o) {
+    if (o.weight_decay != 0) g += o.weight_decay * p;
+    if (o.momentum != 0) {
+        s.buf = t == 1 ? g : o.momentum * s.buf + (1 - o.dampening) * g;
+        g = o.nesterov ? g + o.momentum * s.buf : s.buf;
+    }
+    return p - o.lr * g;
+}
+double reference_adam(double p, double g, reference_state& s, int t, const tg::adam_options& o, bool decoupled) {
+    if (o.weight_decay != 0) {
+        if (decoupled) p *= 1 - o.lr * o.weight_decay;
+        else g += o.weight_decay * p;
+    }
+    s.m = o.beta1 * s.m + (1 - o.beta1) * g;
+    s.v = o.beta2 * s.v + (1 - o.beta2) * g * g;
+    const double m_hat = s.m / (1 - std::pow(o.beta1, t));
+    s.vmax = std::max(s.vmax, s.v);
+    const double v_hat = (o.amsgrad ? s.vmax : s.v) / (1 - std::pow(o.beta2, t));
+    return p - o.lr * m_hat / (std::sqrt(v_hat) + o.eps);
+}
+
+template <class Opt, class Ref>
+void check_against_reference(Opt& opt, Ref ref, int steps) {
+    pset p = start_params();
+    pset expected = p;
+    std::vector<reference_state> sw(p.w.size()), sf(p.f.size());
+    std::vector<double> pf(p.f.begin(), p.f.end());  // the float params' reference runs in double
+    for (int t = 1; t <= steps; ++t) {
+        const pset g = grads_at(t);
+        opt.step(p, g);
+        for (std::size_t i = 0; i < p.w.size(); ++i) expected.w[i] = ref(expected.w[i], g.w[i], sw[i], t);
+        for (std::size_t i = 0; i < p.f.size(); ++i) pf[i] = ref(pf[i], double(g.f[i]), sf[i], t);
+    }
+    for (std::size_t i = 0; i < p.w.size(); ++i) CHECK_THAT(p.w[i], Catch::Matchers::WithinRel(expected.w[i], 1e-12));
+    for (std::size_t i = 0; i < p.f.size(); ++i)
+        CHECK_THAT(double(p.f[i]), Catch::Matchers::WithinAbs(pf[i], 2e-5));
+    CHECK(opt.steps == std::vector<std::int64_t>{steps, steps});
+}
+
+}  // namespace
+
+TEST_CASE("sgd: plain, momentum with dampening and weight decay, nesterov", "[optim]") {
+    SECTION("plain: p - lr * g, exactly") {
+        tg::sgd opt(start_params(), {.lr = 0.25});
+        pset p = start_params();
+        const pset g = grads_at(1);
+        opt.step(p, g);
+        for (std::size_t i = 0; i < p.w.size(); ++i) CHECK(p.w[i] == start_params().w[i] - 0.25 * g.w[i]);
+        for (std::size_t i = 0; i < p.f.size(); ++i) CHECK(p.f[i] == start_params().f[i] - 0.25f * g.f[i]);
+    }
+    SECTION("constant gradient, momentum 0.9: the velocity after 3 steps is g (1 + 0.9 + 0.81)") {
+        pset p{{1.0}, {}};
+        tg::sgd opt(p, {.lr = 0.1, .momentum = 0.9});
+        const pset g{{2.0}, {}};
+        for (int t = 0; t < 3; ++t) opt.step(p, g);
+        CHECK_THAT(opt.momentum_buffer.w[0], Catch::Matchers::WithinRel(2.0 * 2.71, 1e-15));
+        CHECK_THAT(p.w[0], Catch::Matchers::WithinRel(1.0 - 0.1 * 2.0 * (1 + 1.9 + 2.71), 1e-15));
+    }
+    for (const tg::sgd_options o : {tg::sgd_options{.lr = 0.05, .momentum = 0.9, .dampening = 0.25, .weight_decay = 0.01},
+                                    tg::sgd_options{.lr = 0.05, .momentum = 0.8, .weight_decay = 0.1, .nesterov = true}}) {
+        tg::sgd opt(start_params(), o);
+        check_against_reference(opt, [&](double p, double g, reference_state& s, int t) { return reference_sgd(p, g, s, t, o); }, 7);
+    }
+    CHECK_THROWS_AS(tg::sgd(start_params(), {.lr = 0.1, .nesterov = true}), tg::error);
+}
+
+TEST_CASE("adam: the first step moves each param by lr * g / (|g| + eps)", "[optim]") {
+    pset p{{1.0, -2.0, 0.5}, {}};
+    tg::adam opt(p, {.lr = 0.01});
+    const pset g{{0.3, -4.0, 1e-3}, {}};
+    opt.step(p, g);
+    const std::vector<double> p0{1.0, -2.0, 0.5};
+    for (std::size_t i = 0; i < 3; ++i)
+        CHECK_THAT(p.w[i], Catch::Matchers::WithinRel(p0[i] - 0.01 * g.w[i] / (std::abs(g.w[i]) + 1e-8), 1e-13));
+    CHECK_THAT(opt.exp_avg.w[1], Catch::Matchers::WithinRel(0.1 * -4.0, 1e-15));
+    CHECK_THAT(opt.exp_avg_sq.w[1], Catch::Matchers::WithinRel(0.001 * 16.0, 1e-13));
+}
+
+TEST_CASE("adam and adamw follow PyTorch's rules over many steps (weight decay, amsgrad)", "[optim]") {
+    for (const bool amsgrad : {false, true})
+        for (const double wd : {0.0, 0.05}) {
+            const tg::adam_options o{.lr = 0.02, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = wd, .amsgrad = amsgrad};
+            tg::adam a(start_params(), o);
+            check_against_reference(a, [&](double p, double g, reference_state& s, int t) { return reference_adam(p, g, s, t, o, false); }, 9);
+            tg::adamw w(start_params(), o);
+            check_against_reference(w, [&](double p, double g, reference_state& s, int t) { return reference_adam(p, g, s, t, o, true); }, 9);
+        }
+    // amsgrad keeps the running maximum of exp_avg_sq.
+    tg::adam a(start_params(), {.amsgrad = true});
+    pset p = start_params();
+    a.step(p, grads_at(1));
+    pset small = grads_at(2);
+    for (auto& v : small.w) v *= 1e-3;
+    a.step(p, small);
+    for (std::size_t i = 0; i < p.w.size(); ++i) CHECK(a.max_exp_avg_sq.w[i] >= a.exp_avg_sq.w[i]);
+    CHECK(a.max_exp_avg_sq.w[0] > a.exp_avg_sq.w[0]);
+}
+
+TEST_CASE("optimizer layout errors are thrown before any param or state is written", "[optim]") {
+    pset p = start_params();
+    tg::adam opt(p, {});
+    pset g = grads_at(1);
+    g.f.resize(36);
+    const pset before = p;
+    CHECK_THROWS_AS(opt.step(p, g), tg::shape_error);
+    CHECK(p.w == before.w);
+    CHECK(p.f == before.f);
+    CHECK(opt.exp_avg.w == std::vector<double>(19, 0.0));
+}
+
+TEST_CASE("clip_grad_norm scales all gradients together to the maximum norm", "[optim]") {
+    pset g{{3.0}, {4.0f}};
+    CHECK(tg::clip_grad_norm(g, 10.0) == 5.0);
+    CHECK(g.w[0] == 3.0);  // below the maximum: untouched
+    CHECK(tg::clip_grad_norm(g, 1.0) == 5.0);
+    CHECK_THAT(g.w[0], Catch::Matchers::WithinRel(3.0 / (5.0 + 1e-6), 1e-15));
+    CHECK_THAT(double(g.f[0]), Catch::Matchers::WithinRel(4.0 / (5.0 + 1e-6), 1e-7));
+    pset bad{{std::numeric_limits<double>::infinity()}, {1.0f}};
+    CHECK_THROWS_AS(tg::clip_grad_norm(bad, 1.0), tg::anomaly_error);
+    CHECK(bad.f[0] == 1.0f);
+}
+
+TEST_CASE("zeros_like and zero_grad", "[optim]") {
+    const pset z = tg::zeros_like(start_params());
+    CHECK(z.w == std::vector<double>(19, 0.0));
+    CHECK(z.f.size() == 37);
+    pset g = grads_at(1);
+    tg::zero_grad(g);
+    CHECK(g.f == std::vector<float>(37, 0.0f));
+}
+
+TEST_CASE("learning-rate schedules match PyTorch's closed forms", "[schedule]") {
+    const tg::step_lr s{.base_lr = 0.1, .step_size = 3, .gamma = 0.5};
+    CHECK(s(0) == 0.1);
+    CHECK(s(2) == 0.1);
+    CHECK(s(3) == 0.05);
+    CHECK(s(7) == 0.025);
+    const tg::cosine_annealing_lr c{.base_lr = 1.0, .t_max = 10, .eta_min = 0.1};
+    CHECK(c(0) == 1.0);
+    CHECK_THAT(c(5), Catch::Matchers::WithinRel(0.55, 1e-15));
+    CHECK_THAT(c(10), Catch::Matchers::WithinAbs(0.1, 1e-15));
+    const tg::linear_lr l{.base_lr = 0.3, .start_factor = 0.5, .end_factor = 1.0, .total_iters = 4};
+    CHECK(l(0) == 0.15);
+    CHECK_THAT(l(2), Catch::Matchers::WithinRel(0.225, 1e-15));
+    CHECK(l(4) == 0.3);
+    CHECK(l(100) == 0.3);
+    const tg::warmup_lr w{4, c};
+    CHECK(w(0) == 0.0);
+    CHECK(w(2) == 0.5);
+    CHECK(w(4) == 1.0);
+    CHECK_THAT(w(9), Catch::Matchers::WithinRel(0.55, 1e-15));
 }
