@@ -18,7 +18,11 @@
 // tg::optimizer_step{} and run the step inside a tg::optimizer_in_backward scope:
 //   auto Wh = tg::post_accumulate_grad_hook(W, tg::optimizer_step{});   // in the graph
 //   { tg::optimizer_in_backward scope(opt, model); tg::value_and_grad(step, ..., tg::params(model)); }
-// Each param is updated as soon as its gradient is complete (found by its buffer's address).
+// Each param is updated as soon as its gradient is complete (found by its buffer's address). The
+// caller keeps no gradient struct: tg::value_and_grad gives a hooked param without grad_into a
+// reused thread-local scratch buffer (the gradient must be materialised for the hook to see it).
+// Each hook call looks its buffer up in the set: O(params) per param, negligible beside the kernels
+// for models of up to a few hundred buffers.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -172,7 +176,7 @@ public:
         for (std::size_t i = 0; i < p.size(); ++i)
             if (p[i].data == param) {
                 if (p[i].size != size || p[i].is_double != is_double)
-                    throw shape_error(message("typegrad: optimizer_step: the hooked param '", p[i].name,
+                    throw shape_error(detail::message("typegrad: optimizer_step: the hooked param '", p[i].name,
                                               "' differs from the parameter set's buffer"));
                 for (auto& [what, table] : state) detail::check_same_layout(p, table, what);
                 run(i, p, grad, state);

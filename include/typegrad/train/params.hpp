@@ -605,10 +605,68 @@ auto expand_argument(const Arg& a) {
     else return std::tuple<const Arg&>{a};
 }
 
+// Params with a post-accumulate hook (e.g. tg::optimizer_step) need their gradient computed
+// even when the caller keeps no gradient buffer: those get a reused thread-local scratch.
+template <class N> struct post_hooked_leaf { using type = void; };
+template <class F, class X>
+struct post_hooked_leaf<node<post_accumulate_hook_op<F>, X>> {
+    using type = typename underlying_leaf<X>::type;
+};
+template <class List> struct post_hooked_leaves;
+template <class... Ns>
+struct post_hooked_leaves<type_list<Ns...>> {
+    using type = decltype((type_list<>{} + ... +
+                           std::conditional_t<std::is_void_v<typename post_hooked_leaf<Ns>::type>, type_list<>,
+                                              type_list<typename post_hooked_leaf<Ns>::type>>{}));
+};
+template <class Leaf>
+std::vector<typename Leaf::value_type>& hook_scratch() {
+    thread_local std::vector<typename Leaf::value_type> buffer;
+    return buffer;
+}
+template <class Leaf, class Tuple>
+std::size_t bound_size(const Tuple& t) {
+    std::size_t n = unknown_size;
+    std::apply([&](const auto&... b) {
+        auto one = [&](const auto& x) {
+            using B = std::remove_cvref_t<decltype(x)>;
+            if constexpr (is_leaf_binding_v<B>)
+                if constexpr (std::is_same_v<typename B::leaf_type, Leaf>) {
+                    std::size_t k = 1;
+                    for (std::size_t e : x.extents) k *= e;
+                    n = k;
+                }
+        };
+        (one(b), ...);
+    }, t);
+    return n;
+}
+template <class Step, class Tuple>
+auto add_hook_scratch(Tuple t) {
+    using hooked = typename post_hooked_leaves<typename Step::loss_node::topo>::type;
+    return [&]<class... Ls>(type_list<Ls...>) {
+        [[maybe_unused]] auto extra = [&]<class L>(L*) {
+            constexpr bool has_grad = []<class... Bs>(std::tuple<Bs...>*) {
+                return ((is_grad_binding_v<std::remove_cvref_t<Bs>> &&
+                         std::is_same_v<typename binding_leaf<std::remove_cvref_t<Bs>>::type, L>) || ...);
+            }(static_cast<Tuple*>(nullptr));
+            if constexpr (has_grad || !contains_v<L, typename Step::wrt_list>) {
+                return std::tuple<>{};
+            } else {
+                const std::size_t n = bound_size<L>(t);
+                auto& buf = hook_scratch<L>();
+                if (n != unknown_size) buf.resize(n);
+                return std::tuple{grad_into(expr<L>{}, buf)};
+            }
+        };
+        return std::tuple_cat(std::move(t), extra(static_cast<Ls*>(nullptr))...);
+    }(hooked{});
+}
+
 template <class Step, class... Args>
 auto expand_arguments(const Args&... args) {
     // All expansions run (and throw) before the step sees any argument.
-    return std::tuple_cat(expand_argument<Step, Args, Args...>(args)...);
+    return add_hook_scratch<Step>(std::tuple_cat(expand_argument<Step, Args, Args...>(args)...));
 }
 
 template <class... Args>

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <typegrad/typegrad.hpp>
+#include <typegrad/train/optim.hpp>
 #include <typegrad/train/params.hpp>
 
 #include <array>
@@ -163,4 +164,47 @@ TEST_CASE("for_each_param visits every buffer depth-first with its dotted name",
     const std::vector<std::pair<std::string, std::size_t>> expected{
         {"fc1.W", 3}, {"fc1.b", 3}, {"blocks.0.W", 3}, {"blocks.0.b", 3}, {"blocks.1.W", 3}, {"blocks.1.b", 3}};
     CHECK(seen == expected);
+}
+
+namespace {
+struct single {
+    BOOST_HANA_DEFINE_STRUCT(single, (std::vector<float>, w), (std::vector<float>, v));
+};
+}  // namespace
+
+TEST_CASE("an optimizer in the backward (post-accumulate hooks) equals one after it", "[params][optim]") {
+    constexpr auto w = tg::param<"w", float, tg::shape<tg::dyn>>;
+    constexpr auto v = tg::param<"v", float, tg::shape<tg::dyn>>;
+    const single start{{1, 2, 3, 4, 5, 6, 7, 8, 9}, {0.5f, -1, 2, 0, 1, 1, 3, -2, 1}};
+    auto loss = [](auto a, auto c) { return tg::sum(a * a * c + tg::exp(c * tg::lit<0.1>)); };
+
+    // After the backward: gradients into a buffer, then opt.step.
+    single after = start, g = tg::zeros_like(start);
+    tg::adam opt_after(after, {.lr = 0.05});
+    auto plain = tg::compile(loss(w, v), tg::wrt(w, v));
+    // In the backward: each param is updated by its hook; no gradient struct.
+    single inside = start;
+    tg::adam opt_inside(inside, {.lr = 0.05});
+    auto hooked = tg::compile(loss(tg::post_accumulate_grad_hook(w, tg::optimizer_step{}),
+                                   tg::post_accumulate_grad_hook(v, tg::optimizer_step{})),
+                              tg::wrt(w, v));
+    for (int t = 0; t < 3; ++t) {
+        const float l1 = tg::value_and_grad(plain, tg::params(after), tg::grads_into(g));
+        opt_after.step(after, g);
+        float l2 = 0;
+        {
+            tg::optimizer_in_backward scope(opt_inside, inside);
+            l2 = tg::value_and_grad(hooked, tg::params(inside));
+        }
+        CHECK(l1 == l2);
+    }
+    for (std::size_t i = 0; i < start.w.size(); ++i) {
+        CHECK_THAT(inside.w[i], Catch::Matchers::WithinRel(after.w[i], 1e-6f));
+        CHECK_THAT(inside.v[i], Catch::Matchers::WithinRel(after.v[i], 1e-6f));
+        CHECK(inside.w[i] != start.w[i]);
+    }
+    CHECK(opt_inside.steps == std::vector<std::int64_t>{3, 3});
+    // Outside a scope the hook has no optimizer.
+    single lone = start;
+    CHECK_THROWS_AS(tg::value_and_grad(hooked, tg::params(lone)), tg::binding_error);
 }
