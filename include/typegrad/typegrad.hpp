@@ -30,3 +30,9 @@
 #include <typegrad/exec/bind.hpp>
 #include <typegrad/inspect/describe.hpp>
 #include <typegrad/inspect/dot.hpp>
+// Training: parameter sets (Boost.Hana), optimizers, schedules, initialisers. Checkpoints need
+// nlohmann-json and are included on their own: <typegrad/train/checkpoint.hpp>.
+#include <typegrad/train/init.hpp>
+#include <typegrad/train/optim.hpp>
+#include <typegrad/train/params.hpp>
+#include <typegrad/train/schedule.hpp>

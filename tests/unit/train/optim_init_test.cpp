@@ -4,10 +4,12 @@
 
 #include <typegrad/core/philox.hpp>
 #include <typegrad/core/threads.hpp>
+#include <typegrad/train/init.hpp>
 #include <typegrad/train/optim.hpp>
 #include <typegrad/train/schedule.hpp>
 #include <typegrad/version.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -284,4 +286,115 @@ TEST_CASE("learning-rate schedules match PyTorch's closed forms", "[schedule]") 
     CHECK(w(2) == 0.5);
     CHECK(w(4) == 1.0);
     CHECK_THAT(w(9), Catch::Matchers::WithinRel(0.55, 1e-15));
+}
+
+// ---- initialisation ---------------------------------------------------------------------------
+namespace {
+struct moments {
+    double mean, std, min, max;
+};
+template <class R>
+moments moments_of(const R& v) {
+    double s = 0, s2 = 0, lo = 1e300, hi = -1e300;
+    for (double x : v) {
+        s += x;
+        s2 += x * x;
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+    }
+    const double n = double(std::size(v)), m = s / n;
+    return {m, std::sqrt(s2 / n - m * m), lo, hi};
+}
+}  // namespace
+
+TEST_CASE("fans and gains follow torch.nn.init", "[init]") {
+    const std::array<std::size_t, 4> conv{64, 3, 5, 5};
+    CHECK(tg::compute_fans(conv).in == 75);
+    CHECK(tg::compute_fans(conv).out == 1600);
+    const std::array<std::size_t, 2> linear{10, 4};
+    CHECK(tg::compute_fans(linear).in == 4);
+    CHECK(tg::compute_fans(linear).out == 10);
+    const std::array<std::size_t, 1> vec{10};
+    CHECK_THROWS_AS(tg::compute_fans(vec), tg::shape_error);
+    CHECK(tg::calculate_gain(tg::nonlinearity::relu) == std::sqrt(2.0));
+    CHECK(tg::calculate_gain(tg::nonlinearity::tanh) == 5.0 / 3);
+    CHECK(tg::calculate_gain(tg::nonlinearity::leaky_relu, 0.2) == std::sqrt(2.0 / 1.04));
+    CHECK(tg::calculate_gain(tg::nonlinearity::sigmoid) == 1.0);
+    CHECK(tg::calculate_gain(tg::nonlinearity::selu) == 0.75);
+}
+
+TEST_CASE("erfinv inverts erf", "[init]") {
+    for (double y : {-0.999999, -0.9, -0.5, -1e-9, 0.0, 0.3, 0.77, 0.99, 0.9999999})
+        CHECK_THAT(std::erf(tg::erfinv(y)), Catch::Matchers::WithinAbs(y, 1e-15));
+    CHECK(std::isinf(tg::erfinv(1.0)));
+}
+
+TEST_CASE("initialisers are counter-based: element i depends on (seed, stream, i) only", "[init]") {
+    std::vector<float> a(1000), b(10), c(1000);
+    tg::generator g1{.seed = 7}, g2{.seed = 7}, g3{.seed = 8};
+    tg::uniform(a, -1, 1, g1);
+    tg::uniform(b, -1, 1, g2);
+    tg::uniform(c, -1, 1, g3);
+    for (std::size_t i = 0; i < b.size(); ++i) CHECK(a[i] == b[i]);  // prefix: independent of the length
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) same += a[i] == c[i];
+    CHECK(same < 5);
+    // Each call takes the next stream.
+    CHECK(g1.stream == 1);
+    std::vector<float> next(10);
+    tg::uniform(next, -1, 1, g1);
+    CHECK(next != b);
+    // Element 0 is the documented mapping of Philox block 0, word 0 (Philox itself is KAT-tested).
+    const auto block = tg::philox4x32_10(tg::philox_counter_at(0, 0), tg::philox_key_from_seed(7));
+    CHECK(a[0] == tg::uniform_float(block[0]) * 2.0f - 1.0f);
+    CHECK(a[5] == tg::uniform_float(tg::philox4x32_10(tg::philox_counter_at(1, 0), tg::philox_key_from_seed(7))[1]) * 2.0f - 1.0f);
+}
+
+TEST_CASE("uniform, normal and trunc_normal have their distributions' moments", "[init]") {
+    tg::generator gen{.seed = 123};
+    std::vector<double> u(40000), n(40000), t(40000);
+    tg::uniform(u, 2, 5, gen);
+    tg::normal(n, -1, 3, gen);
+    tg::trunc_normal(t, 0, 1, -2, 2, gen);
+    const moments mu = moments_of(u), mn = moments_of(n), mt = moments_of(t);
+    // 5 standard errors.
+    CHECK(std::abs(mu.mean - 3.5) < 5 * 0.866 / 200);
+    CHECK(std::abs(mu.std - std::sqrt(0.75)) < 0.01);
+    CHECK(mu.min >= 2);
+    CHECK(mu.max < 5);
+    CHECK(std::abs(mn.mean + 1) < 5 * 3.0 / 200);
+    CHECK(std::abs(mn.std - 3) < 0.04);
+    CHECK(mn.max - mn.min > 6 * 3);
+    // The standard normal truncated to [-2, 2]: sd 0.87963.
+    CHECK(std::abs(mt.mean) < 5 * 0.88 / 200);
+    CHECK(std::abs(mt.std - 0.87963) < 0.01);
+    CHECK(mt.min >= -2);
+    CHECK(mt.max <= 2);
+    CHECK(mt.max > 1.98);
+}
+
+TEST_CASE("xavier and kaiming use PyTorch's bounds and standard deviations", "[init]") {
+    constexpr auto W = tg::param<"W", float, tg::shape<200, 100>>;
+    tg::generator gen{.seed = 5};
+    std::vector<float> ku(200 * 100), kn(200 * 100), xu(200 * 100), xn(200 * 100), from_leaf(200 * 100);
+    tg::kaiming_uniform(ku, {200, 100}, gen);
+    tg::kaiming_normal(kn, {200, 100}, gen, {.mode = tg::fan_mode::fan_out, .nonlin = tg::nonlinearity::relu});
+    tg::xavier_uniform(xu, {200, 100}, gen, 2.0);
+    tg::xavier_normal(xn, {200, 100}, gen);
+    const double ku_bound = std::sqrt(2.0) * std::sqrt(3.0 / 100);  // gain(leaky_relu, 0) sqrt(3 / fan_in)
+    const moments a = moments_of(ku), b = moments_of(kn), c = moments_of(xu), d = moments_of(xn);
+    CHECK(a.max < ku_bound);
+    CHECK(a.min >= -ku_bound);
+    CHECK(a.max > 0.99 * ku_bound);
+    CHECK(std::abs(a.std - ku_bound / std::sqrt(3.0)) < 0.02 * ku_bound);
+    CHECK(std::abs(b.std - std::sqrt(2.0 / 200)) < 0.02 * std::sqrt(2.0 / 200));
+    const double xu_bound = 2.0 * std::sqrt(6.0 / 300);
+    CHECK(c.max < xu_bound);
+    CHECK(c.max > 0.99 * xu_bound);
+    CHECK(std::abs(d.std - std::sqrt(2.0 / 300)) < 0.02 * std::sqrt(2.0 / 300));
+    // The extents can come from a static-shaped param: the same stream gives the same values.
+    tg::generator again{.seed = 5};
+    tg::kaiming_uniform(from_leaf, W, again);
+    CHECK(from_leaf == ku);
+    CHECK_THROWS_AS(tg::kaiming_uniform(from_leaf, {200, 99}, gen), tg::shape_error);
 }
