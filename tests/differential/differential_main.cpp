@@ -24,6 +24,7 @@
 
 #include "autocast_registry.hpp"
 #include "graph_registry.hpp"
+#include "optim_harness.hpp"
 
 namespace diff = typegrad_differential;
 
@@ -343,10 +344,12 @@ int main() {
     }
     // autocast graphs (cpu/bf16 against LibTorch's CPU autocast): prints its own summary
     const long autocast_failures = diff::run_autocast_differential(autocast_cases, only);
+    // optimizers against torch::optim: prints its own summary
+    const long optim_failures = only >= 0 ? 0 : diff::run_optim_differential();
     std::printf("\ndifferential: %zu graphs, %ld cases compared (skipped: %ld with a non-finite reference, %ld within "
                 "rounding of a kink), %ld failures; worst error double %.3g (bound %.0e), "
                 "float %.3g (bound %.0e)\n",
                 graphs.size(), t.cases, t.skipped, t.kinks, t.failures, t.worst_f64, rtol_f64, t.worst_f32,
                 rtol_f32);
-    return t.failures == 0 && autocast_failures == 0 ? 0 : 1;
+    return t.failures == 0 && autocast_failures == 0 && optim_failures == 0 ? 0 : 1;
 }
