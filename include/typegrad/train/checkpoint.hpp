@@ -37,6 +37,7 @@
 
 #include <typegrad/core/error.hpp>
 #include <typegrad/core/half.hpp>
+#include <typegrad/train/optim.hpp>
 #include <typegrad/train/params.hpp>
 
 namespace typegrad {
