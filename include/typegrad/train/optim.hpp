@@ -158,7 +158,9 @@ protected:
     void run(std::size_t i, const std::vector<detail::buffer_ref>& p, const void* grad, const tables& state) {
         ++steps[i];
         std::array<void*, 3> s{};
-        for (std::size_t k = 0; k < state.size() && k < s.size(); ++k) s[k] = state[k].second[i].data;
+        auto slot = s.begin();
+        for (const auto& entry : state)  // (iterators: g++ 12 -O3 warns falsely on state[k] here)
+            if (slot != s.end()) *slot++ = entry.second[i].data;
         if (p[i].is_double)
             self().template kernel<double>(static_cast<double*>(p[i].data), static_cast<const double*>(grad),
                                            p[i].size, steps[i], s);
