@@ -135,7 +135,7 @@ template <class Step>
 void compare_with_cpu(const char* name, const Step& step, std::size_t n) {
     INFO("graph " << name << ", n = " << n);
     using T = typename Step::value_type;
-    using topo = typename Step::loss_node::topo;
+    using topo = typegrad::detail::topo_t<typename Step::loss_node>;
     using wrt = typename Step::wrt_list;
     auto data = universe(n);
     auto host_binds = std::apply([](auto&... d) { return std::tuple_cat(d.template host_binding<topo>()...); }, data);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include <typegrad/graph/node.hpp>
+#include <typegrad/graph/topo.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
@@ -76,16 +77,23 @@ constexpr auto sum_contributions(type_list<Ms...>) {
     else return cast<T>(total);
 }
 
+// Filters of the pending list (no fold: the list can be long).
+template <class N>
+struct targets {
+    template <class P>
+    struct test : std::bool_constant<__is_same(typename P::target, N)> {};
+    template <class P>
+    struct other : std::bool_constant<!__is_same(typename P::target, N)> {};
+};
+template <class... Ps>
+type_list<typename Ps::contribution...> contributions(type_list<Ps...>);
+
 template <class N, class State>
 struct reverse_step;
 template <class N, class... Ps, class Results>
 struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
-    using matched = decltype((type_list<>{} + ... +
-                              std::conditional_t<__is_same(typename Ps::target, N),
-                                                 type_list<typename Ps::contribution>, type_list<>>{}));
-    using rest = decltype((type_list<>{} + ... +
-                           std::conditional_t<__is_same(typename Ps::target, N), type_list<>,
-                                              type_list<Ps>>{}));
+    using matched = decltype(contributions(filter_t<type_list<Ps...>, targets<N>::template test>{}));
+    using rest = filter_t<type_list<Ps...>, targets<N>::template other>;
     static constexpr auto next() {
         if constexpr (matched::size == 0) {
             return reverse_state<type_list<Ps...>, Results>{};
@@ -109,11 +117,18 @@ struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
 template <class N, class State>
 typename reverse_step<N, State>::type operator<<(visit<N>, State);
 
+// The nodes are visited last to first. One fold covers at most 16 of them (clang limits a fold
+// to 256 operands): the first 16 are folded over the state the rest of the list produced.
 template <class Topo, class Init>
 struct run_reverse;
 template <class... Ns, class Init>
 struct run_reverse<type_list<Ns...>, Init> {
     using type = decltype((visit<Ns>{} << ... << Init{}));
+};
+template <class A0, class A1, class A2, class A3, class A4, class A5, class A6, class A7, class A8, class A9, class A10, class A11, class A12, class A13, class A14, class A15, class N, class... Rest, class Init>
+struct run_reverse<type_list<A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, N, Rest...>, Init> {
+    using rest = typename run_reverse<type_list<N, Rest...>, Init>::type;
+    using type = decltype((visit<A0>{} << (visit<A1>{} << (visit<A2>{} << (visit<A3>{} << (visit<A4>{} << (visit<A5>{} << (visit<A6>{} << (visit<A7>{} << (visit<A8>{} << (visit<A9>{} << (visit<A10>{} << (visit<A11>{} << (visit<A12>{} << (visit<A13>{} << (visit<A14>{} << (visit<A15>{} << rest{})))))))))))))))));
 };
 
 // Adjoints of every leaf reached from Root when its gradient is Seed: type_list<pending<Leaf, Adj>...>.
@@ -121,7 +136,7 @@ struct run_reverse<type_list<Ns...>, Init> {
 // every gradient is zero.
 template <class Root, class Seed>
 using leaf_adjoints_t = typename run_reverse<
-    typename Root::topo,
+    topo_t<Root>,
     reverse_state<std::conditional_t<Root::requires_grad, type_list<pending<Root, Seed>>, type_list<>>,
                   type_list<>>>::type::results;
 
@@ -131,10 +146,8 @@ struct find_adjoint {
 };
 template <class Leaf, class... Rs>
 struct find_adjoint<Leaf, type_list<Rs...>> {
-    using hits = decltype((type_list<>{} + ... +
-                           std::conditional_t<__is_same(typename Rs::target, Leaf),
-                                              type_list<typename Rs::contribution>, type_list<>>{}));
-    using type = std::conditional_t<hits::size == 0, void, type_at_t<0, decltype(hits{} + type_list<void>{})>>;
+    static constexpr std::size_t at = index_of_v<Leaf, type_list<typename Rs::target...>>;
+    using type = typename type_at_t<at, type_list<Rs..., pending<void, void>>>::contribution;
 };
 
 // The gradient of Leaf in canonical form: an elementwise node of the leaf's shape and dtype
@@ -155,7 +168,7 @@ template <class Root, class Seed>
 struct shaped_seed {
     using type = Seed;
 };
-template <class Root, num V>
+template <class Root, std::uint64_t V>
     requires(Root::shape_type::rank > 0)
 struct shaped_seed<Root, constant<V>> {
     using type = node<expand_op, constant<V>, Root>;
@@ -188,7 +201,7 @@ constexpr auto grad(Loss, Leaf) {
                   "output needs a seed: use grad(output, leaf, seed)");
     static_assert(is_leaf_v<W>, "typegrad: grad(loss, leaf) differentiates with respect to a leaf "
                                 "(a tg::param), not an expression.");
-    return detail::gradient_expr<L, constant<1>, W>();
+    return detail::gradient_expr<L, detail::node_of_t<decltype(lit<1>)>, W>();
 }
 template <class Out, class Leaf, class Seed>
 constexpr auto grad(Out, Leaf, Seed) {

@@ -37,13 +37,12 @@ struct wrt_t {
 
 template <class... Es>
 constexpr auto wrt(Es...) {
-    static_assert((is_leaf_v<typename Es::node_type> && ...),
+    static_assert(detail::all_true({is_leaf_v<typename Es::node_type>...}),
                   "typegrad: wrt(...) takes leaves (tg::param), not expressions.");
-    static_assert(((Es::node_type::role == leaf_role::param) && ...),
+    static_assert(detail::all_true({(Es::node_type::role == leaf_role::param)...}),
                   "typegrad: wrt(...) got a tg::input; only a tg::param has a gradient (declare "
                   "the leaf with tg::param to differentiate with respect to it).");
-    static_assert(detail::type_list<typename Es::node_type...>::size ==
-                      detail::union_all_t<detail::type_list<typename Es::node_type>...>::size,
+    static_assert(detail::distinct<typename Es::node_type...>(),
                   "typegrad: wrt(...) names the same leaf twice.");
     return wrt_t<typename Es::node_type...>{};
 }
@@ -72,9 +71,9 @@ template <class Leaf, bool A>
 inline constexpr bool grads_leaf_v<grad_binding<Leaf, A>, Leaf> = true;
 
 template <class Leaf, class... Bs>
-constexpr std::size_t count_leaf_bindings() { return (std::size_t(binds_leaf_v<Bs, Leaf>) + ... + 0); }
+constexpr std::size_t count_leaf_bindings() { return count_true({binds_leaf_v<Bs, Leaf>...}); }
 template <class Leaf, class... Bs>
-constexpr std::size_t count_grad_bindings() { return (std::size_t(grads_leaf_v<Bs, Leaf>) + ... + 0); }
+constexpr std::size_t count_grad_bindings() { return count_true({grads_leaf_v<Bs, Leaf>...}); }
 
 template <class Leaf, class... Bs>
 constexpr std::size_t leaf_binding_index() {
@@ -109,9 +108,9 @@ constexpr void check_shape_known() {
                   "typegrad: a leaf with a dynamic extent has no binding, so its size is unknown; "
                   "bind it (tg::bind) in this call.");
 }
-template <class Leaf, class WrtList, class LossTopo>
+template <class Leaf, class WrtList, class LossGraph>
 constexpr void check_grad_target() {
-    static_assert(contains_v<Leaf, WrtList> || (retained_node_v<Leaf> && contains_v<Leaf, LossTopo>),
+    static_assert(contains_v<Leaf, WrtList> || (retained_node_v<Leaf> && LossGraph::template id_of<Leaf> != no_parent),
                   "typegrad: grad_into(leaf, buffer) names a leaf that is not in the step's "
                   "tg::wrt(...) list.");
 }
@@ -206,19 +205,21 @@ struct step_policy {
     static constexpr bool check_mismatch = !(std::is_same_v<Ps, on_autocast_mismatch::ignore> || ...);
 };
 
-template <class Exclude, class... Ns>
-auto list_minus(type_list<Ns...>)
-    -> decltype((type_list<>{} + ... + std::conditional_t<contains_v<Ns, Exclude>, type_list<>, type_list<Ns>>{}));
 
 template <class N>
 constexpr std::string_view op_name_of() {
     if constexpr (requires { N::op::name; }) return N::op::name;
     else return "";
 }
+template <fixed_string Name>
+struct named {
+    template <class N>
+    struct test : std::bool_constant<op_name_of<N>() == Name.view()> {};
+};
+template <class... Ms>
+type_list<typename Ms::value_type...> value_types(type_list<Ms...>);
 template <fixed_string Name, class... Ns>
-auto op_dtypes(type_list<Ns...>)
-    -> decltype((type_list<>{} + ... +
-                 std::conditional_t<op_name_of<Ns>() == Name.view(), type_list<typename Ns::value_type>, type_list<>>{}));
+auto op_dtypes(type_list<Ns...>) -> decltype(value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
 
 // Backward nodes (those not in the forward graph) rewritten under the backward's spec.
 template <class N, class Spec, class ForwardTopo>
@@ -251,7 +252,7 @@ public:
     using value_type = typename Loss::value_type;
     using wrt_list = detail::type_list<Wrt...>;
     static constexpr bool scalar_loss = detail::is_scalar_loss_v<Loss>;
-    using seed_leaf = leaf<"seed", value_type, typename Loss::shape_type, leaf_role::seed>;
+    using seed_leaf = leaf<name_of_t<"seed">, value_type, typename Loss::shape_type, leaf_role::seed>;
 
     using ambient_autocast = typename Policy::ambient;
     using backward_autocast_spec = typename Policy::backward_spec;
@@ -260,9 +261,9 @@ public:
     // backward ops under the backward's autocast spec.
     template <class Leaf, bool Seeded>
     using grad_node = typename decltype(detail::canonical_gradient<Leaf, typename detail::backward_autocast_rewrite<
-        typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, constant<1>>,
+        typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>,
                                                 Leaf>())::node_type,
-        backward_autocast_spec, typename Loss::topo>::type>())::node_type;
+        backward_autocast_spec, detail::topo_t<Loss>>::type>())::node_type;
 
     template <class... Args>
         requires(!detail::any_device_argument<Args...>)
@@ -270,9 +271,9 @@ public:
         static_assert(scalar_loss,
                       "typegrad: value_and_grad(...) needs a scalar loss; for a non-scalar output "
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
-        using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
+        using grads = grads_of<Args...>;
         using stores = decltype(grad_nodes<grads, false>() + loss_store());
-        using nodes = detail::union_all_t<typename Loss::topo, decltype(all_topo<stores>())>;
+        using nodes = detail::graph_of_t<decltype(detail::type_list<Loss>{} + stores{})>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
                                          value_type>;
         typename PP::state_type st{};
@@ -301,7 +302,7 @@ public:
         requires(!detail::any_device_argument<Args...>)
     auto forward(const Args&... args) const {
         using stores = decltype(loss_store());
-        using nodes = detail::union_all_t<typename Loss::topo>;
+        using nodes = detail::topo<Loss>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
                                          value_type>;
         forward_context<step, PP> ctx;
@@ -320,10 +321,10 @@ public:
         detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
         if constexpr (anomaly) {
             detail::anomaly_node() = detail::no_anomaly;
-            detail::run_loops<PP, 0, true>(ctx.state_);
+            detail::run_loops<PP, detail::grad_mask{}, true>(ctx.state_);
             report_anomaly<PP>();
         } else {
-            detail::run_loops<PP, 0>(ctx.state_);
+            detail::run_loops<PP, detail::grad_mask{}>(ctx.state_);
         }
         if constexpr (Loss::kind != op_kind::elementwise)
             copy_node_value<PP, Loss>(ctx.state_, loss_buf, loss_n);
@@ -338,21 +339,21 @@ public:
         using FwdPP = typename Ctx::plan_type;
         static_assert(std::is_same_v<typename Ctx::step_type, step>,
                       "typegrad: backward(ctx, ...) got a context from another step.");
-        constexpr bool seeded = (detail::is_seed_binding_v<Args> || ...);
+        constexpr bool seeded = detail::any_true({detail::is_seed_binding_v<Args>...});
         static_assert(seeded || scalar_loss,
                       "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
                       "tg::seed(buffer) with the output's shape.");
-        using grads = decltype((detail::type_list<>{} + ... + grad_list_of<Args>()));
+        using grads = grads_of<Args...>;
         using stores = decltype(grad_nodes<grads, seeded>());
-        using nodes = decltype(all_topo<stores>());
-        using given = decltype(saved_reductions<nodes, FwdPP>());
+        using nodes = detail::graph_of_t<stores>;
+        using given = decltype(saved_reductions<typename nodes::type, FwdPP>());
         using PP = detail::plan_provider<nodes, stores, detail::type_list<>, given, value_type>;
         typename PP::state_type st{};
         check_calls<PP, grads, false>(args...);
         check_autocast_context();
         // Leaves come from the forward call, the seed from this one.
         [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            (restore_node<PP, FwdPP, Ns>(st, ctx.state_), ...);
+            [[maybe_unused]] const int in_order[] = {0, (restore_node<PP, FwdPP, Ns>(st, ctx.state_), 0)...};
         }(std::make_index_sequence<PP::M>{});
         if constexpr (seeded) bind_seed<PP, FwdPP>(st, ctx.state_, args...);
         detail::compute_shapes<PP>(st);
@@ -391,10 +392,12 @@ public:
 
 private:
     template <class Arg>
-    static constexpr auto grad_list_of() {
-        if constexpr (detail::is_grad_binding_v<Arg>) return detail::type_list<typename Arg::leaf_type>{};
-        else return detail::type_list<>{};
-    }
+    struct is_grad_arg : std::bool_constant<detail::is_grad_binding_v<Arg>> {};
+    template <class... Bs>
+    static detail::type_list<typename Bs::leaf_type...> leaves_of(detail::type_list<Bs...>);
+    // The leaves of the call's grad_into bindings, in order.
+    template <class... Args>
+    using grads_of = decltype(leaves_of(detail::filter_t<detail::type_list<Args...>, is_grad_arg>{}));
     template <class Grads, bool Seeded>
     static constexpr auto grad_nodes() {
         return []<class... Ls>(detail::type_list<Ls...>) {
@@ -410,35 +413,37 @@ private:
             return detail::type_list<Loss>{};
         else return detail::type_list<>{};
     }
-    template <class Stores>
-    static constexpr auto all_topo() {
-        return []<class... Ss>(detail::type_list<Ss...>) {
-            return detail::union_all_t<typename Ss::topo...>{};
-        }(Stores{});
-    }
     // Reductions the forward pass computed that the backward reads instead of recomputing.
-    template <class Nodes, class FwdPP>
-    static constexpr auto saved_reductions() {
-        return []<class... Ns>(detail::type_list<Ns...>) {
-            return (detail::type_list<>{} + ... +
-                    std::conditional_t<is_saved<Ns, FwdPP>(), detail::type_list<Ns>, detail::type_list<>>{});
-        }(Nodes{});
-    }
+
     template <class N, class FwdPP>
     static constexpr bool is_saved() {
         // reductions and kernels (matmul, custom ops): never recomputed, and a custom op's
         // forward mutations must not run twice
         if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
-        else if constexpr (!detail::contains_v<N, typename FwdPP::program::nodes>) return false;
+        else if constexpr (!FwdPP::program::template contains<N>) return false;
         else return FwdPP::plan.computed[FwdPP::program::template id_of<N>];
+    }
+    template <class FwdPP>
+    struct saved_in {
+        template <class N>
+        struct test : std::bool_constant<is_saved<N, FwdPP>()> {};
+    };
+    template <class Nodes, class FwdPP>
+    static constexpr auto saved_reductions() {
+        return detail::filter_t<Nodes, saved_in<FwdPP>::template test>{};
     }
 
     template <class Grads, class... Args>
-    static constexpr std::uint64_t accumulate_mask() {
-        static_assert(Grads::size <= 64, "typegrad: at most 64 grad_into bindings per call.");
-        std::uint64_t mask = 0;
-        std::size_t i = 0;
-        ((detail::is_grad_binding_v<Args> ? (mask |= (accumulate_of<Args>() ? (std::uint64_t(1) << i) : 0), ++i) : i), ...);
+    static constexpr detail::grad_mask accumulate_mask() {
+        static_assert(Grads::size <= detail::grad_mask::capacity, "typegrad: at most 1024 grad_into bindings per call.");
+        constexpr bool is_grad[] = {detail::is_grad_binding_v<Args>..., false};
+        constexpr bool accumulates[] = {accumulate_of<Args>()..., false};
+        detail::grad_mask mask;
+        for (std::size_t a = 0, i = 0; a < sizeof...(Args); ++a) {
+            if (!is_grad[a]) continue;
+            if (accumulates[a]) mask.set(i);
+            ++i;
+        }
         return mask;
     }
     template <class Arg>
@@ -451,9 +456,9 @@ private:
     static void check_calls(const Args&...) {
         detail::log_graphs_once<step>();  // TYPEGRAD_LOG=graphs: describe() on the first call
         using nodes = typename PP::program::nodes;
-        (check_arg<nodes, Args, Args...>(), ...);
+        [[maybe_unused]] const int in_order[] = {0, (check_arg<nodes, Args, Args...>(), 0)...};
         if constexpr (!LeavesFromArgs) {
-            static_assert(!(detail::is_leaf_binding_v<Args> || ...),
+            static_assert(!detail::any_true({detail::is_leaf_binding_v<Args>...}),
                           "typegrad: backward(ctx, ...) reads the inputs bound in forward(...); it "
                           "takes only tg::grad_into(...) and tg::seed(...).");
         } else {
@@ -475,7 +480,7 @@ private:
             detail::check_bound_once<L, detail::count_leaf_bindings<L, Args...>()>();
         } else if constexpr (detail::is_grad_binding_v<Arg>) {
             using L = typename Arg::leaf_type;
-            detail::check_grad_target<L, wrt_list, typename Loss::topo>();
+            detail::check_grad_target<L, wrt_list, detail::topo<Loss>>();
             static_assert(detail::count_grad_bindings<L, Args...>() <= 1,
                           "typegrad: grad_into names the same leaf twice in one call.");
         }
@@ -530,7 +535,7 @@ private:
     }
     template <class PP, class... Args>
     static void check_leaf_sizes(const typename PP::state_type& st, const Args&... args) {
-        (check_leaf_size<PP>(st, args), ...);
+        detail::for_each_arg([&](const auto& a) { check_leaf_size<PP>(st, a); }, args...);
     }
     template <class PP, class Arg>
     static void check_leaf_size(const typename PP::state_type& st, const Arg& b) {
@@ -571,7 +576,7 @@ private:
                 ++k;
             }
         };
-        (add(args), ...);
+        detail::for_each_arg(add, args...);
         // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
         detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
             [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
@@ -583,7 +588,7 @@ private:
                 ++n_in;
             });
         std::size_t gi = 0;
-        (bind_grad<PP, Grads>(st, args, gi), ...);
+        detail::for_each_arg([&](const auto& a) { bind_grad<PP, Grads>(st, a, gi); }, args...);
         for (std::size_t i = 0; i < n_out; ++i) {
             if (out_ranges[2 * i] == out_ranges[2 * i + 1]) continue;
             for (std::size_t j = 0; j < n_in; ++j)
@@ -612,17 +617,16 @@ private:
     }
 
     // Post-accumulate hooks of wrt leaves whose gradient this call writes.
-    using post_hooks = decltype([]<class... Ns>(detail::type_list<Ns...>) {
-        return (detail::type_list<>{} + ... +
-                std::conditional_t<detail::is_post_hook_v<Ns>, detail::type_list<Ns>, detail::type_list<>>{});
-    }(typename Loss::topo{}));
+    template <class N>
+    struct is_post_hook : std::bool_constant<detail::is_post_hook_v<N>> {};
+    using post_hooks = detail::filter_t<detail::topo_t<Loss>, is_post_hook>;
 
     template <class PP, class... Args>
     static void check_post_hooks(const typename PP::state_type& st, const Args&...) {
         [&]<class... Hs>(detail::type_list<Hs...>) {
             auto one = [&]<class H>(std::type_identity<H>) {
                 using L = typename detail::underlying_leaf<detail::type_at_t<0, typename H::children>>::type;
-                if constexpr ((detail::grads_leaf_v<Args, L> || ...)) {
+                if constexpr (detail::any_true({detail::grads_leaf_v<Args, L>...})) {
                     if (st.mut[PP::program::template id_of<L>] == nullptr)
                         throw binding_error(detail::message("typegrad: post_accumulate_grad_hook on ", L::name(),
                                                             " writes the param, but it was bound read-only; bind "
@@ -645,7 +649,7 @@ private:
                     else return nullptr;
                 };
                 value_type* g = nullptr;
-                ((g = g ? g : grad_ptr(args)), ...);
+                detail::for_each_arg([&](const auto& a) { g = g ? g : grad_ptr(a); }, args...);
                 if (!g) return;
                 constexpr std::size_t id = PP::program::template id_of<L>;
                 std::span<const std::size_t> ext(st.ext.data() + PP::rank_offset[id], L::shape_type::rank);
@@ -667,7 +671,7 @@ private:
             auto see = [&](const auto& a) {
                 if constexpr (std::is_same_v<std::remove_cvref_t<decltype(a)>, create_graph_t>) requested = requested || a.enabled;
             };
-            (see(args), ...);
+            detail::for_each_arg(see, args...);
             if (requested) {
                 std::string what = "typegrad: backward(..., tg::create_graph): a custom op's backward mutates input";
                 for (const auto& h : hazards)
@@ -683,7 +687,7 @@ public:
     template <bool Seeded, class... GradLeaves>
     static constexpr std::size_t create_graph_hazard_count() {
         using stores = detail::type_list<grad_node<GradLeaves, Seeded>...>;
-        using nodes = decltype(all_topo<stores>());
+        using nodes = detail::graph_of_t<stores>;
         using PP = detail::plan_provider<nodes, stores, detail::type_list<>, detail::type_list<>, value_type>;
         return detail::create_graph_hazards<PP>().size();
     }
@@ -707,7 +711,7 @@ private:
 
     // Anomaly mode: run the whole plan once with every value checked and the outputs redirected
     // to temporaries; only a clean run is repeated for real.
-    template <class PP, std::uint64_t Acc>
+    template <class PP, detail::grad_mask Acc>
     static void dry_run(const typename PP::state_type& st, detail::scratch_unit* scratch,
                         const std::array<std::size_t, PP::M + 1>& offset) {
         static_assert(detail::create_graph_hazard_count<PP>() == 0 && !mutates_anything<PP>(),
@@ -729,22 +733,18 @@ private:
     static void report_anomaly() {
         const std::size_t n = detail::anomaly_node();
         if (n == detail::no_anomaly) return;
-        constexpr auto forward_nodes = [] {
-            std::array<bool, PP::M> r{};
-            [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-                ((r[Ns] = detail::contains_v<typename PP::program::template node_at<Ns>, typename Loss::topo>), ...);
-            }(std::make_index_sequence<PP::M>{});
-            return r;
-        }();
+        constexpr auto forward_nodes = []<class... Ns>(detail::type_list<Ns...>) {
+            return std::array<bool, PP::M>{(detail::topo<Loss>::template id_of<Ns> != detail::no_parent)...};
+        }(typename PP::program::nodes{});
         throw anomaly_error(detail::message("typegrad: anomaly: node %", n, " '", PP::program::info[n].name, "' (",
                                             forward_nodes[n] ? "forward" : "backward",
                                             ") produced NaN or Inf; nothing was written"));
     }
     template <class PP>
     static constexpr bool mutates_anything() {
-        return []<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            return (mutating_custom<typename PP::program::template node_at<Ns>>() || ...);
-        }(std::make_index_sequence<PP::M>{});
+        return []<class... Ns>(detail::type_list<Ns...>) {
+            return detail::any_true({mutating_custom<Ns>()...});
+        }(typename PP::program::nodes{});
     }
     template <class N>
     static constexpr bool mutating_custom() {
@@ -792,7 +792,7 @@ private:
     template <class PP, class FwdPP, std::size_t N, class FwdState>
     static void restore_node(typename PP::state_type& st, const FwdState& fst) {
         using node = typename PP::program::template node_at<N>;
-        if constexpr (detail::contains_v<node, typename FwdPP::program::nodes>) {
+        if constexpr (FwdPP::program::template contains<node>) {
             constexpr std::size_t f = FwdPP::program::template id_of<node>;
             if constexpr (node::kind == op_kind::leaf) {
                 for (std::size_t a = 0; a < node::shape_type::rank; ++a)
@@ -812,11 +812,11 @@ private:
     }
     template <class PP, class FwdPP, class FwdState, class... Args>
     static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
-        if constexpr (!detail::contains_v<seed_leaf, typename PP::program::nodes>) {
+        if constexpr (!PP::program::template contains<seed_leaf>) {
             return;  // no gradient requested: nothing reads the seed
         } else {
         constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
-        static_assert(((std::size_t(detail::is_seed_binding_v<Args>) + ... + 0)) == 1,
+        static_assert(detail::count_true({detail::is_seed_binding_v<Args>...}) == 1,
                       "typegrad: backward(ctx, ...) takes one tg::seed(...).");
         auto set = [&](const auto& b) {
             using B = std::remove_cvref_t<decltype(b)>;
@@ -826,7 +826,7 @@ private:
                 st.ptr[id] = b.data;
             }
         };
-        (set(args), ...);
+        detail::for_each_arg(set, args...);
         using S = typename seed_leaf::shape_type;
         for (std::size_t a = 0; a < S::rank; ++a)
             st.ext[PP::rank_offset[id] + a] =
@@ -835,7 +835,7 @@ private:
     }
     template <class PP, class... Args>
     static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
-        if constexpr (detail::contains_v<seed_leaf, typename PP::program::nodes>) {
+        if constexpr (PP::program::template contains<seed_leaf>) {
             constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
             auto check = [&](const auto& b) {
                 using B = std::remove_cvref_t<decltype(b)>;
@@ -846,7 +846,7 @@ private:
                                                           " elements but the output has ", need));
                 }
             };
-            (check(args), ...);
+            detail::for_each_arg(check, args...);
         }
     }
 
@@ -863,9 +863,9 @@ public:
         using grad_stores = decltype(grad_nodes<wrt_list, false>());
         using joint_stores = decltype(grad_stores{} + loss_store());
         using joint = detail::plan_provider<
-            detail::union_all_t<typename Loss::topo, decltype(all_topo<joint_stores>())>,
+            detail::graph_of_t<decltype(detail::type_list<Loss>{} + joint_stores{})>,
             joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
-        using forward = detail::plan_provider<detail::union_all_t<typename Loss::topo>,
+        using forward = detail::plan_provider<detail::topo<Loss>,
                                               decltype(loss_store()), decltype(loss_required()),
                                               detail::type_list<>, value_type>;
     };
@@ -907,10 +907,15 @@ private:
 inline std::size_t plan_count() { return detail::plan_counter().load(); }
 
 namespace detail {
+template <class Loss>
+struct not_in_forward {
+    template <class N>
+    struct test : std::bool_constant<topo<Loss>::template id_of<N> == no_parent> {};
+};
 template <class Step, class... Ls>
 auto backward_nodes_of(type_list<Ls...>)
-    -> decltype(list_minus<typename Step::loss_node::topo>(
-        union_all_t<type_list<>, typename Step::template grad_node<Ls, !Step::scalar_loss>::topo...>{}));
+    -> filter_t<topo_t<typename Step::template grad_node<Ls, !Step::scalar_loss>...>,
+                not_in_forward<typename Step::loss_node>::template test>;
 }  // namespace detail
 
 // The nodes of a step's backward graph for all its wrt leaves (forward nodes excluded), e.g. to

@@ -97,35 +97,34 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
         if constexpr (Loss::kind != op_kind::elementwise && Loss::kind != op_kind::constant) return type_list<Loss>{};
         else return type_list<>{};
     }
-    template <class Stores>
-    static constexpr auto all_topo() {
-        return []<class... Ss>(type_list<Ss...>) { return union_all_t<typename Ss::topo...>{}; }(Stores{});
-    }
     template <class N, class FwdPP>
     static constexpr bool is_saved() {
         if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
-        else if constexpr (!contains_v<N, typename FwdPP::program::nodes>) return false;
+        else if constexpr (!FwdPP::program::template contains<N>) return false;
         else return FwdPP::plan.computed[FwdPP::program::template id_of<N>];
     }
+    template <class FwdPP>
+    struct saved_in {
+        template <class N>
+        struct test : std::bool_constant<is_saved<N, FwdPP>()> {};
+    };
     template <class Nodes, class FwdPP>
     static constexpr auto saved_reductions() {
-        return []<class... Ns>(type_list<Ns...>) {
-            return (type_list<>{} + ... +
-                    std::conditional_t<is_saved<Ns, FwdPP>(), type_list<Ns>, type_list<>>{});
-        }(Nodes{});
+        return filter_t<Nodes, saved_in<FwdPP>::template test>{};
     }
+
 
     // The plans of each entry point (also what tg::cuda::generated_source shows).
     template <class Grads>
     using joint_plan = plan_provider<
-        union_all_t<typename Loss::topo, decltype(all_topo<decltype(grad_nodes<Grads, false>() + loss_store())>())>,
+        graph_of_t<decltype(type_list<Loss>{} + grad_nodes<Grads, false>() + loss_store())>,
         decltype(grad_nodes<Grads, false>() + loss_store()), decltype(loss_required()), type_list<>, T>;
     using forward_plan =
-        plan_provider<union_all_t<typename Loss::topo>, decltype(loss_store()), decltype(loss_required()), type_list<>, T>;
+        plan_provider<topo<Loss>, decltype(loss_store()), decltype(loss_required()), type_list<>, T>;
     template <class Grads, bool Seeded, class FwdPP>
     using backward_plan = plan_provider<
-        decltype(all_topo<decltype(grad_nodes<Grads, Seeded>())>()), decltype(grad_nodes<Grads, Seeded>()), type_list<>,
-        decltype(saved_reductions<decltype(all_topo<decltype(grad_nodes<Grads, Seeded>())>()), FwdPP>()), T>;
+        graph_of_t<decltype(grad_nodes<Grads, Seeded>())>, decltype(grad_nodes<Grads, Seeded>()), type_list<>,
+        decltype(saved_reductions<topo_of_t<decltype(grad_nodes<Grads, Seeded>())>, FwdPP>()), T>;
 
     static void check_policy() {
         static_assert(!Policy::anomaly,
@@ -186,7 +185,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                 static_assert(count_leaf<L, Args...>() <= 1, "typegrad: a leaf is bound twice in one call; bind each leaf once.");
             } else if constexpr (is_grad_arg<Arg>) {
                 using L = typename Arg::leaf_type;
-                check_grad_target<L, typename step_type::wrt_list, typename Loss::topo>();
+                check_grad_target<L, typename step_type::wrt_list, topo<Loss>>();
                 static_assert(count_grad<L, Args...>() <= 1, "typegrad: grad_into names the same leaf twice in one call.");
             }
         };

@@ -169,7 +169,7 @@ public:
     template <class R>
         requires std::ranges::contiguous_range<R> && std::ranges::sized_range<R> && (Shape::dyn_count <= 1)
     static tensor from_host(const R& host) {
-        return from_host(host, typegrad::detail::infer_extents<leaf<"tensor", T, Shape, leaf_role::input>>(
+        return from_host(host, typegrad::detail::infer_extents<leaf<name_of_t<"tensor">, T, Shape, leaf_role::input>>(
                                    std::ranges::size(host)));
     }
 

@@ -330,8 +330,12 @@ void check_buffer(const typename PP::state_type& st, std::size_t n) {
     }
 }
 
-template <class PP, std::uint64_t AccumulateMask, std::size_t I, bool Check>
-void run_item(typename PP::state_type& st) {
+// Each loop or kernel is its own function: inlined into one body, a plan's loops make one huge
+// function, and the optimiser's cost grows faster than linearly with a function's size (four
+// GPT blocks: over ten minutes of g++ time instead of seconds). A call per loop costs nothing
+// next to the loop.
+template <class PP, grad_mask AccumulateMask, std::size_t I, bool Check>
+[[gnu::noinline]] void run_item(typename PP::state_type& st) {
     constexpr step_item item = schedule_v<PP>[I];
     if constexpr (item.is_loop) {
         loop_kernel<PP, item.index, AccumulateMask, Check>::run(st);
@@ -345,10 +349,10 @@ void run_item(typename PP::state_type& st) {
     }
 }
 
-template <class PP, std::uint64_t AccumulateMask, bool Check = false>
+template <class PP, grad_mask AccumulateMask, bool Check = false>
 void run_loops(typename PP::state_type& st) {
     [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-        (run_item<PP, AccumulateMask, Is, Check>(st), ...);
+        [[maybe_unused]] const int in_order[] = {0, (run_item<PP, AccumulateMask, Is, Check>(st), 0)...};
     }(std::make_index_sequence<schedule_size<PP>()>{});
 }
 

@@ -41,7 +41,7 @@ template <class Prog, op_kind... Kinds, class F>
 constexpr void for_each_node_of_kind(F&& f) {
     constexpr auto& ids = node_ids_of_kind<Prog, Kinds...>;
     [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-        (f(std::integral_constant<std::size_t, ids[Is]>{}), ...);
+        [[maybe_unused]] const int in_order[] = {0, (f(std::integral_constant<std::size_t, ids[Is]>{}), 0)...};
     }(std::make_index_sequence<ids.size()>{});
 }
 

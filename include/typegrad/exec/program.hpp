@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <typegrad/graph/node.hpp>
+#include <typegrad/graph/topo.hpp>
 #include <typegrad/ops/broadcast.hpp>
 
 namespace typegrad::detail {
@@ -55,8 +56,9 @@ struct node_info {
     std::string_view name{};
 };
 
-template <class N, class List>
-constexpr node_info make_node_info() {
+// Node N's row; `child` holds the ids of its operands (from the graph's topological table).
+template <class N>
+constexpr node_info make_node_info(const std::size_t* child) {
     node_info r;
     r.kind = N::kind;
     r.elem_size = sizeof(buffer_t<N>);
@@ -71,12 +73,12 @@ constexpr node_info make_node_info() {
         r.name = "constant";
     } else {
         using children = typename N::children;
-        static_assert(children::size <= max_arity, "typegrad: internal: op arity above 4");
+        static_assert(children::size <= max_arity, "typegrad: internal: an op has more operands than max_arity");
         r.arity = children::size;
-        [&]<class... Cs>(type_list<Cs...>) {
-            std::size_t i = 0;
-            ((r.child[i] = index_of_v<Cs, List>, r.shape_only[i] = N::op::shape_only(i), ++i), ...);
-        }(children{});
+        for (std::size_t i = 0; i < r.arity; ++i) {
+            r.child[i] = child[i];
+            r.shape_only[i] = N::op::shape_only(i);
+        }
         if constexpr (N::kind == op_kind::reduce) r.combine = N::op::combine;
         if constexpr (requires { N::op::extra_bytes; }) r.extra_bytes = N::op::extra_bytes;
         r.name = N::op::name;
@@ -84,17 +86,26 @@ constexpr node_info make_node_info() {
     return r;
 }
 
-template <class List>
+// The flat program of a graph (a topo<Roots...>): its nodes in topological order and one
+// node_info row per node.
+template <class Topo, class Nodes = typename Topo::type>
 struct program;
-template <class... Ns>
-struct program<type_list<Ns...>> {
+template <class Topo, class... Ns>
+struct program<Topo, type_list<Ns...>> {
     using nodes = type_list<Ns...>;
     static constexpr std::size_t size = sizeof...(Ns);
-    static constexpr std::array<node_info, size> info{make_node_info<Ns, nodes>()...};
+    template <std::size_t... Is>
+    static constexpr std::array<node_info, size> make_info(std::index_sequence<Is...>) {
+        return {make_node_info<Ns>(Topo::table.child.data() + Is * max_arity)...};
+    }
+    static constexpr std::array<node_info, size> info = make_info(std::index_sequence_for<Ns...>{});
     template <std::size_t I>
     using node_at = type_at_t<I, nodes>;
+    // A node's id; `size` when the graph does not hold it.
     template <class N>
-    static constexpr std::size_t id_of = index_of_v<N, nodes>;
+    static constexpr std::size_t id_of = Topo::template id_of<N> == no_parent ? size : Topo::template id_of<N>;
+    template <class N>
+    static constexpr bool contains = Topo::template id_of<N> != no_parent;
 };
 
 // ---- planning ------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 #pragma once
 // The graph as a type: leaves, compile-time constants, op nodes and the expr<> wrapper.
 //
-// Every node type carries its own topological order (`topo`, children first, each node once).
-// It is computed when the node type is first formed, i.e. bottom-up as the user's expression
-// is written, so no algorithm ever recurses through the depth of a graph.
+// Every node type carries a constexpr descriptor (`desc`: its operands' descriptors and a
+// structural hash), formed bottom-up as the user's expression is written. Graph algorithms
+// (graph/topo.hpp) walk descriptors as plain constexpr data, so no template is instantiated per
+// node and per graph, and nothing recurses through the depth of a graph.
 #include <bit>
 #include <concepts>
 #include <cstdint>
@@ -18,12 +19,56 @@
 namespace typegrad {
 
 enum class leaf_role { param, input, seed };
+
+namespace detail {
+// What graph algorithms see of a node type: its operands and a hash of its structure (equal
+// types have equal hashes; distinct types rarely do). Its address is the type's identity.
+struct node_desc {
+    const node_desc* const* child;
+    std::size_t arity;
+    std::uint64_t hash;
+};
+constexpr std::uint64_t hash_mix(std::uint64_t h, std::uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xFF51AFD7ED558CCDull;
+}
+constexpr std::uint64_t hash_text(std::uint64_t h, std::string_view s) {
+    for (char c : s) h = hash_mix(h, static_cast<unsigned char>(c));
+    return h;
+}
+template <class Shape>
+constexpr std::uint64_t hash_shape(std::uint64_t h) {
+    h = hash_mix(h, Shape::rank);
+    for (std::size_t a = 0; a < Shape::rank; ++a) h = hash_mix(h, Shape::extents[a]);
+    return h;
+}
+inline constexpr const node_desc* no_children[1] = {nullptr};
+}  // namespace detail
 // elementwise: fused into loops; reduce: ends a loop; meta: a scalar computed from shapes;
 // view: a zero-copy reinterpretation (strides) of a materialised value; kernel: its own routine
 // (matmul, ...) reading and writing materialised buffers.
 enum class op_kind { leaf, constant, elementwise, reduce, meta, view, kernel };
 
-template <fixed_string Name, class T, class Shape, leaf_role Role>
+// A leaf's name as a pack of characters. Graph types hold no class-type template argument
+// (fixed_string, num): g++ 12 gives a type with one no canonical form, so comparing two graph
+// types walks their whole structure, again at every use, which grew exponentially with depth.
+template <char... Cs>
+struct name_chars {
+    static constexpr char text[sizeof...(Cs) + 1] = {Cs..., '\0'};
+    static constexpr std::string_view view() { return {text, sizeof...(Cs)}; }
+};
+namespace detail {
+template <fixed_string S, class = std::make_index_sequence<S.size()>>
+struct name_of;
+template <fixed_string S, std::size_t... Is>
+struct name_of<S, std::index_sequence<Is...>> {
+    using type = name_chars<S.data[Is]...>;
+};
+}  // namespace detail
+template <fixed_string S>
+using name_of_t = typename detail::name_of<S>::type;
+
+template <class Name, class T, class Shape, leaf_role Role>
 struct leaf {
     static_assert(is_dtype_v<T> || (Role == leaf_role::input && is_index_type_v<T>),
                   "typegrad: a leaf's element type must be float or double (an input may also "
@@ -37,8 +82,10 @@ struct leaf {
     static constexpr leaf_role role = Role;
     static constexpr bool requires_grad = Role == leaf_role::param;
     static constexpr bool contiguous = true;
-    static constexpr std::string_view name() { return Name.view(); }
-    using topo = detail::type_list<leaf>;
+    static constexpr std::string_view name() { return Name::view(); }
+    static constexpr detail::node_desc desc{
+        detail::no_children, 0,
+        detail::hash_shape<Shape>(detail::hash_text(detail::hash_mix(1, std::size_t(Role) * 16 + sizeof(T)), Name::view()))};
 };
 
 // A double held in a structural type, so that it can be a template argument on every
@@ -53,15 +100,16 @@ struct num {
     constexpr double value() const { return std::bit_cast<double>(bits); }
 };
 
-template <num V>
+// A constant's type holds its value's bits (an integer: see name_chars).
+template <std::uint64_t Bits>
 struct constant {
     using value_type = weak_scalar;
     using shape_type = scalar_shape;
     static constexpr op_kind kind = op_kind::constant;
     static constexpr bool requires_grad = false;
-    static constexpr double value = V.value();
+    static constexpr double value = std::bit_cast<double>(Bits);
     static constexpr bool contiguous = true;
-    using topo = detail::type_list<constant>;
+    static constexpr detail::node_desc desc{detail::no_children, 0, detail::hash_mix(2, Bits)};
 };
 
 namespace detail {
@@ -93,8 +141,10 @@ struct node {
         Op::differentiable && detail::any_value_child_requires_grad<Op, Children...>();
     // Row-major and dense when materialised (views may permute or skip).
     static constexpr bool contiguous = detail::node_contiguous<Op, Children...>();
-    using topo = decltype(detail::union_all_t<typename Children::topo...>{} +
-                          detail::type_list<node>{});
+    static constexpr const detail::node_desc* child_desc[sizeof...(Children) + 1] = {&Children::desc..., nullptr};
+    static constexpr detail::node_desc desc{
+        child_desc, sizeof...(Children),
+        detail::hash_shape<shape_type>((detail::hash_mix(std::uint64_t(Op::kind) + 3, Children::desc.hash) ^ ... ^ 0))};
 };
 
 // The user-facing handle. Empty: the whole expression is its type.
@@ -115,22 +165,22 @@ concept expression = is_expr_v<std::remove_cvref_t<T>>;
 
 template <class T>
 inline constexpr bool is_leaf_v = false;
-template <fixed_string Name, class T, class S, leaf_role R>
+template <class Name, class T, class S, leaf_role R>
 inline constexpr bool is_leaf_v<leaf<Name, T, S, R>> = true;
 
 template <class T>
 inline constexpr bool is_constant_v = false;
-template <num V>
+template <std::uint64_t V>
 inline constexpr bool is_constant_v<constant<V>> = true;
 
 // Leaves. `param` requires grad, `input` does not.
 template <fixed_string Name, class T, class Shape = scalar_shape>
-inline constexpr expr<leaf<Name, T, Shape, leaf_role::param>> param{};
+inline constexpr expr<leaf<name_of_t<Name>, T, Shape, leaf_role::param>> param{};
 template <fixed_string Name, class T, class Shape = scalar_shape>
-inline constexpr expr<leaf<Name, T, Shape, leaf_role::input>> input{};
+inline constexpr expr<leaf<name_of_t<Name>, T, Shape, leaf_role::input>> input{};
 // A compile-time constant; it takes the dtype of the tensor it meets (a "weak" scalar).
 template <num V>
-inline constexpr expr<constant<V>> lit{};
+inline constexpr expr<constant<V.bits>> lit{};
 
 namespace detail {
 template <class Op, class... Es>

@@ -1,9 +1,12 @@
 #pragma once
-// The graph's node lists. Lowering a graph needs membership tests and ordered unions over
-// hundreds of node types; Hana's generic algorithms instantiate a function object per element
-// there, so these few operations are pack folds over the compiler's __is_same builtin, which
-// instantiates nothing. Everything downstream works on integer ids (see program.hpp).
+// The graph's node lists. Lowering a graph needs membership tests and filters over hundreds of
+// node types; Hana's generic algorithms instantiate a function object per element there, so
+// these few operations are pack expansions over the compiler's __is_same builtin, which
+// instantiates nothing. None is a fold expression over a whole list: clang limits a fold's
+// nesting to 256 operands. Everything downstream works on integer ids (see program.hpp).
+#include <array>
 #include <cstddef>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
@@ -19,10 +22,6 @@ constexpr type_list<As..., Bs...> operator+(type_list<As...>, type_list<Bs...>) 
     return {};
 }
 
-template <class T, class List>
-inline constexpr bool contains_v = false;
-template <class T, class... Ts>
-inline constexpr bool contains_v<T, type_list<Ts...>> = (__is_same(T, Ts) || ...);
 
 // Position of T in the list (size when absent).
 template <class T, class List>
@@ -38,29 +37,31 @@ struct index_of<T, type_list<Ts...>> {
 };
 template <class T, class List>
 inline constexpr std::size_t index_of_v = index_of<T, List>::value;
+template <class T, class List>
+inline constexpr bool contains_v = index_of<T, List>::value < List::size;
 
-// A followed by the elements of B not in A, order kept: the union of two topological orders
-// is a topological order.
-template <class A, class B>
-struct ordered_union;
-template <class... As, class... Bs>
-struct ordered_union<type_list<As...>, type_list<Bs...>> {
-    using type = decltype((type_list<As...>{} + ... +
-                           std::conditional_t<contains_v<Bs, type_list<As...>>, type_list<>,
-                                              type_list<Bs>>{}));
-};
-
-template <class List>
-struct union_acc {
-    using type = List;
-};
-template <class A, class B>
-constexpr union_acc<typename ordered_union<A, B>::type> operator|(union_acc<A>, union_acc<B>) {
-    return {};
+// Pack helpers without fold expressions: a call may carry hundreds of bindings, a plan hundreds
+// of steps, and clang nests a fold's operands (256 at most).
+template <class F, class... As>
+constexpr void for_each_arg(F&& f, As&&... as) {
+    [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(f(static_cast<As&&>(as))), 0)...};
 }
-template <class... Lists>
-using union_all_t =
-    typename decltype((union_acc<type_list<>>{} | ... | union_acc<Lists>{}))::type;
+constexpr std::size_t count_true(std::initializer_list<bool> flags) {
+    std::size_t n = 0;
+    for (bool b : flags) n += b;
+    return n;
+}
+constexpr bool any_true(std::initializer_list<bool> flags) { return count_true(flags) != 0; }
+constexpr bool all_true(std::initializer_list<bool> flags) { return count_true(flags) == flags.size(); }
+
+// No type appears twice.
+template <class... Ts>
+constexpr bool distinct() {
+    constexpr std::size_t at[] = {index_of_v<Ts, type_list<Ts...>>..., 0};
+    for (std::size_t i = 0; i < sizeof...(Ts); ++i)
+        if (at[i] != i) return false;
+    return true;
+}
 
 // The I-th element. Clang has a builtin; elsewhere one overload resolution against a base
 // class per element, built once per list.
@@ -88,5 +89,56 @@ struct type_at<I, type_list<Ts...>> {
 };
 template <std::size_t I, class List>
 using type_at_t = typename type_at<I, List>::type;
+
+// The elements T of List with Pred<T>::value, in order: one array of flags and one pack
+// expansion (linear; no fold, no recursion).
+template <class List, template <class> class Pred>
+struct filter;
+template <class... Ts, template <class> class Pred>
+struct filter<type_list<Ts...>, Pred> {
+    static constexpr std::array<bool, sizeof...(Ts) + 1> keep{bool(Pred<Ts>::value)..., false};
+    static constexpr std::size_t count = [] {
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < sizeof...(Ts); ++i) n += keep[i];
+        return n;
+    }();
+    static constexpr auto pos = [] {
+        std::array<std::size_t, count + 1> p{};
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < sizeof...(Ts); ++i)
+            if (keep[i]) p[n++] = i;
+        return p;
+    }();
+    template <std::size_t... Ks>
+    static type_list<type_at_t<pos[Ks], type_list<Ts...>>...> pick(std::index_sequence<Ks...>);
+    using type = decltype(pick(std::make_index_sequence<count>{}));
+};
+template <class List, template <class> class Pred>
+using filter_t = typename filter<List, Pred>::type;
+
+// The concatenation of type_lists, four at a time (a fold would hit clang's nesting limit with
+// hundreds of lists, e.g. one per argument of a call).
+template <class... Lists>
+struct concat {
+    using type = type_list<>;
+};
+template <class... As>
+struct concat<type_list<As...>> {
+    using type = type_list<As...>;
+};
+template <class... As, class... Bs>
+struct concat<type_list<As...>, type_list<Bs...>> {
+    using type = type_list<As..., Bs...>;
+};
+template <class... As, class... Bs, class... Cs>
+struct concat<type_list<As...>, type_list<Bs...>, type_list<Cs...>> {
+    using type = type_list<As..., Bs..., Cs...>;
+};
+template <class... As, class... Bs, class... Cs, class... Ds, class... Rest>
+struct concat<type_list<As...>, type_list<Bs...>, type_list<Cs...>, type_list<Ds...>, Rest...> {
+    using type = typename concat<type_list<As..., Bs..., Cs..., Ds...>, Rest...>::type;
+};
+template <class... Lists>
+using concat_t = typename concat<Lists...>::type;
 
 }  // namespace typegrad::detail

@@ -130,7 +130,7 @@ template <class N>
 struct constant_expand {
     static constexpr bool value = false;
 };
-template <num V, class Like>
+template <std::uint64_t V, class Like>
 struct constant_expand<node<expand_op, constant<V>, Like>> {
     static constexpr bool value = true;
     using like = Like;

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/graph/topo.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/op_base.hpp>
 
@@ -245,14 +246,25 @@ auto operator<<(rewrite_state<Spec, Fixed, type_map<Es...>>, rewrite_visit<N>) {
         return rewrite_state<Spec, Fixed, type_map<Es..., map_entry<N, typename rewrite_node<Spec, N, type_map<Es...>>::type>>>{};
 }
 
+// The nodes in order, at most 16 per fold (clang limits a fold to 256 operands).
+template <class State, class List>
+struct rewrite_run;
+template <class State, class... Ns>
+struct rewrite_run<State, type_list<Ns...>> {
+    using type = decltype((State{} << ... << rewrite_visit<Ns>{}));
+};
+template <class State, class A0, class A1, class A2, class A3, class A4, class A5, class A6, class A7, class A8, class A9, class A10, class A11, class A12, class A13, class A14, class A15, class N, class... Rest>
+struct rewrite_run<State, type_list<A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, N, Rest...>> {
+    using first = decltype(State{} << rewrite_visit<A0>{} << rewrite_visit<A1>{} << rewrite_visit<A2>{} << rewrite_visit<A3>{} << rewrite_visit<A4>{} << rewrite_visit<A5>{} << rewrite_visit<A6>{} << rewrite_visit<A7>{} << rewrite_visit<A8>{} << rewrite_visit<A9>{} << rewrite_visit<A10>{} << rewrite_visit<A11>{} << rewrite_visit<A12>{} << rewrite_visit<A13>{} << rewrite_visit<A14>{} << rewrite_visit<A15>{});
+    using type = typename rewrite_run<first, type_list<N, Rest...>>::type;
+};
+
 // Root rewritten under Spec; the nodes in FixedList keep their types (and so their subgraphs).
 template <class Root, class Spec, class FixedList>
 struct rewrite {
-    template <class... Ns>
-    static auto run(type_list<Ns...>) {
-        return (rewrite_state<Spec, typename to_set<FixedList>::type, type_map<>>{} << ... << rewrite_visit<Ns>{});
-    }
-    using type = lookup_t<typename decltype(run(typename Root::topo{}))::map, Root>;
+    using type = lookup_t<typename rewrite_run<rewrite_state<Spec, typename to_set<FixedList>::type, type_map<>>,
+                                               topo_t<Root>>::type::map,
+                          Root>;
 };
 template <class Root, class Spec, class FixedList = type_list<>>
 using rewrite_t = typename rewrite<Root, Spec, FixedList>::type;
@@ -264,10 +276,10 @@ struct region_contents {
 };
 template <class S, class X>
 struct region_contents<node<autocast_region_op<S>, X>> {
-    using type = typename X::topo;
+    using type = type_list<X>;
 };
 template <class... Ns>
-auto nested_regions(type_list<Ns...>) -> union_all_t<typename region_contents<Ns>::type...>;
+auto nested_regions(type_list<Ns...>) -> topo_of_t<concat_t<typename region_contents<Ns>::type...>>;
 
 template <class N>
 inline constexpr bool is_marker_node_v = false;
@@ -275,12 +287,15 @@ template <class Op, class... Cs>
 inline constexpr bool is_marker_node_v<node<Op, Cs...>> = is_autocast_marker_v<Op>;
 template <class... Ns>
 constexpr bool has_markers(type_list<Ns...>) {
-    return (is_marker_node_v<Ns> || ...);
+    constexpr bool marker[] = {is_marker_node_v<Ns>..., false};
+    for (bool m : marker)
+        if (m) return true;
+    return false;
 }
 
 // The graph compile() evaluates: markers and entries removed.
 template <class Root>
-using strip_autocast_t = std::conditional_t<has_markers(typename Root::topo{}),
+using strip_autocast_t = std::conditional_t<has_markers(topo_t<Root>{}),
                                             rewrite_t<Root, no_autocast>, Root>;
 
 // The spec of the region wrapping the whole expression, or no_autocast.
@@ -305,7 +320,7 @@ constexpr auto autocast(X) {
     if constexpr (!Spec::enabled) {
         return expr<node<detail::autocast_region_op<Spec>, N>>{};
     } else {
-        using nested = decltype(detail::nested_regions(typename N::topo{}));
+        using nested = decltype(detail::nested_regions(detail::topo_t<N>{}));
         using R = detail::rewrite_t<N, Spec, nested>;
         return expr<node<detail::autocast_region_op<Spec>, R>>{};
     }

@@ -48,6 +48,7 @@
 #include <typegrad/core/dtype.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/graph/topo.hpp>
 
 namespace typegrad {
 
@@ -386,7 +387,7 @@ struct param_leaves<type_list<Ns...>> {
 };
 // The params a step's graph reads.
 template <class Step>
-using graph_params_t = typename param_leaves<typename Step::loss_node::topo>::type;
+using graph_params_t = typename param_leaves<topo_t<typename Step::loss_node>>::type;
 
 template <class Model>
 struct param_set_binding {
@@ -643,7 +644,7 @@ std::size_t bound_size(const Tuple& t) {
 }
 template <class Step, class Tuple>
 auto add_hook_scratch(Tuple t) {
-    using hooked = typename post_hooked_leaves<typename Step::loss_node::topo>::type;
+    using hooked = typename post_hooked_leaves<topo_t<typename Step::loss_node>>::type;
     return [&]<class... Ls>(type_list<Ls...>) {
         [[maybe_unused]] auto extra = [&]<class L>(L*) {
             constexpr bool has_grad = []<class... Bs>(std::tuple<Bs...>*) {

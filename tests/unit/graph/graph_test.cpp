@@ -17,7 +17,7 @@ constexpr auto b = tg::param<"b", float, tg::shape<3>>;
 template <class E>
 using node_t = typename E::node_type;
 template <class E>
-constexpr std::size_t unique_nodes = node_t<E>::topo::size;
+constexpr std::size_t unique_nodes = tg::detail::topo_t<node_t<E>>::size;
 }  // namespace
 
 TEST_CASE("an expression is its type", "[graph]") {
@@ -36,7 +36,7 @@ TEST_CASE("identical subexpressions are one node", "[graph][cse]") {
     STATIC_REQUIRE(unique_nodes<E> == 3);
     using F = decltype(tg::sum(tg::exp(x) * y) + tg::sum(tg::exp(x) * y));
     STATIC_REQUIRE(unique_nodes<F> == 6);
-    using P = tg::detail::program<typename node_t<F>::topo>;
+    using P = tg::detail::program<tg::detail::topo<node_t<F>>>;
     STATIC_REQUIRE(P::size == 6);
     // children always come before parents
     constexpr bool ordered = [] {
@@ -89,7 +89,7 @@ TEST_CASE("grad_t names the gradient expression", "[graph][autodiff]") {
 TEST_CASE("the plan fuses value and gradient of elementwise math into one loop", "[graph][plan]") {
     auto loss = tg::sum(tg::exp(x) * y);
     using G = tg::grad_t<decltype(loss), decltype(x)>;
-    using nodes = decltype(typename node_t<decltype(loss)>::topo{} + tg::detail::type_list<node_t<G>>{});
+    using nodes = tg::detail::topo<node_t<decltype(loss)>, node_t<G>>;
     using PP = tg::detail::plan_provider<nodes, tg::detail::type_list<node_t<G>>,
                                          tg::detail::type_list<node_t<decltype(loss)>>,
                                          tg::detail::type_list<>, float>;
@@ -97,7 +97,7 @@ TEST_CASE("the plan fuses value and gradient of elementwise math into one loop",
     // log_sum_exp needs its max, then its sum, then the gradient: three passes
     using LSE = decltype(tg::log_sum_exp(x));
     using GL = tg::grad_t<LSE, decltype(x)>;
-    using nodes2 = tg::detail::union_all_t<typename node_t<LSE>::topo, typename node_t<GL>::topo>;
+    using nodes2 = tg::detail::topo<node_t<LSE>, node_t<GL>>;
     using PP2 = tg::detail::plan_provider<nodes2, tg::detail::type_list<node_t<GL>>,
                                           tg::detail::type_list<>, tg::detail::type_list<>, float>;
     STATIC_REQUIRE(PP2::plan.loop_count == 3);

@@ -6,6 +6,7 @@
 // broadcast along it are loaded once per row.
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -14,6 +15,15 @@
 #include <typegrad/exec/program.hpp>
 
 namespace typegrad::detail {
+
+// Which stores add to their destination rather than overwrite it (grad_into(..., tg::accumulate)),
+// one bit per store: a template argument of the loops that write them.
+struct grad_mask {
+    static constexpr std::size_t capacity = 1024;
+    std::array<std::uint64_t, capacity / 64> bits{};
+    constexpr bool test(std::size_t i) const { return (bits[i / 64] >> (i % 64)) & 1u; }
+    constexpr void set(std::size_t i) { bits[i / 64] |= std::uint64_t(1) << (i % 64); }
+};
 
 // Where a loop's operands live at run time.
 template <std::size_t M, std::size_t NStores, std::size_t TotalRank>
@@ -86,7 +96,7 @@ struct slot_sequence<Slots, N, std::index_sequence<Ks...>> {
 // PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
 // rank_offset (array: start of each node's extents in exec_state::ext), value_type.
 // Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
-template <class PP, std::size_t L, std::uint64_t AccumulateMask, bool Check = false>
+template <class PP, std::size_t L, grad_mask AccumulateMask, bool Check = false>
 struct loop_kernel {
     using prog = typename PP::program;
     // A loop computes in its iteration node's compute type: double, or float for the float
@@ -435,7 +445,7 @@ struct loop_kernel {
     static void store_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
         constexpr std::size_t store_index = plan.members[lp.store_begin + S_];
         constexpr std::size_t src = slot_of(PP::stores[store_index]);
-        constexpr bool accumulate = (AccumulateMask >> store_index) & 1u;
+        constexpr bool accumulate = AccumulateMask.test(store_index);
         constexpr std::size_t o = n_in + n_red + n_mat + S_;
         using S = buf_t<o>;
         S* p = out_data<o>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
