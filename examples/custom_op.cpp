@@ -52,16 +52,24 @@ constexpr auto w = tg::param<"w", double, tg::shape<4>>;
 constexpr auto counter = tg::input<"counter", double, tg::shape<1>>;
 constexpr auto target = tg::input<"target", double, tg::shape<4>>;
 
+struct weights {
+    BOOST_HANA_DEFINE_STRUCT(weights, (std::vector<double>, w));
+};
+
 int main() {
     // Quantisation-aware fit: the loss sees round(w), the gradient passes straight through.
     auto q = tg::custom<straight_through_round>(tg::custom<count_backward_calls>(w, counter));
     auto step = tg::compile(tg::mse_loss(q, target), tg::wrt(w));
-    std::vector<double> wv{0.2, 0.9, -1.4, 2.6}, tv{1, -1, 2, 0}, count{0}, g(4);
+    weights params{{0.2, 0.9, -1.4, 2.6}}, grads{std::vector<double>(4)};
+    std::vector<double> tv{1, -1, 2, 0}, count{0};
+    tg::sgd opt(params, {.lr = 0.5});
     double loss = 0;
     for (int it = 0; it < 50; ++it) {
-        loss = step.value_and_grad(tg::bind(w, wv), tg::bind(counter, count), tg::bind(target, tv), tg::grad_into(w, g));
-        for (int i = 0; i < 4; ++i) wv[i] -= 0.5 * g[i];
+        loss = tg::value_and_grad(step, tg::params(params), tg::bind(counter, count), tg::bind(target, tv),
+                                  tg::grads_into(grads));
+        opt.step(params, grads);
     }
+    const std::vector<double>& wv = params.w;
     std::printf("loss %.3f, w = [%.2f %.2f %.2f %.2f], backward ran %.0f times\n", loss, wv[0], wv[1], wv[2], wv[3],
                 count[0]);
     const bool ok = loss == 0.0 && count[0] == 50.0;

@@ -1,6 +1,7 @@
 // Least squares by gradient descent: fit y = a*x + b to noisy samples of y = 3x - 2.
 #include <typegrad/typegrad.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -13,6 +14,11 @@ constexpr auto a = tg::param<"a", double>;
 constexpr auto b = tg::param<"b", double>;
 constexpr auto x = tg::input<"x", double, tg::shape<tg::dyn>>;
 constexpr auto y = tg::input<"y", double, tg::shape<tg::dyn>>;
+
+// The parameters as one struct: members bind the params of the same name.
+struct line {
+    BOOST_HANA_DEFINE_STRUCT(line, (std::array<double, 1>, a), (std::array<double, 1>, b));
+};
 
 int main() {
     const std::size_t n = 1000;
@@ -29,17 +35,16 @@ int main() {
     auto loss = tg::mean(tg::square(a * x + b - y));
     auto step = tg::compile(loss, tg::wrt(a, b));
 
-    double av = 0.0, bv = 0.0, ga = 0.0, gb = 0.0;
-    const double learning_rate = 0.5;
+    line params{}, grads{};
+    tg::sgd opt(params, {.lr = 0.5});
     double first = 0.0, last = 0.0;
     for (int it = 0; it <= 100; ++it) {
-        last = step.value_and_grad(tg::bind(a, &av, {}), tg::bind(b, &bv, {}), tg::bind(x, xd), tg::bind(y, yd),
-                                   tg::grad_into(a, &ga, 1), tg::grad_into(b, &gb, 1));
+        last = tg::value_and_grad(step, tg::bind(x, xd), tg::bind(y, yd), tg::params(params), tg::grads_into(grads));
         if (it == 0) first = last;
-        if (it % 10 == 0) std::printf("step %3d  loss %.6f  a %.4f  b %.4f\n", it, last, av, bv);
-        av -= learning_rate * ga;
-        bv -= learning_rate * gb;
+        if (it % 10 == 0) std::printf("step %3d  loss %.6f  a %.4f  b %.4f\n", it, last, params.a[0], params.b[0]);
+        opt.step(params, grads);
     }
+    const double av = params.a[0], bv = params.b[0];
     std::printf("fitted y = %.3f x %+.3f (true: 3x - 2)\n", av, bv);
     // The example is a test: it must have converged.
     const bool ok = last < 0.02 && last < first && std::abs(av - 3.0) < 0.05 && std::abs(bv + 2.0) < 0.05;

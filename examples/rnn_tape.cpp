@@ -14,12 +14,18 @@ constexpr auto h = tg::param<"h", float, tg::shape<H>>;
 constexpr auto x = tg::input<"x", float, tg::shape<H>>;
 constexpr auto W = tg::param<"W", float, tg::shape<H, H>>;
 
+struct rnn {
+    BOOST_HANA_DEFINE_STRUCT(rnn, (std::vector<float>, W));
+};
+
 int main(int argc, char**) {
     const std::size_t T = 20 + std::size_t(argc);  // a trip count the compiler cannot know
     std::mt19937 rng(3);
     std::normal_distribution<float> n01(0.f, 0.3f);
-    std::vector<float> w(H * H), h0(H, 0.f), gw(H * H);
-    for (auto& v : w) v = n01(rng);
+    rnn model{std::vector<float>(H * H)}, grads{std::vector<float>(H * H)};
+    for (auto& v : model.W) v = n01(rng);
+    std::vector<float> h0(H, 0.f);
+    tg::sgd opt(model, {.lr = 0.5});
     std::vector<std::vector<float>> xs(T, std::vector<float>(H));
     for (auto& xt : xs)
         for (auto& v : xt) v = n01(rng);
@@ -30,15 +36,16 @@ int main(int argc, char**) {
     auto head = tg::compile(tg::mse_loss(h, y), tg::wrt(h));
     float first = 0, last = 0;
     for (int epoch = 0; epoch < 60; ++epoch) {
-        std::fill(gw.begin(), gw.end(), 0.f);
+        tg::zero_grad(grads);
         tg::tape<float> tape;
         std::span<const float> state = h0;
         for (const auto& xt : xs)
-            state = tape.record(cell, h, tg::bind(h, state), tg::bind(x, xt), tg::bind(W, w), tg::grad_into(W, gw));
+            state = tape.record(cell, h, tg::bind(h, state), tg::bind(x, xt), tg::bind(W, model.W),
+                                tg::grad_into(W, grads.W, tg::accumulate));
         const float loss = tape.record(head, h, tg::bind(h, state), tg::bind(y, target))[0];
         const std::vector<float> seed{1.f};
-        tape.backward(seed);  // T + 1 segments, last first; gw accumulates over all of them
-        for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.5f * gw[i];
+        tape.backward(seed);  // T + 1 segments, last first; grads.W accumulates over all of them
+        opt.step(model, grads);
         if (epoch == 0) first = loss;
         last = loss;
         if (epoch % 10 == 0) std::printf("epoch %2d  T = %zu  loss %.5f\n", epoch, T, loss);

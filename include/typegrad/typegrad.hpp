@@ -1,10 +1,13 @@
 #pragma once
 // typegrad: reverse-mode automatic differentiation in which the computation graph is a type.
 // The only header users need.
+#include <typegrad/core/version.hpp>  // first: its C++20 check must be the first error
 #include <typegrad/core/dtype.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/core/fixed_string.hpp>
+#include <typegrad/core/philox.hpp>
 #include <typegrad/core/shape.hpp>
+#include <typegrad/core/threads.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/activation.hpp>
 #include <typegrad/ops/arg_reduce.hpp>
@@ -33,3 +36,9 @@
 #include <typegrad/exec/bind.hpp>
 #include <typegrad/inspect/describe.hpp>
 #include <typegrad/inspect/dot.hpp>
+// Training: parameter sets (Boost.Hana), optimizers, schedules, initialisers. Checkpoints need
+// nlohmann-json and are included on their own: <typegrad/train/checkpoint.hpp>.
+#include <typegrad/train/init.hpp>
+#include <typegrad/train/optim.hpp>
+#include <typegrad/train/params.hpp>
+#include <typegrad/train/schedule.hpp>

@@ -6,6 +6,27 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${pref
 if(rc)
   message(FATAL_ERROR "cmake --install failed")
 endif()
+# pkg-config: the installed typegrad.pc alone must be enough to compile the consumer.
+find_program(PKG_CONFIG_EXECUTABLE pkg-config)
+if(PKG_CONFIG_EXECUTABLE)
+  set(ENV{PKG_CONFIG_PATH} ${prefix}/share/pkgconfig)
+  execute_process(COMMAND ${PKG_CONFIG_EXECUTABLE} --cflags typegrad RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE cflags OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(rc)
+    message(FATAL_ERROR "pkg-config --cflags typegrad failed")
+  endif()
+  separate_arguments(cflags UNIX_COMMAND "${cflags}")
+  execute_process(COMMAND ${CXX_COMPILER} ${cflags} -O1 ${SOURCE_DIR}/tests/consumer/project/main.cpp
+                          -o ${WORK_DIR}/consumer_pkgconfig RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "compiling the consumer with pkg-config's flags (${cflags}) failed")
+  endif()
+  execute_process(COMMAND ${WORK_DIR}/consumer_pkgconfig RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  if(rc)
+    message(FATAL_ERROR "the consumer (pkg-config) failed: ${out}")
+  endif()
+  message(STATUS "consumer (pkg-config): ${out}")
+endif()
 foreach(mode find_package add_subdirectory)
   set(build ${WORK_DIR}/build_${mode})
   execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer/project -B ${build}

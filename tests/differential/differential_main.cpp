@@ -32,6 +32,7 @@
 
 #include "autocast_registry.hpp"
 #include "graph_registry.hpp"
+#include "optim_harness.hpp"
 
 namespace diff = typegrad_differential;
 
@@ -457,6 +458,8 @@ int main() {
     }
     // autocast graphs (cpu/bf16 against LibTorch's CPU autocast): prints its own summary
     const long autocast_failures = diff::run_autocast_differential(autocast_cases, only);
+    // optimizers against torch::optim: prints its own summary
+    const long optim_failures = only >= 0 ? 0 : diff::run_optim_differential();
     std::printf("\ndifferential: %zu graphs, %ld cases compared (skipped: %ld with a non-finite reference, %ld within "
                 "rounding of a kink), %ld failures; worst error double %.3g (bound %.0e), "
                 "float %.3g (bound %.0e)\n",
@@ -466,5 +469,5 @@ int main() {
                 "rounding of a kink, %ld near overflow or ill-conditioned, %ld known open: log_sum_exp with +inf, finding 14), %ld failures\n",
                 t.special_cases, t.special_nonfinite, t.special_kinks, t.special_overflow, t.special_known_open,
                 t.special_failures);
-    return t.failures == 0 && t.special_failures == 0 && autocast_failures == 0 ? 0 : 1;
+    return t.failures == 0 && t.special_failures == 0 && autocast_failures == 0 && optim_failures == 0 ? 0 : 1;
 }

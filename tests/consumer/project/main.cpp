@@ -1,7 +1,10 @@
 // A consumer of the installed package: value and gradient of sum(exp(x) * y).
 #include <typegrad/typegrad.hpp>
 
+#include <typegrad/version.hpp>
+
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <vector>
 
@@ -10,6 +13,12 @@ constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
 constexpr auto y = tg::input<"y", double, tg::shape<tg::dyn>>;
 
 int main() {
+#ifdef TYPEGRAD_EXPECTED_VERSION
+    if (std::strcmp(TYPEGRAD_VERSION_STRING, TYPEGRAD_EXPECTED_VERSION) != 0) {
+        std::printf("version.hpp says %s, the package %s\n", TYPEGRAD_VERSION_STRING, TYPEGRAD_EXPECTED_VERSION);
+        return 1;
+    }
+#endif
     std::vector<double> xd{0.0, 1.0}, yd{2.0, 3.0}, gx(2);
     auto step = tg::compile(tg::sum(tg::exp(x) * y), tg::wrt(x));
     const double l = step.value_and_grad(tg::bind(x, xd), tg::bind(y, yd), tg::grad_into(x, gx));
