@@ -291,9 +291,9 @@ public:
         detail::note_plan_use<PP>();
         value_type loss_slot{};
         if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = &loss_slot;
-        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>()>(st, scratch, offset);
+        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>>(st, scratch, offset);
         detail::prepare_scratch<PP>(st, scratch, offset);
-        detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
+        detail::run_loops<PP, accumulate_mask<grads, Args...>>(st);
         run_post_hooks<PP>(st, args...);
         return read_loss<PP>(st, loss_slot);
     }
@@ -321,10 +321,10 @@ public:
         detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
         if constexpr (anomaly) {
             detail::anomaly_node() = detail::no_anomaly;
-            detail::run_loops<PP, detail::grad_mask{}, true>(ctx.state_);
+            detail::run_loops<PP, detail::grad_mask<>, true>(ctx.state_);
             report_anomaly<PP>();
         } else {
-            detail::run_loops<PP, detail::grad_mask{}>(ctx.state_);
+            detail::run_loops<PP, detail::grad_mask<>>(ctx.state_);
         }
         if constexpr (Loss::kind != op_kind::elementwise)
             copy_node_value<PP, Loss>(ctx.state_, loss_buf, loss_n);
@@ -366,9 +366,9 @@ public:
         detail::check_custom_mutations<PP>(st);
         check_create_graph<PP>(args...);
         detail::note_plan_use<PP>();
-        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>()>(st, scratch, offset);
+        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>>(st, scratch, offset);
         detail::prepare_scratch<PP>(st, scratch, offset);
-        detail::run_loops<PP, accumulate_mask<grads, Args...>()>(st);
+        detail::run_loops<PP, accumulate_mask<grads, Args...>>(st);
         run_post_hooks<PP>(st, args...);
     }
 
@@ -433,19 +433,28 @@ private:
         return detail::filter_t<Nodes, saved_in<FwdPP>::template test>{};
     }
 
+    // One bit per grad_into binding, in call order: set where it accumulates.
     template <class Grads, class... Args>
-    static constexpr detail::grad_mask accumulate_mask() {
-        static_assert(Grads::size <= detail::grad_mask::capacity, "typegrad: at most 1024 grad_into bindings per call.");
+    static constexpr auto accumulate_words() {
         constexpr bool is_grad[] = {detail::is_grad_binding_v<Args>..., false};
         constexpr bool accumulates[] = {accumulate_of<Args>()..., false};
-        detail::grad_mask mask;
+        std::array<std::uint64_t, Grads::size / 64 + 1> words{};
         for (std::size_t a = 0, i = 0; a < sizeof...(Args); ++a) {
             if (!is_grad[a]) continue;
-            if (accumulates[a]) mask.set(i);
+            if (accumulates[a]) words[i / 64] |= std::uint64_t(1) << (i % 64);
             ++i;
         }
-        return mask;
+        return words;
     }
+    template <class Grads, class... Args>
+    struct accumulate_mask_of {
+        static constexpr auto words = accumulate_words<Grads, Args...>();
+        template <std::size_t... Ws>
+        static detail::grad_mask<words[Ws]...> make(std::index_sequence<Ws...>);
+        using type = decltype(make(std::make_index_sequence<words.size()>{}));
+    };
+    template <class Grads, class... Args>
+    using accumulate_mask = typename accumulate_mask_of<Grads, Args...>::type;
     template <class Arg>
     static constexpr bool accumulate_of() {
         if constexpr (detail::is_grad_binding_v<Arg>) return Arg::accumulate;
@@ -711,7 +720,7 @@ private:
 
     // Anomaly mode: run the whole plan once with every value checked and the outputs redirected
     // to temporaries; only a clean run is repeated for real.
-    template <class PP, detail::grad_mask Acc>
+    template <class PP, class Acc>
     static void dry_run(const typename PP::state_type& st, detail::scratch_unit* scratch,
                         const std::array<std::size_t, PP::M + 1>& offset) {
         static_assert(detail::create_graph_hazard_count<PP>() == 0 && !mutates_anything<PP>(),

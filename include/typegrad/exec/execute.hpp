@@ -333,7 +333,7 @@ void check_buffer(const typename PP::state_type& st, std::size_t n) {
     }
 }
 
-template <class PP, grad_mask AccumulateMask, std::size_t I, bool Check>
+template <class PP, class AccumulateMask, std::size_t I, bool Check>
 void run_item(typename PP::state_type& st) {
     constexpr step_item item = schedule_v<PP>[I];
     if constexpr (item.is_loop) {
@@ -348,7 +348,7 @@ void run_item(typename PP::state_type& st) {
     }
 }
 
-template <class PP, grad_mask AccumulateMask, bool Check = false>
+template <class PP, class AccumulateMask, bool Check = false>
 void run_loops(typename PP::state_type& st) {
     [&]<std::size_t... Is>(std::index_sequence<Is...>) {
         [[maybe_unused]] const int in_order[] = {0, (run_item<PP, AccumulateMask, Is, Check>(st), 0)...};

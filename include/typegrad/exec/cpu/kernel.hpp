@@ -17,12 +17,15 @@
 namespace typegrad::detail {
 
 // Which stores add to their destination rather than overwrite it (grad_into(..., tg::accumulate)),
-// one bit per store: a template argument of the loops that write them.
+// one bit per store in 64-bit words: a template argument (a type) of the loops that write them.
+// A type with integer arguments, not a class-type value: clang's cost for a 16-word array value
+// in every loop's template arguments was 5x the compile time and 20x the memory.
+template <std::uint64_t... Words>
 struct grad_mask {
-    static constexpr std::size_t capacity = 1024;
-    std::array<std::uint64_t, capacity / 64> bits{};
-    constexpr bool test(std::size_t i) const { return (bits[i / 64] >> (i % 64)) & 1u; }
-    constexpr void set(std::size_t i) { bits[i / 64] |= std::uint64_t(1) << (i % 64); }
+    static constexpr bool test(std::size_t i) {
+        constexpr std::uint64_t words[] = {Words..., 0};
+        return i / 64 < sizeof...(Words) && ((words[i / 64] >> (i % 64)) & 1u);
+    }
 };
 
 // Where a loop's operands live at run time.
@@ -96,7 +99,7 @@ struct slot_sequence<Slots, N, std::index_sequence<Ks...>> {
 // PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
 // rank_offset (array: start of each node's extents in exec_state::ext), value_type.
 // Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
-template <class PP, std::size_t L, grad_mask AccumulateMask, bool Check = false>
+template <class PP, std::size_t L, class AccumulateMask, bool Check = false>
 struct loop_kernel {
     using prog = typename PP::program;
     // A loop computes in its iteration node's compute type: double, or float for the float
@@ -446,7 +449,7 @@ struct loop_kernel {
     static void store_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
         constexpr std::size_t store_index = plan.members[lp.store_begin + S_];
         constexpr std::size_t src = slot_of(PP::stores[store_index]);
-        constexpr bool accumulate = AccumulateMask.test(store_index);
+        constexpr bool accumulate = AccumulateMask::test(store_index);
         constexpr std::size_t o = n_in + n_red + n_mat + S_;
         using S = buf_t<o>;
         S* p = out_data<o>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
