@@ -39,6 +39,7 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -48,6 +49,7 @@
 #include <typegrad/exec/bind.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/custom.hpp>
+#include <typegrad/ops/reduce.hpp>
 
 namespace typegrad {
 
@@ -145,28 +147,27 @@ constexpr bool static_layer_counts_agree() {
     return ok;
 }
 
-template <class T, class Ctx>
-struct scan_vector_guard {  // empties thread_local replay storage on every exit
-    std::vector<Ctx>* contexts;
-    std::vector<T>* values;
-    ~scan_vector_guard() {
-        if (contexts) contexts->clear();
-    }
+template <class Ctx>
+struct clear_on_exit {  // empties thread_local replay storage however the backward ends
+    std::vector<Ctx>& contexts;
+    ~clear_on_exit() { contexts.clear(); }
 };
 
 // The custom op: inputs (initial carry, stack_0, ...); output: the last carry.
 template <class Policy, class Layer, class CarryLeaf, class... ParamLeaves>
 struct scan_op {
-    static constexpr auto inner = compile(Layer{}, wrt(CarryLeaf{}, ParamLeaves{}...));
-    using carry_node = typename CarryLeaf::node_type;
+    using T = typename CarryLeaf::value_type;
     static constexpr std::size_t P = sizeof...(ParamLeaves);
+    // scan_memory::layers: one step, split forward/backward (the backward reads the contexts).
+    static constexpr auto split_step = compile(Layer{}, wrt(CarryLeaf{}, ParamLeaves{}...));
+    // scan_memory::carries: a forward-only step, and the layer's VJP as one fused value_and_grad:
+    // d/d(h, W) sum(layer(h, W) * gy) is the backward seeded with gy.
+    static constexpr auto seed_leaf = input<"typegrad::scan seed", T, typename CarryLeaf::shape_type>;
+    static constexpr auto forward_step = compile(Layer{}, wrt());
+    static constexpr auto vjp_step = compile(sum(Layer{} * seed_leaf), wrt(CarryLeaf{}, ParamLeaves{}...));
 
-    template <class T>
-    static std::span<const T> span_of(const T* p, std::size_t n) {
-        return {p, n};
-    }
     template <std::size_t R>
-    static std::array<std::size_t, R> head_extents(std::span<const std::size_t> e, std::size_t skip) {
+    static std::array<std::size_t, R> extents_from(std::span<const std::size_t> e, std::size_t skip) {
         std::array<std::size_t, R> r{};
         for (std::size_t a = 0; a < R; ++a) r[a] = e[a + skip];
         return r;
@@ -183,17 +184,18 @@ struct scan_op {
 
         explicit geometry(const Ctx& ctx) {
             auto x = ctx.template input<0>();
-            carry_ext = head_extents<CarryLeaf::shape_type::rank>(x.extents(), 0);
+            carry_ext = extents_from<CarryLeaf::shape_type::rank>(x.extents(), 0);
             carry_numel = x.size();
             [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-                std::array<std::size_t, P> counts{ctx.template input<Ks + 1>().extents()[0]...};
+                const std::array<std::size_t, P> counts{ctx.template input<Ks + 1>().extents()[0]...};
                 layers = counts[0];
                 for (std::size_t c : counts)
                     if (c != layers)
                         throw shape_error(message("typegrad: scan: the stacked params have different layer counts (",
-                                                  layers, " and ", c, "); every tg::stacked(...) leaf needs the same leading extent"));
+                                                  layers, " and ", c,
+                                                  "); every tg::stacked(...) leaf needs the same leading extent"));
                 ((std::get<Ks>(param_ext) =
-                      head_extents<std::tuple_element_t<Ks, std::tuple<ParamLeaves...>>::shape_type::rank>(
+                      extents_from<std::tuple_element_t<Ks, std::tuple<ParamLeaves...>>::shape_type::rank>(
                           ctx.template input<Ks + 1>().extents(), 1)),
                  ...);
                 ((param_numel[Ks] = layers == 0 ? 0 : ctx.template input<Ks + 1>().size() / layers), ...);
@@ -201,34 +203,40 @@ struct scan_op {
         }
     };
 
-    // One layer's inner forward: carry from `h`, params from slice l of each stack.
-    template <class Ctx, class T>
-    static auto layer_forward(const Ctx& ctx, const geometry<Ctx>& g, const T* h, std::size_t l) {
-        return [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-            return inner.forward(bind(CarryLeaf{}, h, g.carry_ext),
-                                 bind(ParamLeaves{}, ctx.template input<Ks + 1>().data() + l * g.param_numel[Ks],
-                                      std::get<Ks>(g.param_ext))...);
+    // Bindings of layer l: the carry from `h`, params from slice l of each stack.
+    template <class Ctx, class F>
+    static decltype(auto) with_layer(const Ctx& ctx, const geometry<Ctx>& g, const T* h, std::size_t l, F&& f) {
+        return [&]<std::size_t... Ks>(std::index_sequence<Ks...>) -> decltype(auto) {
+            return f(bind(CarryLeaf{}, h, g.carry_ext),
+                     bind(ParamLeaves{}, ctx.template input<Ks + 1>().data() + l * g.param_numel[Ks],
+                          std::get<Ks>(g.param_ext))...);
         }(std::make_index_sequence<P>{});
     }
-    // One layer's inner backward: seed `gy`, carry gradient into `gh`, param gradients into
-    // slice l of each stacked gradient (each slice is written by one layer only).
-    template <class Ctx, class InnerCtx, class T>
-    static void layer_backward(const Ctx& ctx, const geometry<Ctx>& g, const InnerCtx& ictx, const T* gy, T* gh,
-                               std::size_t l) {
+    // Gradient destinations of layer l: the carry's into `gh`, the params' into slice l of each
+    // stacked gradient (each slice is written by one layer only, so overwritten).
+    template <class Ctx, class F>
+    static void with_grads(const Ctx& ctx, const geometry<Ctx>& g, T* gh, std::size_t l, F&& f) {
         [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-            inner.backward(ictx, seed(span_of(gy, g.carry_numel)), grad_into(CarryLeaf{}, std::span<T>(gh, g.carry_numel)),
-                           grad_into(ParamLeaves{},
-                                     std::span<T>(ctx.template grad_input<Ks + 1>().data() + l * g.param_numel[Ks],
-                                                  g.param_numel[Ks]))...);
+            f(grad_into(CarryLeaf{}, std::span<T>(gh, g.carry_numel)),
+              grad_into(ParamLeaves{}, std::span<T>(ctx.template grad_input<Ks + 1>().data() + l * g.param_numel[Ks],
+                                                    g.param_numel[Ks]))...);
         }(std::make_index_sequence<P>{});
     }
-    template <class Ctx>
-    using inner_context_t = decltype(layer_forward(std::declval<const Ctx&>(), std::declval<const geometry<Ctx>&>(),
-                                                   std::declval<const typename CarryLeaf::value_type*>(), 0));
+    template <class Step, class Ctx>
+    static auto layer_forward(const Step& step, const Ctx& ctx, const geometry<Ctx>& g, const T* h, std::size_t l) {
+        return with_layer(ctx, g, h, l, [&](const auto&... b) { return step.forward(b...); });
+    }
+    template <class Step, class Ctx>
+    using context_t = decltype(layer_forward(std::declval<const Step&>(), std::declval<const Ctx&>(),
+                                             std::declval<const geometry<Ctx>&>(), std::declval<const T*>(), 0));
 
     template <class Ctx>
     static void forward(Ctx& ctx) {
-        using T = typename CarryLeaf::value_type;
+        const auto& step = [&]() -> const auto& {
+            if constexpr (std::is_same_v<Policy, scan_memory::layers>) return split_step;
+            else return forward_step;
+        }();
+        using step_ctx = context_t<std::remove_cvref_t<decltype(step)>, Ctx>;
         const geometry<Ctx> g(ctx);
         auto out = ctx.output();
         const T* h = ctx.template input<0>().data();
@@ -237,9 +245,9 @@ struct scan_op {
             return;
         }
         // Only the running carry is kept: the previous layer's context holds it.
-        inner_context_t<Ctx> prev = layer_forward(ctx, g, h, 0);
+        step_ctx prev = layer_forward(step, ctx, g, h, 0);
         for (std::size_t l = 1; l < g.layers; ++l) {
-            inner_context_t<Ctx> next = layer_forward(ctx, g, prev.values().data(), l);
+            step_ctx next = layer_forward(step, ctx, g, prev.values().data(), l);
             prev = std::move(next);
         }
         std::copy(prev.values().begin(), prev.values().end(), out.data());
@@ -247,8 +255,6 @@ struct scan_op {
 
     template <class Ctx>
     static void backward(Ctx& ctx) {
-        using T = typename CarryLeaf::value_type;
-        using inner_ctx = inner_context_t<Ctx>;
         const geometry<Ctx> g(ctx);
         const std::size_t n = g.carry_numel;
         const T* h0 = ctx.template input<0>().data();
@@ -262,32 +268,42 @@ struct scan_op {
         thread_local std::vector<T> grad_buf;
         if (grad_buf.size() < 2 * n) grad_buf.resize(2 * n);
         auto gh_of = [&](std::size_t l) { return l == 0 ? gh0 : grad_buf.data() + (l % 2) * n; };
-        auto gy_of = [&](std::size_t l) -> const T* { return l + 1 == g.layers ? gy : grad_buf.data() + ((l + 1) % 2) * n; };
+        auto gy_of = [&](std::size_t l) -> const T* {
+            return l + 1 == g.layers ? gy : grad_buf.data() + ((l + 1) % 2) * n;
+        };
+        const std::array<std::size_t, CarryLeaf::shape_type::rank> ext = g.carry_ext;
 
         if constexpr (std::is_same_v<Policy, scan_memory::layers>) {
-            thread_local std::vector<inner_ctx> contexts;
-            scan_vector_guard<T, inner_ctx> guard{&contexts, nullptr};
+            using step_ctx = context_t<std::remove_cvref_t<decltype(split_step)>, Ctx>;
+            thread_local std::vector<step_ctx> contexts;
+            clear_on_exit<step_ctx> guard{contexts};
             contexts.clear();
             contexts.reserve(g.layers);  // no reallocation: layer l+1 reads layer l's storage
-            contexts.push_back(layer_forward(ctx, g, h0, 0));
+            contexts.push_back(layer_forward(split_step, ctx, g, h0, 0));
             for (std::size_t l = 1; l < g.layers; ++l)
-                contexts.push_back(layer_forward(ctx, g, contexts[l - 1].values().data(), l));
+                contexts.push_back(layer_forward(split_step, ctx, g, contexts[l - 1].values().data(), l));
             for (std::size_t l = g.layers; l-- > 0;) {
-                layer_backward(ctx, g, contexts[l], gy_of(l), gh_of(l), l);
+                with_grads(ctx, g, gh_of(l), l, [&](const auto&... gr) {
+                    split_step.backward(contexts[l], seed(std::span<const T>(gy_of(l), n)), gr...);
+                });
                 contexts.pop_back();  // layer l's values are dead once its backward ran
             }
         } else {
-            // Carries h_1 .. h_{L-1}; each layer's forward runs again before its backward.
+            // Carries h_1 .. h_{L-1}; then each layer's fused forward and backward, in reverse.
             thread_local std::vector<T> carries;
             if (carries.size() < (g.layers - 1) * n) carries.resize((g.layers - 1) * n);
             auto h_of = [&](std::size_t l) -> const T* { return l == 0 ? h0 : carries.data() + (l - 1) * n; };
             for (std::size_t l = 0; l + 1 < g.layers; ++l) {
-                inner_ctx c = layer_forward(ctx, g, h_of(l), l);
+                const auto c = layer_forward(forward_step, ctx, g, h_of(l), l);
                 std::copy(c.values().begin(), c.values().end(), carries.data() + l * n);
             }
             for (std::size_t l = g.layers; l-- > 0;) {
-                inner_ctx c = layer_forward(ctx, g, h_of(l), l);
-                layer_backward(ctx, g, c, gy_of(l), gh_of(l), l);
+                with_layer(ctx, g, h_of(l), l, [&](const auto&... b) {
+                    with_grads(ctx, g, gh_of(l), l, [&](const auto&... gr) {
+                        vjp_step.value_and_grad(b..., bind(seed_leaf, gy_of(l), ext), gr...);
+                    });
+                    return 0;
+                });
             }
         }
     }
