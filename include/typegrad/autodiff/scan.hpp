@@ -32,9 +32,10 @@
 // The replay's buffers are thread_local, reused across calls and emptied when the backward
 // ends (also on an exception), so steps stay reentrant across threads.
 //
-// Limits: at most three stacked params (a custom op has at most four inputs); every leaf the
-// layer reads is the carry or a stacked param; the carry leaf is a tg::param; L (the leading
-// extent of the stacked params) is static or a run-time extent, the same for all of them.
+// Limits: every leaf the layer reads is the carry or a stacked param; the carry leaf is a
+// tg::param; L (the leading extent of the stacked params) is static or a run-time extent, the
+// same for all of them. A custom op has at most four inputs, so more than three stacks are
+// first packed into one buffer (a copy per call; their shapes, L included, must be static).
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -153,11 +154,79 @@ struct clear_on_exit {  // empties thread_local replay storage however the backw
     ~clear_on_exit() { contexts.clear(); }
 };
 
-// The custom op: inputs (initial carry, stack_0, ...); output: the last carry.
-template <class Policy, class Layer, class CarryLeaf, class... ParamLeaves>
+// Concatenates its (static-shaped) inputs, flattened, into one buffer; the backward splits the
+// gradient. It carries more than three stacks into the scan op (a custom op has four inputs).
+template <std::size_t Total>
+struct scan_pack_op {
+    template <class... Xs>
+    struct result {
+        using value_type = typename type_at_t<0, type_list<Xs...>>::value_type;
+        using shape_type = shape<Total>;
+    };
+    template <class Ctx>
+    static void forward(Ctx& ctx) {
+        auto out = ctx.output();
+        std::size_t at = 0;
+        std::apply([&](const auto&... x) { ((std::copy(x.begin(), x.end(), out.data() + at), at += x.size()), ...); },
+                   ctx.inputs());
+    }
+    template <class Ctx>
+    static void backward(Ctx& ctx) {
+        auto g = ctx.grad_output();
+        std::size_t at = 0;
+        std::apply([&](const auto&... gx) {
+            ((std::copy(g.data() + at, g.data() + at + gx.size(), gx.data()), at += gx.size()), ...);
+        }, ctx.grad_inputs());
+    }
+};
+template <class... Es>
+constexpr auto scan_pack_all(Es... es);
+template <std::size_t G, class List>
+constexpr auto scan_pack_group() {
+    constexpr std::size_t first = 4 * G;
+    constexpr std::size_t count = List::size - first < 4 ? List::size - first : 4;
+    return []<std::size_t... Is>(std::index_sequence<Is...>) {
+        return custom<scan_pack_op<(type_at_t<first + Is, List>::shape_type::static_numel + ...)>>(
+            type_at_t<first + Is, List>{}...);
+    }(std::make_index_sequence<count>{});
+}
+// All stacks in one buffer, in order (a tree of packs of at most four).
+template <class... Es>
+constexpr auto scan_pack_all(Es... es) {
+    if constexpr (sizeof...(Es) <= 4) {
+        return custom<scan_pack_op<(Es::shape_type::static_numel + ...)>>(es...);
+    } else {
+        return []<std::size_t... Gs>(std::index_sequence<Gs...>) {
+            return scan_pack_all(scan_pack_group<Gs, type_list<Es...>>()...);
+        }(std::make_index_sequence<(sizeof...(Es) + 3) / 4>{});
+    }
+}
+
+// The custom op: inputs (initial carry, stack_0, ...), or (initial carry, all stacks packed)
+// when PackedL is the static layer count (not dyn); output: the last carry.
+template <class Policy, std::size_t PackedL, class Layer, class CarryLeaf, class... ParamLeaves>
 struct scan_op {
     using T = typename CarryLeaf::value_type;
     static constexpr std::size_t P = sizeof...(ParamLeaves);
+    static constexpr bool packed = PackedL != dyn;
+    // Where stack K starts in the packed input.
+    template <std::size_t K>
+    static constexpr std::size_t packed_offset = [] {
+        constexpr std::array<std::size_t, P> numel{ParamLeaves::shape_type::static_numel...};
+        std::size_t at = 0;
+        for (std::size_t j = 0; j < K; ++j) at += PackedL * numel[j];
+        return at;
+    }();
+    template <std::size_t K, class Ctx>
+    static const T* stack_data(const Ctx& ctx) {
+        if constexpr (packed) return ctx.template input<1>().data() + packed_offset<K>;
+        else return ctx.template input<K + 1>().data();
+    }
+    template <std::size_t K, class Ctx>
+    static T* stack_grad(const Ctx& ctx) {
+        if constexpr (packed) return ctx.template grad_input<1>().data() + packed_offset<K>;
+        else return ctx.template grad_input<K + 1>().data();
+    }
     // scan_memory::layers: one step, split forward/backward (the backward reads the contexts).
     static constexpr auto split_step = compile(Layer{}, wrt(CarryLeaf{}, ParamLeaves{}...));
     // scan_memory::carries: a forward-only step, and the layer's VJP as one fused value_and_grad:
@@ -186,7 +255,11 @@ struct scan_op {
             auto x = ctx.template input<0>();
             carry_ext = extents_from<CarryLeaf::shape_type::rank>(x.extents(), 0);
             carry_numel = x.size();
-            [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+            if constexpr (packed) {  // every shape static
+                layers = PackedL;
+                param_numel = {ParamLeaves::shape_type::static_numel...};
+                param_ext = {ParamLeaves::shape_type::extents...};
+            } else [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
                 const std::array<std::size_t, P> counts{ctx.template input<Ks + 1>().extents()[0]...};
                 layers = counts[0];
                 for (std::size_t c : counts)
@@ -208,7 +281,7 @@ struct scan_op {
     static decltype(auto) with_layer(const Ctx& ctx, const geometry<Ctx>& g, const T* h, std::size_t l, F&& f) {
         return [&]<std::size_t... Ks>(std::index_sequence<Ks...>) -> decltype(auto) {
             return f(bind(CarryLeaf{}, h, g.carry_ext),
-                     bind(ParamLeaves{}, ctx.template input<Ks + 1>().data() + l * g.param_numel[Ks],
+                     bind(ParamLeaves{}, stack_data<Ks>(ctx) + l * g.param_numel[Ks],
                           std::get<Ks>(g.param_ext))...);
         }(std::make_index_sequence<P>{});
     }
@@ -218,7 +291,7 @@ struct scan_op {
     static void with_grads(const Ctx& ctx, const geometry<Ctx>& g, T* gh, std::size_t l, F&& f) {
         [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
             f(grad_into(CarryLeaf{}, std::span<T>(gh, g.carry_numel)),
-              grad_into(ParamLeaves{}, std::span<T>(ctx.template grad_input<Ks + 1>().data() + l * g.param_numel[Ks],
+              grad_into(ParamLeaves{}, std::span<T>(stack_grad<Ks>(ctx) + l * g.param_numel[Ks],
                                                     g.param_numel[Ks]))...);
         }(std::make_index_sequence<P>{});
     }
@@ -344,9 +417,9 @@ constexpr bool check_scan() {
     static_assert(distinct<typename h::node_type, typename S::leaf_expr::node_type...>(),
                   "typegrad: scan: a leaf is named twice among tg::carry(...) and tg::stacked(...); each per-layer "
                   "leaf is stacked once, and the carried leaf is not a stacked param.");
-    static_assert(sizeof...(S) <= 3,
-                  "typegrad: scan takes at most three tg::stacked(...) params (a scan is a custom op, which has at "
-                  "most four inputs); concatenate params into fewer leaves.");
+    static_assert(sizeof...(S) <= 3 || (S::stack_expr::shape_type::is_static && ...),
+                  "typegrad: scan with more than three tg::stacked(...) params needs static stack shapes (a static "
+                  "L): they are packed into one buffer of static size, since a custom op has at most four inputs.");
     static_assert(std::is_same_v<typename h::value_type, typename x::value_type>,
                   "typegrad: scan: the initial carry's dtype differs from the carried leaf's; cast it (tg::cast).");
     static_assert(carry_shape_fits<typename h::shape_type, typename x::shape_type>(),
@@ -376,7 +449,8 @@ constexpr bool check_scan() {
                   "typegrad: scan: the layer reads a per-layer leaf with no stacked counterpart (neither the carry nor "
                   "a tg::stacked(leaf, stack) param); stack its values as [L, ...] and pass tg::stacked(leaf, stack).");
     return is_param_leaf<h>() && (is_param_leaf<typename S::leaf_expr>() && ...) &&
-           distinct<typename h::node_type, typename S::leaf_expr::node_type...>() && sizeof...(S) <= 3 &&
+           distinct<typename h::node_type, typename S::leaf_expr::node_type...>() &&
+           (sizeof...(S) <= 3 || (S::stack_expr::shape_type::is_static && ...)) &&
            std::is_same_v<typename h::value_type, typename x::value_type> &&
            carry_shape_fits<typename h::shape_type, typename x::shape_type>() &&
            std::is_same_v<typename layer_node::value_type, typename h::value_type> &&
@@ -407,8 +481,14 @@ constexpr auto scan(Layer, C, S...) {
     if constexpr (detail::is_carry_v<C> && sizeof...(S) >= 1 && (detail::is_stacked_v<S> && ...) &&
                   detail::is_scan_policy_v<Policy> && is_expr_v<Layer>) {
         if constexpr (detail::check_scan<Layer, C, S...>()) {
-            using op = detail::scan_op<Policy, Layer, typename C::leaf_expr, typename S::leaf_expr...>;
-            return custom<op>(typename C::init_expr{}, typename S::stack_expr{}...);
+            if constexpr (sizeof...(S) <= 3) {
+                using op = detail::scan_op<Policy, dyn, Layer, typename C::leaf_expr, typename S::leaf_expr...>;
+                return custom<op>(typename C::init_expr{}, typename S::stack_expr{}...);
+            } else {
+                constexpr std::size_t layers = detail::type_at_t<0, detail::type_list<S...>>::stack_expr::shape_type::extents[0];
+                using op = detail::scan_op<Policy, layers, Layer, typename C::leaf_expr, typename S::leaf_expr...>;
+                return custom<op>(typename C::init_expr{}, detail::scan_pack_all(typename S::stack_expr{}...));
+            }
         } else {
             return typename C::init_expr{};
         }

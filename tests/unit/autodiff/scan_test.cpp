@@ -238,3 +238,85 @@ TEST_CASE("scan steps are reentrant across threads", "[scan]") {
         REQUIRE(g[t] == g_ref);
     }
 }
+
+namespace {
+// Five per-layer params: more than a custom op's four inputs, so the stacks are packed.
+constexpr std::size_t F = 6;
+constexpr auto W1 = tg::param<"W1", double, tg::shape<D, F>>;
+constexpr auto b1 = tg::param<"b1", double, tg::shape<F>>;
+constexpr auto W2 = tg::param<"W2", double, tg::shape<F, D>>;
+constexpr auto b2 = tg::param<"b2", double, tg::shape<D>>;
+constexpr auto gain = tg::param<"g", double, tg::shape<D>>;
+template <class H, class A, class B, class C, class E, class G>
+constexpr auto mlp_of(H hh, A w1, B bb1, C w2, E bb2, G g) {
+    return hh + (tg::matmul(tg::tanh(tg::matmul(hh, w1) + bb1), w2) + bb2) * g;
+}
+template <std::size_t L> constexpr auto W1s = tg::param<"W1s", double, tg::shape<L, D, F>>;
+template <std::size_t L> constexpr auto b1s = tg::param<"b1s", double, tg::shape<L, F>>;
+template <std::size_t L> constexpr auto W2s = tg::param<"W2s", double, tg::shape<L, F, D>>;
+template <std::size_t L> constexpr auto b2s = tg::param<"b2s", double, tg::shape<L, D>>;
+template <std::size_t L> constexpr auto gs = tg::param<"gs", double, tg::shape<L, D>>;
+template <std::size_t I> constexpr auto W1u = tg::param<indexed_name<'A', I>(), double, tg::shape<D, F>>;
+template <std::size_t I> constexpr auto b1u = tg::param<indexed_name<'B', I>(), double, tg::shape<F>>;
+template <std::size_t I> constexpr auto W2u = tg::param<indexed_name<'C', I>(), double, tg::shape<F, D>>;
+template <std::size_t I> constexpr auto b2u = tg::param<indexed_name<'E', I>(), double, tg::shape<D>>;
+template <std::size_t I> constexpr auto gu = tg::param<indexed_name<'G', I>(), double, tg::shape<D>>;
+template <std::size_t I, std::size_t L, class H>
+constexpr auto unroll_mlp(H hh) {
+    if constexpr (I == L) return hh;
+    else return unroll_mlp<I + 1, L>(mlp_of(hh, W1u<I>, b1u<I>, W2u<I>, b2u<I>, gu<I>));
+}
+
+template <std::size_t L, class Policy>
+void check_packed_against_unrolled(std::size_t rows) {
+    const auto xv = uniform(rows * D, -1, 1, 21);
+    std::array<std::vector<double>, 5> p{uniform(L * D * F, -0.5, 0.5, 22), uniform(L * F, -0.3, 0.3, 23),
+                                         uniform(L * F * D, -0.5, 0.5, 24), uniform(L * D, -0.3, 0.3, 25),
+                                         uniform(L * D, 0.5, 1.5, 26)};
+    const auto out = tg::scan<Policy>(mlp_of(h, W1, b1, W2, b2, gain), tg::carry(h, init), tg::stacked(W1, W1s<L>),
+                                      tg::stacked(b1, b1s<L>), tg::stacked(W2, W2s<L>), tg::stacked(b2, b2s<L>),
+                                      tg::stacked(gain, gs<L>));
+    const auto step = tg::compile(loss_of(out), tg::wrt(x, W1s<L>, b1s<L>, W2s<L>, b2s<L>, gs<L>));
+    std::vector<double> gx(xv.size());
+    std::array<std::vector<double>, 5> g;
+    for (std::size_t k = 0; k < 5; ++k) g[k].assign(p[k].size(), 0.0);
+    const double v = step.value_and_grad(tg::bind(x, xv), tg::bind(W1s<L>, p[0]), tg::bind(b1s<L>, p[1]),
+                                         tg::bind(W2s<L>, p[2]), tg::bind(b2s<L>, p[3]), tg::bind(gs<L>, p[4]),
+                                         tg::grad_into(x, gx), tg::grad_into(W1s<L>, g[0]), tg::grad_into(b1s<L>, g[1]),
+                                         tg::grad_into(W2s<L>, g[2]), tg::grad_into(b2s<L>, g[3]), tg::grad_into(gs<L>, g[4]));
+    std::vector<double> gxu(xv.size());
+    std::array<std::vector<double>, 5> gu_;
+    for (std::size_t k = 0; k < 5; ++k) gu_[k].assign(p[k].size(), 0.0);
+    const double vu = [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+        const auto step_u =
+            tg::compile(loss_of(unroll_mlp<0, L>(init)), tg::wrt(x, W1u<Is>..., b1u<Is>..., W2u<Is>..., b2u<Is>..., gu<Is>...));
+        return step_u.value_and_grad(
+            tg::bind(x, xv), tg::bind(W1u<Is>, p[0].data() + Is * D * F, {D, F})..., tg::bind(b1u<Is>, p[1].data() + Is * F, {F})...,
+            tg::bind(W2u<Is>, p[2].data() + Is * F * D, {F, D})..., tg::bind(b2u<Is>, p[3].data() + Is * D, {D})...,
+            tg::bind(gu<Is>, p[4].data() + Is * D, {D})..., tg::grad_into(x, gxu),
+            tg::grad_into(W1u<Is>, std::span<double>(gu_[0].data() + Is * D * F, D * F))...,
+            tg::grad_into(b1u<Is>, std::span<double>(gu_[1].data() + Is * F, F))...,
+            tg::grad_into(W2u<Is>, std::span<double>(gu_[2].data() + Is * F * D, F * D))...,
+            tg::grad_into(b2u<Is>, std::span<double>(gu_[3].data() + Is * D, D))...,
+            tg::grad_into(gu<Is>, std::span<double>(gu_[4].data() + Is * D, D))...);
+    }(std::make_index_sequence<L>{});
+    INFO("L = " << L);
+    REQUIRE(close(v, vu));
+    for (std::size_t i = 0; i < gx.size(); ++i) REQUIRE(close(gx[i], gxu[i]));
+    for (std::size_t k = 0; k < 5; ++k) {
+        INFO("param " << k);
+        double norm = 0;
+        for (std::size_t i = 0; i < g[k].size(); ++i) {
+            REQUIRE(close(g[k][i], gu_[k][i]));
+            norm += g[k][i] * g[k][i];
+        }
+        REQUIRE(norm > 1e-10);
+    }
+}
+}  // namespace
+
+TEST_CASE("scan with more than three stacked params (packed) equals the unrolled graph", "[scan]") {
+    check_packed_against_unrolled<1, tg::scan_memory::layers>(3);
+    check_packed_against_unrolled<3, tg::scan_memory::layers>(2);
+    check_packed_against_unrolled<3, tg::scan_memory::carries>(2);
+}
