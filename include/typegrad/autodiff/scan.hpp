@@ -22,13 +22,16 @@
 // nothing run-time sized outlives the forward: the forward keeps only the running carry. The
 // backward replays the layers from the initial carry (an input of the op, so still alive) and
 // then runs each layer's backward in reverse. The policy says what the replay keeps:
-//   tg::scan_memory::layers   (default) every layer's inner forward context (the carry and the
-//                             values the layer's backward reads: matmul outputs, reductions);
-//                             one extra forward in all; peak memory L x one layer's saved values.
-//   tg::scan_memory::carries  only the L carries; each layer's forward runs again right before
-//                             its backward (activation checkpointing of the layer body, as
-//                             jax.checkpoint): two extra forwards; peak memory L x carry.
-//   tg::scan<tg::scan_memory::carries>(layer, tg::carry(h, x), tg::stacked(W, Ws))
+//   tg::scan_memory::carries  (default) only the L carries; each layer then runs as one fused
+//                             value_and_grad of sum(layer * seed) (activation checkpointing of
+//                             the layer body, as jax.checkpoint): two extra forwards in all, the
+//                             second fused with the backward; peak memory L x carry.
+//   tg::scan_memory::layers   every layer's inner forward context (the carry and the values the
+//                             layer's backward reads: matmul outputs, reductions), then the split
+//                             backward: one extra forward; peak memory L x one layer's saved
+//                             values. Slower today (the split backward fuses less: 1.5x the
+//                             step time of `carries` on a 12-layer MLP block, docs/scan.md).
+//   tg::scan<tg::scan_memory::layers>(layer, tg::carry(h, x), tg::stacked(W, Ws))
 // The replay's buffers are thread_local, reused across calls and emptied when the backward
 // ends (also on an exception), so steps stay reentrant across threads.
 //
@@ -467,7 +470,7 @@ constexpr bool check_scan() {
 }  // namespace detail
 
 // scan<Policy>(layer, carry(h, initial), stacked(W, Ws), ...): the carry after L layers.
-template <class Policy = scan_memory::layers, class Layer, class C, class... S>
+template <class Policy = scan_memory::carries, class Layer, class C, class... S>
 constexpr auto scan(Layer, C, S...) {
     static_assert(is_expr_v<Layer>, "typegrad: scan(layer, carry, stacked...) takes the layer as a typegrad expression.");
     static_assert(detail::is_scan_policy_v<Policy>,

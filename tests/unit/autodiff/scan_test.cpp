@@ -35,7 +35,7 @@ constexpr auto loss_of(Out out) {
 // The initial carry is an expression of x, so its gradient goes through the scan's carry.
 constexpr auto init = tg::sin(x) * tg::lit<1.5>;
 
-template <std::size_t L, class Policy = tg::scan_memory::layers>
+template <std::size_t L, class Policy = tg::scan_memory::carries>
 constexpr auto scanned_loss() {
     return loss_of(tg::scan<Policy>(layer, tg::carry(h, init), tg::stacked(W, Ws<L>), tg::stacked(b, bs<L>)));
 }
@@ -67,7 +67,7 @@ data make_data(std::size_t L, std::size_t rows) {
 
 bool close(double a, double r) { return std::abs(a - r) <= 1e-13 * std::max(1.0, std::abs(r)); }
 
-template <std::size_t L, class Policy = tg::scan_memory::layers>
+template <std::size_t L, class Policy = tg::scan_memory::carries>
 void check_against_unrolled(std::size_t rows) {
     const data d = make_data(L, rows);
     // scan
@@ -107,9 +107,10 @@ TEST_CASE("scan equals the unrolled graph: value and every gradient", "[scan]") 
     check_against_unrolled<3>(1);  // the dynamic extent at another size, same plans
 }
 
-TEST_CASE("scan's checkpointing policy gives the same gradients", "[scan]") {
-    check_against_unrolled<3, tg::scan_memory::carries>(4);
-    check_against_unrolled<12, tg::scan_memory::carries>(3);
+TEST_CASE("scan_memory::layers (each layer's context kept) equals the unrolled graph too", "[scan]") {
+    check_against_unrolled<1, tg::scan_memory::layers>(2);
+    check_against_unrolled<3, tg::scan_memory::layers>(4);
+    check_against_unrolled<12, tg::scan_memory::layers>(3);
 }
 
 TEST_CASE("scan against finite differences", "[scan]") {
@@ -204,8 +205,8 @@ TEST_CASE("a 48-layer scan compiles and runs", "[scan]") {
     for (std::size_t i = (L - 1) * D * D; i < L * D * D; ++i) last += std::abs(gw[i]);
     REQUIRE(last > 0);
     REQUIRE(std::isfinite(last));
-    // the same through the checkpointing policy
-    const auto step_c = tg::compile(scanned_loss<L, tg::scan_memory::carries>(), tg::wrt(x, Ws<L>, bs<L>));
+    // the same keeping each layer's context (the other policy): bitwise equal
+    const auto step_c = tg::compile(scanned_loss<L, tg::scan_memory::layers>(), tg::wrt(x, Ws<L>, bs<L>));
     std::vector<double> gx_c(d.xv.size()), gw_c(d.wv.size()), gb_c(d.bv.size());
     const double v_c = step_c.value_and_grad(tg::bind(x, d.xv), tg::bind(Ws<L>, d.wv), tg::bind(bs<L>, d.bv),
                                              tg::grad_into(x, gx_c), tg::grad_into(Ws<L>, gw_c), tg::grad_into(bs<L>, gb_c));
