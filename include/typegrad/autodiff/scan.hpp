@@ -14,9 +14,10 @@
 //
 // `out` has the initial carry's shape and is an ordinary expression of the outer graph. Layer l
 // reads slice l of every stacked param (offset l * numel); the gradient of a stacked param
-// holds layer l's gradient in slice l. The layer is one inner tg::compile step, instantiated
-// once whatever L, run L times: the compile cost does not depend on L (jax.lax.scan, flax
-// nn.scan, PyTorch/XLA scan_layers).
+// holds layer l's gradient in slice l. The layer's inner tg::compile steps (a forward-only one
+// and its fused value-and-gradient, or one split step under scan_memory::layers) are
+// instantiated once whatever L and run in a loop: the compile cost does not depend on L
+// (jax.lax.scan, flax nn.scan, PyTorch/XLA scan_layers).
 //
 // Saved values. The scan is a custom op (ops/custom.hpp), whose saved_type is fixed-size, so
 // nothing run-time sized outlives the forward: the forward keeps only the running carry. The
