@@ -31,6 +31,7 @@
 #include <typegrad/ops/trig.hpp>
 #include <typegrad/ops/view.hpp>
 #include <typegrad/autodiff/reverse.hpp>
+#include <typegrad/autodiff/scan.hpp>
 #include <typegrad/autodiff/step.hpp>
 #include <typegrad/autodiff/tape.hpp>
 #include <typegrad/exec/bind.hpp>
