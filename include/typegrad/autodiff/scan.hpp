@@ -400,7 +400,7 @@ template <class L, class S>
 inline constexpr bool is_stacked_v<stacked_t<L, S>> = true;
 
 template <class Leaf>
-constexpr bool is_param_leaf() {
+constexpr bool is_param_expr() {
     if constexpr (is_leaf_v<typename Leaf::node_type>) return Leaf::node_type::role == leaf_role::param;
     else return false;
 }
@@ -411,11 +411,11 @@ constexpr bool check_scan() {
     using layer_node = typename Layer::node_type;
     using h = typename C::leaf_expr;
     using x = typename C::init_expr;
-    static_assert(is_param_leaf<h>(),
+    static_assert(is_param_expr<h>(),
                   "typegrad: scan: the carried leaf of tg::carry(leaf, initial) must be a leaf declared with "
                   "tg::param (the layer is differentiated with respect to it to pass the gradient back to the "
                   "previous layer).");
-    static_assert((is_param_leaf<typename S::leaf_expr>() && ...),
+    static_assert((is_param_expr<typename S::leaf_expr>() && ...),
                   "typegrad: scan: the per-layer leaf of tg::stacked(leaf, stack) must be a leaf declared with "
                   "tg::param.");
     static_assert(distinct<typename h::node_type, typename S::leaf_expr::node_type...>(),
@@ -452,7 +452,7 @@ constexpr bool check_scan() {
     static_assert(graph_leaves_within<layer_node, type_list<typename h::node_type, typename S::leaf_expr::node_type...>>::value,
                   "typegrad: scan: the layer reads a per-layer leaf with no stacked counterpart (neither the carry nor "
                   "a tg::stacked(leaf, stack) param); stack its values as [L, ...] and pass tg::stacked(leaf, stack).");
-    return is_param_leaf<h>() && (is_param_leaf<typename S::leaf_expr>() && ...) &&
+    return is_param_expr<h>() && (is_param_expr<typename S::leaf_expr>() && ...) &&
            distinct<typename h::node_type, typename S::leaf_expr::node_type...>() &&
            (sizeof...(S) <= 3 || (S::stack_expr::shape_type::is_static && ...)) &&
            std::is_same_v<typename h::value_type, typename x::value_type> &&
