@@ -155,7 +155,7 @@ def baseline(_nodes):
 
 
 GPT_HELPERS = """template <class X, class G, class B>
-constexpr auto layer_norm(X x, G g, B b) {
+constexpr auto hand_layer_norm(X x, G g, B b) {
     auto xc = x - tg::mean(x, tg::axes<1>, tg::keepdim);
     auto var = tg::mean(tg::square(xc), tg::axes<1>, tg::keepdim);
     return xc / tg::sqrt(var + tg::lit<1e-5>) * g + b;
@@ -163,11 +163,11 @@ constexpr auto layer_norm(X x, G g, B b) {
 template <class X, class G1, class B1, class Q, class K, class V, class O, class G2, class B2, class W1,
           class C1, class W2, class C2>
 constexpr auto block(X x, G1 g1, B1 b1, Q wq, K wk, V wv, O wo, G2 g2, B2 b2, W1 w1, C1 c1, W2 w2, C2 c2) {
-    auto h = layer_norm(x, g1, b1);
+    auto h = hand_layer_norm(x, g1, b1);
     auto att = tg::softmax(tg::matmul(tg::matmul(h, wq), tg::transpose(tg::matmul(h, wk))) * tg::lit<0.125>,
                            tg::axes<1>);
     auto x1 = x + tg::matmul(tg::matmul(att, tg::matmul(h, wv)), wo);
-    auto m = tg::matmul(layer_norm(x1, g2, b2), w1) + c1;
+    auto m = tg::matmul(hand_layer_norm(x1, g2, b2), w1) + c1;
     auto gelu = m * tg::sigmoid(m * tg::lit<1.702>);
     return x1 + tg::matmul(gelu, w2) + c2;
 }
