@@ -103,14 +103,22 @@ void check_against_unrolled(std::size_t rows) {
 TEST_CASE("scan equals the unrolled graph: value and every gradient", "[scan]") {
     check_against_unrolled<1>(3);
     check_against_unrolled<3>(5);
+#if !defined(__clang__)  // clang 14 needs over 10 minutes for the 12-layer unrolled reference
+                         // graph (benchmarks/README.md, "Compile time"); g++ checks it, and clang
+                         // still runs the 48-layer scan below
     check_against_unrolled<12>(2);
+#endif
     check_against_unrolled<3>(1);  // the dynamic extent at another size, same plans
 }
 
 TEST_CASE("scan_memory::layers (each layer's context kept) equals the unrolled graph too", "[scan]") {
     check_against_unrolled<1, tg::scan_memory::layers>(2);
     check_against_unrolled<3, tg::scan_memory::layers>(4);
+#if !defined(__clang__)  // clang 14 needs over 10 minutes for the 12-layer unrolled reference
+                         // graph (benchmarks/README.md, "Compile time"); g++ checks it, and clang
+                         // still runs the 48-layer scan below
     check_against_unrolled<12, tg::scan_memory::layers>(3);
+#endif
 }
 
 TEST_CASE("scan against finite differences", "[scan]") {
