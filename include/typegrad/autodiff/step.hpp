@@ -222,14 +222,14 @@ template <fixed_string Name, class... Ns>
 auto op_dtypes(type_list<Ns...>) -> decltype(value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
 
 // Backward nodes (those not in the forward graph) rewritten under the backward's spec.
-template <class N, class Spec, class ForwardTopo>
+template <class N, class Spec, class ForwardGraph>
 struct backward_autocast_rewrite {
     using type = N;
 };
-template <class N, class Spec, class ForwardTopo>
+template <class N, class Spec, class ForwardGraph>
     requires(Spec::enabled)
-struct backward_autocast_rewrite<N, Spec, ForwardTopo> {
-    using type = rewrite_t<N, Spec, ForwardTopo>;
+struct backward_autocast_rewrite<N, Spec, ForwardGraph> {
+    using type = rewrite_t<N, Spec, ForwardGraph>;
 };
 }  // namespace detail
 
@@ -263,7 +263,7 @@ public:
     using grad_node = typename decltype(detail::canonical_gradient<Leaf, typename detail::backward_autocast_rewrite<
         typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>,
                                                 Leaf>())::node_type,
-        backward_autocast_spec, detail::topo_t<Loss>>::type>())::node_type;
+        backward_autocast_spec, detail::topo<Loss>>::type>())::node_type;
 
     template <class... Args>
         requires(!detail::any_device_argument<Args...>)

@@ -133,54 +133,174 @@ void elementwise_shape(typename PP::state_type& st, std::size_t n) {
     }
 }
 
-template <class PP, std::size_t N>
-void shape_node(typename PP::state_type& st) {
-    using node = typename PP::program::template node_at<N>;
-    constexpr op_kind kind = node::kind;
-    if constexpr (kind == op_kind::leaf) {
-        dense_strides<PP>(st, N);
-    } else if constexpr (kind == op_kind::elementwise || kind == op_kind::reduce) {
-        elementwise_shape<PP>(st, N);
-        dense_strides<PP>(st, N);
-    } else if constexpr (kind == op_kind::view) {
-        constexpr std::size_t arity = PP::program::info[N].arity;
-        std::array<tensor_ref, arity> in{};
-        for (std::size_t k = 0; k < arity; ++k) in[k] = ref_of<PP>(st, PP::program::info[N].child[k]);
-        std::size_t* out = st.ext.data() + PP::rank_offset[N];
-        std::ptrdiff_t* stride = st.stride.data() + PP::rank_offset[N];
-        node::op::template layout<node>(in.data(), out, stride, st.view_offset[N]);
-    } else if constexpr (kind == op_kind::kernel) {
-        constexpr std::size_t arity = PP::program::info[N].arity;
-        std::array<tensor_ref, arity> in{};
-        for (std::size_t k = 0; k < arity; ++k) in[k] = ref_of<PP>(st, PP::program::info[N].child[k]);
-        node::op::template extents<node>(in.data(), st.ext.data() + PP::rank_offset[N]);
-        dense_strides<PP>(st, N);
+// ---- per-node routines, instantiated from the node alone --------------------------------------
+// Views, kernels and metas need their node's type. Their routines are instantiated from a
+// shallow copy of the node: the op over stubs that hold only each operand's dtype, static shape
+// and buffer type. A name holding the node's subgraph (or the plan) would be O(N) long for each
+// of O(N) nodes: quadratic symbol text, which g++ builds even for functions it inlines away.
+// The node and operand ids come at run time (node_call); a plan calls the routines through
+// tables of function pointers (node_tables), so no function is instantiated per node of a plan.
+template <class V, class S, class Buf, op_kind Kind, bool RequiresGrad, bool Contiguous>
+struct operand_stub {
+    using value_type = V;
+    using shape_type = S;
+    static constexpr op_kind kind = Kind;
+    static constexpr bool requires_grad = RequiresGrad;
+    static constexpr bool contiguous = Contiguous;
+    static constexpr node_desc desc{no_children, 0, 0};
+};
+template <class V, class S, class Buf, op_kind Kind, bool RequiresGrad, bool Contiguous>
+struct buffer_type<operand_stub<V, S, Buf, Kind, RequiresGrad, Contiguous>> {
+    using type = Buf;
+};
+template <class C>
+using operand_stub_of = operand_stub<typename C::value_type, typename C::shape_type, buffer_t<C>, C::kind,
+                                     C::requires_grad, C::contiguous>;
+template <class N>
+struct shallow_node;
+template <class Op, class... Cs>
+struct shallow_node<node<Op, Cs...>> {
+    using type = node<Op, operand_stub_of<Cs>...>;
+    static_assert(std::is_same_v<typename type::value_type, typename node<Op, Cs...>::value_type> &&
+                      std::is_same_v<typename type::shape_type, typename node<Op, Cs...>::shape_type> &&
+                      std::is_same_v<buffer_t<type>, buffer_t<node<Op, Cs...>>>,
+                  "typegrad: internal: an op's result type depends on more than its operands' dtypes and shapes");
+};
+template <class N>
+using shallow_t = typename shallow_node<N>::type;
+
+// A node's run-time view of a plan: ids[0] its id, ids[1] the start of its extents, ids[2] its
+// arity, then (id, extents start) per operand.
+inline constexpr std::size_t node_call_width = 3 + 2 * max_arity;
+struct node_call {
+    const void* const* ptr;
+    std::size_t* ext;
+    std::ptrdiff_t* stride;
+    std::ptrdiff_t* view_offset;
+    const std::size_t* ids;
+};
+template <class S>
+[[gnu::always_inline]] inline std::array<tensor_ref, S::children::size + 1> operand_refs(const node_call& c) {
+    std::array<tensor_ref, S::children::size + 1> in{};
+    [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+        ((in[Ks] = tensor_ref{c.ptr[c.ids[3 + 2 * Ks]], c.ext + c.ids[4 + 2 * Ks], c.stride + c.ids[4 + 2 * Ks],
+                              type_at_t<Ks, typename S::children>::shape_type::rank}),
+         ...);
+    }(std::make_index_sequence<S::children::size>{});
+    return in;
+}
+// A view's layout, or a kernel's extents (its dense strides follow, by the caller).
+template <class S>
+[[gnu::noinline]] void node_shape(const node_call& c) {
+    const auto in = operand_refs<S>(c);
+    if constexpr (S::kind == op_kind::view)
+        S::op::template layout<S>(in.data(), c.ext + c.ids[1], c.stride + c.ids[1], c.view_offset[c.ids[0]]);
+    else
+        S::op::template extents<S>(in.data(), c.ext + c.ids[1]);
+}
+// Each kernel is its own function: inlined into one body, a plan's loops and kernels make one
+// huge function, and the optimiser's cost grows faster than linearly with a function's size.
+template <class S>
+[[gnu::noinline]] void node_run(const node_call& c) {
+    using T = buffer_t<S>;
+    const auto in = operand_refs<S>(c);
+    S::op::template run<S>(in.data(), const_cast<T*>(static_cast<const T*>(c.ptr[c.ids[0]])), c.ext + c.ids[1]);
+}
+// A shape-derived scalar (1 / the count a mean divides by), from its operand's extents.
+template <class S>
+void write_meta(const std::size_t* cext, void* out) {
+    using T = buffer_t<S>;
+    using target = typename S::op::target_shape;
+    constexpr std::size_t crank = type_at_t<0, typename S::children>::shape_type::rank;
+    constexpr std::size_t lead = crank - target::rank;
+    double removed = 1;
+    for (std::size_t a = 0; a < crank; ++a)
+        if (a < lead || target::extents[a - lead] == 1) removed *= double(cext[a]);
+    *static_cast<T*>(out) = static_cast<T>(static_cast<compute_t<T>>(1.0 / removed));
+}
+template <class S>
+[[gnu::noinline]] void node_meta(const node_call& c) {
+    write_meta<S>(c.ext + c.ids[4], const_cast<void*>(c.ptr[c.ids[0]]));
+}
+
+using node_fn = void (*)(const node_call&);
+template <class N, op_kind Kind = N::kind>
+struct node_fns {
+    static constexpr node_fn shape = nullptr, run = nullptr, meta = nullptr;
+};
+template <class N>
+struct node_fns<N, op_kind::view> {
+    static constexpr node_fn shape = &node_shape<shallow_t<N>>, run = nullptr, meta = nullptr;
+};
+template <class N>
+struct node_fns<N, op_kind::kernel> {
+    static constexpr node_fn shape = &node_shape<shallow_t<N>>, run = &node_run<shallow_t<N>>, meta = nullptr;
+};
+template <class N>
+struct node_fns<N, op_kind::meta> {
+    static constexpr node_fn shape = nullptr, run = nullptr, meta = &node_meta<shallow_t<N>>;
+};
+
+// The per-node routines of a plan and their operand tables: data, one symbol each per plan.
+template <class PP>
+struct node_tables {
+    using prog = typename PP::program;
+    static constexpr std::array<std::size_t, PP::M * node_call_width + 1> ids = [] {
+        std::array<std::size_t, PP::M * node_call_width + 1> r{};
+        for (std::size_t n = 0; n < PP::M; ++n) {
+            std::size_t* row = r.data() + n * node_call_width;
+            const node_info& ni = prog::info[n];
+            row[0] = n;
+            row[1] = PP::rank_offset[n];
+            row[2] = ni.arity;
+            for (std::size_t k = 0; k < ni.arity; ++k) {
+                row[3 + 2 * k] = ni.child[k];
+                row[4 + 2 * k] = PP::rank_offset[ni.child[k]];
+            }
+        }
+        return r;
+    }();
+    template <std::size_t... Is>
+    static constexpr std::array<node_fn, PP::M + 1> shapes(std::index_sequence<Is...>) {
+        return {node_fns<typename prog::template node_at<Is>>::shape..., nullptr};
     }
+    template <std::size_t... Is>
+    static constexpr std::array<node_fn, PP::M + 1> runs(std::index_sequence<Is...>) {
+        return {node_fns<typename prog::template node_at<Is>>::run..., nullptr};
+    }
+    template <std::size_t... Is>
+    static constexpr std::array<node_fn, PP::M + 1> metas(std::index_sequence<Is...>) {
+        return {node_fns<typename prog::template node_at<Is>>::meta..., nullptr};
+    }
+    static constexpr auto shape = shapes(std::make_index_sequence<PP::M>{});
+    static constexpr auto run = runs(std::make_index_sequence<PP::M>{});
+    static constexpr auto meta = metas(std::make_index_sequence<PP::M>{});
+};
+template <class PP>
+node_call node_call_of(typename PP::state_type& st, std::size_t n) {
+    return {st.ptr.data(), st.ext.data(), st.stride.data(), st.view_offset.data(),
+            node_tables<PP>::ids.data() + n * node_call_width};
+}
+
+// Meta node N's value into buffer (the CUDA backend keeps it on the host).
+template <class PP, std::size_t N>
+void compute_meta(typename PP::state_type& st, void* buffer) {
+    write_meta<shallow_t<typename PP::program::template node_at<N>>>(
+        st.ext.data() + PP::rank_offset[PP::program::info[N].child[0]], buffer);
 }
 
 // Fills extents and strides of every non-leaf node from its children's, checking them. Leaf
 // extents must have been filled by the caller. Throws before anything is written.
-// Leaves, elementwise nodes and reductions share one run-time routine; only views and kernels
-// instantiate shape_node (see node_filter.hpp: per-node instantiations grow compile time
-// quadratically with the graph).
 template <class PP>
 void compute_shapes(typename PP::state_type& st) {
-    std::size_t next = 0;
-    auto generic_until = [&](std::size_t end) {
-        for (; next < end; ++next) {
-            const op_kind kind = PP::program::info[next].kind;
-            if (kind == op_kind::elementwise || kind == op_kind::reduce) elementwise_shape<PP>(st, next);
-            if (kind == op_kind::leaf || kind == op_kind::elementwise || kind == op_kind::reduce)
-                dense_strides<PP>(st, next);
-        }
-    };
-    for_each_node_of_kind<typename PP::program, op_kind::view, op_kind::kernel>(
-        [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-            generic_until(N);
-            shape_node<PP, N>(st);
-            next = N + 1;
-        });
-    generic_until(PP::M);
+    for (std::size_t n = 0; n < PP::M; ++n) {
+        const op_kind kind = PP::program::info[n].kind;
+        if (kind == op_kind::elementwise || kind == op_kind::reduce) elementwise_shape<PP>(st, n);
+        if (kind == op_kind::view || kind == op_kind::kernel) node_tables<PP>::shape[n](node_call_of<PP>(st, n));
+        if (kind == op_kind::leaf || kind == op_kind::elementwise || kind == op_kind::reduce ||
+            kind == op_kind::kernel)
+            dense_strides<PP>(st, n);
+    }
 }
 
 // Scratch is counted in 8-byte units (a plan may hold float and double buffers); each buffer
@@ -219,23 +339,6 @@ std::size_t scratch_layout(const typename PP::state_type& st, std::array<std::si
     return total;
 }
 
-template <class PP, std::size_t N>
-void compute_meta(typename PP::state_type& st, void* buffer) {
-    using node = typename PP::program::template node_at<N>;
-    constexpr auto& info = PP::program::info;
-    if constexpr (node::kind == op_kind::meta) {
-        using T = buffer_t<node>;
-        using target = typename node::op::target_shape;
-        const std::size_t c = info[N].child[0];
-        const std::size_t crank = info[c].rank;
-        const std::size_t lead = crank - target::rank;
-        double removed = 1;
-        for (std::size_t a = 0; a < crank; ++a)
-            if (a < lead || target::extents[a - lead] == 1) removed *= double(st.ext[PP::rank_offset[c] + a]);
-        *static_cast<T*>(buffer) = static_cast<T>(static_cast<compute_t<T>>(1.0 / removed));
-    }
-}
-
 template <class T>
 void fill_identity(void* p, std::size_t n, reduce_kind k) {
     const T init = k == reduce_kind::sum   ? T(0)
@@ -258,9 +361,8 @@ void prepare_scratch(typename PP::state_type& st, scratch_unit* scratch,
             else fill_identity<float>(p, node_numel<PP>(st, n), info[n].combine);
         }
     }
-    for_each_node_of_kind<typename PP::program, op_kind::meta>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-        if (PP::plan.computed[N]) compute_meta<PP, N>(st, scratch + offset[N]);
-    });
+    for (std::size_t n = 0; n < PP::M; ++n)
+        if (info[n].kind == op_kind::meta && PP::plan.computed[n]) node_tables<PP>::meta[n](node_call_of<PP>(st, n));
     // Views alias their input (children first, so chains of views resolve in one sweep).
     for (std::size_t n = 0; n < PP::M; ++n) {
         if (info[n].kind != op_kind::view || !PP::plan.needed[n] || st.ptr[n] != nullptr) continue;
@@ -295,20 +397,6 @@ constexpr auto schedule() {
     return r;
 }
 
-// Each loop (loop_kernel::run) and kernel is its own function: inlined into one body, a plan's
-// loops make one huge function, and the optimiser's cost grows faster than linearly with a
-// function's size. A call per loop costs nothing next to the loop.
-template <class PP, std::size_t N>
-[[gnu::noinline]] void run_kernel(typename PP::state_type& st) {
-    using node = typename PP::program::template node_at<N>;
-    using T = buffer_t<node>;
-    constexpr std::size_t arity = PP::program::info[N].arity;
-    std::array<tensor_ref, arity> in{};
-    for (std::size_t k = 0; k < arity; ++k) in[k] = ref_of<PP>(st, PP::program::info[N].child[k]);
-    node::op::template run<node>(in.data(), const_cast<T*>(static_cast<const T*>(st.ptr[N])),
-                                 st.ext.data() + PP::rank_offset[N]);
-}
-
 template <class PP>
 inline constexpr auto schedule_v = schedule<PP>();
 
@@ -333,26 +421,65 @@ void check_buffer(const typename PP::state_type& st, std::size_t n) {
     }
 }
 
-template <class PP, class AccumulateMask, std::size_t I, bool Check>
-void run_item(typename PP::state_type& st) {
-    constexpr step_item item = schedule_v<PP>[I];
-    if constexpr (item.is_loop) {
-        loop_kernel<PP, item.index, AccumulateMask, Check>::run(st);
-        if constexpr (Check) {
-            constexpr loop_plan lp = PP::plan.loops[item.index];
-            for (std::size_t m = lp.red_begin; m < lp.mat_end; ++m) check_buffer<PP>(st, PP::plan.members[m]);
-        }
-    } else {
-        run_kernel<PP, item.index>(st);
-        if constexpr (Check) check_buffer<PP>(st, item.index);
+// The loops of a plan: their kernels and operand tables (node ids and extent offsets, one flat
+// array per plan).
+template <class PP, class AccumulateMask, bool Check>
+struct loop_tables {
+    static constexpr std::size_t count = PP::plan.loop_count;
+    template <std::size_t... Ls>
+    static constexpr std::array<std::size_t, count + 1> sizes(std::index_sequence<Ls...>) {
+        return {(loop_signature<PP, Ls, AccumulateMask, Check>::n_ops + 1)..., 0};
     }
-}
+    static constexpr auto size = sizes(std::make_index_sequence<count>{});
+    static constexpr std::array<std::size_t, count + 1> start = [] {
+        std::array<std::size_t, count + 1> r{};
+        for (std::size_t l = 0; l < count; ++l) r[l + 1] = r[l] + 2 * size[l];
+        return r;
+    }();
+    template <std::size_t... Ls>
+    static constexpr auto make_ids(std::index_sequence<Ls...>) {
+        std::array<std::size_t, start[count] + 1> r{};
+        auto put = [&](std::size_t l, const auto& node, const auto& offset) {
+            for (std::size_t i = 0; i < size[l]; ++i) {
+                r[start[l] + i] = node[i];
+                r[start[l] + size[l] + i] = offset[i];
+            }
+        };
+        [[maybe_unused]] const int in_order[] = {
+            0, (put(Ls, loop_signature<PP, Ls, AccumulateMask, Check>::node,
+                    loop_signature<PP, Ls, AccumulateMask, Check>::offset), 0)...};
+        return r;
+    }
+    static constexpr auto ids = make_ids(std::make_index_sequence<count>{});
+    template <std::size_t... Ls>
+    static constexpr std::array<void (*)(const loop_args&), count + 1> make_fns(std::index_sequence<Ls...>) {
+        return {&loop_signature<PP, Ls, AccumulateMask, Check>::kernel::run..., nullptr};
+    }
+    static constexpr auto fns = make_fns(std::make_index_sequence<count>{});
+};
 
+// The plan's work in order: a run-time walk over constexpr tables, so no function is
+// instantiated per loop or kernel of the plan (each one's routine is keyed by its signature).
 template <class PP, class AccumulateMask, bool Check = false>
 void run_loops(typename PP::state_type& st) {
-    [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-        [[maybe_unused]] const int in_order[] = {0, (run_item<PP, AccumulateMask, Is, Check>(st), 0)...};
-    }(std::make_index_sequence<schedule_size<PP>()>{});
+    using loops = loop_tables<PP, AccumulateMask, Check>;
+    constexpr std::size_t items = schedule_size<PP>();
+    for (std::size_t i = 0; i < items; ++i) {
+        const step_item item = schedule_v<PP>[i];
+        if (item.is_loop) {
+            const std::size_t* ids = loops::ids.data() + loops::start[item.index];
+            const loop_args args{st.ptr.data(), st.out.data(), st.ext.data(), st.stride.data(), ids,
+                                 ids + loops::size[item.index]};
+            loops::fns[item.index](args);
+            if constexpr (Check) {
+                const loop_plan& lp = PP::plan.loops[item.index];
+                for (std::size_t m = lp.red_begin; m < lp.mat_end; ++m) check_buffer<PP>(st, PP::plan.members[m]);
+            }
+        } else {
+            node_tables<PP>::run[item.index](node_call_of<PP>(st, item.index));
+            if constexpr (Check) check_buffer<PP>(st, item.index);
+        }
+    }
 }
 
 }  // namespace typegrad::detail

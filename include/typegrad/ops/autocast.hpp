@@ -147,30 +147,10 @@ constexpr auto lower_precision_entry(X x) {
     return autocast_entry<autocast_class::lower_precision, autocast_class::lower_precision>(x);
 }
 
-// ---- the rewrite: one bottom-up pass over the topological order ---------------------------
-// A map from old node types to new ones, looked up by overload resolution against its bases.
-template <class K, class V>
-struct map_entry {};
-template <class... Es>
-struct type_map : Es... {};
-template <class K, class V>
-V map_lookup(const map_entry<K, V>*);
-template <class Map, class K>
-using lookup_t = decltype(map_lookup<K>(static_cast<const Map*>(nullptr)));
-
-template <class K>
-struct set_entry {};
-template <class... Ks>
-struct type_set : set_entry<Ks>... {};
-template <class List>
-struct to_set;
-template <class... Ks>
-struct to_set<type_list<Ks...>> {
-    using type = type_set<Ks...>;
-};
-template <class Set, class K>
-inline constexpr bool in_set_v = std::is_base_of_v<set_entry<K>, Set>;
-
+// ---- the rewrite: one bottom-up pass over the graph's node table -----------------------------
+// The rewritten type of node I is a class template keyed by I: it reads its children's
+// rewritten types by their ids (graph/topo.hpp), so each node is rewritten once, with no map of
+// old to new types (a map type grows with every node: O(N^2) and a 4-block model did not finish).
 // cast<D>(C), with the cast moved below views (transpose(cast(W)) rather than cast(transpose(W))):
 // the cast then reads its input densely, and a parameter cast once serves every view of it.
 template <class D, class C>
@@ -207,24 +187,23 @@ struct rewrite_child {
     using type = typename decltype(make())::node_type;
 };
 
-template <class Spec, class N, class Map>
+template <class Spec, class N, class NewChildren>
 struct rewrite_node {
     using type = N;  // leaves and constants
 };
-template <class Spec, class Op, class... Cs, class Map>
-struct rewrite_node<Spec, node<Op, Cs...>, Map> {
+template <class Spec, class Op, class... Cs, class... Ns>
+struct rewrite_node<Spec, node<Op, Cs...>, type_list<Ns...>> {
     template <std::size_t... Is>
-    static auto rebuild(std::index_sequence<Is...>)
-        -> node<Op, typename rewrite_child<Spec, Op, Is, lookup_t<Map, Cs>>::type...>;
+    static auto rebuild(std::index_sequence<Is...>) -> node<Op, typename rewrite_child<Spec, Op, Is, Ns>::type...>;
     static constexpr auto make() {
         if constexpr (is_autocast_marker_v<Op>) {
-            using C = lookup_t<Map, type_at_t<0, type_list<Cs...>>>;
+            using C = type_at_t<0, type_list<Ns...>>;
             if constexpr (requires { Op::class_on(device_kind::cpu); } && Spec::enabled)
                 return typename decltype(cast_input<Spec, Op::class_on(Spec::device::kind), C>())::node_type{};
             else
                 return C{};
         } else if constexpr (!Spec::enabled) {
-            return node<Op, lookup_t<Map, Cs>...>{};
+            return node<Op, Ns...>{};
         } else {
             return decltype(rebuild(std::index_sequence_for<Cs...>{})){};
         }
@@ -232,42 +211,37 @@ struct rewrite_node<Spec, node<Op, Cs...>, Map> {
     using type = decltype(make());
 };
 
-template <class Spec, class Fixed, class Map>
-struct rewrite_state {
-    using map = Map;
-};
+// Whether N is in the graph Fixed (a topo struct; void: none).
+template <class Fixed, class N>
+inline constexpr bool is_fixed_v = Fixed::template id_of<N> != no_parent;
 template <class N>
-struct rewrite_visit {};
-template <class Spec, class Fixed, class... Es, class N>
-auto operator<<(rewrite_state<Spec, Fixed, type_map<Es...>>, rewrite_visit<N>) {
-    if constexpr (in_set_v<Fixed, N>)
-        return rewrite_state<Spec, Fixed, type_map<Es..., map_entry<N, N>>>{};
-    else
-        return rewrite_state<Spec, Fixed, type_map<Es..., map_entry<N, typename rewrite_node<Spec, N, type_map<Es...>>::type>>>{};
-}
+inline constexpr bool is_fixed_v<void, N> = false;
 
-// The nodes in order, at most 16 per fold (clang limits a fold to 256 operands).
-template <class State, class List>
-struct rewrite_run;
-template <class State, class... Ns>
-struct rewrite_run<State, type_list<Ns...>> {
-    using type = decltype((State{} << ... << rewrite_visit<Ns>{}));
+template <class Spec, class Graph, class Fixed, std::size_t I,
+          class Old = typename topo_at<Graph, I>::type, bool Keep = is_fixed_v<Fixed, Old>>
+struct rewrite_at {
+    using type = Old;
 };
-template <class State, class A0, class A1, class A2, class A3, class A4, class A5, class A6, class A7, class A8, class A9, class A10, class A11, class A12, class A13, class A14, class A15, class N, class... Rest>
-struct rewrite_run<State, type_list<A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, N, Rest...>> {
-    using first = decltype(State{} << rewrite_visit<A0>{} << rewrite_visit<A1>{} << rewrite_visit<A2>{} << rewrite_visit<A3>{} << rewrite_visit<A4>{} << rewrite_visit<A5>{} << rewrite_visit<A6>{} << rewrite_visit<A7>{} << rewrite_visit<A8>{} << rewrite_visit<A9>{} << rewrite_visit<A10>{} << rewrite_visit<A11>{} << rewrite_visit<A12>{} << rewrite_visit<A13>{} << rewrite_visit<A14>{} << rewrite_visit<A15>{});
-    using type = typename rewrite_run<first, type_list<N, Rest...>>::type;
+template <class Spec, class Graph, class Fixed, std::size_t I, class Old>
+struct rewrite_at<Spec, Graph, Fixed, I, Old, false> {
+    template <std::size_t... Ks>
+    static auto children(std::index_sequence<Ks...>)
+        -> type_list<typename rewrite_at<Spec, Graph, Fixed, Graph::table.child[I * max_arity + Ks]>::type...>;
+    using type = typename rewrite_node<Spec, Old, decltype(children(std::make_index_sequence<Old::desc.arity>{}))>::type;
 };
 
-// Root rewritten under Spec; the nodes in FixedList keep their types (and so their subgraphs).
-template <class Root, class Spec, class FixedList>
+// Root rewritten under Spec; the nodes of the graph Fixed keep their types (and so their
+// subgraphs). The nodes are rewritten in id order (children first), so no instantiation
+// recurses through the graph's depth.
+template <class Root, class Spec, class Fixed>
 struct rewrite {
-    using type = lookup_t<typename rewrite_run<rewrite_state<Spec, typename to_set<FixedList>::type, type_map<>>,
-                                               topo_t<Root>>::type::map,
-                          Root>;
+    using graph = topo<Root>;
+    template <std::size_t... Is>
+    static auto all(std::index_sequence<Is...>) -> type_list<typename rewrite_at<Spec, graph, Fixed, Is>::type...>;
+    using type = type_at_t<graph::size - 1, decltype(all(std::make_index_sequence<graph::size>{}))>;
 };
-template <class Root, class Spec, class FixedList = type_list<>>
-using rewrite_t = typename rewrite<Root, Spec, FixedList>::type;
+template <class Root, class Spec, class Fixed = void>
+using rewrite_t = typename rewrite<Root, Spec, Fixed>::type;
 
 // The nodes under nested region markers (an enclosing region leaves them alone).
 template <class N>
@@ -279,7 +253,7 @@ struct region_contents<node<autocast_region_op<S>, X>> {
     using type = type_list<X>;
 };
 template <class... Ns>
-auto nested_regions(type_list<Ns...>) -> topo_of_t<concat_t<typename region_contents<Ns>::type...>>;
+auto nested_regions(type_list<Ns...>) -> graph_of_t<concat_t<typename region_contents<Ns>::type...>>;
 
 template <class N>
 inline constexpr bool is_marker_node_v = false;
@@ -294,9 +268,16 @@ constexpr bool has_markers(type_list<Ns...>) {
 }
 
 // The graph compile() evaluates: markers and entries removed.
+template <class Root, bool = has_markers(topo_t<Root>{})>
+struct strip_autocast {
+    using type = Root;  // the common case: no rewrite is instantiated
+};
 template <class Root>
-using strip_autocast_t = std::conditional_t<has_markers(topo_t<Root>{}),
-                                            rewrite_t<Root, no_autocast>, Root>;
+struct strip_autocast<Root, true> {
+    using type = rewrite_t<Root, no_autocast>;
+};
+template <class Root>
+using strip_autocast_t = typename strip_autocast<Root>::type;
 
 // The spec of the region wrapping the whole expression, or no_autocast.
 template <class Root>

@@ -5,6 +5,7 @@
 // merged), the innermost axis runs over xsimd batches with a scalar tail, and operands that are
 // broadcast along it are loaded once per row.
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cmath>
@@ -89,67 +90,74 @@ inline void eval_node(Values& v, std::index_sequence<Cs...>) {
     if constexpr (Check) note_nonfinite(v[Out], Id);
 }
 
-template <std::array<std::size_t, max_arity> Slots, std::size_t N, class = std::make_index_sequence<N>>
-struct slot_sequence;
-template <std::array<std::size_t, max_arity> Slots, std::size_t N, std::size_t... Ks>
-struct slot_sequence<Slots, N, std::index_sequence<Ks...>> {
-    using type = std::index_sequence<Slots[Ks]...>;
+// ---- a loop's signature ---------------------------------------------------------------------
+// A loop kernel is instantiated from what its code depends on, numbered locally: its compute
+// type, its operands' buffer and value types, its body (op, dtype, operand slots per node) and a
+// flat list of integers (counts, operand flags, ranks, broadcast masks, reduction kinds, source
+// slots). Never from the plan or the graph: a name that spells the graph makes every loop's
+// symbol O(N) long (quadratic symbol text; a 4-block model spent 95% of its compile mangling),
+// and equal loops of different blocks or graphs now share one function. The node ids it reads
+// and writes come at run time (loop_args).
+
+// Body node: its op, storage dtype, node id (anomaly mode only, for the report) and value slots.
+template <class Op, class D, std::size_t Id, class Slots>
+struct loop_instr {};
+
+// Where a loop's operands live at run time.
+struct loop_args {
+    const void* const* ptr;         // materialised node buffers, by node id
+    void* const* out;               // store destinations, by store index
+    const std::size_t* ext;         // run-time extents (exec_state::ext)
+    const std::ptrdiff_t* stride;   // element strides of materialised nodes (exec_state::stride)
+    const std::size_t* node;        // per operand: node id (stores: store index)
+    const std::size_t* offset;      // per operand: start of its extents; [n_ops]: the iteration node's
 };
 
-// PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
-// rank_offset (array: start of each node's extents in exec_state::ext), value_type.
-// Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
-template <class PP, std::size_t L, class AccumulateMask, bool Check = false>
-struct loop_kernel {
-    using prog = typename PP::program;
-    // A loop computes in its iteration node's compute type: double, or float for the float
-    // family (f32, bf16, f16 never meet f64). Operands convert from and to their buffers' types.
-    using T = compute_t<typename prog::template node_at<PP::plan.loops[L].iter>::value_type>;
+namespace loop_desc {
+// The integer list: a header, then 4 words per operand, 2 per reduction, 1 per
+// materialisation, 2 per store.
+inline constexpr std::size_t iter_rank = 0, n_in = 1, n_body = 2, n_red = 3, n_mat = 4, n_store = 5, header = 6;
+inline constexpr std::size_t flag_view = 1, flag_constant = 2;
+}  // namespace loop_desc
+
+template <class T, class Bufs, class Vals, class Body, class Desc, bool Check>
+struct loop_kernel;
+
+template <class T, class... Bufs, class... Vals, class... Body, std::size_t... Desc, bool Check>
+struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>, std::index_sequence<Desc...>, Check> {
+    static constexpr std::array<std::size_t, sizeof...(Desc)> d{Desc...};
     using batch_t = simd::batch<T>;
     static constexpr std::size_t W = simd::width<T>;
-    static constexpr auto& info = prog::info;
-    static constexpr auto& plan = PP::plan;
-    static constexpr loop_plan lp = plan.loops[L];
-    static constexpr std::size_t n_in = lp.in_end - lp.in_begin;
-    static constexpr std::size_t n_body = lp.body_end - lp.body_begin;
-    static constexpr std::size_t n_red = lp.red_end - lp.red_begin;
-    static constexpr std::size_t n_mat = lp.mat_end - lp.mat_begin;
-    static constexpr std::size_t n_store = lp.store_end - lp.store_begin;
+    static constexpr std::size_t iter_rank = d[loop_desc::iter_rank];
+    static constexpr std::size_t n_in = d[loop_desc::n_in];
+    static constexpr std::size_t n_body = d[loop_desc::n_body];
+    static constexpr std::size_t n_red = d[loop_desc::n_red];
+    static constexpr std::size_t n_mat = d[loop_desc::n_mat];
+    static constexpr std::size_t n_store = d[loop_desc::n_store];
     static constexpr std::size_t n_slots = n_in + n_body;
     static constexpr std::size_t n_out = n_red + n_mat + n_store;
     static constexpr std::size_t n_ops = n_in + n_out;  // operands with memory
-    static constexpr std::size_t iter_rank = info[lp.iter].rank;
-    static constexpr std::size_t R = iter_rank == 0 ? 1 : iter_rank;
+    static constexpr std::size_t op_base = loop_desc::header;
+    static constexpr std::size_t red_base = op_base + 4 * n_ops;
+    static constexpr std::size_t mat_base = red_base + 2 * n_red;
+    static constexpr std::size_t store_base = mat_base + n_mat;
 
-    static constexpr std::size_t slot_id(std::size_t s) {
-        return plan.members[s < n_in ? lp.in_begin + s : lp.body_begin + (s - n_in)];
-    }
-    static constexpr std::size_t slot_of(std::size_t id) {
-        for (std::size_t s = 0; s < n_slots; ++s)
-            if (slot_id(s) == id) return s;
-        return n_slots;  // unreachable for a valid plan
-    }
-    // Operand o: inputs, then reduction targets, materialisations, stores. Its node gives its shape.
-    static constexpr std::size_t operand_node(std::size_t o) {
-        if (o < n_in) return plan.members[lp.in_begin + o];
-        if (o < n_in + n_red) return plan.members[lp.red_begin + (o - n_in)];
-        if (o < n_in + n_red + n_mat) return plan.members[lp.mat_begin + (o - n_in - n_red)];
-        return PP::stores[plan.members[lp.store_begin + (o - n_in - n_red - n_mat)]];
+    static constexpr bool is_view_input(std::size_t o) { return o < n_in && (d[op_base + 4 * o] & loop_desc::flag_view); }
+    static constexpr bool is_constant(std::size_t o) { return d[op_base + 4 * o] & loop_desc::flag_constant; }
+    static constexpr std::size_t operand_rank(std::size_t o) { return d[op_base + 4 * o + 1]; }
+    static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
+        return iter_rank == 0 || ((d[op_base + 4 * o + 2] >> axis) & 1u);
     }
     // Views may be strided arbitrarily: loops reading one keep every axis apart.
     static constexpr bool reads_views = [] {
         for (std::size_t o = 0; o < n_in; ++o)
-            if (info[operand_node(o)].kind == op_kind::view) return true;
+            if (is_view_input(o)) return true;
         return false;
     }();
-    static constexpr bool is_view_input(std::size_t o) {
-        return o < n_in && info[operand_node(o)].kind == op_kind::view;
-    }
-    // Operand O's buffer element type, and its value's dtype.
     template <std::size_t O>
-    using buf_t = buffer_t<typename prog::template node_at<operand_node(O)>>;
+    using buf_t = type_at_t<O, type_list<Bufs...>>;
     template <std::size_t O>
-    using val_t = storage_t<typename prog::template node_at<operand_node(O)>::value_type>;
+    using val_t = type_at_t<O, type_list<Vals...>>;
     // A bf16/f16 value held in a float buffer (a reduction) is rounded when read.
     template <std::size_t O>
     static constexpr bool round_on_load = is_reduced_precision_v<val_t<O>> && !std::is_same_v<val_t<O>, buf_t<O>>;
@@ -162,14 +170,6 @@ struct loop_kernel {
     static const buf_t<O>* in_data(const void* p) { return static_cast<const buf_t<O>*>(p); }
     template <std::size_t O>
     static buf_t<O>* out_data(void* p) { return static_cast<buf_t<O>*>(p); }
-    static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
-        if (iter_rank == 0) return true;
-        const node_info& p = info[operand_node(o)];
-        const node_info& f = info[lp.iter];
-        const std::size_t lead = f.rank - p.rank;
-        if (axis < lead) return true;
-        return p.ext[axis - lead] == 1 && f.ext[axis] != 1;
-    }
 
     // Coalesced axis groups: group g covers iteration axes [first[g], last[g]].
     struct groups_t {
@@ -203,75 +203,42 @@ struct loop_kernel {
         return broadcast_axis(o, groups.first[G - 1]);
     }
 
-    template <class State>
-    static std::size_t extent(const State& st, std::size_t node, std::size_t axis) {
-        return st.ext[PP::rank_offset[node] + axis];
-    }
-
-    // Positions of a node's value children (shape-only children are not evaluated).
-    struct picked_t {
-        std::array<std::size_t, max_arity> at{};
-        std::size_t n = 0;
-    };
-    template <std::size_t Id>
-    static constexpr picked_t picked = [] {
-        picked_t r;
-        for (std::size_t i = 0; i < info[Id].arity; ++i)
-            if (!info[Id].shape_only[i]) r.at[r.n++] = i;
-        return r;
-    }();
-    // Body node B: its id, and the slots of its value children as an index_sequence type.
-    template <std::size_t B>
-    struct body_node {
-        static constexpr std::size_t id = slot_id(n_in + B);
-        using type = typename prog::template node_at<id>;
-        static constexpr std::array<std::size_t, max_arity> slots = [] {
-            std::array<std::size_t, max_arity> r{};
-            for (std::size_t k = 0; k < picked<id>.n; ++k) r[k] = slot_of(info[id].child[picked<id>.at[k]]);
-            return r;
-        }();
-        using child_slots = typename slot_sequence<slots, picked<id>.n>::type;
-    };
-
-    // The body is one pack expansion over free functions named by (op, dtype, slots) rather than by the
-    // plan: a member per node would carry the whole plan type in every symbol name, so symbol
-    // text would grow quadratically with the graph (see exec/node_filter.hpp).
-    template <class V, class Values>
+    template <class Values>
     static void eval_body(Values& v) {
         [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
-            [[maybe_unused]] const int in_order[] = {
-                0, (eval_node<typename body_node<Bs>::type::op, storage_t<typename body_node<Bs>::type::value_type>,
-                              Check, n_in + Bs, body_node<Bs>::id>(v, typename body_node<Bs>::child_slots{}),
-                    0)...};
+            [[maybe_unused]] const int in_order[] = {0, (eval_one<n_in + Bs>(v, type_at_t<Bs, type_list<Body...>>{}), 0)...};
         }(std::make_index_sequence<n_body>{});
+    }
+    template <std::size_t Out, class Values, class Op, class D, std::size_t Id, class Slots>
+    [[gnu::always_inline]] static void eval_one(Values& v, loop_instr<Op, D, Id, Slots>) {
+        eval_node<Op, D, Check, Out, Id>(v, Slots{});
     }
 
     template <std::size_t O>
     static T const_value() {
-        using N = typename prog::template node_at<operand_node(O)>;
-        return static_cast<T>(N::value);
+        return static_cast<T>(std::bit_cast<double>(d[op_base + 4 * O + 3]));
     }
 
-    template <class State>
-    [[gnu::noinline]] static void run(State& st) {  // see run_kernel (execute.hpp)
+    [[gnu::noinline]] static void run(const loop_args& a) {  // see run_kernel (execute.hpp)
         // Group extents and operand strides (elements) per group.
+        const std::size_t* iter_ext = a.ext + a.offset[n_ops];
         std::array<std::size_t, G> gext{};
         for (std::size_t g = 0; g < G; ++g) {
             std::size_t e = 1;
             if constexpr (iter_rank > 0)
-                for (std::size_t a = groups.first[g]; a <= groups.last[g]; ++a) e *= extent(st, lp.iter, a);
+                for (std::size_t x = groups.first[g]; x <= groups.last[g]; ++x) e *= iter_ext[x];
             gext[g] = e;
         }
         std::array<std::array<std::ptrdiff_t, G>, n_ops + 1> stride{};
         [&]<std::size_t... Os>(std::index_sequence<Os...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(stride[Os] = operand_strides<Os>(st)), 0)...};
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(stride[Os] = operand_strides<Os>(a)), 0)...};
         }(std::make_index_sequence<n_ops>{});
 
         std::array<const void*, n_in + 1> in_ptr{};
         std::array<void*, n_out + 1> out_ptr{};
-        for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = st.ptr[operand_node(i)];
-        for (std::size_t r = 0; r < n_red + n_mat; ++r) out_ptr[r] = const_cast<void*>(st.ptr[operand_node(n_in + r)]);
-        for (std::size_t k = 0; k < n_store; ++k) out_ptr[n_red + n_mat + k] = st.out[plan.members[lp.store_begin + k]];
+        for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = a.ptr[a.node[i]];
+        for (std::size_t r = 0; r < n_red + n_mat; ++r) out_ptr[r] = const_cast<void*>(a.ptr[a.node[n_in + r]]);
+        for (std::size_t k = 0; k < n_store; ++k) out_ptr[n_red + n_mat + k] = a.out[a.node[n_in + n_red + n_mat + k]];
         std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
             [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(inner_stride[Is] = is_view_input(Is) ? stride[Is][G - 1] : 1), 0)...};
@@ -283,7 +250,7 @@ struct loop_kernel {
         std::array<std::ptrdiff_t, n_ops + 1> off{};
         std::array<std::size_t, G> idx{};
         for (std::size_t o = 0; o < outer; ++o) {
-            row(in_ptr, out_ptr, off, inner, inner_stride);
+            row(a, in_ptr, out_ptr, off, inner, inner_stride);
             // advance the mixed-radix index over the outer groups
             for (std::size_t g = G - 1; g-- > 0;) {
                 ++idx[g];
@@ -297,22 +264,21 @@ struct loop_kernel {
 
     // Element stride of each axis group: inputs use their node's strides (views may be anything),
     // outputs are dense row-major buffers of their own shape.
-    template <std::size_t O, class State>
-    static std::array<std::ptrdiff_t, G> operand_strides(const State& st) {
-        constexpr std::size_t node = operand_node(O);
-        constexpr std::size_t prank = info[node].rank;
+    template <std::size_t O>
+    static std::array<std::ptrdiff_t, G> operand_strides(const loop_args& a) {
+        constexpr std::size_t prank = operand_rank(O);
         std::array<std::ptrdiff_t, G> s{};
         if constexpr (iter_rank > 0) {
             constexpr std::size_t lead = iter_rank - prank;
             for (std::size_t g = 0; g < G; ++g) {
-                const std::size_t a = groups.last[g];
-                if (broadcast_axis(O, a)) continue;
+                const std::size_t x = groups.last[g];
+                if (broadcast_axis(O, x)) continue;
                 if constexpr (O < n_in) {
-                    s[g] = st.stride[PP::rank_offset[node] + (a - lead)];
+                    s[g] = a.stride[a.offset[O] + (x - lead)];
                 } else {
                     std::ptrdiff_t stride = 1;
-                    for (std::size_t b = a + 1; b < iter_rank; ++b)
-                        if (b >= lead) stride *= static_cast<std::ptrdiff_t>(extent(st, node, b - lead));
+                    for (std::size_t b = x + 1; b < iter_rank; ++b)
+                        if (b >= lead) stride *= static_cast<std::ptrdiff_t>(a.ext[a.offset[O] + (b - lead)]);
                     s[g] = stride;
                 }
             }
@@ -321,8 +287,8 @@ struct loop_kernel {
     }
 
     template <class InPtr, class OutPtr, class Off, class InnerStride>
-    [[gnu::always_inline]] static void row(const InPtr& in_ptr, const OutPtr& out_ptr, const Off& off, std::size_t inner,
-                    const InnerStride& inner_stride) {
+    [[gnu::always_inline]] static void row(const loop_args& a, const InPtr& in_ptr, const OutPtr& out_ptr,
+                                           const Off& off, std::size_t inner, const InnerStride& inner_stride) {
         std::array<batch_t, n_slots + 1> v;
         std::array<T, n_slots + 1> s;
         // Inputs constant along the row.
@@ -339,16 +305,16 @@ struct loop_kernel {
         std::size_t j = 0;
         for (; j + W <= inner; j += W) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(v, in_ptr, off, j, inner_stride)), 0)...};
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, j, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
-            eval_body<batch_t>(v);
+            eval_body(v);
             finish<batch_t>(v, acc, out_ptr, off, j);
         }
         for (; j < inner; ++j) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_scalar<Is>(s, in_ptr, off, j, inner_stride)), 0)...};
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_scalar<Is>(a, s, in_ptr, off, j, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
-            eval_body<T>(s);
+            eval_body(s);
             finish<T>(s, acc_s, out_ptr, off, j);
         }
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
@@ -358,11 +324,11 @@ struct loop_kernel {
 
     template <std::size_t R_>
     static constexpr reduce_kind red_kind() {
-        return info[operand_node(n_in + R_)].combine;
+        return static_cast<reduce_kind>(d[red_base + 2 * R_]);
     }
     template <std::size_t I>
     static constexpr bool is_constant_input() {
-        return info[operand_node(I)].kind == op_kind::constant;
+        return is_constant(I);
     }
 
     template <std::size_t I, class VB, class VS, class InPtr, class Off>
@@ -377,8 +343,8 @@ struct loop_kernel {
         }
     }
     template <std::size_t I, class VB, class InPtr, class Off, class InnerStride>
-    static void load_vector(VB& v, const InPtr& in_ptr, const Off& off, std::size_t j,
-                            const InnerStride& inner_stride) {
+    static void load_vector([[maybe_unused]] const loop_args& a, VB& v, const InPtr& in_ptr, const Off& off,
+                            std::size_t j, const InnerStride& inner_stride) {
         using S = buf_t<I>;
         if constexpr (is_view_input(I) && !inner_broadcast(I)) {
             const std::ptrdiff_t st = inner_stride[I];
@@ -393,14 +359,14 @@ struct loop_kernel {
         } else if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
             v[I] = loaded<I>(simd::load_as<T>(in_data<I>(in_ptr[I]) + off[I] + j));
         }
-        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], operand_node(I));
+        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], a.node[I]);
     }
     template <std::size_t I, class VS, class InPtr, class Off, class InnerStride>
-    static void load_scalar(VS& s, const InPtr& in_ptr, const Off& off, std::size_t j,
-                            const InnerStride& inner_stride) {
+    static void load_scalar([[maybe_unused]] const loop_args& a, VS& s, const InPtr& in_ptr, const Off& off,
+                            std::size_t j, const InnerStride& inner_stride) {
         if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
             s[I] = loaded<I>(simd::scalar_as<T>(in_data<I>(in_ptr[I])[off[I] + std::ptrdiff_t(j) * inner_stride[I]]));
-        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], operand_node(I));
+        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], a.node[I]);
     }
 
     template <class V, class Values, class Acc, class OutPtr, class Off>
@@ -417,7 +383,7 @@ struct loop_kernel {
     }
     template <class V, std::size_t M_, class Values, class OutPtr, class Off>
     static void mat_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
-        constexpr std::size_t src = slot_of(plan.members[lp.mat_begin + M_]);
+        constexpr std::size_t src = d[mat_base + M_];
         using S = buf_t<n_in + n_red + M_>;
         S* p = out_data<n_in + n_red + M_>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j;
         if constexpr (simd::is_batch_v<V>) simd::store_as(p, v[src]);
@@ -425,8 +391,7 @@ struct loop_kernel {
     }
     template <class V, std::size_t R_, class Values, class Acc, class OutPtr, class Off>
     static void reduce_step(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
-        constexpr std::size_t node = operand_node(n_in + R_);
-        constexpr std::size_t src = slot_of(info[node].child[0]);
+        constexpr std::size_t src = d[red_base + 2 * R_ + 1];
         constexpr reduce_kind K = red_kind<R_>();
         if constexpr (inner_broadcast(n_in + R_)) {
             acc[R_] = reduce_combine<K>(acc[R_], v[src]);
@@ -447,9 +412,8 @@ struct loop_kernel {
     }
     template <class V, std::size_t S_, class Values, class OutPtr, class Off>
     static void store_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
-        constexpr std::size_t store_index = plan.members[lp.store_begin + S_];
-        constexpr std::size_t src = slot_of(PP::stores[store_index]);
-        constexpr bool accumulate = AccumulateMask::test(store_index);
+        constexpr std::size_t src = d[store_base + 2 * S_];
+        constexpr bool accumulate = d[store_base + 2 * S_ + 1] != 0;
         constexpr std::size_t o = n_in + n_red + n_mat + S_;
         using S = buf_t<o>;
         S* p = out_data<o>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
@@ -461,6 +425,156 @@ struct loop_kernel {
             else *p = static_cast<S>(v[src]);
         }
     }
+};
+
+template <std::array<std::size_t, max_arity> Slots, std::size_t N, class = std::make_index_sequence<N>>
+struct slot_sequence;
+template <std::array<std::size_t, max_arity> Slots, std::size_t N, std::size_t... Ks>
+struct slot_sequence<Slots, N, std::index_sequence<Ks...>> {
+    using type = std::index_sequence<Slots[Ks]...>;
+};
+
+// Loop L of a plan as a signature: `kernel` (the loop_kernel type), and the run-time operand
+// table (`node`, `offset`). A class used only at compile time: its long name is never emitted.
+// PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
+// rank_offset (array: start of each node's extents in exec_state::ext), value_type.
+// Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
+template <class PP, std::size_t L, class AccumulateMask, bool Check>
+struct loop_signature {
+    using prog = typename PP::program;
+    // A loop computes in its iteration node's compute type: double, or float for the float
+    // family (f32, bf16, f16 never meet f64). Operands convert from and to their buffers' types.
+    using T = compute_t<typename prog::template node_at<PP::plan.loops[L].iter>::value_type>;
+    static constexpr auto& info = prog::info;
+    static constexpr auto& plan = PP::plan;
+    static constexpr loop_plan lp = plan.loops[L];
+    static constexpr std::size_t n_in = lp.in_end - lp.in_begin;
+    static constexpr std::size_t n_body = lp.body_end - lp.body_begin;
+    static constexpr std::size_t n_red = lp.red_end - lp.red_begin;
+    static constexpr std::size_t n_mat = lp.mat_end - lp.mat_begin;
+    static constexpr std::size_t n_store = lp.store_end - lp.store_begin;
+    static constexpr std::size_t n_slots = n_in + n_body;
+    static constexpr std::size_t n_ops = n_in + n_red + n_mat + n_store;
+    static constexpr std::size_t iter_rank = info[lp.iter].rank;
+
+    static constexpr std::size_t slot_id(std::size_t s) {
+        return plan.members[s < n_in ? lp.in_begin + s : lp.body_begin + (s - n_in)];
+    }
+    static constexpr std::size_t slot_of(std::size_t id) {
+        for (std::size_t s = 0; s < n_slots; ++s)
+            if (slot_id(s) == id) return s;
+        return n_slots;  // unreachable for a valid plan
+    }
+    // Operand o: inputs, then reduction targets, materialisations, stores. Its node gives its shape.
+    static constexpr std::size_t operand_node(std::size_t o) {
+        if (o < n_in) return plan.members[lp.in_begin + o];
+        if (o < n_in + n_red) return plan.members[lp.red_begin + (o - n_in)];
+        if (o < n_in + n_red + n_mat) return plan.members[lp.mat_begin + (o - n_in - n_red)];
+        return PP::stores[plan.members[lp.store_begin + (o - n_in - n_red - n_mat)]];
+    }
+    static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
+        const node_info& p = info[operand_node(o)];
+        const node_info& f = info[lp.iter];
+        const std::size_t lead = f.rank - p.rank;
+        if (axis < lead) return true;
+        return p.ext[axis - lead] == 1 && f.ext[axis] != 1;
+    }
+    template <std::size_t O>
+    static constexpr std::size_t constant_bits() {
+        if constexpr (info[operand_node(O)].kind == op_kind::constant)
+            return std::bit_cast<std::size_t>(static_cast<double>(prog::template node_at<operand_node(O)>::value));
+        else return 0;
+    }
+    static constexpr std::size_t desc_size = loop_desc::header + 4 * n_ops + 2 * n_red + n_mat + 2 * n_store;
+    template <std::size_t... Os>
+    static constexpr std::array<std::size_t, desc_size> make_desc(std::index_sequence<Os...>) {
+        std::array<std::size_t, desc_size> r{};
+        r[loop_desc::iter_rank] = iter_rank;
+        r[loop_desc::n_in] = n_in;
+        r[loop_desc::n_body] = n_body;
+        r[loop_desc::n_red] = n_red;
+        r[loop_desc::n_mat] = n_mat;
+        r[loop_desc::n_store] = n_store;
+        constexpr std::array<std::size_t, n_ops + 1> bits{constant_bits<Os>()..., 0};
+        std::size_t k = loop_desc::header;
+        for (std::size_t o = 0; o < n_ops; ++o) {
+            const node_info& ni = info[operand_node(o)];
+            r[k++] = (o < n_in && ni.kind == op_kind::view ? loop_desc::flag_view : 0) |
+                     (ni.kind == op_kind::constant ? loop_desc::flag_constant : 0);
+            r[k++] = ni.rank;
+            std::size_t mask = 0;
+            for (std::size_t a = 0; a < iter_rank; ++a)
+                if (broadcast_axis(o, a)) mask |= std::size_t(1) << a;
+            r[k++] = mask;
+            r[k++] = bits[o];
+        }
+        for (std::size_t i = 0; i < n_red; ++i) {
+            const std::size_t node = plan.members[lp.red_begin + i];
+            r[k++] = static_cast<std::size_t>(info[node].combine);
+            r[k++] = slot_of(info[node].child[0]);
+        }
+        for (std::size_t i = 0; i < n_mat; ++i) r[k++] = slot_of(plan.members[lp.mat_begin + i]);
+        for (std::size_t i = 0; i < n_store; ++i) {
+            const std::size_t store_index = plan.members[lp.store_begin + i];
+            r[k++] = slot_of(PP::stores[store_index]);
+            r[k++] = AccumulateMask::test(store_index) ? 1 : 0;
+        }
+        return r;
+    }
+    static constexpr auto desc = make_desc(std::make_index_sequence<n_ops>{});
+    template <std::size_t... Ks>
+    static auto desc_seq(std::index_sequence<Ks...>) -> std::index_sequence<desc[Ks]...>;
+
+    // Positions of a node's value children (shape-only children are not evaluated).
+    struct picked_t {
+        std::array<std::size_t, max_arity> at{};
+        std::size_t n = 0;
+    };
+    template <std::size_t Id>
+    static constexpr picked_t picked = [] {
+        picked_t r;
+        for (std::size_t i = 0; i < info[Id].arity; ++i)
+            if (!info[Id].shape_only[i]) r.at[r.n++] = i;
+        return r;
+    }();
+    template <std::size_t B>
+    struct body_node {
+        static constexpr std::size_t id = slot_id(n_in + B);
+        using type = typename prog::template node_at<id>;
+        static constexpr std::array<std::size_t, max_arity> slots = [] {
+            std::array<std::size_t, max_arity> r{};
+            for (std::size_t k = 0; k < picked<id>.n; ++k) r[k] = slot_of(info[id].child[picked<id>.at[k]]);
+            return r;
+        }();
+        using instr = loop_instr<typename type::op, storage_t<typename type::value_type>, Check ? id : 0,
+                                 typename slot_sequence<slots, picked<id>.n>::type>;
+    };
+    template <std::size_t... Bs>
+    static auto body(std::index_sequence<Bs...>) -> type_list<typename body_node<Bs>::instr...>;
+    template <std::size_t... Os>
+    static auto bufs(std::index_sequence<Os...>) -> type_list<buffer_t<typename prog::template node_at<operand_node(Os)>>...>;
+    template <std::size_t... Os>
+    static auto vals(std::index_sequence<Os...>)
+        -> type_list<storage_t<typename prog::template node_at<operand_node(Os)>::value_type>...>;
+
+    using kernel = loop_kernel<T, decltype(bufs(std::make_index_sequence<n_ops>{})),
+                               decltype(vals(std::make_index_sequence<n_ops>{})),
+                               decltype(body(std::make_index_sequence<n_body>{})),
+                               decltype(desc_seq(std::make_index_sequence<desc_size>{})), Check>;
+
+    // Run-time operand table: node ids (stores: store index) and extent offsets.
+    static constexpr std::array<std::size_t, n_ops + 1> node = [] {
+        std::array<std::size_t, n_ops + 1> r{};
+        for (std::size_t o = 0; o < n_ops; ++o)
+            r[o] = o < n_in + n_red + n_mat ? operand_node(o) : plan.members[lp.store_begin + (o - n_in - n_red - n_mat)];
+        return r;
+    }();
+    static constexpr std::array<std::size_t, n_ops + 1> offset = [] {
+        std::array<std::size_t, n_ops + 1> r{};
+        for (std::size_t o = 0; o < n_ops; ++o) r[o] = PP::rank_offset[operand_node(o)];
+        r[n_ops] = PP::rank_offset[lp.iter];
+        return r;
+    }();
 };
 
 }  // namespace typegrad::detail
