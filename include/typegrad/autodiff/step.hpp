@@ -242,6 +242,39 @@ using op_dtypes_t = decltype(detail::op_dtypes<Name>(Nodes{}));
 template <class... Ts>
 using type_list = detail::type_list<Ts...>;
 
+namespace detail {
+// The id of the leaf an argument binds (PP::M for other arguments).
+template <class PP, class Arg>
+inline constexpr std::size_t bound_leaf_id = PP::M;
+template <class PP, class Leaf>
+inline constexpr std::size_t bound_leaf_id<PP, leaf_binding<Leaf>> = PP::program::template id_of<Leaf>;
+
+template <class Arg>
+void check_leaf_size(const Arg& b, [[maybe_unused]] std::size_t need, [[maybe_unused]] const std::size_t* ext) {
+    if constexpr (is_leaf_binding_v<Arg>) {
+        using L = typename Arg::leaf_type;
+        if (b.size != unknown_size && b.size != need)
+            throw shape_error(message("typegrad: bind(", L::name(), ", ...): the buffer has ", b.size,
+                                      " elements but extents ", extents_text(ext, L::shape_type::rank), " need ", need));
+    }
+}
+// A grad_into destination: store gi of the plan (the gradient node has the leaf's shape; the leaf
+// itself may not be in a backward plan at all: the gradient of B in sum(detach(A) * B) is detach(A)).
+template <class Arg>
+void bind_grad(const Arg& b, [[maybe_unused]] void** out, [[maybe_unused]] const std::size_t* need,
+               [[maybe_unused]] std::size_t& gi) {
+    if constexpr (is_grad_binding_v<Arg>) {
+        using L = typename Arg::leaf_type;
+        if (b.size != need[gi])
+            throw shape_error(message("typegrad: grad_into(", display_name<L>(), ", ...): the buffer has ", b.size,
+                                      " elements but the gradient has ", need[gi]));
+        if (b.data == nullptr && need[gi] != 0)
+            throw binding_error(message("typegrad: grad_into(", display_name<L>(), ", ...) got a null pointer"));
+        out[gi++] = b.data;
+    }
+}
+}  // namespace detail
+
 template <class Step, class FwdPP>
 class forward_context;
 
@@ -542,23 +575,17 @@ private:
             }
         }
     }
+    // Per-argument checks are free functions of the argument's type alone, fed run-time values
+    // (a function per argument named by the plan would make symbol text quadratic).
     template <class PP, class... Args>
     static void check_leaf_sizes(const typename PP::state_type& st, const Args&... args) {
-        detail::for_each_arg([&](const auto& a) { check_leaf_size<PP>(st, a); }, args...);
-    }
-    template <class PP, class Arg>
-    static void check_leaf_size(const typename PP::state_type& st, const Arg& b) {
-        if constexpr (detail::is_leaf_binding_v<Arg>) {
-            using L = typename Arg::leaf_type;
-            constexpr std::size_t id = PP::program::template id_of<L>;
-            const std::size_t need = detail::checked_numel<PP>(st, id);
-            if (b.size != detail::unknown_size && b.size != need)
-                throw shape_error(detail::message("typegrad: bind(", L::name(), ", ...): the buffer has ", b.size,
-                                                  " elements but extents ",
-                                                  detail::extents_text(st.ext.data() + PP::rank_offset[id],
-                                                                       L::shape_type::rank),
-                                                  " need ", need));
-        }
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>..., PP::M};
+        std::array<std::size_t, sizeof...(Args) + 1> need{};
+        for (std::size_t i = 0; i < sizeof...(Args); ++i)
+            if (ids[i] != PP::M) need[i] = detail::checked_numel<PP>(st, ids[i]);
+        std::size_t i = 0;
+        [[maybe_unused]] const int in_order[] = {
+            0, (detail::check_leaf_size(args, need[i], st.ext.data() + PP::rank_offset[ids[i]]), ++i, 0)...};
     }
 
     // Grad destinations: sizes, then aliasing against every input and each other.
@@ -596,8 +623,10 @@ private:
                 in_ranges[2 * n_in + 1] = p + detail::node_numel<PP>(st, N) * sizeof(typename node::value_type);
                 ++n_in;
             });
+        std::array<std::size_t, PP::NS + 1> need{};
+        for (std::size_t g = 0; g < PP::NS; ++g) need[g] = detail::node_numel<PP>(st, PP::stores[g]);
         std::size_t gi = 0;
-        detail::for_each_arg([&](const auto& a) { bind_grad<PP, Grads>(st, a, gi); }, args...);
+        [[maybe_unused]] const int in_order[] = {0, (detail::bind_grad(args, st.out.data(), need.data(), gi), 0)...};
         for (std::size_t i = 0; i < n_out; ++i) {
             if (out_ranges[2 * i] == out_ranges[2 * i + 1]) continue;
             for (std::size_t j = 0; j < n_in; ++j)
@@ -609,22 +638,6 @@ private:
                     throw aliasing_error("typegrad: two grad_into buffers overlap");
         }
     }
-    template <class PP, class Grads, class Arg>
-    static void bind_grad(typename PP::state_type& st, const Arg& b, std::size_t& gi) {
-        if constexpr (detail::is_grad_binding_v<Arg>) {
-            using L = typename Arg::leaf_type;
-            // the gradient node (store gi) has the leaf's shape; the leaf itself may not be in
-            // a backward plan at all (the gradient of B in sum(detach(A) * B) is detach(A))
-            const std::size_t need = detail::node_numel<PP>(st, PP::stores[gi]);
-            if (b.size != need)
-                throw shape_error(detail::message("typegrad: grad_into(", detail::display_name<L>(), ", ...): the buffer has ",
-                                                  b.size, " elements but the gradient has ", need));
-            if (b.data == nullptr && need != 0)
-                throw binding_error(detail::message("typegrad: grad_into(", detail::display_name<L>(), ", ...) got a null pointer"));
-            st.out[gi++] = b.data;
-        }
-    }
-
     // Post-accumulate hooks of wrt leaves whose gradient this call writes.
     template <class N>
     struct is_post_hook : std::bool_constant<detail::is_post_hook_v<N>> {};

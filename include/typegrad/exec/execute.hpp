@@ -439,7 +439,7 @@ struct loop_tables {
     template <std::size_t... Ls>
     static constexpr auto make_ids(std::index_sequence<Ls...>) {
         std::array<std::size_t, start[count] + 1> r{};
-        auto put = [&](std::size_t l, const auto& node, const auto& offset) {
+        [[maybe_unused]] auto put = [&](std::size_t l, const auto& node, const auto& offset) {
             for (std::size_t i = 0; i < size[l]; ++i) {
                 r[start[l] + i] = node[i];
                 r[start[l] + size[l] + i] = offset[i];
