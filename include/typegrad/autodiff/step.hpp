@@ -258,6 +258,32 @@ void check_leaf_size(const Arg& b, [[maybe_unused]] std::size_t need, [[maybe_un
                                       " elements but extents ", extents_text(ext, L::shape_type::rank), " need ", need));
     }
 }
+// A leaf's binding: its extents (checked against the leaf's static ones), data and writable data.
+template <class Arg>
+void bind_leaf(const Arg& b, [[maybe_unused]] std::size_t* e, [[maybe_unused]] const void** ptr,
+               [[maybe_unused]] void** mut, [[maybe_unused]] std::size_t id, [[maybe_unused]] bool needed) {
+    if constexpr (is_leaf_binding_v<Arg>) {
+        using L = typename Arg::leaf_type;
+        using S = typename L::shape_type;
+        for (std::size_t a = 0; a < S::rank; ++a) {
+            if (S::extents[a] != dyn && b.extents[a] != S::extents[a])
+                throw shape_error(message("typegrad: bind(", L::name(), ", ...): axis ", a, " has extent ",
+                                          b.extents[a], " but the leaf declares ", S::extents[a]));
+            // tg::dyn (SIZE_MAX) marks a dynamic extent inside the plan: never a size
+            if (b.extents[a] == dyn)
+                throw shape_error(message("typegrad: bind(", L::name(), ", ...): axis ", a,
+                                          " has extent tg::dyn (SIZE_MAX), which is not a size"));
+            e[a] = b.extents[a];
+        }
+        if (b.data == nullptr && needed) {
+            std::size_t n = 1;
+            for (std::size_t a = 0; a < S::rank; ++a) n *= e[a];
+            if (n != 0) throw binding_error(message("typegrad: bind(", L::name(), ", ...) got a null pointer"));
+        }
+        ptr[id] = b.data;
+        mut[id] = b.mutable_data;
+    }
+}
 // A grad_into destination: store gi of the plan (the gradient node has the leaf's shape; the leaf
 // itself may not be in a backward plan at all: the gradient of B in sum(detach(A) * B) is detach(A)).
 template <class Arg>
@@ -539,41 +565,28 @@ private:
 
     template <class PP, class... Args>
     static void bind_leaves(typename PP::state_type& st, const Args&... args) {
-        auto all = std::forward_as_tuple(args...);
-        detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
-            [&]<std::size_t N>(std::integral_constant<std::size_t, N>) { bind_leaf_node<PP, N, Args...>(st, all); });
-    }
-    template <class PP, std::size_t N, class... Args, class Tuple>
-    [[gnu::always_inline]] static void bind_leaf_node(typename PP::state_type& st, const Tuple& all) {
-        using node = typename PP::program::template node_at<N>;
-        if constexpr (detail::is_bound_leaf<node>()) {
-            std::size_t* e = st.ext.data() + PP::rank_offset[N];
-            if constexpr (detail::count_leaf_bindings<node, Args...>() > 0) {
-                const auto& b = std::get<detail::leaf_binding_index<node, Args...>()>(all);
-                using S = typename node::shape_type;
-                for (std::size_t a = 0; a < S::rank; ++a) {
-                    if (S::extents[a] != dyn && b.extents[a] != S::extents[a])
-                        throw shape_error(detail::message("typegrad: bind(", node::name(), ", ...): axis ", a,
-                                                          " has extent ", b.extents[a],
-                                                          " but the leaf declares ", S::extents[a]));
-                    // tg::dyn (SIZE_MAX) marks a dynamic extent inside the plan: never a size
-                    if (b.extents[a] == dyn)
-                        throw shape_error(detail::message("typegrad: bind(", node::name(), ", ...): axis ", a,
-                                                          " has extent tg::dyn (SIZE_MAX), which is not a size"));
-                    e[a] = b.extents[a];
-                }
-                if (b.data == nullptr && PP::plan.needed[N]) {
-                    std::size_t n = 1;
-                    for (std::size_t a = 0; a < S::rank; ++a) n *= e[a];
-                    if (n != 0)
-                        throw binding_error(detail::message("typegrad: bind(", node::name(), ", ...) got a null pointer"));
-                }
-                st.ptr[N] = b.data;
-                st.mut[N] = b.mutable_data;
-            } else {
-                for (std::size_t a = 0; a < node::shape_type::rank; ++a) e[a] = node::shape_type::extents[a];
-            }
-        }
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>..., PP::M};
+        // Leaves no argument binds have static shapes (check_calls): their extents.
+        constexpr std::array<bool, PP::M + 1> unbound = [&] {
+            std::array<bool, PP::M + 1> r{};
+            for (std::size_t n = 0; n < PP::M; ++n) r[n] = PP::program::info[n].kind == op_kind::leaf;
+            for (std::size_t i = 0; i < sizeof...(Args); ++i) r[ids[i]] = false;
+            return r;
+        }();
+        for (std::size_t n = 0; n < PP::M; ++n)
+            if (unbound[n])
+                for (std::size_t a = 0; a < PP::program::info[n].rank; ++a)
+                    st.ext[PP::rank_offset[n] + a] = PP::program::info[n].ext[a];
+        constexpr std::array<bool, sizeof...(Args) + 1> needed = [&] {
+            std::array<bool, sizeof...(Args) + 1> r{};
+            for (std::size_t i = 0; i < sizeof...(Args); ++i) r[i] = ids[i] < PP::M && PP::plan.needed[ids[i]];
+            return r;
+        }();
+        std::size_t i = 0;
+        [[maybe_unused]] const int in_order[] = {
+            0, (detail::bind_leaf(args, st.ext.data() + PP::rank_offset[ids[i]], st.ptr.data(), st.mut.data(), ids[i],
+                                  needed[i]),
+                ++i, 0)...};
     }
     // Per-argument checks are free functions of the argument's type alone, fed run-time values
     // (a function per argument named by the plan would make symbol text quadratic).
