@@ -411,9 +411,7 @@ public:
         check_calls<PP, grads, false>(args...);
         check_autocast_context();
         // Leaves come from the forward call, the seed from this one.
-        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            [[maybe_unused]] const int in_order[] = {0, (restore_node<PP, FwdPP, Ns>(st, ctx.state_), 0)...};
-        }(std::make_index_sequence<PP::M>{});
+        restore_nodes<PP, FwdPP>(st, ctx.state_);
         if constexpr (seeded) bind_seed<PP, FwdPP>(st, ctx.state_, args...);
         detail::compute_shapes<PP>(st);
         if constexpr (seeded) check_seed_size<PP>(st, args...);
@@ -824,25 +822,41 @@ private:
         }
     }
 
-    template <class PP, class FwdPP, std::size_t N, class FwdState>
-    [[gnu::always_inline]] static void restore_node(typename PP::state_type& st, const FwdState& fst) {
-        using node = typename PP::program::template node_at<N>;
-        if constexpr (FwdPP::program::template contains<node>) {
-            constexpr std::size_t f = FwdPP::program::template id_of<node>;
-            if constexpr (node::kind == op_kind::leaf) {
-                for (std::size_t a = 0; a < node::shape_type::rank; ++a)
-                    st.ext[PP::rank_offset[N] + a] = fst.ext[FwdPP::rank_offset[f] + a];
-                st.ptr[N] = fst.ptr[f];
-                st.mut[N] = fst.mut[f];
-            } else {
-                if (FwdPP::plan.computed[f]) st.ptr[N] = fst.ptr[f];
+    // A run-time walk over a table of forward ids (a function per node would spell the plan in
+    // each of O(N) symbol names).
+    template <class PP, class FwdPP, std::size_t... Ns>
+    static constexpr std::array<std::size_t, PP::M + 1> forward_ids(std::index_sequence<Ns...>) {
+        return {FwdPP::program::template id_of<typename PP::program::template node_at<Ns>>..., FwdPP::M};
+    }
+    template <class N, bool InForward>
+    static constexpr bool restorable = InForward || !detail::is_bound_leaf<N>() || N::shape_type::is_static;
+    template <class PP, class FwdPP, std::size_t... Ns>
+    static constexpr bool all_restorable(std::index_sequence<Ns...>) {
+        return detail::all_true({restorable<typename PP::program::template node_at<Ns>,
+                                            FwdPP::program::template contains<typename PP::program::template node_at<Ns>>>...});
+    }
+    template <class PP, class FwdPP, class FwdState>
+    static void restore_nodes(typename PP::state_type& st, const FwdState& fst) {
+        static_assert(all_restorable<PP, FwdPP>(std::make_index_sequence<PP::M>{}),
+                      "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
+                      "forward pass did not bind; bind it in forward(...).");
+        constexpr auto fwd = forward_ids<PP, FwdPP>(std::make_index_sequence<PP::M>{});
+        constexpr std::size_t seed = PP::program::template id_of<seed_leaf>;
+        constexpr auto& info = PP::program::info;
+        for (std::size_t n = 0; n < PP::M; ++n) {
+            const std::size_t f = fwd[n];
+            if (f != FwdPP::M) {
+                if (info[n].kind == op_kind::leaf) {
+                    for (std::size_t a = 0; a < info[n].rank; ++a)
+                        st.ext[PP::rank_offset[n] + a] = fst.ext[FwdPP::rank_offset[f] + a];
+                    st.ptr[n] = fst.ptr[f];
+                    st.mut[n] = fst.mut[f];
+                } else if (FwdPP::plan.computed[f]) {
+                    st.ptr[n] = fst.ptr[f];
+                }
+            } else if (info[n].kind == op_kind::leaf && n != seed) {
+                for (std::size_t a = 0; a < info[n].rank; ++a) st.ext[PP::rank_offset[n] + a] = info[n].ext[a];
             }
-        } else if constexpr (detail::is_bound_leaf<node>()) {
-            static_assert(node::shape_type::is_static,
-                          "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
-                          "forward pass did not bind; bind it in forward(...).");
-            for (std::size_t a = 0; a < node::shape_type::rank; ++a)
-                st.ext[PP::rank_offset[N] + a] = node::shape_type::extents[a];
         }
     }
     template <class PP, class FwdPP, class FwdState, class... Args>
