@@ -284,6 +284,25 @@ void bind_leaf(const Arg& b, [[maybe_unused]] std::size_t* e, [[maybe_unused]] c
         mut[id] = b.mutable_data;
     }
 }
+// The byte range of a bound buffer, for the aliasing checks (numel: a leaf's element count when
+// its binding does not give one).
+template <class B>
+void note_range(const B& b, [[maybe_unused]] std::size_t numel, [[maybe_unused]] const void** in_ranges,
+                [[maybe_unused]] std::size_t& n_in, [[maybe_unused]] const void** out_ranges,
+                [[maybe_unused]] std::size_t& n_out) {
+    if constexpr (is_leaf_binding_v<B> || is_seed_binding_v<B> || is_grad_binding_v<B>) {
+        std::size_t n = b.size;
+        if constexpr (is_leaf_binding_v<B>)
+            if (n == unknown_size) n = numel;
+        if (b.data == nullptr) return;  // rejected elsewhere (or empty): no arithmetic on null
+        const auto* p = reinterpret_cast<const unsigned char*>(b.data);
+        const void** r = is_grad_binding_v<B> ? out_ranges : in_ranges;
+        std::size_t& k = is_grad_binding_v<B> ? n_out : n_in;
+        r[2 * k] = p;
+        r[2 * k + 1] = p + n * sizeof(typename B::value_type);
+        ++k;
+    }
+}
 // A grad_into destination: store gi of the plan (the gradient node has the leaf's shape; the leaf
 // itself may not be in a backward plan at all: the gradient of B in sum(detach(A) * B) is detach(A)).
 template <class Arg>
@@ -521,8 +540,9 @@ private:
     template <class PP, class Grads, bool LeavesFromArgs = true, class... Args>
     static void check_calls(const Args&...) {
         detail::log_graphs_once<step>();  // TYPEGRAD_LOG=graphs: describe() on the first call
-        using nodes = typename PP::program::nodes;
-        [[maybe_unused]] const int in_order[] = {0, (check_arg<nodes, Args, Args...>(), 0)...};
+        // Compile-time checks, evaluated as constants: no function per argument or per leaf is
+        // emitted (each would spell the plan in its name).
+        static_assert(check_args<typename PP::program::nodes, Args...>());
         if constexpr (!LeavesFromArgs) {
             static_assert(!detail::any_true({detail::is_leaf_binding_v<Args>...}),
                           "typegrad: backward(ctx, ...) reads the inputs bound in forward(...); it "
@@ -530,9 +550,21 @@ private:
         } else {
             // every leaf the plan reads must be bound; dynamic leaves needed for shapes too
             // (leaves only: see exec/node_filter.hpp)
-            detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
-                []<std::size_t N>(std::integral_constant<std::size_t, N>) { check_leaf_node<PP, N, Args...>(); });
+            static_assert(check_leaf_nodes<PP, Args...>());
         }
+    }
+    template <class Nodes, class... Args>
+    static constexpr bool check_args() {
+        [[maybe_unused]] const int in_order[] = {0, (check_arg<Nodes, Args, Args...>(), 0)...};
+        return true;
+    }
+    template <class PP, class... Args>
+    static constexpr bool check_leaf_nodes() {
+        constexpr auto& ids = detail::node_ids_of_kind<typename PP::program, op_kind::leaf>;
+        return []<std::size_t... Is>(std::index_sequence<Is...>) {
+            [[maybe_unused]] const int in_order[] = {0, (check_leaf_node<PP, ids[Is], Args...>(), 0)...};
+            return true;
+        }(std::make_index_sequence<ids.size()>{});
     }
     template <class Nodes, class Arg, class... Args>
     static constexpr void check_arg() {
@@ -605,35 +637,20 @@ private:
         std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> in_ranges{};
         std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> out_ranges{};
         std::size_t n_in = 0, n_out = 0;
-        auto add = [&](const auto& b) {
-            using B = std::remove_cvref_t<decltype(b)>;
-            if constexpr (detail::is_leaf_binding_v<B> || detail::is_seed_binding_v<B> ||
-                          detail::is_grad_binding_v<B>) {
-                std::size_t n = b.size;
-                if constexpr (detail::is_leaf_binding_v<B>) {
-                    constexpr std::size_t id = PP::program::template id_of<typename B::leaf_type>;
-                    if (n == detail::unknown_size) n = detail::node_numel<PP>(st, id);
-                }
-                if (b.data == nullptr) return;  // rejected below (or empty): no arithmetic on null
-                const auto* p = reinterpret_cast<const unsigned char*>(b.data);
-                auto& r = detail::is_grad_binding_v<B> ? out_ranges : in_ranges;
-                auto& k = detail::is_grad_binding_v<B> ? n_out : n_in;
-                r[2 * k] = p;
-                r[2 * k + 1] = p + n * sizeof(typename B::value_type);
-                ++k;
-            }
-        };
-        detail::for_each_arg(add, args...);
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>..., PP::M};
+        std::size_t arg = 0;
+        [[maybe_unused]] const int ranges_in_order[] = {
+            0, (detail::note_range(args, ids[arg] < PP::M ? detail::node_numel<PP>(st, ids[arg]) : 0, in_ranges.data(),
+                                   n_in, out_ranges.data(), n_out),
+                ++arg, 0)...};
         // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
-        detail::for_each_node_of_kind<typename PP::program, op_kind::leaf>(
-            [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-                using node = typename PP::program::template node_at<N>;
-                if (st.ptr[N] == nullptr) return;
-                const auto* p = static_cast<const unsigned char*>(st.ptr[N]);
-                in_ranges[2 * n_in] = p;
-                in_ranges[2 * n_in + 1] = p + detail::node_numel<PP>(st, N) * sizeof(typename node::value_type);
-                ++n_in;
-            });
+        for (std::size_t n = 0; n < PP::M; ++n) {
+            if (PP::program::info[n].kind != op_kind::leaf || st.ptr[n] == nullptr) continue;
+            const auto* p = static_cast<const unsigned char*>(st.ptr[n]);
+            in_ranges[2 * n_in] = p;
+            in_ranges[2 * n_in + 1] = p + detail::node_numel<PP>(st, n) * PP::program::info[n].elem_size;
+            ++n_in;
+        }
         std::array<std::size_t, PP::NS + 1> need{};
         for (std::size_t g = 0; g < PP::NS; ++g) need[g] = detail::node_numel<PP>(st, PP::stores[g]);
         std::size_t gi = 0;
