@@ -202,7 +202,11 @@ public:
     engine(const engine&) = delete;
     engine& operator=(const engine&) = delete;
     ~engine() {
-        // Collectives still in flight write into our buckets: finish them before freeing.
+        // Collectives still in flight write into our buckets: finish them before freeing. After
+        // MPI_Finalize (an object outliving it) no MPI call is allowed, and none is needed.
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (finalized) return;
         abandon();
         MPI_Comm_free(&comm_);
     }
