@@ -227,11 +227,13 @@ public:
             int done = 0;
             check(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), what);
             if (done) return;
-            if (std::chrono::steady_clock::now() > deadline)
+            if (std::chrono::steady_clock::now() > deadline) {
+                broken_ = true;
                 throw timeout_error(message("typegrad: mpi::data_parallel: ", what, " did not complete within ",
                                             std::to_string(opt_.timeout_seconds),
                                             " s on rank ", std::to_string(rank_),
                                             " (a rank died or stopped calling); the communicator is unusable"));
+            }
             std::this_thread::yield();
         }
     }
@@ -326,6 +328,14 @@ public:
     // After an exception in the step: collectives already started must complete on every rank
     // before their buffers can be reused; the others are not started here either.
     void abandon() {
+        if (broken_) {
+            // After a timeout nothing more is waited for; a collective that completes later may
+            // still write into the buckets, so their storage is left allocated on purpose.
+            if (!buckets_.empty()) static_cast<void>(new std::vector<bucket>(std::move(buckets_)));
+            buckets_.clear();
+            used_ = 0;
+            return;
+        }
         for (std::size_t b = 0; b < used_; ++b)
             if (buckets_[b].request != MPI_REQUEST_NULL) {
                 try { wait(std::span(&buckets_[b].request, 1), "MPI_Iallreduce"); } catch (...) {}
@@ -439,7 +449,7 @@ private:
     std::vector<bucket> buckets_;  // reused across steps
     std::size_t used_ = 0;
     std::size_t open_[2] = {no_bucket, no_bucket};  // [reduced in double]
-    bool sync_ = true, blocking_ = false;
+    bool sync_ = true, blocking_ = false, broken_ = false;
     std::size_t hooked_ = 0, last_buckets_ = 0;
     double last_wait_ = 0;
 };
