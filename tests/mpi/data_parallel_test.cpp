@@ -6,6 +6,7 @@
 #include <typegrad/typegrad.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace tg = typegrad;
@@ -321,6 +323,34 @@ void case_optimizer_in_backward() {
     EXPECT(bitwise_equal_across_ranks(m), "params are not bitwise equal across ranks");
 }
 
+// A rank that stops calling: with options.timeout_seconds the others get timeout_error instead of
+// waiting forever. Rank 1 (no timeout) joins the collective late, so that every rank finishes.
+void case_timeout() {
+    const data d = make_data(std::size_t(world_size), 8);
+    mlp m = init_model(7), g = tg::zeros_like(m);
+    const auto r = std::size_t(world_rank);
+    bool thrown = false;
+    {
+        tg::mpi::data_parallel dp(plain, m, MPI_COMM_WORLD, {.timeout_seconds = world_rank == 0 ? 0.3 : 0.0});
+        if (world_rank == 0) {
+            const auto t0 = std::chrono::steady_clock::now();
+            try {
+                dp.value_and_grad(g, tg::bind(X, d.xs(r), {d.n, 2}), tg::bind(y, d.ys(r)));
+            } catch (const tg::mpi::timeout_error& e) {
+                thrown = std::string_view(e.what()).starts_with("typegrad: ");
+            }
+            const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            EXPECT(thrown, "rank 0 got no timeout_error");
+            EXPECT(waited >= 0.3 && waited < 1.5, "rank 0 waited %.2f s for a 0.3 s timeout", waited);
+            MPI_Barrier(MPI_COMM_WORLD);  // progresses the abandoned collective once rank 1 joins
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            dp.value_and_grad(g, tg::bind(X, d.xs(r), {d.n, 2}), tg::bind(y, d.ys(r)));
+            MPI_Barrier(MPI_COMM_WORLD);
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -334,8 +364,9 @@ int main(int argc, char** argv) {
         else if (which == "mismatch") case_mismatch();
         else if (which == "reduced_precision") case_reduced_precision();
         else if (which == "optimizer_in_backward") case_optimizer_in_backward();
+        else if (which == "timeout") case_timeout();
         else {
-            std::fprintf(stderr, "usage: mpirun -np P %s union|no_sync|mismatch|reduced_precision|optimizer_in_backward\n", argv[0]);
+            std::fprintf(stderr, "usage: mpirun -np P %s union|no_sync|mismatch|reduced_precision|optimizer_in_backward|timeout\n", argv[0]);
             ++failures;
         }
     } catch (const std::exception& e) {
