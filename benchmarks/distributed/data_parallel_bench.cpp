@@ -1,7 +1,8 @@
 // Step time of tg::mpi::data_parallel on 1 and more ranks, and how much of the all-reduce the
 // backward hides. The GPT example does not exist yet: the model is a 4-layer MLP (width 512,
 // 0.79 M params, 3.2 MB of f32 gradients) trained with SGD, batch per rank fixed (weak scaling,
-// as DDP). Launch: mpirun -np P typegrad_data_parallel_bench [steps] [bucket_MB]
+// as DDP). Launch: mpirun -np P typegrad_data_parallel_bench [steps] [bucket_MB] [comm]
+// ("comm": only the all-reduce of the gradient bytes, back to back).
 //
 // Per step, medians over the measured steps (rank 0's clock):
 //   step       dp.value_and_grad + sgd step
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string_view>
 #include <vector>
 
 namespace tg = typegrad;
@@ -91,10 +93,24 @@ int main(int argc, char** argv) {
     for (auto& v : xs) v = nd(rng);
     for (auto& v : ys) v = std::int32_t(rng() % classes);
 
+    std::vector<float> scratch(nparams);
+    if (argc > 3 && std::string_view(argv[3]) == "comm") {
+        // The all-reduce of the gradient bytes alone, with no computation between the calls.
+        std::vector<double> t;
+        for (int i = 0; i < 3 + steps; ++i) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            const double t0 = now();
+            MPI_Allreduce(MPI_IN_PLACE, scratch.data(), int(nparams), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if (i >= 3) t.push_back(now() - t0);
+        }
+        if (rank == 0) std::printf("ranks %d  all-reduce of %.1f MB alone, back to back: %.3f ms\n", ranks,
+                                   double(nparams) * 4 / 1e6, 1e3 * median(t));
+        MPI_Finalize();
+        return 0;
+    }
     tg::mpi::data_parallel dp(step, m, MPI_COMM_WORLD, {.bucket_bytes = std::size_t(bucket_mb * (1 << 20))});
     tg::sgd opt(m, {.lr = 1e-3}), opt2(m2, {.lr = 1e-3});
     std::vector<double> t_step, t_compute, t_exposed, t_allreduce;
-    std::vector<float> scratch(nparams);
     const int warmup = 3;
     for (int i = 0; i < warmup + steps; ++i) {
         MPI_Barrier(MPI_COMM_WORLD);

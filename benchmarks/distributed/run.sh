@@ -15,5 +15,6 @@ for r in $(seq "$repeat"); do
   mpirun -np 1 "$bench" "$steps"
   mpirun -np 2 "$bench" "$steps"
   mpirun -np 2 "$bench" "$steps" 0.5
+  mpirun -np 2 "$bench" "$steps" 25 comm
 done
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
