@@ -9,10 +9,12 @@
 //
 // Each call runs the step with tg::params(model) and tg::grads_into(grads) and averages every
 // gradient over the ranks in buckets (options.bucket_bytes, default 25 MB as DDP), each one
-// MPI_Iallreduce. A param whose graph leaf carries the post-accumulate hook
-// tg::mpi::allreduce_grad{} joins a bucket when its hook runs, and a full bucket starts its
-// collective at once; the remaining gradients follow in depth-first order of the parameter set;
-// the call waits for every collective before it returns. The returned loss is the ranks' mean.
+// MPI_Iallreduce. A param used in the graph as tg::mpi::allreduce_in_backward(W) joins a bucket
+// as soon as the backward plan has computed its gradient (a tensor hook, in the middle of the
+// backward); one hooked with the post-accumulate hook tg::mpi::allreduce_grad{} joins when that
+// hook runs (the core runs those after the whole backward). A full bucket starts its collective
+// at once; the remaining gradients follow in depth-first order of the parameter set; the call
+// waits for every collective before it returns. The returned loss is the ranks' mean.
 //
 // Guarantees:
 // - Every rank issues the same collectives in the same order (the hooks' order is part of the
@@ -154,6 +156,20 @@ void pack_any(R* dst, const buffer_entry& e) {
     case kind::f16: pack<R, f16>(dst, e.data, e.size); break;
     }
 }
+template <class R, class T>
+void add_to(R* dst, const void* src, std::size_t n) {
+    const T* s = static_cast<const T*>(src);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = R(s[i]) + dst[i];
+}
+template <class R>
+void add_any(R* dst, const buffer_entry& e) {
+    switch (e.k) {
+    case kind::f32: add_to<R, float>(dst, e.data, e.size); break;
+    case kind::f64: add_to<R, double>(dst, e.data, e.size); break;
+    case kind::bf16: add_to<R, bf16>(dst, e.data, e.size); break;
+    case kind::f16: add_to<R, f16>(dst, e.data, e.size); break;
+    }
+}
 template <class R>
 void unpack_any(const buffer_entry& e, const R* src, R ranks) {
     switch (e.k) {
@@ -278,11 +294,12 @@ public:
     }
 
     // ---- one step ----
-    void begin(std::vector<buffer_entry> grads, bool sync, bool blocking_hooks) {
+    void begin(std::vector<buffer_entry> grads, bool sync, bool blocking_hooks, bool accumulate) {
         grads_ = std::move(grads);
         done_.assign(grads_.size(), false);
         sync_ = sync;
         blocking_ = blocking_hooks;
+        accumulate_ = accumulate;
         used_ = 0;
         open_[0] = open_[1] = no_bucket;
         hooked_ = 0;
@@ -306,6 +323,23 @@ public:
             return;
         }
         add(i);
+        progress();
+    }
+
+    // From allreduce_in_backward's tensor hook, in the middle of the backward: the total gradient
+    // of the param named `name` is at `data` (scratch the backward reuses, so it is packed now),
+    // before it is written (or, after no_sync calls, added) to its grad_into buffer.
+    void ready_in_backward(std::string_view name, const void* data, std::size_t n, kind k) {
+        // no_sync: nothing to send; optimizer in the backward: the post-accumulate hook reduces
+        if (!sync_ || blocking_) return;
+        std::size_t i = 0;
+        while (i < grads_.size() && grads_[i].name != name) ++i;
+        if (i == grads_.size() || grads_[i].size != n)
+            throw binding_error(message("typegrad: mpi::allreduce_in_backward: the param '", name,
+                                        "' has no gradient buffer of its size in the gradient struct"));
+        if (done_[i]) return;
+        ++hooked_;
+        add(i, buffer_entry{std::string(), const_cast<void*>(data), n, k}, accumulate_);
         progress();
     }
 
@@ -375,13 +409,20 @@ private:
         }
         return buckets_[o];
     }
-    void add(std::size_t i) {
+    void add(std::size_t i) { add(i, grads_[i], false); }
+    // Packs src as gradient i; plus_buffer: add what grads_[i] holds (earlier no_sync calls).
+    void add(std::size_t i, const buffer_entry& src, bool plus_buffer) {
         const buffer_entry& e = grads_[i];
         const bool dbl = reduced_in_double(e.k);
         bucket& b = open_bucket(dbl);
         b.reserve_more(e.size);
-        if (dbl) pack_any(b.d.data() + b.used, e);
-        else pack_any(b.f.data() + b.used, e);
+        if (dbl) {
+            pack_any(b.d.data() + b.used, src);
+            if (plus_buffer) add_any(b.d.data() + b.used, e);
+        } else {
+            pack_any(b.f.data() + b.used, src);
+            if (plus_buffer) add_any(b.f.data() + b.used, e);
+        }
         b.members.emplace_back(i, b.used);
         b.used += e.size;
         done_[i] = true;
@@ -449,7 +490,7 @@ private:
     std::vector<bucket> buckets_;  // reused across steps
     std::size_t used_ = 0;
     std::size_t open_[2] = {no_bucket, no_bucket};  // [reduced in double]
-    bool sync_ = true, blocking_ = false, broken_ = false;
+    bool sync_ = true, blocking_ = false, broken_ = false, accumulate_ = false;
     std::size_t hooked_ = 0, last_buckets_ = 0;
     double last_wait_ = 0;
 };
@@ -473,6 +514,34 @@ struct allreduce_grad {
         e->ready(grad.data, grad.size(), detail::kind_of<T>());
     }
 };
+
+namespace detail {
+// The tensor hook behind allreduce_in_backward: one type per param, so that it knows the name.
+template <class Leaf>
+struct reduce_in_backward_hook {
+    template <class T>
+    void operator()(grad_view<T> grad) const {
+        engine* e = current_engine();
+        if (e == nullptr)
+            throw binding_error("typegrad: mpi::allreduce_in_backward ran outside "
+                                "tg::mpi::data_parallel::value_and_grad (its gradient would not be averaged)");
+        e->ready_in_backward(Leaf::name(), grad.data, grad.size(), kind_of<T>());
+    }
+};
+}  // namespace detail
+
+// Starts p's all-reduce from inside the backward, as soon as the plan has computed p's total
+// gradient (a tensor hook, tg::hook, which runs at its place in the backward plan), rather than
+// from a post-accumulate hook, which the core runs after the whole backward. Use it in the graph
+// in place of p: tg::linear(X, tg::mpi::allreduce_in_backward(W1), ...). Within
+// tg::optimizer_in_backward it leaves the reduction to allreduce_grad.
+template <expression P>
+constexpr auto allreduce_in_backward(P p) {
+    using L = typename P::node_type;
+    static_assert(is_leaf_v<L> && typegrad::detail::is_param_leaf<L>(),
+                  "typegrad: mpi::allreduce_in_backward(p) takes a tg::param (a leaf that requires grad).");
+    return hook(p, detail::reduce_in_backward_hook<L>{});
+}
 
 template <class Step, class Params>
 class data_parallel {
@@ -500,7 +569,7 @@ public:
         const bool sync = no_sync_depth_ == 0;
         const bool blocking = typegrad::detail::current_backward_target() != nullptr;
         engine_.reset_counters();
-        engine_.begin(detail::table_of(grads), sync, blocking);
+        engine_.begin(detail::table_of(grads), sync, blocking, pending_);
         struct scope {
             detail::engine* previous;
             explicit scope(detail::engine* e) : previous(detail::current_engine()) { detail::current_engine() = e; }
