@@ -1,8 +1,10 @@
 // Step time of tg::mpi::data_parallel on 1 and more ranks, and how much of the all-reduce the
 // backward hides. The GPT example does not exist yet: the model is a 4-layer MLP (width 512,
 // 0.79 M params, 3.2 MB of f32 gradients) trained with SGD, batch per rank fixed (weak scaling,
-// as DDP). Launch: mpirun -np P typegrad_data_parallel_bench [steps] [bucket_MB] [comm]
-// ("comm": only the all-reduce of the gradient bytes, back to back).
+// as DDP). Launch: mpirun -np P typegrad_data_parallel_bench [steps] [bucket_MB] [early|post|comm]
+// (early, the default: every param through tg::mpi::allreduce_in_backward; post: through the
+// post-accumulate hook tg::mpi::allreduce_grad; comm: only the all-reduce of the gradient bytes,
+// back to back).
 //
 // Per step, medians over the measured steps (rank 0's clock):
 //   step       dp.value_and_grad + sgd step
@@ -48,6 +50,8 @@ constexpr auto b4 = tg::param<"fc4.b", float, tg::shape<classes>>;
 
 template <class P>
 constexpr auto h(P p) { return tg::post_accumulate_grad_hook(p, tg::mpi::allreduce_grad{}); }
+template <class P>
+constexpr auto e(P p) { return tg::mpi::allreduce_in_backward(p); }
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -73,6 +77,8 @@ int main(int argc, char** argv) {
     };
     auto step = tg::compile(net(h(W1), h(b1), h(W2), h(b2), h(W3), h(b3), h(W4), h(b4)),
                             tg::wrt(W1, b1, W2, b2, W3, b3, W4, b4));
+    auto early = tg::compile(net(e(W1), e(b1), e(W2), e(b2), e(W3), e(b3), e(W4), e(b4)),
+                             tg::wrt(W1, b1, W2, b2, W3, b3, W4, b4));
     auto plain = tg::compile(net(W1, b1, W2, b2, W3, b3, W4, b4), tg::wrt(W1, b1, W2, b2, W3, b3, W4, b4));
 
     auto layer = [](std::size_t out, std::size_t in) { return linear_layer{std::vector<float>(out * in), std::vector<float>(out)}; };
@@ -94,7 +100,8 @@ int main(int argc, char** argv) {
     for (auto& v : ys) v = std::int32_t(rng() % classes);
 
     std::vector<float> scratch(nparams);
-    if (argc > 3 && std::string_view(argv[3]) == "comm") {
+    const std::string_view mode = argc > 3 ? argv[3] : "early";
+    if (mode == "comm") {
         // The all-reduce of the gradient bytes alone, with no computation between the calls.
         std::vector<double> t;
         for (int i = 0; i < 3 + steps; ++i) {
@@ -108,9 +115,10 @@ int main(int argc, char** argv) {
         MPI_Finalize();
         return 0;
     }
-    tg::mpi::data_parallel dp(step, m, MPI_COMM_WORLD, {.bucket_bytes = std::size_t(bucket_mb * (1 << 20))});
+    auto measure = [&](const auto& stepped) {
+    tg::mpi::data_parallel dp(stepped, m, MPI_COMM_WORLD, {.bucket_bytes = std::size_t(bucket_mb * (1 << 20))});
     tg::sgd opt(m, {.lr = 1e-3}), opt2(m2, {.lr = 1e-3});
-    std::vector<double> t_step, t_compute, t_exposed, t_allreduce;
+    std::vector<double> t_step, t_compute, t_exposed, t_allreduce, t_first, t_done;
     const int warmup = 3;
     for (int i = 0; i < warmup + steps; ++i) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -118,6 +126,10 @@ int main(int argc, char** argv) {
         dp.value_and_grad(g, tg::bind(X, xs, {batch, din}), tg::bind(y, ys));
         opt.step(m, g);
         const double ts = now() - t0, exposed = dp.wait_seconds_last_step();
+        if (i >= warmup) {
+            t_first.push_back(dp.first_collective_seconds_last_step());
+            t_done.push_back(dp.backward_done_seconds_last_step());
+        }
 
         MPI_Barrier(MPI_COMM_WORLD);
         t0 = now();
@@ -139,13 +151,19 @@ int main(int argc, char** argv) {
     const bool same = dp.params_identical();
     if (rank == 0) {
         const double s = median(t_step), c = median(t_compute), e = median(t_exposed), a = median(t_allreduce);
-        std::printf("ranks %d  threads/rank %zu  params %zu (%.1f MB f32)  batch/rank %zu  bucket %.3g MB  buckets/step %zu  steps %d\n",
-                    ranks, tg::num_threads(), nparams, double(nparams) * 4 / 1e6, batch, bucket_mb, dp.buckets_last_step(), steps);
+        std::printf("ranks %d  threads/rank %zu  params %zu (%.1f MB f32)  batch/rank %zu  bucket %.3g MB  buckets/step %zu  steps %d  hooks %s\n",
+                    ranks, tg::num_threads(), nparams, double(nparams) * 4 / 1e6, batch, bucket_mb, dp.buckets_last_step(), steps,
+                    mode == "post" ? "post-accumulate (allreduce_grad)" : "in the backward (allreduce_in_backward)");
         std::printf("step %.2f ms  compute %.2f ms  overhead %.2f ms (waited %.2f ms)  all-reduce alone %.2f ms  "
                     "hidden %.0f%%  params identical %s\n",
                     1e3 * s, 1e3 * c, 1e3 * (s - c), 1e3 * e, 1e3 * a, a > 0 ? 100 * std::max(0.0, 1 - (s - c) / a) : 0.0,
                     same ? "yes" : "NO");
+        std::printf("first collective started %.2f ms into the call; forward + backward returned at %.2f ms\n",
+                    1e3 * median(t_first), 1e3 * median(t_done));
     }
+    return same;
+    };
+    const bool same = mode == "post" ? measure(step) : measure(early);
     MPI_Finalize();
     return same ? 0 : 1;
 }

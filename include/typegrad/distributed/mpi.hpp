@@ -300,6 +300,8 @@ public:
         sync_ = sync;
         blocking_ = blocking_hooks;
         accumulate_ = accumulate;
+        t_begin_ = std::chrono::steady_clock::now();
+        first_start_ = -1;
         used_ = 0;
         open_[0] = open_[1] = no_bucket;
         hooked_ = 0;
@@ -377,6 +379,10 @@ public:
         used_ = 0;
     }
 
+    double first_start_seconds() const { return first_start_; }
+    double seconds_since_begin() const {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_begin_).count();
+    }
     std::size_t buckets_last_step() const { return last_buckets_; }
     std::size_t hooked_last_step() const { return hooked_; }
     double wait_seconds_last_step() const { return last_wait_; }
@@ -432,6 +438,8 @@ private:
         // counts are int: a bucket over 2^31 elements would need splitting; 25 MB buckets never are
         if (b.used > std::size_t(INT32_MAX))
             throw error("typegrad: mpi::data_parallel: a single gradient over 2^31 elements is not supported");
+        if (first_start_ < 0)
+            first_start_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_begin_).count();
         void* p = b.in_double ? static_cast<void*>(b.d.data()) : static_cast<void*>(b.f.data());
         check(MPI_Iallreduce(MPI_IN_PLACE, p, int(b.used), b.in_double ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comm_,
                              &b.request),
@@ -493,6 +501,8 @@ private:
     bool sync_ = true, blocking_ = false, broken_ = false, accumulate_ = false;
     std::size_t hooked_ = 0, last_buckets_ = 0;
     double last_wait_ = 0;
+    std::chrono::steady_clock::time_point t_begin_{};
+    double first_start_ = -1;  // seconds from begin() to the first collective of the step
 };
 
 inline engine*& current_engine() {
@@ -581,6 +591,7 @@ public:
                                  : typegrad::value_and_grad(step_, args..., typegrad::params(model_),
                                                             typegrad::grads_into(grads));
             pending_ = !sync;
+            compute_seconds_ = engine_.seconds_since_begin();
             return engine_.finish(loss);
         } catch (...) {
             engine_.abandon();
@@ -623,13 +634,19 @@ public:
     std::size_t buckets_last_step() const { return engine_.buckets_last_step(); }
     std::size_t hooked_last_step() const { return engine_.hooked_last_step(); }
     double wait_seconds_last_step() const { return engine_.wait_seconds_last_step(); }
+    // When, in seconds after the call began, the first collective started (-1: none), and when the
+    // step's forward + backward (hooks included) returned: a first start before the return means
+    // the all-reduce began inside the backward.
+    double first_collective_seconds_last_step() const { return engine_.first_start_seconds(); }
+    double backward_done_seconds_last_step() const { return compute_seconds_; }
 
 private:
     const Step& step_;
     Params& model_;
     detail::engine engine_;
     int no_sync_depth_ = 0;
-    bool pending_ = false;  // no_sync calls left gradients to add to
+    bool pending_ = false;
+    double compute_seconds_ = 0;  // no_sync calls left gradients to add to
 };
 
 }  // namespace typegrad::mpi
