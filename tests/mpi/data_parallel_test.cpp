@@ -167,6 +167,13 @@ void case_union() {
         EXPECT(worst_loss <= 1, "%s: mean loss differs from the union's (closeness %g)", what, worst_loss);
         EXPECT(bitwise_equal_across_ranks(m), "%s: params are not bitwise equal across ranks", what);
         EXPECT(dp.params_identical(), "%s: params_identical() says the ranks differ", what);
+        const auto order = dp.packed_order_last_step();
+        EXPECT(order.size() == 4, "%s: %zu gradients packed", what, order.size());
+        // in the backward, the last layer's gradients are complete first
+        if (std::string_view(what).starts_with("in the backward"))
+            EXPECT(order.size() == 4 && order[0].starts_with("fc2.") && order[3].starts_with("fc1."),
+                   "%s: packed %s first and %s last", what, order.empty() ? "" : order[0].c_str(),
+                   order.empty() ? "" : order.back().c_str());
         return std::pair{dp.buckets_last_step(), dp.hooked_last_step()};
     };
     const auto [b1, h1] = run(hooked, std::size_t(25) << 20, "hooked, 25 MB buckets");

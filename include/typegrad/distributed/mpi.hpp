@@ -302,6 +302,7 @@ public:
         accumulate_ = accumulate;
         t_begin_ = std::chrono::steady_clock::now();
         first_start_ = -1;
+        order_.clear();
         used_ = 0;
         open_[0] = open_[1] = no_bucket;
         hooked_ = 0;
@@ -380,6 +381,11 @@ public:
     }
 
     double first_start_seconds() const { return first_start_; }
+    std::vector<std::string> packed_order() const {
+        std::vector<std::string> names;
+        for (std::size_t i : order_) names.push_back(grads_[i].name);
+        return names;
+    }
     double seconds_since_begin() const {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_begin_).count();
     }
@@ -430,6 +436,7 @@ private:
             if (plus_buffer) add_any(b.f.data() + b.used, e);
         }
         b.members.emplace_back(i, b.used);
+        order_.push_back(i);
         b.used += e.size;
         done_[i] = true;
         if (b.bytes() >= opt_.bucket_bytes) launch(open_[dbl]);
@@ -501,6 +508,7 @@ private:
     bool sync_ = true, blocking_ = false, broken_ = false, accumulate_ = false;
     std::size_t hooked_ = 0, last_buckets_ = 0;
     double last_wait_ = 0;
+    std::vector<std::size_t> order_;  // gradients in the order they were packed
     std::chrono::steady_clock::time_point t_begin_{};
     double first_start_ = -1;  // seconds from begin() to the first collective of the step
 };
@@ -639,6 +647,8 @@ public:
     // the all-reduce began inside the backward.
     double first_collective_seconds_last_step() const { return engine_.first_start_seconds(); }
     double backward_done_seconds_last_step() const { return compute_seconds_; }
+    // The params' dotted names in the order their gradients went into buckets in the last call.
+    std::vector<std::string> packed_order_last_step() const { return engine_.packed_order(); }
 
 private:
     const Step& step_;
