@@ -208,12 +208,17 @@ struct bucket {
 class engine {
 public:
     engine(MPI_Comm comm, options o) : opt_(o) {
-        check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
-        check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-        check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-        check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
         if (o.bucket_bytes < 8)
             throw error("typegrad: mpi::data_parallel: options.bucket_bytes must be at least 8");
+        check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+        try {
+            check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+            check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+            check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+        } catch (...) {
+            MPI_Comm_free(&comm_);
+            throw;
+        }
     }
     engine(const engine&) = delete;
     engine& operator=(const engine&) = delete;
