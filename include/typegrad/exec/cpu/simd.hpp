@@ -7,6 +7,17 @@
 #include <limits>
 #include <type_traits>
 
+// GCC 12 flags the deliberately undefined vectors inside its own AVX-512 intrinsics
+// (_mm512_undefined_pd) as uninitialised once xsimd's exp/hadd inline into a kernel (GCC
+// PR105593). The warnings would land in users' builds, where -Werror breaks: GCC honours a
+// diagnostic pragma at any point of the inlining chain, and every xsimd call goes through this
+// header, so silencing them over xsimd and this header keeps them out of every build.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <xsimd/xsimd.hpp>
 
 #include <typegrad/core/half_simd.hpp>
@@ -238,3 +249,7 @@ template <class V> inline V eq(const V& a, const V& b) {
 }
 
 }  // namespace typegrad::simd
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
