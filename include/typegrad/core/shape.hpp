@@ -11,8 +11,11 @@
 
 namespace typegrad {
 
+// A dynamic extent, known at run time: tg::shape<tg::dyn, 3>. It must equal the extent it meets
+// (it never broadcasts); tg::describe shows it as ?.
 inline constexpr std::size_t dyn = static_cast<std::size_t>(-1);
 
+// A tensor's shape as extents, static (a number) or tg::dyn: tg::shape<4, 3>, tg::shape<tg::dyn, 3>.
 template <std::size_t... Extents>
 struct shape {
     static constexpr std::size_t rank = sizeof...(Extents);
@@ -23,6 +26,7 @@ struct shape {
     static constexpr std::size_t static_numel = ((Extents == dyn ? 1u : Extents) * ... * 1u);
 };
 
+// The shape of a scalar (rank 0), the default of tg::param and tg::input.
 using scalar_shape = shape<>;
 
 namespace detail {

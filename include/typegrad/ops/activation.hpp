@@ -111,11 +111,14 @@ struct clamp_op : elementwise_op {
 
 }  // namespace detail
 
+// torch.nn.functional.gelu(x, approximate): tg::gelu(x) (erf form) or
+// tg::gelu<tg::approximate::tanh>(x).
 template <approximate A = approximate::none, expression X>
 constexpr auto gelu(X x) {
     if constexpr (A == approximate::tanh) return detail::make_node<detail::gelu_tanh_op>(x);
     else return detail::make_node<detail::gelu_op>(x);
 }
+// torch.nn.functional.silu: x * sigmoid(x).
 template <expression X>
 constexpr auto silu(X x) { return detail::make_node<detail::silu_op>(x); }
 
@@ -140,10 +143,12 @@ constexpr auto clamp(X x, L lo, H hi) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("clamp(x, lo, hi)", L, H);
     return detail::make_node<detail::clamp_op>(x, lo, hi);
 }
+// torch.clamp(x, min=lo).
 template <expression X, expression L>
 constexpr auto clamp_min(X x, L lo) {
     return clamp(x, lo, lit<std::numeric_limits<double>::infinity()>);
 }
+// torch.clamp(x, max=hi).
 template <expression X, expression H>
 constexpr auto clamp_max(X x, H hi) {
     return clamp(x, lit<-std::numeric_limits<double>::infinity()>, hi);
