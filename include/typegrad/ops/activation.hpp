@@ -176,8 +176,10 @@ constexpr auto silu_op::vjp(G g, Out, X x) {
 template <std::size_t I, class G, class Out, class X, class B, class Th>
 constexpr auto softplus_op::vjp(G g, Out, X x, B beta, Th threshold) {
     static_assert(I == 0, "typegrad: internal: softplus's beta and threshold are constants");
-    auto bx = x * beta;
-    return where(gt(bx, threshold), g, gmul(g, sigmoid(bx)));
+    // PyTorch's softplus_backward: z / (z + 1) with z = exp(beta x), not sigmoid(beta x), which is
+    // 1 / (1 + exp(-beta x)) = 0 in float once exp(-beta x) overflows (beta x < -88.7: z is subnormal)
+    auto z = exp(x * beta);
+    return where(gt(x * beta, threshold), g, gmul(g, z / (z + lit<1>)));
 }
 template <std::size_t I, class G, class Out, class X, class S>
 constexpr auto leaky_relu_op::vjp(G g, Out, X x, S slope) {
@@ -191,10 +193,11 @@ constexpr auto elu_op::vjp(G g, Out, X x, A alpha) {
 }
 template <std::size_t I, class G, class Out, class X, class L, class H>
 constexpr auto clamp_op::vjp(G g, Out, X x, L lo, H hi) {
-    // torch's clamp_backward and clamp_backward_min_max
-    if constexpr (I == 0) return gmul(g, ge(x, lo) * le(x, hi));
-    else if constexpr (I == 1) return gmul(g, lt(x, lo) * lt(lo, hi));
-    else return gmul(g, gt(gt(x, hi) + lt(hi, lo), lit<0>));
+    // torch's clamp_backward and clamp_backward_min_max: where(pred, grad, 0), a selection, so a
+    // NaN or infinite grad does not reach the operands it does not pass to (NaN * 0 would)
+    if constexpr (I == 0) return where(ge(x, lo) * le(x, hi), g, lit<0>);
+    else if constexpr (I == 1) return where(lt(x, lo) * lt(lo, hi), g, lit<0>);
+    else return where(gt(gt(x, hi) + lt(hi, lo), lit<0>), g, lit<0>);
 }
 }  // namespace detail
 }  // namespace typegrad

@@ -286,3 +286,33 @@ TEST_CASE("erf and gelu of huge values are +-1 and x (or -0), as in PyTorch", "[
         CHECK(ctx.values()[0] == std::erf(v));  // exactly +-1 beyond 6
     }
 }
+
+TEST_CASE("clamp's gradient selects (NaN stays out), softplus's is z / (z + 1) down to subnormals", "[ops][clamp][softplus][edge]") {
+    // PyTorch's clamp_backward is where(lo <= x <= hi, grad, 0): a NaN gradient arriving at a NaN
+    // x (max of a NaN, through erf) is not passed on; typegrad multiplied by the 0/1 mask (NaN).
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    auto e4 = tg::clamp(tg::leaky_relu<0.2>(b), tg::lit<0.0>, tg::lit<2.0>);
+    auto step = tg::compile(tg::min(tg::min(b, tg::erf(tg::max(e4)))) + tg::sum(e4), tg::wrt(b));
+    std::vector<float> bd{1.4372420310974121f, -0.85728657245635986f, -1.6654031276702881f, 1.4372420310974121f, qnan};
+    std::vector<float> g(5);
+    const float l = step.value_and_grad(tg::bind(b, bd), tg::grad_into(b, g));
+    CHECK(std::isnan(l));
+    // LibTorch 1.13: min of the all-NaN minimum gives each element 1/5; the sum adds 1 where
+    // 0 <= leaky_relu(b) <= 2 (b > 0: slope 1), and 0 elsewhere (clamped, or NaN)
+    const float want[] = {1.2f, 0.2f, 0.2f, 1.2f, 0.2f};
+    for (int i = 0; i < 5; ++i) {
+        INFO("i = " << i);
+        CHECK(std::abs(g[i] - want[i]) <= 1e-6f);
+    }
+    // softplus at beta x = -90: PyTorch's z / (z + 1) = exp(-90) = 8.2e-40 (subnormal in float);
+    // sigmoid(-90) computed as 1 / (1 + exp(90)) is 0 there
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    std::vector<float> cd{-90.f, -20.f, 0.f, 19.f}, gc(4);
+    tg::compile(tg::sum(tg::softplus<1.0>(c)), tg::wrt(c)).value_and_grad(tg::bind(c, cd), tg::grad_into(c, gc));
+    for (int i = 0; i < 4; ++i) {
+        INFO("x = " << cd[i]);
+        const double z = std::exp(double(cd[i]));
+        CHECK(same_special(gc[i], z / (z + 1)));
+    }
+    CHECK(gc[0] > 0);
+}
