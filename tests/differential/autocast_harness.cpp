@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -78,6 +80,7 @@ struct ac_case {
     diff::extents ext;
     std::vector<std::vector<double>> in;  // values of each leaf's dtype
     int policy = diff::policy_same_as_forward;
+    bool special = false;  // special values (issue 17): see make_case
 };
 
 std::string leaf_dtype(const diff::autocast_graph_def& g, std::size_t i) {
@@ -88,10 +91,24 @@ std::string leaf_dtype(const diff::autocast_graph_def& g, std::size_t i) {
     throw std::runtime_error("autocast differential: no leaf line");
 }
 
-ac_case make_case(const diff::autocast_graph_def& g, const std::vector<std::size_t>& vars, std::uint64_t seed, int policy) {
+// Special values (issue 17), as the plain differential draws them (differential_main.cpp) in the
+// range that f32 and bf16 share: +-0, +-inf, NaN, +-1, subnormals, +-1e20 (whose squares
+// overflow), 88.5 and -90 (exp near the largest value, and subnormal), or a copy of an earlier
+// element (ties), in place of about a third of the elements, ignoring the generator's domain
+// bounds. (Values near the largest float, as the plain test draws them, would make nearly every
+// case "near overflow" here: matmuls sum their products.)
+// Subnormals only with TYPEGRAD_DIFF_AUTOCAST_SUBNORMALS=1: typegrad's bf16 GEMM (vdpbf16ps)
+// reads subnormal bf16 operands as 0 (docs/reliability.md, finding 17, open).
+constexpr double special_pool[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1.0, -1.0,
+                                   1e20, -1e20, 88.5, -90.0, 1e-40, -1e-40};
+constexpr std::size_t special_pool_normal = 11;  // the entries before the subnormals
+
+ac_case make_case(const diff::autocast_graph_def& g, const std::vector<std::size_t>& vars, std::uint64_t seed, int policy,
+                  bool special = false) {
     ac_case c;
     c.vars = vars;
     c.policy = policy;
+    c.special = special;
     std::mt19937_64 rng(seed);
     for (std::size_t i = 0; i < g.leaves.size(); ++i) {
         const auto& l = g.leaves[i];
@@ -105,6 +122,20 @@ ac_case make_case(const diff::autocast_graph_def& g, const std::vector<std::size
         std::uniform_real_distribution<double> d(l.lo, l.hi);
         std::vector<double> v(n);
         for (double& x : v) x = bf ? double(float(typegrad::bf16(float(d(rng))))) : double(float(d(rng)));
+        if (special)
+            for (std::size_t j = 0; j < n; ++j) {
+                const auto r = rng() % 6;
+                if (r == 0 || r == 1) {
+                    static const bool subnormals = [] {
+                        const char* e = std::getenv("TYPEGRAD_DIFF_AUTOCAST_SUBNORMALS");
+                        return e && std::atol(e) != 0;
+                    }();
+                    const double s = special_pool[rng() % (subnormals ? std::size(special_pool) : special_pool_normal)];
+                    v[j] = bf ? double(float(typegrad::bf16(float(s)))) : double(float(s));
+                } else if (r == 2 && j > 0) {
+                    v[j] = v[rng() % j];
+                }
+            }
         c.ext.push_back(e);
         c.in.push_back(std::move(v));
     }
@@ -128,6 +159,8 @@ struct ac_reference {
     std::vector<std::string> dtypes;
     bool near_kink = false;
     double magnitude = 0;
+    double product_magnitude = 0;  // special values: the largest |a| |b| of a matmul's operands
+    bool ill_conditioned = false;  // special values: a log_sum_exp/softmax of values beyond 1.6e4
     long zero_dim = 0, where_cond = 0;  // nodes where the program follows typegrad's rule
 };
 
@@ -323,6 +356,13 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         ts >> a;
         torch::Tensor r;
         bf_op = is_bf16_node(nodes.size()) && op != "leaf";
+        if (c.special && (op == "lse" || op == "softmax" || op == "log_softmax")) {
+            // special values: weights exp(x - lse) are meaningless once lse's rounding error
+            // exceeds 1e-3 (|x| above 2^24 * 1e-3 in float): LibTorch's exp(x - lse) gives two tied
+            // 1e20s a weight of 1 each, typegrad's exp(x - max) / sum 1/2 (as the plain test)
+            const auto m = nodes.at(std::stoul(a)).detach().to(at::kDouble).abs();
+            if (m.masked_fill(~torch::isfinite(m), 0).max().item<double>() * 0x1p-24 > 1e-3) ref.ill_conditioned = true;
+        }
         if (op == "leaf") {
             const std::size_t i = std::stoul(a);
             ts >> b;
@@ -383,6 +423,14 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                 return op == "linear" ? at::linear(p, q) : torch::matmul(p, op == "matmul_t" ? q.t() : q);
             };
             const bool vectors = op == "matmul" && nodes.at(std::stoul(a)).dim() == 1 && nodes.at(std::stoul(b)).dim() == 1;
+            if (c.special) {  // the largest product inside the sums, which no node shows: overflow
+                auto finite_max = [](const torch::Tensor& t) {
+                    const auto m = t.detach().to(at::kDouble).abs();
+                    return m.masked_fill(~torch::isfinite(m), 0).max().item<double>();
+                };
+                ref.product_magnitude = std::max(ref.product_magnitude, finite_max(nodes.at(std::stoul(a))) *
+                                                                            finite_max(nodes.at(std::stoul(b))));
+            }
             if (!semantic) {
                 r = bias ? at::linear(node(a), node(b), node(x)) : product(node(a), node(b));
             } else if (vectors) {
@@ -475,7 +523,10 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         // typegrad's rule: every op whose dtype is bf16 rounds its result once (computed in float),
         // and the node's adjoint is cast to its dtype (leaves included: a bf16 leaf's gradient)
         if (semantic && tg_dtypes->at(nodes.size()) == "bf16") r = rnd(r);
-        ref.magnitude = std::max(ref.magnitude, r.detach().to(at::kDouble).abs().max().item<double>());
+        {  // special values: NaN and inf are compared by class, not by scale
+            const auto m = r.detach().to(at::kDouble).abs();
+            ref.magnitude = std::max(ref.magnitude, (c.special ? m.masked_fill(~torch::isfinite(m), 0) : m).max().item<double>());
+        }
         ref.dtypes.push_back(dtype_name(r.scalar_type()));
         nodes.push_back(r);
     }
@@ -501,6 +552,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
 
 struct verdict {
     bool ok = true, reference_finite = true, near_kink = false;
+    bool near_overflow = false;  // special values: a finite value within 16x of the largest float
     bool by_semantic = false;  // beyond rtol_autocast of LibTorch, within rtol_semantic of the semantic reference
     double worst = 0;           // against LibTorch's autocast, relative to its tensor's largest element
     double worst_semantic = 0;  // against the semantic reference, relative to its tensor's largest element
@@ -531,7 +583,11 @@ verdict compare(const diff::autocast_graph_def& g, const ac_case& c) {
         v.ok = false;
         return v;
     }
-    if (!v.reference_finite || v.near_kink) return v;
+    // special values: whether a sum overflows there depends on the order of its terms
+    // (of a matmul's products too: f32 accumulation overflows where the f64 reference does not)
+    v.near_overflow = c.special && (ref.ill_conditioned ||
+                                    std::max(ref.magnitude, ref.product_magnitude) > double(std::numeric_limits<float>::max()) / 16);
+    if ((!v.reference_finite && !c.special) || v.near_kink || v.near_overflow) return v;
 
     diff::tensors<double> grads;
     for (std::size_t i = 0; i < g.leaves.size(); ++i)
@@ -541,12 +597,34 @@ verdict compare(const diff::autocast_graph_def& g, const ac_case& c) {
     // An element passes if it is within rtol_autocast of LibTorch's autocast (relative to the
     // LibTorch tensor's largest element) or within rtol_semantic of the semantic reference
     // (relative to its largest element; see rtol_semantic).
+    // Special values: NaN and infinities (with their sign) must agree with LibTorch's autocast or
+    // with the semantic reference; finite values are compared as below, relative to the largest
+    // finite element.
+    auto kind = [](double x) { return std::isnan(x) ? 0 : x == INFINITY ? 1 : x == -INFINITY ? 2 : 3; };
     auto check = [&](const std::string& what, const std::vector<double>& want, const std::vector<double>& got,
                      const std::vector<double>& sem_want, double floor, double sem_floor) {
         double scale = floor / rtol_autocast, sem_scale = sem_floor / rtol_semantic;
-        for (double w : want) scale = std::max(scale, std::abs(w));
-        for (double w : sem_want) sem_scale = std::max(sem_scale, std::abs(w));
+        for (double w : want)
+            if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
+        for (double w : sem_want)
+            if (std::isfinite(w)) sem_scale = std::max(sem_scale, std::abs(w));
         for (std::size_t i = 0; i < want.size(); ++i) {
+            if (c.special && (kind(got[i]) != 3 || kind(want[i]) != 3 || kind(sem_want[i]) != 3)) {
+                const bool close = kind(got[i]) == 3 &&
+                                   ((kind(want[i]) == 3 && std::abs(got[i] - want[i]) <= rtol_autocast * scale) ||
+                                    (kind(sem_want[i]) == 3 && std::abs(got[i] - sem_want[i]) <= rtol_semantic * sem_scale));
+                if (close || (kind(got[i]) != 3 && (kind(got[i]) == kind(want[i]) || kind(got[i]) == kind(sem_want[i]))))
+                    continue;
+                if (v.ok) {
+                    std::ostringstream os;
+                    os.precision(9);
+                    os << what << "[" << i << "]: typegrad " << got[i] << ", LibTorch " << want[i]
+                       << ", semantic reference " << sem_want[i] << " (special values: NaN and inf must agree)";
+                    v.detail = os.str();
+                }
+                v.ok = false;
+                continue;
+            }
             const double err = std::isfinite(got[i]) ? std::abs(got[i] - want[i]) / (scale + 1e-300) : INFINITY;
             const double sem_err =
                 std::isfinite(got[i]) ? std::abs(got[i] - sem_want[i]) / (sem_scale + 1e-300) : INFINITY;
@@ -649,9 +727,9 @@ ac_case shrink(const diff::autocast_graph_def& g, const ac_case& failing, std::u
     };
     std::stable_sort(candidates.begin(), candidates.end(), [&](const auto& a, const auto& b) { return product(a) < product(b); });
     for (const auto& vars : candidates) {
-        ac_case c = make_case(g, vars, seed, failing.policy);
+        ac_case c = make_case(g, vars, seed, failing.policy, failing.special);
         const verdict v = compare(g, c);
-        if (v.reference_finite && !v.near_kink && !v.ok) return c;
+        if ((v.reference_finite || c.special) && !v.near_kink && !v.near_overflow && !v.ok) return c;
     }
     return failing;
 }
@@ -726,6 +804,44 @@ long diff::run_autocast_differential(long cases, long only) {
                 "<=4: %ld, <=8: %ld, more: %ld\n",
                 ulp_histogram[0], ulp_histogram[1], ulp_histogram[2], ulp_histogram[3], ulp_histogram[4],
                 ulp_histogram[5], ulp_histogram[6], ulp_histogram[7]);
+    // Special values (issue 17): TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES cases (default 160), both
+    // policies; see make_case and compare. Not part of the drift statistics below.
+    const char* special_env = std::getenv("TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES");
+    const long special_cases = special_env ? std::atol(special_env) : 160;
+    long s_compared = 0, s_nonfinite = 0, s_kinks = 0, s_overflow = 0, s_failures = 0;
+    if (special_cases > 0) {
+        const long per = std::max(1L, (special_cases + long(graphs.size()) - 1) / long(graphs.size()));
+        for (const auto& g : graphs) {
+            bool reported = false;
+            for (long k = 0; k < per; ++k) {
+                const std::uint64_t seed = std::uint64_t(g.id) * 1000003u + std::uint64_t(k) * 7919u + 0x5bd1e995u;
+                std::mt19937_64 pick(seed);
+                std::vector<std::size_t> vars;
+                for (int v = 0; v < g.vars; ++v) vars.push_back(sizes[pick() % std::size(sizes)]);
+                const int policy = k % 2 == 0 ? policy_same_as_forward : policy_off;
+                const ac_case c = make_case(g, vars, seed, policy, true);
+                const verdict v = compare(g, c);
+                if (v.ok && (v.near_kink || v.near_overflow)) {
+                    ++(v.near_kink ? s_kinks : s_overflow);
+                    continue;
+                }
+                ++s_compared;
+                s_nonfinite += !v.reference_finite;
+                if (v.ok) continue;
+                ++s_failures;
+                if (!reported) {
+                    reported = true;
+                    const ac_case small = shrink(g, c, seed);
+                    verdict sv = compare(g, small);
+                    print_reproducer(g, sv.ok ? c : small, sv.ok ? v : sv);
+                }
+            }
+        }
+        std::printf("autocast special values: %ld cases compared (%ld with NaN or inf in LibTorch's result; skipped: "
+                    "%ld within rounding of a kink, %ld near overflow or ill-conditioned), %ld failures\n",
+                    s_compared, s_nonfinite, s_kinks, s_overflow, s_failures);
+        failures += s_failures;
+    }
     // Drift: a rounding that typegrad skips or adds against its documented semantics moves most
     // values by up to half an ulp, below rtol_semantic (one flip) element by element, but it moves
     // many cases beyond the f32 noise; flips, the only legitimate cause, are rare (see

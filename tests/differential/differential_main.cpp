@@ -102,7 +102,6 @@ struct reference {
     double loss = 0;
     std::vector<std::vector<double>> grads;  // params, leaf order
     bool near_kink = false;
-    bool known_open = false;  // a documented open difference (docs/reliability.md, finding 14)
     bool ill_conditioned = false;  // log_sum_exp of values whose rounding errors exceed 1e-3
     double magnitude = 0;  // largest |value| of any node: the scale of the rounding errors
 };
@@ -179,7 +178,14 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         } else if (op == "elu") {
             ts >> b;
             if (std::stod(b) != 1.0) note_margin(ref, node(a), torch::zeros({}, opts), kink_tol);
-            r = torch::elu(node(a), std::stod(b));
+            // LibTorch 1.13's CPU kernel computes alpha (exp(x) - 1), which rounds small |x| to 0
+            // (elu(-1e-10f) = 0, and pow(a, elu(c))'s gradient then takes its y == 0 branch);
+            // PyTorch since uses expm1, as typegrad does: the value is corrected to expm1's,
+            // the gradient is torch's elu_backward
+            const double alpha = std::stod(b);
+            const auto e = torch::elu(node(a), alpha);
+            const auto v = node(a).detach();
+            r = e + torch::where(v <= 0, alpha * torch::expm1(v) - e.detach(), torch::zeros({}, opts));
         } else if (op == "clamp") {
             ts >> b >> x;
             const double lo = std::stod(b), hi = std::stod(x);
@@ -193,13 +199,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         else if (op == "max") { top_gap(node(a), true); r = node(a).max(); }
         else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
         else if (op == "lse") {
-            // finding 14 (open): with +inf among the inputs, typegrad's gradient is NaN, not 0,
-            // for finite inputs whose exp overflows
             const auto x = node(a).detach();
-            const double big = dtype == torch::kFloat32 ? std::log(double(std::numeric_limits<float>::max()))
-                                                        : std::log(std::numeric_limits<double>::max());
-            if ((x == INFINITY).any().item<bool>() && (torch::isfinite(x) & (x > big)).any().item<bool>())
-                ref.known_open = true;
             // Its weights exp(x - max) are meaningless when the inputs' rounding errors (from huge
             // values cancelling: 1e306 - 1e306 + 1) exceed 1e-3: which of them tie after rounding
             // then depends on the order of sums (graph 56)
@@ -264,7 +264,6 @@ struct verdict {
     bool reference_finite = true;
     bool near_kink = false;
     bool near_overflow = false;  // special values: a finite value within 16x of the dtype's maximum
-    bool known_open = false;
     double worst = 0;  // largest error relative to the tensor's scale
     std::string detail;
 };
@@ -276,7 +275,6 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
     const reference ref = run_torch(g, c, std::is_same_v<T, double> ? 1e-11 : 1e-3,
                                     special && std::is_same_v<T, float> ? torch::kFloat32 : torch::kFloat64);
     v.near_kink = ref.near_kink;
-    v.known_open = ref.known_open;
     v.near_overflow = v.near_overflow || (special && ref.ill_conditioned);
     auto finite = [](const std::vector<double>& xs) {
         return std::all_of(xs.begin(), xs.end(), [](double x) { return std::isfinite(x); });
@@ -284,7 +282,7 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
     v.reference_finite = std::isfinite(ref.loss) && std::all_of(ref.grads.begin(), ref.grads.end(), finite);
     // whether a sum overflows there depends on the order of its terms: not a case
     v.near_overflow = v.near_overflow || (special && ref.magnitude > double(std::numeric_limits<T>::max()) / 16);
-    if (v.near_kink || v.near_overflow || (special && v.known_open)) return v;
+    if (v.near_kink || v.near_overflow) return v;
     if (!v.reference_finite && !special) return v;  // not a case: outside the domain
 
     diff::tensors<T> in, grads;
@@ -377,7 +375,7 @@ case_data shrink(const diff::graph_def& g, const case_data& failing, std::uint64
     for (const auto& vars : candidates) {
         case_data c = make_case<T>(g, vars, seed, special);
         const verdict v = compare<T>(g, c, split, special);
-        if (!v.near_kink && !v.near_overflow && !(special && v.known_open) && !v.ok) return c;
+        if (!v.near_kink && !v.near_overflow && !v.ok) return c;
     }
     return failing;
 }
@@ -386,8 +384,7 @@ struct tally {
     long cases = 0, skipped = 0, kinks = 0, failures = 0;
     double worst_f64 = 0, worst_f32 = 0;
     // special values
-    long special_cases = 0, special_nonfinite = 0, special_kinks = 0, special_overflow = 0, special_failures = 0,
-         special_known_open = 0;
+    long special_cases = 0, special_nonfinite = 0, special_kinks = 0, special_overflow = 0, special_failures = 0;
 };
 
 template <class T>
@@ -403,8 +400,8 @@ void run_graph(const diff::graph_def& g, long per_graph, bool special, tally& t)
         const case_data c = make_case<T>(g, vars, seed, special);
         const verdict v = compare<T>(g, c, split, special);
         if (special) {
-            if (v.near_kink || v.near_overflow || v.known_open) {
-                ++(v.near_kink ? t.special_kinks : v.near_overflow ? t.special_overflow : t.special_known_open);
+            if (v.near_kink || v.near_overflow) {
+                ++(v.near_kink ? t.special_kinks : t.special_overflow);
                 continue;
             }
             ++t.special_cases;
@@ -450,18 +447,11 @@ int main() {
     const long per_graph_special =
         graphs.empty() || special_total <= 0 ? 0 : std::max(1L, (special_total + 2 * long(graphs.size()) - 1) / (2 * long(graphs.size())));
     tally t;
-    // Special values run over the graphs whose ops were audited for them (ids below 64). Issue
-    // 15's activations (graphs 64-87) still disagree with LibTorch at some special values (3 of
-    // 554 cases when first drawn, e.g. pow(a, elu(c)) under log_sum_exp with a = 0 or inf): open,
-    // docs/reliability.md.
-    constexpr long special_graph_limit = 64;
     for (const auto& g : graphs) {
         run_graph<double>(g, per_graph, false, t);
         run_graph<float>(g, per_graph, false, t);
-        if (g.id < special_graph_limit) {
-            run_graph<double>(g, per_graph_special, true, t);
-            run_graph<float>(g, per_graph_special, true, t);
-        }
+        run_graph<double>(g, per_graph_special, true, t);
+        run_graph<float>(g, per_graph_special, true, t);
     }
     // autocast graphs (cpu/bf16 against LibTorch's CPU autocast): prints its own summary
     const long autocast_failures = diff::run_autocast_differential(autocast_cases, only);
@@ -473,8 +463,7 @@ int main() {
                 graphs.size(), t.cases, t.skipped, t.kinks, t.failures, t.worst_f64, rtol_f64, t.worst_f32,
                 rtol_f32);
     std::printf("special values: %ld cases compared (%ld with NaN or inf in the reference; skipped: %ld within "
-                "rounding of a kink, %ld near overflow or ill-conditioned, %ld known open: log_sum_exp with +inf, finding 14), %ld failures\n",
-                t.special_cases, t.special_nonfinite, t.special_kinks, t.special_overflow, t.special_known_open,
-                t.special_failures);
+                "rounding of a kink, %ld near overflow or ill-conditioned), %ld failures\n",
+                t.special_cases, t.special_nonfinite, t.special_kinks, t.special_overflow, t.special_failures);
     return t.failures == 0 && t.special_failures == 0 && autocast_failures == 0 && optim_failures == 0 ? 0 : 1;
 }

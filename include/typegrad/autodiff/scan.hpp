@@ -76,10 +76,14 @@ struct stacked_t {
     using stack_expr = Stack;
 };
 
+// tg::carry(leaf, init): the activation a scan carries from layer to layer, read by the layer as
+// leaf, starting at init.
 template <expression Leaf, expression Init>
 constexpr carry_t<Leaf, Init> carry(Leaf, Init) {
     return {};
 }
+// tg::stacked(leaf, stack): a per-layer parameter of a scan; the layer reads leaf, the step binds
+// stack, whose leading axis is the layer.
 template <expression Leaf, expression Stack>
 constexpr stacked_t<Leaf, Stack> stacked(Leaf, Stack) {
     return {};

@@ -14,6 +14,8 @@
 
 namespace typegrad {
 
+// Records compiled segments at run time (the C++ graph break: a loop whose trip count is data) and
+// runs one backward through all of them in reverse, hooks included.
 template <class T>
 class tape {
 public:

@@ -23,6 +23,7 @@ inline constexpr bool is_dtype_v =
 template <class T>
 inline constexpr bool is_index_type_v = std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
 
+// The dtype's short name as describe() prints it: f64, f32, bf16, f16 (integer types too).
 template <class T>
 constexpr std::string_view dtype_name() {
     if constexpr (std::is_same_v<T, float>) return "f32";

@@ -11,8 +11,11 @@
 
 namespace typegrad {
 
+// A dynamic extent, known at run time: tg::shape<tg::dyn, 3>. It must equal the extent it meets
+// (it never broadcasts); tg::describe shows it as ?.
 inline constexpr std::size_t dyn = static_cast<std::size_t>(-1);
 
+// A tensor's shape as extents, static (a number) or tg::dyn: tg::shape<4, 3>, tg::shape<tg::dyn, 3>.
 template <std::size_t... Extents>
 struct shape {
     static constexpr std::size_t rank = sizeof...(Extents);
@@ -23,6 +26,7 @@ struct shape {
     static constexpr std::size_t static_numel = ((Extents == dyn ? 1u : Extents) * ... * 1u);
 };
 
+// The shape of a scalar (rank 0), the default of tg::param and tg::input.
 using scalar_shape = shape<>;
 
 namespace detail {
@@ -90,6 +94,43 @@ constexpr extents_value broadcast_all() {
 
 template <class... Shapes>
 inline constexpr bool broadcastable_v = broadcast_all<Shapes...>().ok;
+
+// A shape as text, "[?, 3]" (tg::dyn as ?, as describe() writes it), for compile-time
+// diagnostics: compilers list tg::dyn inside template arguments as 18446744073709551615, but
+// GCC shows a class-type template argument's characters. Only a failing check spells it out
+// (Show), so passing checks share one empty value.
+struct shape_chars {
+    char text[max_rank * 22 + 3]{};  // 20 digits and ", " per axis, "[]" and the terminator
+};
+template <class S, bool Show>
+inline constexpr shape_chars shape_text_v{};
+template <std::size_t... E>
+inline constexpr shape_chars shape_text_v<shape<E...>, true> = [] {
+    shape_chars r;
+    std::size_t n = 0;
+    r.text[n++] = '[';
+    bool first = true;
+    for (std::size_t e : std::array<std::size_t, sizeof...(E)>{E...}) {
+        if (!first) r.text[n++] = ',', r.text[n++] = ' ';
+        first = false;
+        if (e == dyn) {
+            r.text[n++] = '?';
+            continue;
+        }
+        char digits[20];
+        std::size_t k = 0;
+        do digits[k++] = char('0' + e % 10); while ((e /= 10) != 0);
+        while (k) r.text[n++] = digits[--k];
+    }
+    r.text[n] = ']';
+    return r;
+}();
+// The condition of a shape check, written so that a failing one names the operands' shapes in
+// the compiler's note: 'shapes_checked<shape_chars{"[?, 3]"}, shape_chars{"[4]"}, false>::ok'.
+template <shape_chars A, shape_chars B, bool Ok>
+struct shapes_checked {
+    static constexpr bool ok = Ok;
+};
 
 template <class... Shapes>
 struct broadcast_provider {

@@ -10,7 +10,9 @@
 
 namespace typegrad {
 
+// n threads for the following calls (1: serial; 0: back to the default).
 inline void set_num_threads(std::size_t n) { detail::set_num_threads(n); }
+// The thread count in effect.
 inline std::size_t num_threads() { return detail::num_threads(); }
 
 }  // namespace typegrad

@@ -11,11 +11,13 @@
 #error "typegrad: typegrad needs C++20; compile with /std:c++20."
 #endif
 
+// The version of the headers: major, minor, patch (the CMake package's version).
 #define TYPEGRAD_VERSION_MAJOR 0
 #define TYPEGRAD_VERSION_MINOR 1
 #define TYPEGRAD_VERSION_PATCH 0
 // One comparable number: major * 10000 + minor * 100 + patch.
 #define TYPEGRAD_VERSION (TYPEGRAD_VERSION_MAJOR * 10000 + TYPEGRAD_VERSION_MINOR * 100 + TYPEGRAD_VERSION_PATCH)
+// The version as text, "major.minor.patch".
 #define TYPEGRAD_VERSION_STRING "0.1.0"
 
 namespace typegrad {

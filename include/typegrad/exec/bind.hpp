@@ -18,6 +18,7 @@
 
 namespace typegrad {
 
+// Tag for tg::grad_into(leaf, buffer, tg::accumulate): add to the buffer instead of overwriting.
 struct accumulate_t {
     explicit constexpr accumulate_t() = default;
 };
@@ -102,6 +103,9 @@ std::array<std::size_t, Leaf::shape_type::rank> infer_extents(std::size_t size) 
 
 }  // namespace detail
 
+// tg::bind(leaf, range): binds a contiguous range (std::vector, std::span, std::array...) to a leaf,
+// without copying; the data is row-major. The extents are the leaf's static ones, with at most
+// one dynamic extent inferred from the range's length.
 template <class E, std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
 auto bind(E, R&& range) {
@@ -125,6 +129,8 @@ auto bind(E, R&& range) {
     }
 }
 
+// tg::bind(leaf, range, {extents...}): binds a row-major range with explicit extents (every
+// dynamic one given; static ones must agree).
 template <class E, std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
 auto bind(E, R&& range,
@@ -146,6 +152,7 @@ auto bind(E, R&& range,
     return b;
 }
 
+// tg::bind(leaf, pointer, {extents...}): binds row-major memory at pointer with the given extents.
 template <class E, class T>
 auto bind(E, T* pointer,
           std::type_identity_t<std::array<std::size_t, E::node_type::shape_type::rank>> extents) {
@@ -164,6 +171,8 @@ auto bind(E, T* pointer,
     return b;
 }
 
+// tg::grad_into(leaf, range): where the gradient of a wrt leaf is written (overwritten), one
+// element per element of the leaf, row-major. Must not overlap any bound input.
 template <class E, std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
 auto grad_into(E, R&& range) {
@@ -178,12 +187,15 @@ auto grad_into(E, R&& range) {
     if constexpr (!ok) return detail::grad_binding<Leaf, false>{};
     else return detail::grad_binding<Leaf, false>{std::ranges::data(range), std::ranges::size(range)};
 }
+// tg::grad_into(leaf, range, tg::accumulate): adds the gradient to the range's contents instead
+// (PyTorch's .grad accumulation).
 template <class E, std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
 auto grad_into(E e, R&& range, accumulate_t) {
     auto b = grad_into(e, std::forward<R>(range));
     return detail::grad_binding<typename E::node_type, true>{b.data, b.size};
 }
+// tg::grad_into(leaf, pointer, size): the gradient written to size elements at pointer.
 template <class E, class T>
 auto grad_into(E, T* pointer, std::size_t size) {
     using Leaf = typename E::node_type;
@@ -193,6 +205,8 @@ auto grad_into(E, T* pointer, std::size_t size) {
     else return detail::grad_binding<Leaf, false>{pointer, size};
 }
 
+// tg::seed(range): the incoming gradient of a non-scalar output for backward() (a scalar loss
+// is seeded with 1).
 template <std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
 auto seed(R&& range) {

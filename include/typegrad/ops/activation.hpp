@@ -111,11 +111,14 @@ struct clamp_op : elementwise_op {
 
 }  // namespace detail
 
+// torch.nn.functional.gelu(x, approximate): tg::gelu(x) (erf form) or
+// tg::gelu<tg::approximate::tanh>(x).
 template <approximate A = approximate::none, expression X>
 constexpr auto gelu(X x) {
     if constexpr (A == approximate::tanh) return detail::make_node<detail::gelu_tanh_op>(x);
     else return detail::make_node<detail::gelu_op>(x);
 }
+// torch.nn.functional.silu: x * sigmoid(x).
 template <expression X>
 constexpr auto silu(X x) { return detail::make_node<detail::silu_op>(x); }
 
@@ -140,10 +143,12 @@ constexpr auto clamp(X x, L lo, H hi) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("clamp(x, lo, hi)", L, H);
     return detail::make_node<detail::clamp_op>(x, lo, hi);
 }
+// torch.clamp(x, min=lo).
 template <expression X, expression L>
 constexpr auto clamp_min(X x, L lo) {
     return clamp(x, lo, lit<std::numeric_limits<double>::infinity()>);
 }
+// torch.clamp(x, max=hi).
 template <expression X, expression H>
 constexpr auto clamp_max(X x, H hi) {
     return clamp(x, lit<-std::numeric_limits<double>::infinity()>, hi);
@@ -171,8 +176,10 @@ constexpr auto silu_op::vjp(G g, Out, X x) {
 template <std::size_t I, class G, class Out, class X, class B, class Th>
 constexpr auto softplus_op::vjp(G g, Out, X x, B beta, Th threshold) {
     static_assert(I == 0, "typegrad: internal: softplus's beta and threshold are constants");
-    auto bx = x * beta;
-    return where(gt(bx, threshold), g, gmul(g, sigmoid(bx)));
+    // PyTorch's softplus_backward: z / (z + 1) with z = exp(beta x), not sigmoid(beta x), which is
+    // 1 / (1 + exp(-beta x)) = 0 in float once exp(-beta x) overflows (beta x < -88.7: z is subnormal)
+    auto z = exp(x * beta);
+    return where(gt(x * beta, threshold), g, gmul(g, z / (z + lit<1>)));
 }
 template <std::size_t I, class G, class Out, class X, class S>
 constexpr auto leaky_relu_op::vjp(G g, Out, X x, S slope) {
@@ -186,10 +193,11 @@ constexpr auto elu_op::vjp(G g, Out, X x, A alpha) {
 }
 template <std::size_t I, class G, class Out, class X, class L, class H>
 constexpr auto clamp_op::vjp(G g, Out, X x, L lo, H hi) {
-    // torch's clamp_backward and clamp_backward_min_max
-    if constexpr (I == 0) return gmul(g, ge(x, lo) * le(x, hi));
-    else if constexpr (I == 1) return gmul(g, lt(x, lo) * lt(lo, hi));
-    else return gmul(g, gt(gt(x, hi) + lt(hi, lo), lit<0>));
+    // torch's clamp_backward and clamp_backward_min_max: where(pred, grad, 0), a selection, so a
+    // NaN or infinite grad does not reach the operands it does not pass to (NaN * 0 would)
+    if constexpr (I == 0) return where(ge(x, lo) * le(x, hi), g, lit<0>);
+    else if constexpr (I == 1) return where(lt(x, lo) * lt(lo, hi), g, lit<0>);
+    else return where(gt(gt(x, hi) + lt(hi, lo), lit<0>), g, lit<0>);
 }
 }  // namespace detail
 }  // namespace typegrad

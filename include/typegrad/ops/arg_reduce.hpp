@@ -132,6 +132,8 @@ constexpr auto arg_reduce(X x) {
 
 }  // namespace detail
 
+// Index of the largest element (flattened, row-major) as std::int64_t (torch.argmax); not
+// differentiable. With tg::axes<a>: along axis a (tg::keepdim keeps it as extent 1).
 template <expression X>
 constexpr auto argmax(X x) {
     static_assert(is_dtype_v<typename X::value_type>, "typegrad: argmax(x) takes a floating expression.");
@@ -142,6 +144,7 @@ constexpr auto argmax(X x, axes_t<Axis>) { return detail::arg_reduce<true, false
 template <expression X, int Axis>
 constexpr auto argmax(X x, axes_t<Axis>, keepdim_t) { return detail::arg_reduce<true, true, Axis>(x); }
 
+// Index of the smallest element (torch.argmin); the forms of argmax.
 template <expression X>
 constexpr auto argmin(X x) {
     static_assert(is_dtype_v<typename X::value_type>, "typegrad: argmin(x) takes a floating expression.");

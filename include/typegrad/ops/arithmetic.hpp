@@ -53,6 +53,8 @@ inline constexpr bool identity_applies_v = std::is_same_v<typename Const::shape_
 
 }  // namespace detail
 
+// Elementwise a + b with numpy broadcasting (static extents equal or 1; dynamic extents never
+// broadcast).
 template <expression A, expression B>
 constexpr auto operator+(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("operator+(a, b)", A, B);
@@ -63,6 +65,7 @@ constexpr auto operator+(A a, B b) {
     else if constexpr (detail::is_constant_value<NA>(0.0)) return b;
     else return detail::make_node<detail::add_op>(a, b);
 }
+// Elementwise a - b, broadcast as operator+.
 template <expression A, expression B>
 constexpr auto operator-(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("operator-(a, b)", A, B);
@@ -72,6 +75,7 @@ constexpr auto operator-(A a, B b) {
     else if constexpr (detail::is_constant_value<NB>(0.0)) return a;
     else return detail::make_node<detail::sub_op>(a, b);
 }
+// Elementwise a * b, broadcast as operator+.
 template <expression A, expression B>
 constexpr auto operator*(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("operator*(a, b)", A, B);
@@ -82,6 +86,7 @@ constexpr auto operator*(A a, B b) {
     else if constexpr (detail::is_constant_value<NA>(1.0)) return b;
     else return detail::make_node<detail::mul_op>(a, b);
 }
+// Elementwise a / b, broadcast as operator+.
 template <expression A, expression B>
 constexpr auto operator/(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("operator/(a, b)", A, B);
@@ -91,6 +96,7 @@ constexpr auto operator/(A a, B b) {
     else if constexpr (detail::is_constant_value<NB>(1.0)) return a;
     else return detail::make_node<detail::div_op>(a, b);
 }
+// Elementwise negation.
 template <expression A>
 constexpr auto operator-(A a) {
     using NA = typename A::node_type;
@@ -98,6 +104,7 @@ constexpr auto operator-(A a) {
     else if constexpr (detail::is_neg_v<NA>) return expr<detail::type_at_t<0, typename NA::children>>{};
     else return detail::make_node<detail::neg_op>(a);
 }
+// Elementwise negation, the same as -a.
 template <expression A>
 constexpr auto neg(A a) { return -a; }
 

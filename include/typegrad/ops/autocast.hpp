@@ -55,6 +55,8 @@ struct default_autocast_dtype<D, true> {
 };
 }  // namespace detail
 
+// An autocast context as a type, the C++ form of torch.autocast's arguments: device (tg::cpu or
+// tg::cuda_device), dtype (default bf16 on the CPU, f16 on CUDA) and whether it is enabled.
 template <class Device, class DType = typename detail::default_autocast_dtype<Device>::type, bool Enabled = true>
 struct autocast_spec {
     static_assert(is_device_v<Device>,
@@ -67,6 +69,7 @@ struct autocast_spec {
     static constexpr bool enabled = Enabled;
 };
 
+// The usual specs: CPU or CUDA autocast to bf16 or f16, and a disabled region.
 using cpu_bf16 = autocast_spec<cpu, bf16>;
 using cpu_f16 = autocast_spec<cpu, f16>;
 using cuda_f16 = autocast_spec<cuda_device, f16>;
@@ -293,6 +296,9 @@ using ambient_autocast_t = typename ambient_autocast<Root>::type;
 
 }  // namespace detail
 
+// tg::autocast<Spec>(expr): the forward ops of expr run under the autocast spec (torch.autocast);
+// wrapping the whole loss handed to tg::compile makes Spec the ambient autocast of the step
+// (docs/autocast.md).
 template <class Spec, expression X>
 constexpr auto autocast(X) {
     static_assert(is_autocast_spec_v<Spec>,
@@ -360,8 +366,11 @@ private:
 
 // compile<> policies for the backward's autocast context.
 namespace backward_autocast {
+// Every backward op runs under the ambient autocast of the step, as in PyTorch (the default).
 struct same_as_forward {};
+// No autocast in the backward: backward ops run in their inputs' dtypes.
 struct off {};
+// Every backward op runs under Spec, whatever the forward's autocast.
 template <class Spec>
 struct custom {
     static_assert(is_autocast_spec_v<Spec>,

@@ -81,6 +81,8 @@ constexpr auto sum_to(X x) {
 
 }  // namespace detail
 
+// broadcast_like(x, like): x expanded to like's (run-time) shape; the gradient sums back to x's
+// shape.
 template <expression X, expression Like>
 constexpr auto broadcast_like(X x, Like like) {
     static_assert(detail::reduces_to<typename X::shape_type, typename Like::shape_type>(),

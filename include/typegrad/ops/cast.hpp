@@ -89,6 +89,8 @@ struct convert_op : elementwise_op {
 
 }  // namespace detail
 
+// cast<T>(x): converts to the floating dtype T (double, float, tg::bf16, tg::f16), rounding to
+// nearest even; the gradient is cast back to x's dtype.
 template <class T, expression X>
 constexpr auto cast(X x) {
     static_assert(is_dtype_v<T>, "typegrad: cast<T>(x) converts to a floating dtype: double, float, tg::bf16 or tg::f16.");

@@ -53,6 +53,8 @@ struct mutation_list {
     static constexpr bool data_of = (std::is_same_v<Ds, data_t<I>> || ...);
     static constexpr bool grad_output = (std::is_same_v<Ds, grad_output_data_t> || ...);
 };
+// tg::mutates(tg::data<I>, ...): what a custom op's backward writes (static constexpr auto
+// backward_mutates = ...).
 template <class... Ds>
 constexpr mutation_list<Ds...> mutates(Ds...) {
     return {};
@@ -333,6 +335,9 @@ struct custom_forward_op {
 
 }  // namespace detail
 
+// tg::custom<Op>(inputs...): a user op (torch.autograd.Function): Op provides forward(ctx,
+// views...), backward(ctx, grad_views...) and its declared mutations (tg::mutates); see
+// examples/custom_op.cpp.
 template <class Op, expression... Xs>
 constexpr auto custom(Xs... xs) {
     static_assert(sizeof...(Xs) >= 1 && sizeof...(Xs) + 2 <= detail::max_arity,

@@ -48,9 +48,13 @@ struct pow_op : elementwise_op {
 
 }  // namespace detail
 
+// Elementwise e^x (torch.exp). Gradient g * exp(x).
 template <expression X> constexpr auto exp(X x) { return detail::make_node<detail::exp_op>(x); }
+// Elementwise natural logarithm (torch.log): -inf at 0, NaN below.
 template <expression X> constexpr auto log(X x) { return detail::make_node<detail::log_op>(x); }
+// Elementwise square root (torch.sqrt).
 template <expression X> constexpr auto sqrt(X x) { return detail::make_node<detail::sqrt_op>(x); }
+// Elementwise x * x (torch.square).
 template <expression X> constexpr auto square(X x) { return detail::make_node<detail::square_op>(x); }
 
 // pow(x, y) for tensors and for constants (tg::lit<3>); pow(x, 1) is x, pow(x, 2) is square(x).

@@ -198,6 +198,9 @@ inline constexpr bool is_retained_v<node<retain_grad_op, X>> = true;
 
 }  // namespace detail
 
+// tg::hook(e, f): f transforms the gradient flowing into e (a tensor hook, as
+// Tensor.register_hook): an elementwise f (taking and returning a value) is fused into the backward
+// loops; one taking a tg::grad_view sees the whole gradient.
 template <expression E, class F>
 constexpr auto hook(E, F) {
     using T = compute_t<typename E::value_type>;
@@ -251,6 +254,8 @@ constexpr auto post_accumulate_grad_hook(P, F) {
     else return expr<typename detail::add_post_hook<typename P::node_type, F>::type>{};
 }
 
+// tg::retain_grad(e): r, the same value as e, whose gradient can be requested with
+// tg::grad_into(r, buffer) (Tensor.retain_grad).
 template <expression E>
 constexpr auto retain_grad(E) {
     return expr<node<detail::retain_grad_op, typename E::node_type>>{};

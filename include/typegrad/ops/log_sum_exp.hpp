@@ -1,30 +1,48 @@
 #pragma once
 // log_sum_exp, softmax and log_softmax, numerically stable: the shift by the maximum is
 // detached, so the gradient is exactly softmax and no exp overflows.
+#include <limits>
+
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/reduce.hpp>
 
 namespace typegrad {
 namespace detail {
+// x, with +inf read as -inf. log_sum_exp shifts by the largest input below +inf: with +inf among
+// the inputs, exp(x - shift) then overflows at +inf only, and every finite input gets PyTorch's
+// gradient exp(x - lse) = 0 instead of exp(x) / inf, NaN where exp(x) overflows (finding 14).
+struct below_inf_op : nondifferentiable_elementwise_op {
+    static constexpr const char* name = "below_inf";
+    static constexpr const char* device = "({0} == tg_infinity<T>() ? -tg_infinity<T>() : {0})";
+    template <class V>
+    static V apply(const V& a) {
+        const V inf(std::numeric_limits<double>::infinity());
+        return simd::select(a == inf, -inf, a);
+    }
+};
+
 template <expression X>
 constexpr auto finite_or_zero(X x) { return make_node<finite_or_zero_op>(x); }
+template <expression X>
+constexpr auto below_inf(X x) { return make_node<below_inf_op>(x); }
 
 template <int Axis, expression X>
 constexpr auto softmax_shift(X x) { return detach(finite_or_zero(max(x, axes<Axis>, keepdim))); }
 
 template <int Axis, expression X>
 constexpr auto log_sum_exp_keepdim(X x) {
-    auto shift = softmax_shift<Axis>(x);
+    auto shift = detach(finite_or_zero(max(below_inf(x), axes<Axis>, keepdim)));
     return shift + log(sum(exp(x - shift), axes<Axis>, keepdim));
 }
 }  // namespace detail
 
-// Over all elements; an all -inf input gives -inf.
+// Over all elements; an all -inf input gives -inf, a +inf input +inf (gradient 0 to the finite
+// inputs, NaN to the +inf ones, as PyTorch's exp(x - lse)).
 template <expression X>
 constexpr auto log_sum_exp(X in) {
     auto x = detail::fp32_on_cuda_entry(in);
-    auto shift = detach(detail::finite_or_zero(max(x)));
+    auto shift = detach(detail::finite_or_zero(max(detail::below_inf(x))));
     return shift + log(sum(exp(x - shift)));
 }
 template <expression X, int Axis>

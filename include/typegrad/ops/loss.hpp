@@ -62,6 +62,7 @@ constexpr void check_labels() {
 
 }  // namespace detail
 
+// torch.nn.functional.mse_loss(a, b) with reduction='mean': mean((a - b)^2).
 template <expression A, expression B>
 constexpr auto mse_loss(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("mse_loss(a, b)", A, B);

@@ -163,9 +163,13 @@ constexpr auto matmul(A a, B b) {
         return squeeze<-1>(matmul(a, unsqueeze<1>(b)));
     } else {
         using rule = detail::matmul_shape<SA, SB>;
-        static_assert(rule::inner_ok,
+        // GCC's note on failure names both shapes, tg::dyn as ? (detail::shapes_checked)
+        static_assert(detail::shapes_checked<detail::shape_text_v<SA, !rule::inner_ok>,
+                                             detail::shape_text_v<SB, !rule::inner_ok>, rule::inner_ok>::ok,
                       "typegrad: matmul(a, b) needs a's last extent to equal b's second-to-last extent.");
-        static_assert(rule::batch_ok, "typegrad: matmul(a, b) needs equal (or 1) batch extents.");
+        static_assert(detail::shapes_checked<detail::shape_text_v<SA, !rule::batch_ok>,
+                                             detail::shape_text_v<SB, !rule::batch_ok>, rule::batch_ok>::ok,
+                      "typegrad: matmul(a, b) needs equal (or 1) batch extents.");
         return detail::make_node<detail::matmul_op>(a, b);
     }
 }

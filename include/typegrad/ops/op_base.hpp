@@ -53,9 +53,17 @@ inline constexpr bool same_shape_v = std::is_same_v<typename A::shape_type, type
                   "type, so write it as a compile-time constant, e.g. tg::lit<2.5>, or bind a "  \
                   "run-time value through a tg::input leaf")
 
+// On failure GCC's note names both shapes, tg::dyn as ? (detail::shapes_checked).
 #define TYPEGRAD_DETAIL_CHECK_BROADCAST(fname, A, B)                                             \
-    static_assert(::typegrad::detail::broadcastable_v<typename A::shape_type,                    \
-                                                      typename B::shape_type>,                   \
+    static_assert(::typegrad::detail::shapes_checked<                                            \
+                      ::typegrad::detail::shape_text_v<typename A::shape_type,                   \
+                          !::typegrad::detail::broadcastable_v<typename A::shape_type,           \
+                                                               typename B::shape_type>>,         \
+                      ::typegrad::detail::shape_text_v<typename B::shape_type,                   \
+                          !::typegrad::detail::broadcastable_v<typename A::shape_type,           \
+                                                               typename B::shape_type>>,         \
+                      ::typegrad::detail::broadcastable_v<typename A::shape_type,                \
+                                                          typename B::shape_type>>::ok,          \
                   "typegrad: " fname " needs broadcastable shapes: where both operands have a "   \
                   "static extent on an axis, the extents must be equal or one of them 1")
 

@@ -52,13 +52,17 @@ struct minimum_op : elementwise_op {
 
 }  // namespace detail
 
+// Elementwise max(x, 0) (torch.relu); NaN passes through, gradient 0 at 0.
 template <expression X> constexpr auto relu(X x) { return detail::make_node<detail::relu_op>(x); }
+// Elementwise |x| (torch.abs); gradient sign(x), 0 at 0.
 template <expression X> constexpr auto abs(X x) { return detail::make_node<detail::abs_op>(x); }
+// Elementwise maximum of two broadcast operands (torch.maximum); NaN wins.
 template <expression A, expression B>
 constexpr auto max(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("max(a, b)", A, B);
     return detail::make_node<detail::maximum_op>(a, b);
 }
+// Elementwise minimum of two broadcast operands (torch.minimum); NaN wins.
 template <expression A, expression B>
 constexpr auto min(A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("min(a, b)", A, B);

@@ -77,6 +77,8 @@ constexpr auto reduce_axes(X x) {
                   "typegrad: " fname "(x, tg::axes<...>) names an axis x does not have, or one "   \
                   "axis twice.")
 
+// Sum of all elements (a scalar). sum(x, tg::axes<a...>) reduces the named axes, sum(x,
+// tg::axes<a...>, tg::keepdim) keeps them as extent 1.
 template <expression X>
 constexpr auto sum(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::sum, scalar_shape>>(x);
@@ -92,6 +94,7 @@ constexpr auto sum(X x, axes_t<Axes...>, keepdim_t) {
     return detail::reduce_axes<detail::reduce_kind::sum, true, Axes...>(x);
 }
 
+// Mean of all elements; with tg::axes<a...> (and tg::keepdim) over those axes, as sum.
 template <expression X>
 constexpr auto mean(X x) {
     return sum(x) * detail::make_node<detail::inv_count_op<scalar_shape>>(x);
@@ -107,6 +110,8 @@ constexpr auto mean(X x, axes_t<Axes...> a) {
     return detail::drop_axes<typename X::shape_type, Axes...>(mean(x, a, keepdim));
 }
 
+// Largest element; with tg::axes<a...> (and tg::keepdim) along those axes. The gradient is shared
+// evenly among tied maxima; NaN wins.
 template <expression X>
 constexpr auto max(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::max, scalar_shape>>(x);
@@ -121,6 +126,7 @@ constexpr auto max(X x, axes_t<Axes...>, keepdim_t) {
     TYPEGRAD_DETAIL_CHECK_AXES("max");
     return detail::reduce_axes<detail::reduce_kind::max, true, Axes...>(x);
 }
+// Smallest element; the forms and gradient rule of max.
 template <expression X>
 constexpr auto min(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::min, scalar_shape>>(x);

@@ -44,8 +44,11 @@ struct expm1_op : elementwise_op {
 
 }  // namespace detail
 
+// Elementwise error function (torch.erf).
 template <expression X> constexpr auto erf(X x) { return detail::make_node<detail::erf_op>(x); }
+// Elementwise log(1 + x), accurate near 0 (torch.log1p).
 template <expression X> constexpr auto log1p(X x) { return detail::make_node<detail::log1p_op>(x); }
+// Elementwise exp(x) - 1, accurate near 0 (torch.expm1).
 template <expression X> constexpr auto expm1(X x) { return detail::make_node<detail::expm1_op>(x); }
 
 namespace detail {

@@ -38,9 +38,13 @@ struct sigmoid_op : elementwise_op {
 
 }  // namespace detail
 
+// Elementwise sine (torch.sin).
 template <expression X> constexpr auto sin(X x) { return detail::make_node<detail::sin_op>(x); }
+// Elementwise cosine (torch.cos).
 template <expression X> constexpr auto cos(X x) { return detail::make_node<detail::cos_op>(x); }
+// Elementwise hyperbolic tangent (torch.tanh).
 template <expression X> constexpr auto tanh(X x) { return detail::make_node<detail::tanh_op>(x); }
+// Elementwise logistic function 1 / (1 + exp(-x)) (torch.sigmoid).
 template <expression X> constexpr auto sigmoid(X x) { return detail::make_node<detail::sigmoid_op>(x); }
 
 namespace detail {

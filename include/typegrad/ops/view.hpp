@@ -333,6 +333,8 @@ constexpr auto transpose(X x) {
     }
 }
 
+// reshape<tg::shape<...>>(x): the same elements, row-major, in another shape (at most one dynamic
+// extent, inferred); a view where x is contiguous.
 template <class Target, expression X>
 constexpr auto reshape(X x) {
     static_assert(detail::is_shape_v<Target>, "typegrad: reshape<tg::shape<...>>(x) takes a tg::shape.");
@@ -348,6 +350,8 @@ constexpr auto reshape(X x) {
     else return detail::make_node<detail::reshape_op<Target>>(detail::make_node<detail::contiguous_op>(x));
 }
 
+// unsqueeze<axis>(x): a new axis of extent 1 (negative axes count from the end), as
+// torch.unsqueeze.
 template <int Axis, expression X>
 constexpr auto unsqueeze(X x) {
     using S = typename X::shape_type;
@@ -357,6 +361,7 @@ constexpr auto unsqueeze(X x) {
     return detail::make_node<detail::unsqueeze_op<a>>(x);
 }
 
+// squeeze<axis>(x): drops an axis of static extent 1.
 template <int Axis, expression X>
 constexpr auto squeeze(X x) {
     using S = typename X::shape_type;
@@ -366,6 +371,7 @@ constexpr auto squeeze(X x) {
     return detail::make_node<detail::squeeze_op<a>>(x);
 }
 
+// slice<axis, begin, end>(x): elements begin .. end-1 along axis (x.narrow), a view.
 template <int Axis, std::size_t Begin, std::size_t End, expression X>
 constexpr auto slice(X x) {
     using S = typename X::shape_type;
@@ -377,6 +383,8 @@ constexpr auto slice(X x) {
     return detail::make_node<detail::slice_op<a, Begin, End>>(x);
 }
 
+// broadcast_to<tg::shape<...>>(x): x expanded to a shape (torch.broadcast_to); the gradient sums
+// back.
 template <class Target, expression X>
 constexpr auto broadcast_to(X x) {
     static_assert(detail::reduces_to<typename X::shape_type, Target>(),
@@ -386,6 +394,7 @@ constexpr auto broadcast_to(X x) {
     else return detail::make_node<detail::expand_to_op<Target>>(x);
 }
 
+// contiguous(x): x itself when it is contiguous, else a row-major copy (Tensor.contiguous).
 template <expression X>
 constexpr auto contiguous(X x) {
     if constexpr (X::node_type::contiguous) return x;

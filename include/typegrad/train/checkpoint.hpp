@@ -102,6 +102,9 @@ std::vector<st_tensor_ref> tensor_refs(Set& set, std::string_view prefix) {
 
 }  // namespace detail
 
+// Writes parameter sets and optimizer state to a safetensors file (the Hugging Face format):
+// add(...) what to save, then save(path); the file is written to a temporary name and renamed, so a
+// failed save leaves no partial file.
 class safetensors_writer {
 public:
     // Every buffer of a parameter set, named prefix + dotted name; shapes from `shapes` when it has
@@ -179,6 +182,9 @@ private:
     std::map<std::string, std::string> metadata_;
 };
 
+// Reads a safetensors file: load(set) fills a parameter set by name, load_optimizer(opt) an
+// optimizer's state; a missing tensor, a wrong dtype or shape, or a corrupt file throws
+// (checkpoint_error, shape_error) before the destination is touched.
 class safetensors_reader {
 public:
     struct tensor_info {

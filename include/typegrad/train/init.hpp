@@ -197,6 +197,7 @@ void xavier_uniform(R&& buf, std::span<const std::size_t> extents, generator& ge
     const double bound = std::sqrt(3.0) * gain * std::sqrt(2.0 / double(f.in + f.out));
     uniform(buf, -bound, bound, gen);
 }
+// torch.nn.init.xavier_normal_: normal with std = gain * sqrt(2 / (fan_in + fan_out)).
 template <class R>
 void xavier_normal(R&& buf, std::span<const std::size_t> extents, generator& gen, double gain = 1) {
     detail::check_numel(buf, extents, "xavier_normal");
@@ -218,12 +219,15 @@ inline double kaiming_std(std::span<const std::size_t> extents, const kaiming_op
     return calculate_gain(o.nonlin, o.a) / std::sqrt(fan);
 }
 }  // namespace detail
+// torch.nn.init.kaiming_uniform_: uniform in +-gain * sqrt(3 / fan), fan and gain from
+// kaiming_options (PyTorch's defaults).
 template <class R>
 void kaiming_uniform(R&& buf, std::span<const std::size_t> extents, generator& gen, kaiming_options o = {}) {
     detail::check_numel(buf, extents, "kaiming_uniform");
     const double bound = std::sqrt(3.0) * detail::kaiming_std(extents, o);
     uniform(buf, -bound, bound, gen);
 }
+// torch.nn.init.kaiming_normal_: normal with std = gain / sqrt(fan).
 template <class R>
 void kaiming_normal(R&& buf, std::span<const std::size_t> extents, generator& gen, kaiming_options o = {}) {
     detail::check_numel(buf, extents, "kaiming_normal");

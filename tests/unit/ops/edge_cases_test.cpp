@@ -218,3 +218,101 @@ TEST_CASE("log and pow of subnormal doubles", "[ops][log][edge]") {
         CHECK_THAT(pw.values()[i], Catch::Matchers::WithinRel(std::pow(xd[i], -0.5), 1e-12));
     }
 }
+
+TEST_CASE("log_sum_exp with +inf: gradient 0 to every finite input, as PyTorch's exp(x - lse)",
+          "[ops][log_sum_exp][edge]") {
+    // finding 14: the shift was 0 when the maximum is +inf, and exp(x) / inf is NaN where exp(x)
+    // overflows (x > 88.7 in float). PyTorch: {0, NaN, 0, ...}.
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    auto step = tg::compile(tg::log_sum_exp(b), tg::wrt(b));
+    for (std::size_t n : {3u, 20u}) {  // loop tail and SIMD body
+        INFO("n = " << n);
+        std::vector<float> bd(n, 1.f), g(n);
+        bd[1] = inf;
+        bd[2] = 1e36f;
+        if (n > 3) bd[n - 1] = 100.f;
+        const float l = step.value_and_grad(tg::bind(b, bd), tg::grad_into(b, g));
+        CHECK(same_special(l, inf));
+        for (std::size_t i = 0; i < n; ++i) {
+            INFO("i = " << i);
+            CHECK(same_special(g[i], i == 1 ? std::nan("") : 0.0));
+        }
+    }
+    // along an axis (keepdim form), double: a row with +inf, a row of -inf (NaN weights in
+    // PyTorch too: exp(-inf - (-inf))) and a finite row, whose softmax weights are unchanged
+    constexpr auto c = tg::param<"c", double, tg::shape<3, tg::dyn>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> cd{1, dinf, 800, -dinf, -dinf, -dinf, 0, 1, 2}, gc(9);
+    auto rows = tg::compile(tg::sum(tg::log_sum_exp(c, tg::axes<1>) * tg::lit<0.5>), tg::wrt(c));
+    const double l = rows.value_and_grad(tg::bind(c, cd, {3, 3}), tg::grad_into(c, gc));
+    CHECK(std::isnan(l));  // inf + (-inf)
+    CHECK(gc[0] == 0);
+    CHECK(std::isnan(gc[1]));
+    CHECK(gc[2] == 0);
+    for (int i = 3; i < 6; ++i) CHECK(std::isnan(gc[i]));
+    const double lse = std::log(1 + std::exp(1.0) + std::exp(2.0));
+    for (int i = 0; i < 3; ++i) CHECK(std::abs(gc[6 + i] - 0.5 * std::exp(i - lse)) <= 1e-15);
+}
+
+TEST_CASE("erf and gelu of huge values are +-1 and x (or -0), as in PyTorch", "[ops][gelu][edge]") {
+    // xsimd 8.1's double erf is NaN from |x| of about 1e100 on; PyTorch: gelu(1e300) = 1e300 with
+    // gradient 1, gelu(-1e300) = -0 with gradient 0, gelu(+-inf) = inf / NaN.
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> xd{3.9e305, -3.9e305, 1e100, -1e100, 1e300, -1e300, dinf, -dinf, 6, -6, 30, -30, 1, 2, 0.5, -0.5, 1e10};
+    auto g = tg::compile(tg::gelu(x), tg::wrt(x));
+    auto gs = tg::compile(tg::sum(tg::gelu(x)), tg::wrt(x));
+    auto gctx = g.forward(tg::bind(x, xd));
+    std::vector<double> gx(xd.size());
+    gs.value_and_grad(tg::bind(x, xd), tg::grad_into(x, gx));
+    for (std::size_t i = 0; i < xd.size(); ++i) {
+        INFO("x = " << xd[i]);
+        const double want = xd[i] * 0.5 * (1 + std::erf(xd[i] / std::sqrt(2.0)));  // NaN at -inf, as PyTorch
+        const double got = gctx.values()[i];
+        if (std::isnan(want)) CHECK(std::isnan(got));
+        else if (std::isinf(want)) CHECK(got == want);
+        else CHECK(std::abs(got - want) <= 1e-14 * std::abs(want));
+        if (std::abs(xd[i]) >= 1e10 && std::isfinite(xd[i])) {
+            CHECK(std::signbit(got) == std::signbit(want));
+            CHECK(gx[i] == (xd[i] > 0 ? 1.0 : 0.0));
+        }
+    }
+    CHECK(std::isnan(gx[6]));  // inf * exp(-inf) ... as PyTorch: NaN at +-inf
+    CHECK(std::isnan(gx[7]));
+    std::vector<double> one(1);
+    for (double v : {1e100, -1e100, 1e300, -dinf, 6.5, 7.5}) {
+        one[0] = v;
+        auto ctx = tg::compile(tg::erf(x), tg::wrt(x)).forward(tg::bind(x, one));
+        CHECK(ctx.values()[0] == std::erf(v));  // exactly +-1 beyond 6
+    }
+}
+
+TEST_CASE("clamp's gradient selects (NaN stays out), softplus's is z / (z + 1) down to subnormals", "[ops][clamp][softplus][edge]") {
+    // PyTorch's clamp_backward is where(lo <= x <= hi, grad, 0): a NaN gradient arriving at a NaN
+    // x (max of a NaN, through erf) is not passed on; typegrad multiplied by the 0/1 mask (NaN).
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    auto e4 = tg::clamp(tg::leaky_relu<0.2>(b), tg::lit<0.0>, tg::lit<2.0>);
+    auto step = tg::compile(tg::min(tg::min(b, tg::erf(tg::max(e4)))) + tg::sum(e4), tg::wrt(b));
+    std::vector<float> bd{1.4372420310974121f, -0.85728657245635986f, -1.6654031276702881f, 1.4372420310974121f, qnan};
+    std::vector<float> g(5);
+    const float l = step.value_and_grad(tg::bind(b, bd), tg::grad_into(b, g));
+    CHECK(std::isnan(l));
+    // LibTorch 1.13: min of the all-NaN minimum gives each element 1/5; the sum adds 1 where
+    // 0 <= leaky_relu(b) <= 2 (b > 0: slope 1), and 0 elsewhere (clamped, or NaN)
+    const float want[] = {1.2f, 0.2f, 0.2f, 1.2f, 0.2f};
+    for (int i = 0; i < 5; ++i) {
+        INFO("i = " << i);
+        CHECK(std::abs(g[i] - want[i]) <= 1e-6f);
+    }
+    // softplus at beta x = -90: PyTorch's z / (z + 1) = exp(-90) = 8.2e-40 (subnormal in float);
+    // sigmoid(-90) computed as 1 / (1 + exp(90)) is 0 there
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    std::vector<float> cd{-90.f, -20.f, 0.f, 19.f}, gc(4);
+    tg::compile(tg::sum(tg::softplus<1.0>(c)), tg::wrt(c)).value_and_grad(tg::bind(c, cd), tg::grad_into(c, gc));
+    for (int i = 0; i < 4; ++i) {
+        INFO("x = " << cd[i]);
+        const double z = std::exp(double(cd[i]));
+        CHECK(same_special(gc[i], z / (z + 1)));
+    }
+    CHECK(gc[0] > 0);
+}

@@ -7,6 +7,17 @@
 #include <limits>
 #include <type_traits>
 
+// GCC 12 flags the deliberately undefined vectors inside its own AVX-512 intrinsics
+// (_mm512_undefined_pd) as uninitialised once xsimd's exp/hadd inline into a kernel (GCC
+// PR105593). The warnings would land in users' builds, where -Werror breaks: GCC honours a
+// diagnostic pragma at any point of the inlining chain, and every xsimd call goes through this
+// header, so silencing them over xsimd and this header keeps them out of every build.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <xsimd/xsimd.hpp>
 
 #include <typegrad/core/half_simd.hpp>
@@ -137,7 +148,14 @@ template <class T, class A> inline auto sin(const xsimd::batch<T, A>& x) { retur
 template <class T, class A> inline auto cos(const xsimd::batch<T, A>& x) { return xsimd::cos(x); }
 template <class T, class A> inline auto tanh(const xsimd::batch<T, A>& x) { return xsimd::tanh(x); }
 template <class T, class A> inline auto abs(const xsimd::batch<T, A>& x) { return xsimd::abs(x); }
-template <class T, class A> inline auto erf(const xsimd::batch<T, A>& x) { return xsimd::erf(x); }
+// xsimd 8.1's double erf is NaN from |x| of about 1e100 on (erf(1e300): NaN, not 1), and gelu
+// of a huge value with it. Beyond |x| = 6, erf is +-1 in float and double (erfc(6) = 2e-17).
+template <class T, class A>
+inline auto erf(const xsimd::batch<T, A>& x) {
+    using B = xsimd::batch<T, A>;
+    const B one(T(1));
+    return xsimd::select(xsimd::abs(x) > B(T(6)), xsimd::select(x > B(T(0)), one, -one), xsimd::erf(x));
+}
 template <class T, class A> inline auto log1p(const xsimd::batch<T, A>& x) { return xsimd::log1p(x); }
 template <class T, class A> inline auto expm1(const xsimd::batch<T, A>& x) { return xsimd::expm1(x); }
 // pow with the special values of C's pow (C11 F.10.4.4), which PyTorch follows. xsimd 8.1's
@@ -200,7 +218,7 @@ template <class T> requires std::is_floating_point_v<T>
 inline T tanh(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::tanh(b); }); }
 template <class T> requires std::is_floating_point_v<T> inline T abs(T x) { return std::fabs(x); }
 template <class T> requires std::is_floating_point_v<T>
-inline T erf(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::erf(b); }); }
+inline T erf(T x) { return through_batch(x, [](const batch<T>& b) { return simd::erf(b); }); }
 template <class T> requires std::is_floating_point_v<T>
 inline T log1p(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::log1p(b); }); }
 template <class T> requires std::is_floating_point_v<T>
@@ -238,3 +256,7 @@ template <class V> inline V eq(const V& a, const V& b) {
 }
 
 }  // namespace typegrad::simd
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
