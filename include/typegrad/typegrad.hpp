@@ -12,6 +12,7 @@
 #include <typegrad/ops/activation.hpp>
 #include <typegrad/ops/arg_reduce.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/attention.hpp>
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
