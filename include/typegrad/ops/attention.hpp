@@ -140,9 +140,36 @@ constexpr bool extents_agree() {
     return a == dyn || b == dyn || a == b;
 }
 
+// sqrt(d) correctly rounded for an integer 1 <= d < 2^20, as a constant expression (std::sqrt is
+// not constexpr under clang; g++ folds it as a builtin): Newton's iteration gets within an ulp, then
+// the candidate whose rounding interval holds sqrt(d) is picked in exact integer arithmetic
+// ((c +- ulp/2)^2 against d, scaled to integers below 2^110).
+__extension__ typedef unsigned __int128 attention_u128;
+constexpr bool sqrt_below(double c, std::uint64_t d, int side) {
+    // is d < (c + side * ulp(c) / 2)^2 ? (c = C * 2^k, C the 53-bit significand)
+    const std::uint64_t bits = std::bit_cast<std::uint64_t>(c);
+    const int k = int((bits >> 52) & 0x7FF) - 1075;
+    const std::uint64_t C = (bits & ((std::uint64_t(1) << 52) - 1)) | (std::uint64_t(1) << 52);
+    const attention_u128 m = attention_u128(2 * C + std::uint64_t(side > 0 ? 1 : 0)) - (side < 0 ? 1 : 0);
+    // m * 2^(k-1) is the interval's end; compare m^2 with d * 2^(2 - 2k) (k < 0 here)
+    return attention_u128(d) << (2 - 2 * k) < m * m;
+}
+constexpr double sqrt_of_integer(std::uint64_t d) {
+    double r = double(d);
+    for (int i = 0; i < 100; ++i) r = 0.5 * (r + double(d) / r);
+    for (int i = 0; i < 4; ++i) {
+        if (!sqrt_below(r, d, +1)) r = std::bit_cast<double>(std::bit_cast<std::uint64_t>(r) + 1);
+        else if (sqrt_below(r, d, -1)) r = std::bit_cast<double>(std::bit_cast<std::uint64_t>(r) - 1);
+        else break;
+    }
+    return r;
+}
 template <class Q>
 constexpr double default_attention_scale() {
-    return 1.0 / std::sqrt(double(Q::shape_type::extents[Q::shape_type::rank - 1]));
+    constexpr std::size_t d = Q::shape_type::extents[Q::shape_type::rank - 1];
+    static_assert(d < (std::size_t(1) << 20), "typegrad: scaled_dot_product_attention(q, k, v): d is too large for "
+                                                "the default scale; give the scale explicitly.");
+    return 1.0 / sqrt_of_integer(d);
 }
 
 // The attention of rank 2 or 3 operands; Masker(scores) applies the mask.
@@ -222,11 +249,12 @@ constexpr auto causal_masker::operator()(S s) const { return causal_mask(s); }
                   "typegrad: scaled_dot_product_attention(q, k, v) takes its default scale 1/sqrt(d) from q's " \
                   "static last extent; q's is dynamic, so give the scale: "                                     \
                   "scaled_dot_product_attention<scale>(q, k, v).")
+// a num, not a double: clang 14 does not convert a call's double to a class-type template argument
 template <num Scale, class Q>
-constexpr double attention_scale() {
-    if constexpr (Scale.value() == Scale.value()) return Scale.value();
-    else if constexpr (Q::shape_type::extents[Q::shape_type::rank - 1] == dyn) return 1.0;  // rejected above
-    else return default_attention_scale<Q>();
+constexpr num attention_scale() {
+    if constexpr (Scale.value() == Scale.value()) return Scale;
+    else if constexpr (Q::shape_type::extents[Q::shape_type::rank - 1] == dyn) return num(1.0);  // rejected above
+    else return num(default_attention_scale<Q>());
 }
 }  // namespace detail
 

@@ -187,3 +187,10 @@ TEST_CASE("scaled_dot_product_attention in float: large logits stay finite", "[o
     CHECK(std::isfinite(l));
     for (float e : g) CHECK(std::isfinite(e));
 }
+
+TEST_CASE("the default scale is 1 / sqrt(d) correctly rounded", "[ops][attention]") {
+    static_assert(tg::detail::sqrt_of_integer(64) == 8.0);
+    std::uint64_t wrong = 0;
+    for (std::uint64_t d = 1; d < (1u << 20); ++d) wrong += tg::detail::sqrt_of_integer(d) != std::sqrt(double(d));
+    CHECK(wrong == 0);
+}
