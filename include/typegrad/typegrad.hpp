@@ -17,6 +17,7 @@
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/compare.hpp>
+#include <typegrad/ops/conv.hpp>
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/dropout.hpp>
 #include <typegrad/ops/exp_log.hpp>
