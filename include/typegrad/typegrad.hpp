@@ -27,6 +27,7 @@
 #include <typegrad/ops/loss.hpp>
 #include <typegrad/ops/matmul.hpp>
 #include <typegrad/ops/norm.hpp>
+#include <typegrad/ops/pool.hpp>
 #include <typegrad/ops/piecewise.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/special.hpp>
