@@ -14,6 +14,7 @@
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/attention.hpp>
 #include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/batch_norm.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/compare.hpp>
