@@ -129,7 +129,7 @@ constexpr auto batch_norm(X x, W w, B b) {
     constexpr std::size_t R = X::shape_type::rank;
     return detail::narrowed(detail::batch_normalize<Eps>(x) * detail::per_channel<R>(detail::widened(w)) +
                                 detail::per_channel<R>(detail::widened(b)),
-                            x, w, b);
+                            x, detail::per_channel<R>(w), detail::per_channel<R>(b));
 }
 // F.batch_norm(x, running_mean, running_var, w, b, training=Training, momentum=Momentum, eps=Eps)
 template <bool Training, num Momentum = 0.1, num Eps = 1e-5, expression X, expression RM, expression RV,
@@ -154,7 +154,7 @@ constexpr auto batch_norm(X x, RM running_mean, RV running_var, W w, B b) {
         return detail::narrowed((detail::widened(x) - per_channel<R>(detail::widened(running_mean))) * inv *
                                         per_channel<R>(detail::widened(w)) +
                                     per_channel<R>(detail::widened(b)),
-                                x, w, b);
+                                x, per_channel<R>(w), per_channel<R>(b));
     }
 }
 #undef TYPEGRAD_DETAIL_CHECK_BATCH_NORM

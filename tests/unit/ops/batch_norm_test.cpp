@@ -128,3 +128,19 @@ TEST_CASE("batch_norm updates the running statistics in place; evaluation mode u
                    fixed(tg::bind(rm, mean), tg::bind(rv, var), tg::bind(q, qv, {2, 3, 2, 2})), at(x, xv, {2, 3, 2, 2}),
                    at(w, wv), at(b, bv));
 }
+
+TEST_CASE("batch_norm in float", "[ops][batch_norm]") {
+    constexpr auto x = tg::input<"x", float, tg::shape<tg::dyn, 3, 2, 2>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<3>>;
+    auto xd = uniform(24, -2.0, 2.0, 12), wd = uniform(3, 0.5, 1.5, 13), bd = uniform(3, -1.0, 1.0, 14);
+    std::vector<float> xs(xd.begin(), xd.end()), ws(wd.begin(), wd.end()), bs(bd.begin(), bd.end());
+    auto fwd = tg::compile(tg::batch_norm(x, w, b), tg::wrt(w)).forward(tg::bind(x, xs, {2, 3, 2, 2}), tg::bind(w, ws),
+                                                                        tg::bind(b, bs));
+    const std::vector<double> xr(xs.begin(), xs.end());
+    auto st = stats_of(xr, 2, 3, 4);
+    require_close(std::vector<double>(fwd.values().begin(), fwd.values().end()),
+                  ref_bn(xr, 2, 3, 4, st.mean, st.biased, std::vector<double>(ws.begin(), ws.end()),
+                         std::vector<double>(bs.begin(), bs.end())),
+                  1e-5);
+}
