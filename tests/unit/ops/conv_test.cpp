@@ -130,3 +130,23 @@ TEST_CASE("conv2d shape errors at run time throw before anything is written", "[
     const float v = step.value_and_grad(tg::bind(x, xv, {1, 2, 4, 6}), tg::bind(w, wv), tg::grad_into(w, g));
     CHECK(v == 18.0f * 2 * 4);  // 2 x 4 windows of 18 ones
 }
+
+TEST_CASE("conv2d under CPU bf16 autocast: lower precision, then pooling in bf16", "[ops][conv][autocast]") {
+    constexpr auto x = tg::input<"x", float, tg::shape<2, 3, 6, 6>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<4, 3, 3, 3>>;
+    auto xd = uniform(216, -1.0, 1.0, 14), wd = uniform(108, -0.5, 0.5, 15);
+    std::vector<float> xs(xd.begin(), xd.end()), ws(wd.begin(), wd.end()), g32(108), g16(108);
+    auto conv = tg::conv2d<1, 1>(x, w);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::autocast<tg::cpu_bf16>(conv))::value_type, tg::bf16>);
+    const float l32 = tg::compile(tg::sum(tg::max_pool2d<2>(conv)), tg::wrt(w))
+                          .value_and_grad(tg::bind(x, xs), tg::bind(w, ws), tg::grad_into(w, g32));
+    const float l16 = tg::compile(tg::autocast<tg::cpu_bf16>(tg::sum(tg::max_pool2d<2>(conv))), tg::wrt(w))
+                          .value_and_grad(tg::bind(x, xs), tg::bind(w, ws), tg::grad_into(w, g16));
+    CHECK(std::abs(l16 - l32) <= 0.02f * (1 + std::abs(l32)));
+    double num = 0, den = 0;
+    for (std::size_t e = 0; e < 108; ++e) {
+        num += std::pow(double(g16[e]) - double(g32[e]), 2);
+        den += std::pow(double(g32[e]), 2);
+    }
+    CHECK(std::sqrt(num / den) < 0.02);
+}
