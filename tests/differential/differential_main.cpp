@@ -251,6 +251,16 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             const torch::Tensor bt = op == "conv1d" ? node(bias) : torch::Tensor();
             r = op == "conv1d" ? torch::conv1d(node(a), node(b), bt, stride, pad)
                                : torch::conv2d(node(a), node(b), bt, stride, pad);
+        } else if (op == "rms_norm") {  // LibTorch 1.13 has no rms_norm: written out, eps 1e-6
+            ts >> b;
+            const auto v = node(a);
+            r = v / torch::sqrt((v * v).mean(-1, true) + 1e-6) * node(b);
+        } else if (op == "cat0") {
+            ts >> b >> x;
+            r = torch::cat({node(a), node(b), node(x)}, 0);
+        } else if (op == "stack1") {
+            ts >> b;
+            r = torch::stack({node(a), node(b)}, 1);
         } else if (op == "max_pool2d" || op == "avg_pool2d") {
             std::int64_t k, stride, pad;
             ts >> k >> stride >> pad;

@@ -1,6 +1,7 @@
 // Hand-written graphs (ids from 2000) over the model ops of issue 15 that the random generator
 // does not draw (its leaves have rank <= 3 and it builds elementwise/reduction graphs): attention,
-// layer_norm, conv1d/conv2d, max/avg pooling and batch_norm, in the generated graphs' format.
+// layer_norm, conv1d/conv2d, max/avg pooling and batch_norm, in the generated graphs' format; and
+// concat, stack and rms_norm from the first half of the issue.
 // Rank-4 operands are rank-3 leaves reshaped in the graph (and in the line program). The LibTorch
 // side evaluates F.layer_norm, F.conv1d, F.conv2d, F.max_pool2d, F.avg_pool2d, F.batch_norm, and
 // attention written out as softmax(q k^T / sqrt(d) masked with -inf) v (LibTorch 1.13 has no
@@ -82,6 +83,29 @@ T graph_2006(const tensors<T>& in, const extents&, tensors<T>& grad, bool) {
                                tg::grad_into(x, grad[0]), tg::grad_into(w, grad[1]), tg::grad_into(b, grad[2]));
 }
 
+// issue 15's first half: concat and stack (dynamic extents along and across the axis), rms_norm
+template <class T>
+T graph_2007(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 3>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<2, 3>>;
+    constexpr auto step = tg::compile(tg::sum(tg::square(tg::concat<0>(a, tg::exp(b), c))) +
+                                          tg::sum(tg::sin(tg::stack<1>(a, b))),
+                                      tg::wrt(a, b, c));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], 3}), tg::bind(b, in[1], {ext[1][0], 3}),
+                               tg::bind(c, in[2]), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]),
+                               tg::grad_into(c, grad[2]));
+}
+template <class T>
+T graph_2008(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool) {
+    constexpr auto x = tg::param<"x", T, tg::shape<tg::dyn, 5>>;
+    constexpr auto w = tg::param<"w", T, tg::shape<5>>;
+    constexpr auto q = tg::input<"q", T, tg::shape<tg::dyn, 5>>;
+    constexpr auto step = tg::compile(tg::sum(tg::rms_norm<1, 1e-6>(x, w) * q), tg::wrt(x, w));
+    return step.value_and_grad(tg::bind(x, in[0], {ext[0][0], 5}), tg::bind(w, in[1]), tg::bind(q, in[2], {ext[2][0], 5}),
+                               tg::grad_into(x, grad[0]), tg::grad_into(w, grad[1]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2000, 0, false, "tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w)",
@@ -122,6 +146,17 @@ const bool registered = [] {
                  {{"x", true, 3, {4, 3, 5}, -3.0, 3.0}, {"w", true, 1, {3, 0, 0}, 0.5, 1.5},
                   {"b", true, 1, {3, 0, 0}, -1.0, 1.0}, {"q", false, 3, {4, 3, 5}, -1.0, 1.0}},
                  &graph_2006<double>, &graph_2006<float>});
+    r.push_back({2007, 1, false,
+                 "tg::sum(tg::square(tg::concat<0>(a, tg::exp(b), c))) + tg::sum(tg::sin(tg::stack<1>(a, b)))",
+                 "leaf 0\nleaf 1\nleaf 2\nexp 1\ncat0 0 3 2\nsquare 4\nsum 5\nstack1 0 1\nsin 7\nsum 8\nadd 6 9",
+                 {{"a", true, 2, {-1, 3, 0}, -1.0, 1.0}, {"b", true, 2, {-1, 3, 0}, -1.0, 1.0},
+                  {"c", true, 2, {2, 3, 0}, -1.0, 1.0}},
+                 &graph_2007<double>, &graph_2007<float>});
+    r.push_back({2008, 1, false, "tg::sum(tg::rms_norm<1, 1e-6>(x, w) * q)",
+                 "leaf 0\nleaf 1\nleaf 2\nrms_norm 0 1\nmul 3 2\nsum 4",
+                 {{"x", true, 2, {-1, 5, 0}, -3.0, 3.0}, {"w", true, 1, {5, 0, 0}, 0.5, 1.5},
+                  {"q", false, 2, {-1, 5, 0}, -1.0, 1.0}},
+                 &graph_2008<double>, &graph_2008<float>});
     return true;
 }();
 
