@@ -15,7 +15,7 @@
 // (ops/custom.hpp, forward_mutates): its output is the normalised value itself, and the statistics
 // are recomputed from x in double, once per forward. rm and rv must have x's dtype.
 //
-// Autocast: on PyTorch's CUDA fp32 list, on no CPU list; the composite follows layer_norm.
+// Autocast: on no PyTorch list (promote); the statistics run in f32 for bf16/f16 input anyway.
 #include <bit>
 #include <cstddef>
 #include <cstdint>
