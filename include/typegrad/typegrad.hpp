@@ -12,10 +12,13 @@
 #include <typegrad/ops/activation.hpp>
 #include <typegrad/ops/arg_reduce.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/attention.hpp>
 #include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/batch_norm.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/compare.hpp>
+#include <typegrad/ops/conv.hpp>
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/dropout.hpp>
 #include <typegrad/ops/exp_log.hpp>
@@ -25,6 +28,7 @@
 #include <typegrad/ops/loss.hpp>
 #include <typegrad/ops/matmul.hpp>
 #include <typegrad/ops/norm.hpp>
+#include <typegrad/ops/pool.hpp>
 #include <typegrad/ops/piecewise.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/special.hpp>

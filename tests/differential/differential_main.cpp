@@ -221,6 +221,50 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             const std::string m = op.substr(5);
             const auto cond = m == "gt" ? p > q : m == "ge" ? p >= q : m == "lt" ? p < q : p <= q;
             r = cond.to(torch::kFloat64) * node(x);
+        }
+        // the model ops of issue 15 (hand-written graphs 2000.., model_ops.cpp)
+        else if (op == "sdpa") {  // q k v causal: softmax(q k^T / sqrt(d), masked) v, written out
+            ts >> b >> x >> y;
+            const auto q = node(a), k = node(b), v = node(x);
+            auto s = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+            if (std::stoi(y) != 0) {
+                const auto keep = torch::ones({s.size(-2), s.size(-1)}, torch::TensorOptions().dtype(torch::kBool)).tril();
+                s = s.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+            }
+            r = torch::matmul(torch::softmax(s, -1), v);
+        } else if (op == "layer_norm") {
+            ts >> b >> x;
+            r = torch::layer_norm(node(a), {node(a).size(-1)}, node(b), node(x), 1e-5);
+        } else if (op == "batch_norm") {
+            ts >> b >> x;
+            r = torch::batch_norm(node(a), node(b), node(x), {}, {}, true, 0.1, 1e-5, false);
+        } else if (op == "reshape4") {
+            std::int64_t d0, d1, d2, d3;
+            ts >> d0 >> d1 >> d2 >> d3;
+            r = node(a).reshape({d0, d1, d2, d3});
+        } else if (op == "conv1d" || op == "conv2d") {
+            std::string bias;
+            ts >> b;
+            if (op == "conv1d") ts >> bias;
+            std::int64_t stride, pad;
+            ts >> stride >> pad;
+            const torch::Tensor bt = op == "conv1d" ? node(bias) : torch::Tensor();
+            r = op == "conv1d" ? torch::conv1d(node(a), node(b), bt, stride, pad)
+                               : torch::conv2d(node(a), node(b), bt, stride, pad);
+        } else if (op == "rms_norm") {  // LibTorch 1.13 has no rms_norm: written out, eps 1e-6
+            ts >> b;
+            const auto v = node(a);
+            r = v / torch::sqrt((v * v).mean(-1, true) + 1e-6) * node(b);
+        } else if (op == "cat0") {
+            ts >> b >> x;
+            r = torch::cat({node(a), node(b), node(x)}, 0);
+        } else if (op == "stack1") {
+            ts >> b;
+            r = torch::stack({node(a), node(b)}, 1);
+        } else if (op == "max_pool2d" || op == "avg_pool2d") {
+            std::int64_t k, stride, pad;
+            ts >> k >> stride >> pad;
+            r = op == "max_pool2d" ? torch::max_pool2d(node(a), k, stride, pad) : torch::avg_pool2d(node(a), k, stride, pad);
         } else {
             ts >> b;
             const auto p = node(a), q = node(b);

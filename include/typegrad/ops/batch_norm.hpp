@@ -1,0 +1,163 @@
+#pragma once
+// batch_norm over the channel axis 1 of [N, C], [N, C, L] or [N, C, H, W]
+// (torch.nn.functional.batch_norm):
+//
+//   batch_norm<eps>(x[, w, b])                           training: batch statistics, no running stats
+//   batch_norm<true, momentum, eps>(x, rm, rv, w, b)     training, and rm, rv updated in place
+//   batch_norm<false, momentum, eps>(x, rm, rv, w, b)    evaluation: normalised by rm, rv
+//
+// Training normalises by the batch mean and the biased variance over every axis but 1 (a fused
+// composite, as layer_norm: two passes, f32 statistics for bf16/f16 input); the backward is derived
+// through it. With running stats, the forward also updates them as PyTorch does:
+// rm = (1 - momentum) rm + momentum mean, rv = (1 - momentum) rv + momentum var * n / (n - 1)
+// (the unbiased variance), written into the caller's rm and rv buffers (tg::input leaves of shape
+// [C]). The update is a custom op that declares the data mutation of those two inputs
+// (ops/custom.hpp, forward_mutates): its output is the normalised value itself, and the statistics
+// are recomputed from x in double, once per forward. rm and rv must have x's dtype.
+//
+// Autocast: on no PyTorch list (promote); the statistics run in f32 for bf16/f16 input anyway.
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/ops/compare.hpp>
+#include <typegrad/ops/custom.hpp>
+#include <typegrad/ops/norm.hpp>
+#include <typegrad/ops/view.hpp>
+
+namespace typegrad {
+namespace detail {
+
+// axes<0, 2, 3, ...>: every axis but the channel axis
+template <std::size_t R, std::size_t... Is>
+auto batch_axes_impl(std::index_sequence<Is...>) -> axes_t<0, int(Is + 2)...>;
+template <std::size_t R>
+using batch_axes_t = decltype(batch_axes_impl<R>(std::make_index_sequence<R - 2>{}));
+
+// [C] as [C, 1, ...] against a rank-R input
+template <std::size_t R, expression P>
+constexpr auto per_channel(P p) {
+    if constexpr (R == 2) return p;
+    else if constexpr (R == 3) return reshape<shape<P::shape_type::extents[0], 1>>(p);
+    else return reshape<shape<P::shape_type::extents[0], 1, 1>>(p);
+}
+
+template <num Eps, expression X>
+constexpr auto batch_normalize(X x) {
+    auto xf = widened(x);
+    constexpr batch_axes_t<X::shape_type::rank> over{};
+    auto centred = xf - mean(xf, over, keepdim);
+    auto var = mean(square(centred), over, keepdim);
+    return centred * (lit<1> / sqrt(var + lit<Eps>));
+}
+
+// y passes through; rm and rv get the running-average update from x's batch statistics.
+template <std::uint64_t MomentumBits>
+struct batch_norm_running_update {
+    static constexpr auto forward_mutates = mutates(data<2>, data<3>);
+    static constexpr double momentum = std::bit_cast<double>(MomentumBits);
+    template <class Ctx>
+    static void forward(Ctx& ctx) {
+        auto [y, x, rm, rv] = ctx.inputs();
+        auto out = ctx.output();
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = y[i];
+        const auto ext = x.extents();
+        const std::size_t n = ext[0], c = ext[1];
+        std::size_t inner = 1;
+        for (std::size_t a = 2; a < ext.size(); ++a) inner *= ext[a];
+        if (rm.size() != c || rv.size() != c)
+            throw shape_error(message("typegrad: batch_norm: running_mean and running_var need ", c,
+                                      " elements (x's channels), not ", rm.size(), " and ", rv.size()));
+        const std::size_t count = n * inner;
+        if (count < 2)  // PyTorch: "Expected more than 1 value per channel when training"
+            throw shape_error("typegrad: batch_norm in training mode needs more than one value per channel");
+        for (std::size_t ch = 0; ch < c; ++ch) {
+            double s = 0;
+            for (std::size_t b = 0; b < n; ++b)
+                for (std::size_t e = 0; e < inner; ++e) s += double(x[(b * c + ch) * inner + e]);
+            const double mu = s / double(count);
+            double ss = 0;
+            for (std::size_t b = 0; b < n; ++b)
+                for (std::size_t e = 0; e < inner; ++e) {
+                    const double d = double(x[(b * c + ch) * inner + e]) - mu;
+                    ss += d * d;
+                }
+            const double var = ss / double(count - 1);  // unbiased, as PyTorch's running_var
+            using T = std::remove_cvref_t<decltype(rm[0])>;
+            rm[ch] = T((1 - momentum) * double(rm[ch]) + momentum * mu);
+            rv[ch] = T((1 - momentum) * double(rv[ch]) + momentum * var);
+        }
+    }
+    template <std::size_t I, class G, class Out, class... Xs>
+    static constexpr auto vjp(G g, Out, Xs...) {
+        static_assert(I == 0, "typegrad: internal: batch_norm's statistics carry no gradient");
+        return g;
+    }
+};
+
+template <class X, class P>
+constexpr bool is_channel_param() {
+    using SX = typename X::shape_type;
+    using SP = typename P::shape_type;
+    return SP::rank == 1 && (SX::extents[1] == dyn || SP::extents[0] == dyn || SX::extents[1] == SP::extents[0]);
+}
+
+}  // namespace detail
+
+#define TYPEGRAD_DETAIL_CHECK_BATCH_NORM(X)                                                                        \
+    static_assert(X::shape_type::rank >= 2 && X::shape_type::rank <= 4,                                           \
+                  "typegrad: batch_norm(x, ...) takes x of shape [N, C], [N, C, L] or [N, C, H, W].");           \
+    static_assert(is_dtype_v<typename X::value_type>, "typegrad: batch_norm(x, ...) takes a floating x.")
+#define TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, P, what)                                                             \
+    static_assert(::typegrad::detail::is_channel_param<X, P>(),                                                   \
+                  "typegrad: batch_norm(x, ...) needs " what " of shape [C], C being x's extent on axis 1.")
+
+// F.batch_norm(x, None, None, training=True, eps=Eps)
+template <num Eps = 1e-5, expression X>
+constexpr auto batch_norm(X x) {
+    TYPEGRAD_DETAIL_CHECK_BATCH_NORM(X);
+    return detail::narrowed(detail::batch_normalize<Eps>(x), x);
+}
+// F.batch_norm(x, None, None, w, b, training=True, eps=Eps)
+template <num Eps = 1e-5, expression X, expression W, expression B>
+constexpr auto batch_norm(X x, W w, B b) {
+    TYPEGRAD_DETAIL_CHECK_BATCH_NORM(X);
+    TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, W, "the weight");
+    TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, B, "the bias");
+    constexpr std::size_t R = X::shape_type::rank;
+    return detail::narrowed(detail::batch_normalize<Eps>(x) * detail::per_channel<R>(detail::widened(w)) +
+                                detail::per_channel<R>(detail::widened(b)),
+                            x, detail::per_channel<R>(w), detail::per_channel<R>(b));
+}
+// F.batch_norm(x, running_mean, running_var, w, b, training=Training, momentum=Momentum, eps=Eps)
+template <bool Training, num Momentum = 0.1, num Eps = 1e-5, expression X, expression RM, expression RV,
+          expression W, expression B>
+constexpr auto batch_norm(X x, RM running_mean, RV running_var, W w, B b) {
+    TYPEGRAD_DETAIL_CHECK_BATCH_NORM(X);
+    TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, RM, "running_mean");
+    TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, RV, "running_var");
+    TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, W, "the weight");
+    TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, B, "the bias");
+    static_assert(std::is_same_v<typename RM::value_type, typename X::value_type> &&
+                      std::is_same_v<typename RV::value_type, typename X::value_type>,
+                  "typegrad: batch_norm(x, running_mean, running_var, w, b) needs running stats of x's dtype.");
+    constexpr std::size_t R = X::shape_type::rank;
+    if constexpr (Training) {
+        auto y = batch_norm<Eps>(x, w, b);
+        return custom<detail::batch_norm_running_update<Momentum.bits>>(y, contiguous(detach(x)), running_mean,
+                                                                         running_var);
+    } else {
+        using detail::per_channel;
+        auto inv = lit<1> / sqrt(per_channel<R>(detail::widened(running_var)) + lit<Eps>);
+        return detail::narrowed((detail::widened(x) - per_channel<R>(detail::widened(running_mean))) * inv *
+                                        per_channel<R>(detail::widened(w)) +
+                                    per_channel<R>(detail::widened(b)),
+                                x, per_channel<R>(w), per_channel<R>(b));
+    }
+}
+#undef TYPEGRAD_DETAIL_CHECK_BATCH_NORM
+#undef TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM
+
+}  // namespace typegrad

@@ -1,0 +1,339 @@
+#pragma once
+// Convolution: conv2d<stride, padding>(x, w[, b]) over NCHW (torch.nn.functional.conv2d with
+// dilation 1 and groups 1) and conv1d<stride, padding>(x, w[, b]) over NCL (F.conv1d, as conv2d
+// of height 1).
+//
+//   x [N, C, H, W], w [O, C, KH, KW] -> [N, O, (H + 2P - KH) / S + 1, (W + 2P - KW) / S + 1]
+//
+// Three kernel ops on the packed GEMM (exec/cpu/gemm.hpp), image by image through an im2col
+// buffer ([C * KH * KW, Ho * Wo], zeros where the window leaves the padded input):
+//   conv2d          y_n  = W . im2col(x_n)
+//   conv2d_input    dx_n = col2im(W^T . g_n)          (the VJP for x)
+//   conv2d_weight   dW   = sum_n g_n . im2col(x_n)^T  (the VJP for W)
+// The three are bilinear and adjoint to each other, so each one's VJP is another of them: second
+// derivatives come for free. Operands of any strides and dtypes are read into dense buffers of
+// the compute dtype (f32 for bf16/f16, as PyTorch's CPU kernels accumulate); the result is
+// rounded once. The bias is an ordinary broadcast add (its gradient the sum over N, H, W).
+//
+// Autocast: lower precision, as PyTorch's conv1d/conv2d. The CUDA backend has no device kernels
+// for them yet (a typegrad: static_assert names the op when device buffers are bound).
+// Extents: static ones are checked at compile time; dynamic ones when bound (tg::shape_error
+// before anything is written): C must agree, and the padded input must hold one window.
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/gemm.hpp>
+#include <typegrad/exec/program.hpp>
+#include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/view.hpp>
+
+namespace typegrad {
+namespace detail {
+
+// One spatial extent of the output: (in + 2 pad - k) / stride + 1, or dyn.
+constexpr std::size_t conv_out_extent(std::size_t in, std::size_t k, std::size_t stride, std::size_t pad) {
+    if (in == dyn || k == dyn) return dyn;
+    if (in + 2 * pad < k) return 0;  // rejected by the shape check
+    return (in + 2 * pad - k) / stride + 1;
+}
+
+struct conv_geometry {
+    std::size_t n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw;
+    std::size_t ckk() const { return c * kh * kw; }
+    std::size_t pixels() const { return ho * wo; }
+};
+
+// A strided rank-4 operand as a dense buffer of C.
+template <class C, class V, class B, class Ref>
+std::vector<C> dense_of(const Ref& r) {
+    std::vector<C> out(r.ext[0] * r.ext[1] * r.ext[2] * r.ext[3]);
+    const auto* p = static_cast<const B*>(r.data);
+    std::size_t e = 0;
+    for (std::size_t a = 0; a < r.ext[0]; ++a)
+        for (std::size_t b = 0; b < r.ext[1]; ++b)
+            for (std::size_t i = 0; i < r.ext[2]; ++i) {
+                const B* row = p + std::ptrdiff_t(a) * r.stride[0] + std::ptrdiff_t(b) * r.stride[1] +
+                               std::ptrdiff_t(i) * r.stride[2];
+                for (std::size_t j = 0; j < r.ext[3]; ++j, ++e) {
+                    if constexpr (std::is_same_v<B, C>) out[e] = row[std::ptrdiff_t(j) * r.stride[3]];
+                    else out[e] = C(static_cast<compute_t<V>>(static_cast<compute_t<B>>(row[std::ptrdiff_t(j) * r.stride[3]])));
+                }
+            }
+    return out;
+}
+template <class T, class C>
+void store_dense(const std::vector<C>& v, T* out) {
+    if constexpr (std::is_same_v<T, C>) std::copy(v.begin(), v.end(), out);
+    else
+        for (std::size_t e = 0; e < v.size(); ++e) out[e] = T(v[e]);
+}
+
+// col [C * KH * KW, Ho * Wo] of image x (dense [C, H, W])
+template <class C>
+void im2col(const conv_geometry& g, const C* x, C* col) {
+    for (std::size_t c = 0; c < g.c; ++c)
+        for (std::size_t i = 0; i < g.kh; ++i)
+            for (std::size_t j = 0; j < g.kw; ++j) {
+                C* dst = col + ((c * g.kh + i) * g.kw + j) * g.pixels();
+                for (std::size_t oh = 0; oh < g.ho; ++oh) {
+                    const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                    C* d = dst + oh * g.wo;
+                    if (ih < 0 || ih >= std::ptrdiff_t(g.h)) {
+                        std::fill_n(d, g.wo, C(0));
+                        continue;
+                    }
+                    const C* src = x + (c * g.h + std::size_t(ih)) * g.w;
+                    for (std::size_t ow = 0; ow < g.wo; ++ow) {
+                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                        d[ow] = iw < 0 || iw >= std::ptrdiff_t(g.w) ? C(0) : src[iw];
+                    }
+                }
+            }
+}
+// x (dense [C, H, W]) += col2im(col)
+template <class C>
+void col2im_add(const conv_geometry& g, const C* col, C* x) {
+    for (std::size_t c = 0; c < g.c; ++c)
+        for (std::size_t i = 0; i < g.kh; ++i)
+            for (std::size_t j = 0; j < g.kw; ++j) {
+                const C* srcc = col + ((c * g.kh + i) * g.kw + j) * g.pixels();
+                for (std::size_t oh = 0; oh < g.ho; ++oh) {
+                    const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                    if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
+                    C* dst = x + (c * g.h + std::size_t(ih)) * g.w;
+                    const C* s = srcc + oh * g.wo;
+                    for (std::size_t ow = 0; ow < g.wo; ++ow) {
+                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                        if (iw >= 0 && iw < std::ptrdiff_t(g.w)) dst[iw] += s[ow];
+                    }
+                }
+            }
+}
+
+// The geometry from x's and w's extents (in pixels of x), checked.
+template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, const char* op) {
+    conv_geometry g{xe[0], xe[1], xe[2], xe[3], we[0], we[2], we[3], 0, 0, SH, SW, PH, PW};
+    if (we[1] != g.c)
+        throw shape_error(message("typegrad: ", op, ": x has ", g.c, " channels but w expects ", we[1]));
+    if (g.h + 2 * PH < g.kh || g.w + 2 * PW < g.kw)
+        throw shape_error(message("typegrad: ", op, ": the padded input (", g.h + 2 * PH, " x ", g.w + 2 * PW,
+                                  ") is smaller than the kernel (", g.kh, " x ", g.kw, ")"));
+    g.ho = (g.h + 2 * PH - g.kh) / SH + 1;
+    g.wo = (g.w + 2 * PW - g.kw) / SW + 1;
+    return g;
+}
+
+template <class Op>
+struct conv_kernel_base {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr bool differentiable = true;
+    static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: conv1d/conv2d have no device kernel yet; evaluate this step "
+                                       "with host bindings (docs/cuda.md)");
+    }
+};
+
+template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+struct conv2d_input_op;
+template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+struct conv2d_weight_op;
+
+// y = conv2d(x, w)
+template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+struct conv2d_op : conv_kernel_base<conv2d_op<SH, SW, PH, PW>> {
+    static constexpr const char* name = "conv2d";
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class X, class W>
+    struct rule {
+        using SX = typename X::shape_type;
+        using SWt = typename W::shape_type;
+        using value_type = promote_t<typename X::value_type, typename W::value_type>;
+        using shape_type = shape<SX::extents[0], SWt::extents[0], conv_out_extent(SX::extents[2], SWt::extents[2], SH, PH),
+                                 conv_out_extent(SX::extents[3], SWt::extents[3], SW, PW)>;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[0].ext, in[1].ext, "conv2d(x, w)");
+        ext[0] = g.n;
+        ext[1] = g.o;
+        ext[2] = g.ho;
+        ext[3] = g.wo;
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using X = type_at_t<0, typename N::children>;
+        using W = type_at_t<1, typename N::children>;
+        using C = compute_t<T>;
+        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[0].ext, in[1].ext, "conv2d(x, w)");
+        const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[0]);
+        const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
+        std::vector<C> col(g.ckk() * g.pixels()), y(g.n * g.o * g.pixels());
+        for (std::size_t n = 0; n < g.n; ++n) {
+            im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
+            gemm(transpose::no, transpose::no, g.o, g.pixels(), g.ckk(), w.data(), g.ckk(), col.data(), g.pixels(),
+                 y.data() + n * g.o * g.pixels(), g.pixels(), false);
+        }
+        store_dense(y, out);
+    }
+    template <std::size_t I, class G, class Out, class X, class W>
+    static constexpr auto vjp(G g, Out, X x, W w) {
+        if constexpr (I == 0) return make_node<conv2d_input_op<SH, SW, PH, PW>>(g, w, x);
+        else return make_node<conv2d_weight_op<SH, SW, PH, PW>>(g, x, w);
+    }
+};
+
+// dx = conv2d_input(g, w; x's shape): the adjoint of conv2d in x
+template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+struct conv2d_input_op : conv_kernel_base<conv2d_input_op<SH, SW, PH, PW>> {
+    static constexpr const char* name = "conv2d_input_grad";
+    static constexpr bool shape_only(std::size_t i) { return i == 2; }
+    template <class G, class W, class X>
+    struct rule {
+        using value_type = promote_t<typename G::value_type, typename W::value_type>;
+        using shape_type = typename X::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[2].ext, in[1].ext, "conv2d backward (input)");
+        if (in[0].ext[0] != g.n || in[0].ext[1] != g.o || in[0].ext[2] != g.ho || in[0].ext[3] != g.wo)
+            throw shape_error("typegrad: conv2d backward (input): the gradient's extents differ from conv2d's output");
+        for (std::size_t a = 0; a < 4; ++a) ext[a] = in[2].ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using Gr = type_at_t<0, typename N::children>;
+        using W = type_at_t<1, typename N::children>;
+        using C = compute_t<T>;
+        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[2].ext, in[1].ext, "conv2d backward (input)");
+        const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
+        const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
+        std::vector<C> col(g.ckk() * g.pixels()), dx(g.n * g.c * g.h * g.w, C(0));
+        for (std::size_t n = 0; n < g.n; ++n) {
+            gemm(transpose::yes, transpose::no, g.ckk(), g.pixels(), g.o, w.data(), g.ckk(),
+                 gy.data() + n * g.o * g.pixels(), g.pixels(), col.data(), g.pixels(), false);
+            col2im_add(g, col.data(), dx.data() + n * g.c * g.h * g.w);
+        }
+        store_dense(dx, out);
+    }
+    // <conv2d_input(g, w), h> = <g, conv2d(h, w)>
+    template <std::size_t I, class H, class Out, class G, class W, class X>
+    static constexpr auto vjp(H h, Out, G g, W w, X) {
+        static_assert(I < 2, "typegrad: internal: conv2d_input's third operand only lends its shape");
+        if constexpr (I == 0) return make_node<conv2d_op<SH, SW, PH, PW>>(h, w);
+        else return make_node<conv2d_weight_op<SH, SW, PH, PW>>(g, h, w);
+    }
+};
+
+// dW = conv2d_weight(g, x; w's shape): the adjoint of conv2d in w
+template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<SH, SW, PH, PW>> {
+    static constexpr const char* name = "conv2d_weight_grad";
+    static constexpr bool shape_only(std::size_t i) { return i == 2; }
+    template <class G, class X, class W>
+    struct rule {
+        using value_type = promote_t<typename G::value_type, typename X::value_type>;
+        using shape_type = typename W::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[1].ext, in[2].ext, "conv2d backward (weight)");
+        if (in[0].ext[0] != g.n || in[0].ext[1] != g.o || in[0].ext[2] != g.ho || in[0].ext[3] != g.wo)
+            throw shape_error("typegrad: conv2d backward (weight): the gradient's extents differ from conv2d's output");
+        for (std::size_t a = 0; a < 4; ++a) ext[a] = in[2].ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using Gr = type_at_t<0, typename N::children>;
+        using X = type_at_t<1, typename N::children>;
+        using C = compute_t<T>;
+        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[1].ext, in[2].ext, "conv2d backward (weight)");
+        const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
+        const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[1]);
+        std::vector<C> col(g.ckk() * g.pixels()), dw(g.o * g.ckk(), C(0));
+        for (std::size_t n = 0; n < g.n; ++n) {
+            im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
+            gemm(transpose::no, transpose::yes, g.o, g.ckk(), g.pixels(), gy.data() + n * g.o * g.pixels(), g.pixels(),
+                 col.data(), g.pixels(), dw.data(), g.ckk(), true);
+        }
+        store_dense(dw, out);
+    }
+    // <conv2d_weight(g, x), h> = <g, conv2d(x, h)>
+    template <std::size_t I, class H, class Out, class G, class X, class W>
+    static constexpr auto vjp(H h, Out, G g, X x, W) {
+        static_assert(I < 2, "typegrad: internal: conv2d_weight's third operand only lends its shape");
+        if constexpr (I == 0) return make_node<conv2d_op<SH, SW, PH, PW>>(x, h);
+        else return make_node<conv2d_input_op<SH, SW, PH, PW>>(g, h, x);
+    }
+};
+
+template <class X, class W>
+constexpr bool conv_channels_agree() {
+    constexpr std::size_t a = X::shape_type::extents[1], b = W::shape_type::extents[1];
+    return a == dyn || b == dyn || a == b;
+}
+template <class X, class W, std::size_t PH, std::size_t PW>
+constexpr bool conv_window_fits() {
+    using SX = typename X::shape_type;
+    using SW = typename W::shape_type;
+    const auto fits = [](std::size_t in, std::size_t k, std::size_t p) { return in == dyn || k == dyn || in + 2 * p >= k; };
+    return fits(SX::extents[2], SW::extents[2], PH) && fits(SX::extents[3], SW::extents[3], PW);
+}
+
+}  // namespace detail
+
+#define TYPEGRAD_DETAIL_CHECK_CONV(fname, R, X, W)                                                      \
+    static_assert(X::shape_type::rank == R && W::shape_type::rank == R,                                   \
+                  "typegrad: " fname " takes x and w of rank " #R " (NCHW for conv2d, NCL for conv1d; w is "   \
+                  "[out channels, in channels, kernel...]).");                                                  \
+    static_assert(is_dtype_v<typename X::value_type> && is_dtype_v<typename W::value_type>,                    \
+                  "typegrad: " fname " takes floating x and w.");                                               \
+    static_assert(::typegrad::detail::conv_channels_agree<X, W>(),                                              \
+                  "typegrad: " fname " needs x's channel extent (axis 1) to equal w's in-channel extent (axis 1).")
+
+// F.conv2d(x, w, stride=Stride, padding=Padding): x [N, C, H, W], w [O, C, KH, KW].
+template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W>
+constexpr auto conv2d(X x, W w) {
+    static_assert(Stride >= 1, "typegrad: conv2d<stride, padding>(x, w) needs stride >= 1.");
+    TYPEGRAD_DETAIL_CHECK_CONV("conv2d(x, w)", 4, X, W);
+    if constexpr (X::shape_type::rank == 4 && W::shape_type::rank == 4) {
+        static_assert(detail::conv_window_fits<X, W, Padding, Padding>(),
+                      "typegrad: conv2d(x, w): the kernel is larger than the padded input.");
+        return detail::make_node<detail::conv2d_op<Stride, Stride, Padding, Padding>>(x, w);
+    } else {
+        return x;  // rejected above; one error, not two
+    }
+}
+// F.conv2d(x, w, b, stride, padding): b [O] added to every pixel.
+template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W, expression B>
+constexpr auto conv2d(X x, W w, B b) {
+    static_assert(B::shape_type::rank == 1, "typegrad: conv2d(x, w, b) takes a bias of rank 1 ([out channels]).");
+    return conv2d<Stride, Padding>(x, w) + reshape<shape<B::shape_type::extents[0], 1, 1>>(detail::lower_precision_entry(b));
+}
+
+// F.conv1d(x, w, stride=Stride, padding=Padding): x [N, C, L], w [O, C, K]; conv2d of height 1.
+template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W>
+constexpr auto conv1d(X x, W w) {
+    static_assert(Stride >= 1, "typegrad: conv1d<stride, padding>(x, w) needs stride >= 1.");
+    TYPEGRAD_DETAIL_CHECK_CONV("conv1d(x, w)", 3, X, W);
+    if constexpr (X::shape_type::rank == 3 && W::shape_type::rank == 3) {
+        auto y = detail::make_node<detail::conv2d_op<1, Stride, 0, Padding>>(unsqueeze<2>(x), unsqueeze<2>(w));
+        return squeeze<2>(y);
+    } else {
+        return x;
+    }
+}
+template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W, expression B>
+constexpr auto conv1d(X x, W w, B b) {
+    static_assert(B::shape_type::rank == 1, "typegrad: conv1d(x, w, b) takes a bias of rank 1 ([out channels]).");
+    return conv1d<Stride, Padding>(x, w) + reshape<shape<B::shape_type::extents[0], 1>>(detail::lower_precision_entry(b));
+}
+#undef TYPEGRAD_DETAIL_CHECK_CONV
+
+}  // namespace typegrad

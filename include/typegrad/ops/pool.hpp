@@ -1,0 +1,251 @@
+#pragma once
+// Pooling over the last two axes of NCHW: max_pool2d<kernel, stride, padding>(x) and
+// avg_pool2d<kernel, stride, padding>(x) (torch.nn.functional.max_pool2d / avg_pool2d with
+// dilation 1, ceil_mode False, count_include_pad True; stride defaults to the kernel size).
+//
+//   x [N, C, H, W] -> [N, C, (H + 2P - K) / S + 1, (W + 2P - K) / S + 1]
+//
+// max_pool2d: padding counts as -inf; the window's first maximum in row-major order takes the
+// gradient (a NaN counts as the maximum, the last one if several), as PyTorch's CPU kernel. The backward scatters the
+// incoming gradient to those positions, recomputed from x (no index tensor is saved); overlapping
+// windows add. Its VJP (second order) gathers at the same positions.
+// avg_pool2d: the mean of K * K elements, padding included as zeros (count_include_pad); its
+// backward spreads g / (K * K) over each window, and the two are each other's adjoints.
+//
+// Kernel ops; the CUDA backend has no device kernels for them yet (a typegrad: static_assert names
+// the op when device buffers are bound). Autocast leaves them alone (they keep their dtype).
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/exec/program.hpp>
+#include <typegrad/ops/compare.hpp>
+#include <typegrad/ops/conv.hpp>
+
+namespace typegrad {
+namespace detail {
+
+struct pool_geometry {
+    std::size_t planes, h, w, ho, wo;  // planes = N * C
+};
+template <std::size_t K, std::size_t S, std::size_t P>
+pool_geometry pool_geometry_of(const std::size_t* xe, const char* op) {
+    pool_geometry g{xe[0] * xe[1], xe[2], xe[3], 0, 0};
+    if (g.h + 2 * P < K || g.w + 2 * P < K)
+        throw shape_error(message("typegrad: ", op, ": the padded input (", g.h + 2 * P, " x ", g.w + 2 * P,
+                                  ") is smaller than the window (", K, " x ", K, ")"));
+    g.ho = (g.h + 2 * P - K) / S + 1;
+    g.wo = (g.w + 2 * P - K) / S + 1;
+    return g;
+}
+// Calls f(out_index, in_index) for each in-bounds element of each window of plane p.
+template <std::size_t K, std::size_t S, std::size_t P, class F>
+void for_each_window(const pool_geometry& g, std::size_t p, F&& f) {
+    for (std::size_t i = 0; i < g.ho; ++i)
+        for (std::size_t j = 0; j < g.wo; ++j) f((p * g.ho + i) * g.wo + j, i, j);
+}
+template <std::size_t K, std::size_t S, std::size_t P>
+inline bool pool_in_bounds(const pool_geometry& g, std::size_t i, std::size_t j, std::size_t a, std::size_t b,
+                           std::size_t& ih, std::size_t& iw) {
+    const std::ptrdiff_t r = std::ptrdiff_t(i * S + a) - std::ptrdiff_t(P), c = std::ptrdiff_t(j * S + b) - std::ptrdiff_t(P);
+    if (r < 0 || c < 0 || r >= std::ptrdiff_t(g.h) || c >= std::ptrdiff_t(g.w)) return false;
+    ih = std::size_t(r);
+    iw = std::size_t(c);
+    return true;
+}
+// The flat input index of window (i, j)'s maximum in plane p (x dense of C); none for an all-padding window
+template <std::size_t K, std::size_t S, std::size_t P, class C>
+std::size_t window_argmax(const pool_geometry& g, const C* x, std::size_t p, std::size_t i, std::size_t j) {
+    std::size_t best = std::size_t(-1);
+    C m = -std::numeric_limits<C>::infinity();
+    for (std::size_t a = 0; a < K; ++a)
+        for (std::size_t b = 0; b < K; ++b) {
+            std::size_t ih, iw;
+            if (!pool_in_bounds<K, S, P>(g, i, j, a, b, ih, iw)) continue;
+            const std::size_t e = (p * g.h + ih) * g.w + iw;
+            // PyTorch's rule: the first in-bounds element, then strictly greater or NaN (so the last NaN)
+            if (best == std::size_t(-1) || x[e] > m || std::isnan(x[e])) {
+                best = e;
+                m = x[e];
+            }
+        }
+    return best;
+}
+
+template <class Op, class X>
+std::vector<compute_t<typename X::value_type>> pool_dense(const void* data, const std::size_t* ext,
+                                                          const std::ptrdiff_t* stride) {
+    using C = compute_t<typename X::value_type>;
+    std::vector<C> out(ext[0] * ext[1] * ext[2] * ext[3]);
+    const auto* p = static_cast<const buffer_t<X>*>(data);
+    std::size_t e = 0;
+    for (std::size_t a = 0; a < ext[0]; ++a)
+        for (std::size_t b = 0; b < ext[1]; ++b)
+            for (std::size_t i = 0; i < ext[2]; ++i)
+                for (std::size_t j = 0; j < ext[3]; ++j, ++e)
+                    out[e] = C(static_cast<compute_t<buffer_t<X>>>(
+                        p[std::ptrdiff_t(a) * stride[0] + std::ptrdiff_t(b) * stride[1] + std::ptrdiff_t(i) * stride[2] +
+                          std::ptrdiff_t(j) * stride[3]]));
+    return out;
+}
+
+struct pool_kernel_base {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr bool differentiable = true;
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: max_pool2d/avg_pool2d have no device kernel yet; evaluate this "
+                                       "step with host bindings (docs/cuda.md)");
+    }
+};
+
+// Mode: 0 forward (x -> y), 1 backward scatter (g, x -> dx), 2 gather (h, x -> y-shaped)
+template <bool Max, int Mode, std::size_t K, std::size_t S, std::size_t P>
+struct pool_op : pool_kernel_base {
+    static constexpr const char* name = Max ? (Mode == 0 ? "max_pool2d" : Mode == 1 ? "max_pool2d_backward" : "max_pool2d_gather")
+                                            : (Mode == 0 ? "avg_pool2d" : "avg_pool2d_backward");
+    // avg's backward reads only x's shape; max's backward and gather read x's values
+    static constexpr bool shape_only(std::size_t i) { return !Max && Mode == 1 && i == 1; }
+    template <class SX>
+    using pooled = shape<SX::extents[0], SX::extents[1], conv_out_extent(SX::extents[2], K, S, P),
+                         conv_out_extent(SX::extents[3], K, S, P)>;
+    template <class... Cs>
+    struct rule;
+    template <class X>
+    struct rule<X> {
+        using value_type = typename X::value_type;
+        using shape_type = pooled<typename X::shape_type>;
+    };
+    template <class G, class X>
+    struct rule<G, X> {
+        using value_type = typename G::value_type;
+        using shape_type = std::conditional_t<Mode == 1, typename X::shape_type, pooled<typename X::shape_type>>;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        const Ref& x = in[Mode == 0 ? 0 : 1];
+        const pool_geometry g = pool_geometry_of<K, S, P>(x.ext, name);
+        if constexpr (Mode != 0) {
+            const std::size_t* ge = in[0].ext;
+            const bool ok = Mode == 1 ? (ge[0] == x.ext[0] && ge[1] == x.ext[1] && ge[2] == g.ho && ge[3] == g.wo)
+                                      : (ge[0] == x.ext[0] && ge[1] == x.ext[1] && ge[2] == x.ext[2] && ge[3] == x.ext[3]);
+            if (!ok) throw shape_error(message("typegrad: ", name, ": the gradient's extents do not match"));
+        }
+        ext[0] = x.ext[0];
+        ext[1] = x.ext[1];
+        ext[2] = Mode == 1 ? x.ext[2] : g.ho;
+        ext[3] = Mode == 1 ? x.ext[3] : g.wo;
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using X = type_at_t<Mode == 0 ? 0 : 1, typename N::children>;
+        using C = compute_t<T>;
+        const Ref& xr = in[Mode == 0 ? 0 : 1];
+        const pool_geometry g = pool_geometry_of<K, S, P>(xr.ext, name);
+        constexpr C inv = C(1.0 / double(K * K));
+        if constexpr (Mode == 0) {
+            const auto x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
+            for (std::size_t p = 0; p < g.planes; ++p)
+                for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
+                    if constexpr (Max) {
+                        const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
+                        out[o] = T(e == std::size_t(-1) ? -std::numeric_limits<C>::infinity() : x[e]);
+                    } else {
+                        C s = 0;
+                        for (std::size_t a = 0; a < K; ++a)
+                            for (std::size_t b = 0; b < K; ++b) {
+                                std::size_t ih, iw;
+                                if (pool_in_bounds<K, S, P>(g, i, j, a, b, ih, iw)) s += x[(p * g.h + ih) * g.w + iw];
+                            }
+                        out[o] = T(s * inv);
+                    }
+                });
+        } else {
+            using Gr = type_at_t<0, typename N::children>;
+            const auto gy = pool_dense<pool_op, Gr>(in[0].data, in[0].ext, in[0].stride);
+            std::vector<C> x;
+            if constexpr (Max) x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
+            if constexpr (Mode == 1) {
+                std::vector<C> dx(g.planes * g.h * g.w, C(0));
+                for (std::size_t p = 0; p < g.planes; ++p)
+                    for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
+                        if constexpr (Max) {
+                            const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
+                            if (e != std::size_t(-1)) dx[e] += gy[o];
+                        } else {
+                            for (std::size_t a = 0; a < K; ++a)
+                                for (std::size_t b = 0; b < K; ++b) {
+                                    std::size_t ih, iw;
+                                    if (pool_in_bounds<K, S, P>(g, i, j, a, b, ih, iw))
+                                        dx[(p * g.h + ih) * g.w + iw] += gy[o] * inv;
+                                }
+                        }
+                    });
+                for (std::size_t e = 0; e < dx.size(); ++e) out[e] = T(dx[e]);
+            } else {  // max gather: h (x-shaped) at each window's maximum
+                for (std::size_t p = 0; p < g.planes; ++p)
+                    for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
+                        const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
+                        out[o] = T(e == std::size_t(-1) ? C(0) : gy[e]);
+                    });
+            }
+        }
+    }
+    // x reaches the max ops' backward detached: the positions of the maxima are piecewise constant
+    template <std::size_t I, class G, class Out, class... Cs>
+    static constexpr auto vjp(G g, Out, Cs... cs) {
+        static_assert(I == 0, "typegrad: internal: only the first operand of a pooling op carries a gradient");
+        if constexpr (Mode == 0) {
+            if constexpr (Max) return make_node<pool_op<true, 1, K, S, P>>(g, detach(cs)...);
+            else return make_node<pool_op<false, 1, K, S, P>>(g, cs...);
+        } else if constexpr (Mode == 1) {
+            if constexpr (Max) return make_node<pool_op<true, 2, K, S, P>>(g, last_of(cs...));
+            else return make_node<pool_op<false, 0, K, S, P>>(g);
+        } else {
+            return make_node<pool_op<true, 1, K, S, P>>(g, last_of(cs...));
+        }
+    }
+
+private:
+    template <class A, class B>
+    static constexpr B last_of(A, B b) { return b; }
+};
+
+}  // namespace detail
+
+#define TYPEGRAD_DETAIL_CHECK_POOL(fname, X)                                                                         \
+    static_assert(X::shape_type::rank == 4, "typegrad: " fname " takes x of rank 4 (NCHW).");                       \
+    static_assert(is_dtype_v<typename X::value_type>, "typegrad: " fname " takes a floating x.");                   \
+    static_assert(Kernel >= 1 && Stride >= 1, "typegrad: " fname " needs kernel >= 1 and stride >= 1.");              \
+    static_assert(2 * Padding <= Kernel, "typegrad: " fname " needs padding <= kernel / 2 (PyTorch's rule).");        \
+    static_assert(X::shape_type::rank != 4 || ::typegrad::detail::pool_window_fits<X, Kernel, Padding>(),            \
+                  "typegrad: " fname ": the window is larger than the padded input.")
+
+namespace detail {
+template <class X, std::size_t K, std::size_t P>
+constexpr bool pool_window_fits() {
+    using S = typename X::shape_type;
+    return (S::extents[2] == dyn || S::extents[2] + 2 * P >= K) && (S::extents[3] == dyn || S::extents[3] + 2 * P >= K);
+}
+}  // namespace detail
+
+// F.max_pool2d(x, kernel, stride, padding); Stride 0 means the kernel size (PyTorch's default).
+template <std::size_t Kernel, std::size_t StrideArg = 0, std::size_t Padding = 0, expression X>
+constexpr auto max_pool2d(X x) {
+    constexpr std::size_t Stride = StrideArg == 0 ? Kernel : StrideArg;
+    TYPEGRAD_DETAIL_CHECK_POOL("max_pool2d<kernel, stride, padding>(x)", X);
+    return detail::make_node<detail::pool_op<true, 0, Kernel, Stride, Padding>>(x);
+}
+// F.avg_pool2d(x, kernel, stride, padding) with count_include_pad=True.
+template <std::size_t Kernel, std::size_t StrideArg = 0, std::size_t Padding = 0, expression X>
+constexpr auto avg_pool2d(X x) {
+    constexpr std::size_t Stride = StrideArg == 0 ? Kernel : StrideArg;
+    TYPEGRAD_DETAIL_CHECK_POOL("avg_pool2d<kernel, stride, padding>(x)", X);
+    return detail::make_node<detail::pool_op<false, 0, Kernel, Stride, Padding>>(x);
+}
+#undef TYPEGRAD_DETAIL_CHECK_POOL
+
+}  // namespace typegrad

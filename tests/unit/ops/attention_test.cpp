@@ -1,0 +1,196 @@
+// Attention (ops/attention.hpp): causal_mask (values, diagonals, strided input, gradient 0 where
+// masked) and scaled_dot_product_attention of rank 2, 3 and 4 (plain, causal with Tq != Tk,
+// additive mask, explicit scale) against a double reference and finite differences; PyTorch's
+// softmax rules for -inf logits (exact 0, NaN for a fully masked row) and large logits.
+#include <check_gradient.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace tg = typegrad;
+using tg::testing::at;
+using tg::testing::check_gradient;
+using tg::testing::fixed;
+using tg::testing::uniform;
+
+namespace {
+constexpr double inf = std::numeric_limits<double>::infinity();
+
+// softmax(q k^T * scale + mask) v over nb matrices, in double; causal: key j > query i is masked.
+std::vector<double> ref_attention(const std::vector<double>& q, const std::vector<double>& k,
+                                  const std::vector<double>& v, std::size_t nb, std::size_t tq, std::size_t tk,
+                                  std::size_t d, std::size_t dv, double scale, bool causal,
+                                  const std::vector<double>& mask = {}) {
+    std::vector<double> out(nb * tq * dv, 0.0);
+    for (std::size_t b = 0; b < nb; ++b)
+        for (std::size_t i = 0; i < tq; ++i) {
+            std::vector<double> s(tk);
+            double mx = -inf;
+            for (std::size_t j = 0; j < tk; ++j) {
+                double acc = 0;
+                for (std::size_t c = 0; c < d; ++c) acc += q[(b * tq + i) * d + c] * k[(b * tk + j) * d + c];
+                s[j] = acc * scale + (mask.empty() ? 0.0 : mask[i * tk + j]);
+                if (causal && j > i) s[j] = -inf;
+                mx = std::max(mx, s[j]);
+            }
+            double z = 0;
+            for (auto& e : s) z += (e = std::exp(e - mx));
+            for (std::size_t j = 0; j < tk; ++j)
+                for (std::size_t c = 0; c < dv; ++c) out[(b * tq + i) * dv + c] += s[j] / z * v[(b * tk + j) * dv + c];
+        }
+    return out;
+}
+template <class Step, class... Bs>
+std::vector<double> values_of(const Step& step, const Bs&... bs) {
+    auto ctx = step.forward(bs...);
+    return std::vector<double>(ctx.values().begin(), ctx.values().end());
+}
+void require_close(const std::vector<double>& a, const std::vector<double>& b, double tol = 1e-12) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t e = 0; e < a.size(); ++e) {
+        INFO("element " << e << ": " << a[e] << " vs " << b[e]);
+        CHECK(std::abs(a[e] - b[e]) <= tol * (1 + std::abs(b[e])));
+    }
+}
+}  // namespace
+
+TEST_CASE("causal_mask: values above the diagonal are -inf, their gradient is 0", "[ops][attention][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, 4>>;
+    constexpr auto w = tg::input<"w", double, tg::shape<tg::dyn, 4>>;
+    for (std::size_t rows : {1u, 3u, 6u}) {
+        auto xv = uniform(rows * 4, -1.0, 1.0, 3);
+        auto wv = uniform(rows * 4, -1.0, 1.0, 4);
+        auto masked = values_of(tg::compile(tg::causal_mask(x), tg::wrt(x)), tg::bind(x, xv, {rows, 4}));
+        auto below = values_of(tg::compile(tg::causal_mask<-1>(x), tg::wrt(x)), tg::bind(x, xv, {rows, 4}));
+        auto above = values_of(tg::compile(tg::causal_mask<2>(x), tg::wrt(x)), tg::bind(x, xv, {rows, 4}));
+        for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t j = 0; j < 4; ++j) {
+                const double xe = xv[i * 4 + j];
+                CHECK(masked[i * 4 + j] == (j > i ? -inf : xe));
+                CHECK(below[i * 4 + j] == (j + 1 > i ? -inf : xe));
+                CHECK(above[i * 4 + j] == (j > i + 2 ? -inf : xe));
+            }
+        // exp(-inf) = 0: the loss is finite and the masked elements get exactly 0
+        check_gradient(tg::sum(tg::exp(tg::causal_mask(x)) * w), fixed(tg::bind(w, wv, {rows, 4})),
+                       at(x, xv, {rows, 4}));
+        std::vector<double> g(rows * 4, 7.0);
+        tg::compile(tg::sum(tg::exp(tg::causal_mask(x)) * w), tg::wrt(x))
+            .value_and_grad(tg::bind(x, xv, {rows, 4}), tg::bind(w, wv, {rows, 4}), tg::grad_into(x, g));
+        for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t j = i + 1; j < 4; ++j) CHECK(g[i * 4 + j] == 0.0);
+    }
+    // a strided (transposed) batched input: the mask applies to the view's rows and columns
+    constexpr auto y = tg::param<"y", float, tg::shape<2, 3, 3>>;
+    std::vector<float> yv(18);
+    for (std::size_t e = 0; e < 18; ++e) yv[e] = float(e);
+    auto t = tg::compile(tg::causal_mask(tg::transpose(y)), tg::wrt(y)).forward(tg::bind(y, yv));
+    for (std::size_t b = 0; b < 2; ++b)
+        for (std::size_t i = 0; i < 3; ++i)
+            for (std::size_t j = 0; j < 3; ++j)
+                CHECK(t.values()[(b * 3 + i) * 3 + j] == (j > i ? -std::numeric_limits<float>::infinity()
+                                                                : yv[(b * 3 + j) * 3 + i]));
+}
+
+TEST_CASE("softmax of -inf logits follows PyTorch", "[ops][attention]") {
+    constexpr auto x = tg::input<"x", double, tg::shape<3, 3>>;
+    const std::vector<double> xv{1.0, -inf, 2.0, -inf, -inf, -inf, 1e300, 5.0, -inf};
+    auto s = values_of(tg::compile(tg::softmax(x), tg::wrt()), tg::bind(x, xv));
+    const double e = std::exp(-1.0);
+    CHECK(std::abs(s[0] - e / (1 + e)) < 1e-15);
+    CHECK(s[1] == 0.0);  // exactly 0
+    CHECK(std::abs(s[2] - 1 / (1 + e)) < 1e-15);
+    for (std::size_t j = 3; j < 6; ++j) CHECK(std::isnan(s[j]));  // a fully masked row: NaN, as torch.softmax
+    CHECK(s[6] == 1.0);  // large logits do not overflow
+    CHECK(s[7] == 0.0);
+    CHECK(s[8] == 0.0);
+}
+
+TEST_CASE("scaled_dot_product_attention of [T, d]: values and gradients", "[ops][attention][gradient]") {
+    constexpr auto q = tg::param<"q", double, tg::shape<tg::dyn, 4>>;
+    constexpr auto k = tg::param<"k", double, tg::shape<tg::dyn, 4>>;
+    constexpr auto v = tg::param<"v", double, tg::shape<tg::dyn, 3>>;
+    constexpr auto w = tg::input<"w", double, tg::shape<tg::dyn, 3>>;
+    for (auto [tq, tk] : {std::pair<std::size_t, std::size_t>{3, 3}, {2, 5}, {4, 2}, {1, 1}}) {
+        auto qv = uniform(tq * 4, -1.5, 1.5, 5), kv = uniform(tk * 4, -1.5, 1.5, 6), vv = uniform(tk * 3, -1.0, 1.0, 7);
+        auto wv = uniform(tq * 3, -1.0, 1.0, 8);
+        auto bq = tg::bind(q, qv, {tq, 4});
+        auto bk = tg::bind(k, kv, {tk, 4});
+        auto bv = tg::bind(v, vv, {tk, 3});
+        require_close(values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v), tg::wrt(q)), bq, bk, bv),
+                      ref_attention(qv, kv, vv, 1, tq, tk, 4, 3, 0.5, false));
+        require_close(values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v, tg::causal), tg::wrt(q)), bq, bk, bv),
+                      ref_attention(qv, kv, vv, 1, tq, tk, 4, 3, 0.5, true));
+        require_close(values_of(tg::compile(tg::scaled_dot_product_attention<0.25>(q, k, v), tg::wrt(q)), bq, bk, bv),
+                      ref_attention(qv, kv, vv, 1, tq, tk, 4, 3, 0.25, false));
+        auto fw = fixed(tg::bind(w, wv, {tq, 3}));
+        check_gradient(tg::sum(tg::scaled_dot_product_attention(q, k, v) * w), fw, at(q, qv, {tq, 4}),
+                       at(k, kv, {tk, 4}), at(v, vv, {tk, 3}));
+        check_gradient(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w), fw, at(q, qv, {tq, 4}),
+                       at(k, kv, {tk, 4}), at(v, vv, {tk, 3}));
+    }
+}
+
+TEST_CASE("scaled_dot_product_attention with an additive mask", "[ops][attention][gradient]") {
+    constexpr auto q = tg::param<"q", double, tg::shape<3, 2>>;
+    constexpr auto k = tg::param<"k", double, tg::shape<4, 2>>;
+    constexpr auto v = tg::param<"v", double, tg::shape<4, 2>>;
+    constexpr auto m = tg::input<"m", double, tg::shape<3, 4>>;
+    constexpr auto w = tg::input<"w", double, tg::shape<3, 2>>;
+    auto qv = uniform(6, -1.0, 1.0, 9), kv = uniform(8, -1.0, 1.0, 10), vv = uniform(8, -1.0, 1.0, 11);
+    auto wv = uniform(6, -1.0, 1.0, 12);
+    const std::vector<double> mv{0.0, -inf, 0.5, 0.0, -inf, -inf, -inf, 0.0, 0.0, 1.0, -2.0, -inf};
+    require_close(values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v, m), tg::wrt(q)), tg::bind(q, qv),
+                            tg::bind(k, kv), tg::bind(v, vv), tg::bind(m, mv)),
+                  ref_attention(qv, kv, vv, 1, 3, 4, 2, 2, 1 / std::sqrt(2.0), false, mv));
+    check_gradient(tg::sum(tg::scaled_dot_product_attention(q, k, v, m) * w), fixed(tg::bind(m, mv), tg::bind(w, wv)),
+                   at(q, qv), at(k, kv), at(v, vv));
+}
+
+TEST_CASE("scaled_dot_product_attention of [batch, T, d] and [batch, heads, T, d]", "[ops][attention][gradient]") {
+    constexpr auto q = tg::param<"q", double, tg::shape<2, tg::dyn, 3>>;
+    constexpr auto k = tg::param<"k", double, tg::shape<2, tg::dyn, 3>>;
+    constexpr auto v = tg::param<"v", double, tg::shape<2, tg::dyn, 2>>;
+    constexpr auto w = tg::input<"w", double, tg::shape<2, tg::dyn, 2>>;
+    const std::size_t t = 3;
+    auto qv = uniform(2 * t * 3, -1.0, 1.0, 13), kv = uniform(2 * t * 3, -1.0, 1.0, 14), vv = uniform(2 * t * 2, -1.0, 1.0, 15);
+    auto wv = uniform(2 * t * 2, -1.0, 1.0, 16);
+    require_close(values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v, tg::causal), tg::wrt(q)),
+                            tg::bind(q, qv, {2, t, 3}), tg::bind(k, kv, {2, t, 3}), tg::bind(v, vv, {2, t, 2})),
+                  ref_attention(qv, kv, vv, 2, t, t, 3, 2, 1 / std::sqrt(3.0), true));
+    check_gradient(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w), fixed(tg::bind(w, wv, {2, t, 2})),
+                   at(q, qv, {2, t, 3}), at(k, kv, {2, t, 3}), at(v, vv, {2, t, 2}));
+
+    // [batch 1, heads 2, T, d]: the same numbers as [2, T, d]
+    constexpr auto q4 = tg::param<"q4", double, tg::shape<1, 2, tg::dyn, 3>>;
+    constexpr auto k4 = tg::param<"k4", double, tg::shape<1, 2, tg::dyn, 3>>;
+    constexpr auto v4 = tg::param<"v4", double, tg::shape<1, 2, tg::dyn, 2>>;
+    constexpr auto w4 = tg::input<"w4", double, tg::shape<1, 2, tg::dyn, 2>>;
+    require_close(values_of(tg::compile(tg::scaled_dot_product_attention(q4, k4, v4, tg::causal), tg::wrt(q4)),
+                            tg::bind(q4, qv, {1, 2, t, 3}), tg::bind(k4, kv, {1, 2, t, 3}), tg::bind(v4, vv, {1, 2, t, 2})),
+                  ref_attention(qv, kv, vv, 2, t, t, 3, 2, 1 / std::sqrt(3.0), true));
+    check_gradient(tg::sum(tg::scaled_dot_product_attention(q4, k4, v4) * w4), fixed(tg::bind(w4, wv, {1, 2, t, 2})),
+                   at(q4, qv, {1, 2, t, 3}), at(k4, kv, {1, 2, t, 3}), at(v4, vv, {1, 2, t, 2}));
+}
+
+TEST_CASE("scaled_dot_product_attention in float: large logits stay finite", "[ops][attention]") {
+    constexpr auto q = tg::param<"q", float, tg::shape<4, 8>>;
+    constexpr auto k = tg::input<"k", float, tg::shape<4, 8>>;
+    constexpr auto v = tg::input<"v", float, tg::shape<4, 8>>;
+    std::vector<float> qv(32), kv(32), vv(32), g(32);
+    for (std::size_t e = 0; e < 32; ++e) {
+        qv[e] = float(e % 5) * 300.0f;  // logits up to ~1e6: exp would overflow without the shift
+        kv[e] = float(e % 3) * 300.0f;
+        vv[e] = float(e) / 32.0f;
+    }
+    const float l = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal)), tg::wrt(q))
+                        .value_and_grad(tg::bind(q, qv), tg::bind(k, kv), tg::bind(v, vv), tg::grad_into(q, g));
+    CHECK(std::isfinite(l));
+    for (float e : g) CHECK(std::isfinite(e));
+}
+
+TEST_CASE("the default scale is 1 / sqrt(d) correctly rounded", "[ops][attention]") {
+    static_assert(tg::detail::sqrt_of_integer(64) == 8.0);
+    std::uint64_t wrong = 0;
+    for (std::uint64_t d = 1; d < (1u << 20); ++d) wrong += tg::detail::sqrt_of_integer(d) != std::sqrt(double(d));
+    CHECK(wrong == 0);
+}

@@ -1,0 +1,146 @@
+// batch_norm (ops/batch_norm.hpp): training mode against a double reference and finite
+// differences for [N, C], [N, C, L], [N, C, H, W]; the running statistics' in-place update
+// (PyTorch's momentum rule, unbiased variance); evaluation mode; errors.
+#include <check_gradient.hpp>
+
+#include <cmath>
+
+namespace tg = typegrad;
+using tg::testing::at;
+using tg::testing::check_gradient;
+using tg::testing::fixed;
+using tg::testing::uniform;
+
+namespace {
+struct channel_stats {
+    std::vector<double> mean, biased, unbiased;
+};
+channel_stats stats_of(const std::vector<double>& x, std::size_t n, std::size_t c, std::size_t inner) {
+    channel_stats s{std::vector<double>(c), std::vector<double>(c), std::vector<double>(c)};
+    for (std::size_t ch = 0; ch < c; ++ch) {
+        double m = 0, v = 0;
+        for (std::size_t b = 0; b < n; ++b)
+            for (std::size_t e = 0; e < inner; ++e) m += x[(b * c + ch) * inner + e];
+        m /= double(n * inner);
+        for (std::size_t b = 0; b < n; ++b)
+            for (std::size_t e = 0; e < inner; ++e) v += std::pow(x[(b * c + ch) * inner + e] - m, 2);
+        s.mean[ch] = m;
+        s.biased[ch] = v / double(n * inner);
+        s.unbiased[ch] = v / double(n * inner - 1);
+    }
+    return s;
+}
+std::vector<double> ref_bn(const std::vector<double>& x, std::size_t n, std::size_t c, std::size_t inner,
+                           const std::vector<double>& mean, const std::vector<double>& var, const std::vector<double>& w,
+                           const std::vector<double>& b, double eps = 1e-5) {
+    std::vector<double> y(x.size());
+    for (std::size_t a = 0; a < n; ++a)
+        for (std::size_t ch = 0; ch < c; ++ch)
+            for (std::size_t e = 0; e < inner; ++e) {
+                const std::size_t i = (a * c + ch) * inner + e;
+                y[i] = (x[i] - mean[ch]) / std::sqrt(var[ch] + eps) * w[ch] + b[ch];
+            }
+    return y;
+}
+template <class Step, class... Bs>
+std::vector<double> values_of(const Step& step, const Bs&... bs) {
+    auto ctx = step.forward(bs...);
+    return std::vector<double>(ctx.values().begin(), ctx.values().end());
+}
+void require_close(const std::vector<double>& a, const std::vector<double>& b, double tol = 1e-12) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t e = 0; e < a.size(); ++e) {
+        INFO("element " << e << ": " << a[e] << " vs " << b[e]);
+        CHECK(std::abs(a[e] - b[e]) <= tol * (1 + std::abs(b[e])));
+    }
+}
+}  // namespace
+
+TEST_CASE("batch_norm in training mode: values and gradients", "[ops][batch_norm][gradient]") {
+    constexpr auto w = tg::param<"w", double, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<3>>;
+    auto wv = uniform(3, 0.5, 1.5, 2), bv = uniform(3, -1.0, 1.0, 3);
+    const std::vector<double> ones(3, 1.0), zeros(3, 0.0);
+
+    constexpr auto x4 = tg::param<"x4", double, tg::shape<tg::dyn, 3, 2, 3>>;
+    constexpr auto q4 = tg::input<"q4", double, tg::shape<tg::dyn, 3, 2, 3>>;
+    auto xv = uniform(2 * 18, -2.0, 2.0, 1), qv = uniform(2 * 18, -1.0, 1.0, 4);
+    auto st = stats_of(xv, 2, 3, 6);
+    require_close(values_of(tg::compile(tg::batch_norm(x4, w, b), tg::wrt(x4)), tg::bind(x4, xv, {2, 3, 2, 3}),
+                            tg::bind(w, wv), tg::bind(b, bv)),
+                  ref_bn(xv, 2, 3, 6, st.mean, st.biased, wv, bv));
+    require_close(values_of(tg::compile(tg::batch_norm<1e-3>(x4), tg::wrt(x4)), tg::bind(x4, xv, {2, 3, 2, 3})),
+                  ref_bn(xv, 2, 3, 6, st.mean, st.biased, ones, zeros, 1e-3));
+    check_gradient(tg::sum(tg::batch_norm(x4, w, b) * q4), fixed(tg::bind(q4, qv, {2, 3, 2, 3})),
+                   at(x4, xv, {2, 3, 2, 3}), at(w, wv), at(b, bv));
+
+    constexpr auto x2 = tg::param<"x2", double, tg::shape<4, 3>>;
+    constexpr auto q2 = tg::input<"q2", double, tg::shape<4, 3>>;
+    auto x2v = uniform(12, -2.0, 2.0, 5), q2v = uniform(12, -1.0, 1.0, 6);
+    auto st2 = stats_of(x2v, 4, 3, 1);
+    require_close(values_of(tg::compile(tg::batch_norm(x2, w, b), tg::wrt(x2)), tg::bind(x2, x2v), tg::bind(w, wv),
+                            tg::bind(b, bv)),
+                  ref_bn(x2v, 4, 3, 1, st2.mean, st2.biased, wv, bv));
+    check_gradient(tg::sum(tg::batch_norm(x2, w, b) * q2), fixed(tg::bind(q2, q2v)), at(x2, x2v), at(w, wv), at(b, bv));
+
+    constexpr auto x3 = tg::param<"x3", double, tg::shape<2, 3, 4>>;
+    auto x3v = uniform(24, -2.0, 2.0, 7);
+    check_gradient(tg::sum(tg::exp(tg::batch_norm(x3))), at(x3, x3v));
+}
+
+TEST_CASE("batch_norm updates the running statistics in place; evaluation mode uses them", "[ops][batch_norm]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, 3, 2, 2>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<3>>;
+    constexpr auto rm = tg::input<"rm", double, tg::shape<3>>;
+    constexpr auto rv = tg::input<"rv", double, tg::shape<3>>;
+    auto xv = uniform(2 * 12, -2.0, 2.0, 8), wv = uniform(3, 0.5, 1.5, 9), bv = uniform(3, -1.0, 1.0, 10);
+    std::vector<double> mean{0.5, -0.5, 0.0}, var{1.0, 2.0, 0.5};
+    const auto mean0 = mean, var0 = var;
+    auto train = tg::compile(tg::sum(tg::square(tg::batch_norm<true, 0.25>(x, rm, rv, w, b))), tg::wrt(x, w, b));
+    std::vector<double> gx(24), gw(3), gb(3);
+    train.value_and_grad(tg::bind(x, xv, {2, 3, 2, 2}), tg::bind(w, wv), tg::bind(b, bv), tg::bind(rm, mean),
+                         tg::bind(rv, var), tg::grad_into(x, gx), tg::grad_into(w, gw), tg::grad_into(b, gb));
+    auto st = stats_of(xv, 2, 3, 4);
+    for (std::size_t c = 0; c < 3; ++c) {
+        CHECK(std::abs(mean[c] - (0.75 * mean0[c] + 0.25 * st.mean[c])) < 1e-14);
+        CHECK(std::abs(var[c] - (0.75 * var0[c] + 0.25 * st.unbiased[c])) < 1e-14);
+    }
+    // the gradients are those of batch_norm without running stats
+    auto plain = tg::compile(tg::sum(tg::square(tg::batch_norm(x, w, b))), tg::wrt(x, w, b));
+    std::vector<double> px(24), pw(3), pb(3);
+    plain.value_and_grad(tg::bind(x, xv, {2, 3, 2, 2}), tg::bind(w, wv), tg::bind(b, bv), tg::grad_into(x, px),
+                         tg::grad_into(w, pw), tg::grad_into(b, pb));
+    CHECK(gx == px);
+    CHECK(gw == pw);
+    CHECK(gb == pb);
+
+    // evaluation: normalised by the running statistics, which stay as they are
+    const auto mean1 = mean, var1 = var;
+    require_close(values_of(tg::compile(tg::batch_norm<false>(x, rm, rv, w, b), tg::wrt(x)), tg::bind(x, xv, {2, 3, 2, 2}),
+                            tg::bind(w, wv), tg::bind(b, bv), tg::bind(rm, mean), tg::bind(rv, var)),
+                  ref_bn(xv, 2, 3, 4, mean1, var1, wv, bv));
+    CHECK(mean == mean1);
+    CHECK(var == var1);
+    constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, 3, 2, 2>>;
+    auto qv = uniform(24, -1.0, 1.0, 11);
+    check_gradient(tg::sum(tg::batch_norm<false>(x, rm, rv, w, b) * q),
+                   fixed(tg::bind(rm, mean), tg::bind(rv, var), tg::bind(q, qv, {2, 3, 2, 2})), at(x, xv, {2, 3, 2, 2}),
+                   at(w, wv), at(b, bv));
+}
+
+TEST_CASE("batch_norm in float", "[ops][batch_norm]") {
+    constexpr auto x = tg::input<"x", float, tg::shape<tg::dyn, 3, 2, 2>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<3>>;
+    auto xd = uniform(24, -2.0, 2.0, 12), wd = uniform(3, 0.5, 1.5, 13), bd = uniform(3, -1.0, 1.0, 14);
+    std::vector<float> xs(xd.begin(), xd.end()), ws(wd.begin(), wd.end()), bs(bd.begin(), bd.end());
+    auto fwd = tg::compile(tg::batch_norm(x, w, b), tg::wrt(w)).forward(tg::bind(x, xs, {2, 3, 2, 2}), tg::bind(w, ws),
+                                                                        tg::bind(b, bs));
+    const std::vector<double> xr(xs.begin(), xs.end());
+    auto st = stats_of(xr, 2, 3, 4);
+    require_close(std::vector<double>(fwd.values().begin(), fwd.values().end()),
+                  ref_bn(xr, 2, 3, 4, st.mean, st.biased, std::vector<double>(ws.begin(), ws.end()),
+                         std::vector<double>(bs.begin(), bs.end())),
+                  1e-5);
+}

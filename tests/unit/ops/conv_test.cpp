@@ -1,0 +1,152 @@
+// Convolution (ops/conv.hpp): conv2d and conv1d (stride, padding, bias) against a direct double
+// reference and finite differences in x, w and b; a strided (permuted) input; dynamic batch;
+// second order (the backward ops are each other's adjoints); float; run-time shape errors.
+#include <check_gradient.hpp>
+
+#include <cmath>
+
+namespace tg = typegrad;
+using tg::testing::at;
+using tg::testing::check_gradient;
+using tg::testing::fixed;
+using tg::testing::uniform;
+
+namespace {
+// direct convolution, dense NCHW, in double
+std::vector<double> ref_conv2d(const std::vector<double>& x, const std::vector<double>& w, std::size_t n,
+                               std::size_t c, std::size_t h, std::size_t wd, std::size_t o, std::size_t kh,
+                               std::size_t kw, std::size_t sh, std::size_t sw, std::size_t ph, std::size_t pw,
+                               const std::vector<double>& b = {}) {
+    const std::size_t ho = (h + 2 * ph - kh) / sh + 1, wo = (wd + 2 * pw - kw) / sw + 1;
+    std::vector<double> y(n * o * ho * wo);
+    for (std::size_t a = 0; a < n; ++a)
+        for (std::size_t oc = 0; oc < o; ++oc)
+            for (std::size_t i = 0; i < ho; ++i)
+                for (std::size_t j = 0; j < wo; ++j) {
+                    double s = b.empty() ? 0.0 : b[oc];
+                    for (std::size_t ic = 0; ic < c; ++ic)
+                        for (std::size_t p = 0; p < kh; ++p)
+                            for (std::size_t q = 0; q < kw; ++q) {
+                                const long ih = long(i * sh + p) - long(ph), iw = long(j * sw + q) - long(pw);
+                                if (ih < 0 || iw < 0 || ih >= long(h) || iw >= long(wd)) continue;
+                                s += x[((a * c + ic) * h + std::size_t(ih)) * wd + std::size_t(iw)] *
+                                     w[((oc * c + ic) * kh + p) * kw + q];
+                            }
+                    y[((a * o + oc) * ho + i) * wo + j] = s;
+                }
+    return y;
+}
+template <class Step, class... Bs>
+std::vector<double> values_of(const Step& step, const Bs&... bs) {
+    auto ctx = step.forward(bs...);
+    return std::vector<double>(ctx.values().begin(), ctx.values().end());
+}
+void require_close(const std::vector<double>& a, const std::vector<double>& b, double tol = 1e-12) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t e = 0; e < a.size(); ++e) {
+        INFO("element " << e << ": " << a[e] << " vs " << b[e]);
+        CHECK(std::abs(a[e] - b[e]) <= tol * (1 + std::abs(b[e])));
+    }
+}
+}  // namespace
+
+TEST_CASE("conv2d: values and gradients (stride, padding, bias)", "[ops][conv][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, 2, 5, 4>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<3, 2, 3, 2>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<3>>;
+    auto wv = uniform(36, -1.0, 1.0, 2), bv = uniform(3, -1.0, 1.0, 3);
+    for (std::size_t n : {1u, 2u}) {
+        auto xv = uniform(n * 40, -1.0, 1.0, 1);
+        const auto bx = tg::bind(x, xv, {n, 2, 5, 4});
+        require_close(values_of(tg::compile(tg::conv2d(x, w), tg::wrt(x)), bx, tg::bind(w, wv)),
+                      ref_conv2d(xv, wv, n, 2, 5, 4, 3, 3, 2, 1, 1, 0, 0));
+        require_close(values_of(tg::compile(tg::conv2d<2, 1>(x, w, b), tg::wrt(x)), bx, tg::bind(w, wv), tg::bind(b, bv)),
+                      ref_conv2d(xv, wv, n, 2, 5, 4, 3, 3, 2, 2, 2, 1, 1, bv));
+        // output [n, 3, 2, 2] for stride 2, padding 1: weights for the loss
+        constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, 3, 3, 3>>;
+        auto qv = uniform(n * 27, -1.0, 1.0, 4);
+        check_gradient(tg::sum(tg::conv2d<1>(x, w) * q), fixed(tg::bind(q, qv, {n, 3, 3, 3})), at(x, xv, {n, 2, 5, 4}),
+                       at(w, wv));
+        check_gradient(tg::sum(tg::square(tg::conv2d<2, 1>(x, w, b))), at(x, xv, {n, 2, 5, 4}), at(w, wv), at(b, bv));
+    }
+}
+
+TEST_CASE("conv2d of a permuted input, second order, float", "[ops][conv][gradient]") {
+    // x given as NHWC, permuted to NCHW: a strided operand
+    constexpr auto xh = tg::param<"xh", double, tg::shape<1, 4, 4, 2>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<2, 2, 2, 2>>;
+    auto xv = uniform(32, -1.0, 1.0, 5), wv = uniform(16, -1.0, 1.0, 6);
+    std::vector<double> nchw(32);
+    for (std::size_t i = 0; i < 4; ++i)
+        for (std::size_t j = 0; j < 4; ++j)
+            for (std::size_t c = 0; c < 2; ++c) nchw[(c * 4 + i) * 4 + j] = xv[(i * 4 + j) * 2 + c];
+    require_close(values_of(tg::compile(tg::conv2d<1, 1>(tg::permute<0, 3, 1, 2>(xh), w), tg::wrt(xh)), tg::bind(xh, xv),
+                            tg::bind(w, wv)),
+                  ref_conv2d(nchw, wv, 1, 2, 4, 4, 2, 2, 2, 1, 1, 1, 1));
+    check_gradient(tg::sum(tg::sin(tg::conv2d<2>(tg::permute<0, 3, 1, 2>(xh), w))), at(xh, xv), at(w, wv));
+
+    // second order: the gradient of sum(conv(x, w)^2) in w, differentiated again
+    constexpr auto x = tg::param<"x", double, tg::shape<1, 1, 3, 3>>;
+    constexpr auto k = tg::param<"k", double, tg::shape<1, 1, 2, 2>>;
+    auto x2 = uniform(9, -1.0, 1.0, 7), k2 = uniform(4, -1.0, 1.0, 8);
+    auto inner = tg::sum(tg::square(tg::conv2d(x, k)));
+    check_gradient(tg::sum(tg::square(tg::grad(inner, k))), at(x, x2), at(k, k2));
+
+    // float: the same numbers as double, to float precision
+    constexpr auto xf = tg::input<"xf", float, tg::shape<2, 2, 5, 4>>;
+    constexpr auto wf = tg::param<"wf", float, tg::shape<3, 2, 3, 2>>;
+    auto xd = uniform(80, -1.0, 1.0, 9), wd = uniform(36, -1.0, 1.0, 10);
+    std::vector<float> xs(xd.begin(), xd.end()), ws(wd.begin(), wd.end());
+    auto ys = tg::compile(tg::conv2d<1, 1>(xf, wf), tg::wrt(wf)).forward(tg::bind(xf, xs), tg::bind(wf, ws));
+    require_close(std::vector<double>(ys.values().begin(), ys.values().end()),
+                  ref_conv2d(std::vector<double>(xs.begin(), xs.end()), std::vector<double>(ws.begin(), ws.end()), 2, 2, 5,
+                             4, 3, 3, 2, 1, 1, 1, 1),
+                  1e-5);
+}
+
+TEST_CASE("conv1d: values and gradients", "[ops][conv][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<2, 3, tg::dyn>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<2, 3, 3>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<2>>;
+    const std::size_t len = 7;
+    auto xv = uniform(2 * 3 * len, -1.0, 1.0, 11), wv = uniform(18, -1.0, 1.0, 12), bv = uniform(2, -1.0, 1.0, 13);
+    // conv1d is conv2d of height 1
+    require_close(values_of(tg::compile(tg::conv1d<2, 1>(x, w, b), tg::wrt(x)), tg::bind(x, xv, {2, 3, len}),
+                            tg::bind(w, wv), tg::bind(b, bv)),
+                  ref_conv2d(xv, wv, 2, 3, 1, len, 2, 1, 3, 1, 2, 0, 1, bv));
+    check_gradient(tg::sum(tg::square(tg::conv1d<2, 1>(x, w, b))), at(x, xv, {2, 3, len}), at(w, wv), at(b, bv));
+}
+
+TEST_CASE("conv2d shape errors at run time throw before anything is written", "[ops][conv]") {
+    constexpr auto x = tg::input<"x", float, tg::shape<1, tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<1, 2, 3, 3>>;
+    auto step = tg::compile(tg::sum(tg::conv2d(x, w)), tg::wrt(w));
+    std::vector<float> wv(18, 1.0f), g(18, 5.0f), xv(3 * 4 * 4, 1.0f);
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, xv, {1, 3, 4, 4}), tg::bind(w, wv), tg::grad_into(w, g)),
+                    tg::shape_error);  // 3 channels, w expects 2
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, xv, {1, 2, 2, 12}), tg::bind(w, wv), tg::grad_into(w, g)),
+                    tg::shape_error);  // height 2 < kernel 3
+    CHECK(g == std::vector<float>(18, 5.0f));
+    const float v = step.value_and_grad(tg::bind(x, xv, {1, 2, 4, 6}), tg::bind(w, wv), tg::grad_into(w, g));
+    CHECK(v == 18.0f * 2 * 4);  // 2 x 4 windows of 18 ones
+}
+
+TEST_CASE("conv2d under CPU bf16 autocast: lower precision, then pooling in bf16", "[ops][conv][autocast]") {
+    constexpr auto x = tg::input<"x", float, tg::shape<2, 3, 6, 6>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<4, 3, 3, 3>>;
+    auto xd = uniform(216, -1.0, 1.0, 14), wd = uniform(108, -0.5, 0.5, 15);
+    std::vector<float> xs(xd.begin(), xd.end()), ws(wd.begin(), wd.end()), g32(108), g16(108);
+    auto conv = tg::conv2d<1, 1>(x, w);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::autocast<tg::cpu_bf16>(conv))::value_type, tg::bf16>);
+    const float l32 = tg::compile(tg::sum(tg::max_pool2d<2>(conv)), tg::wrt(w))
+                          .value_and_grad(tg::bind(x, xs), tg::bind(w, ws), tg::grad_into(w, g32));
+    const float l16 = tg::compile(tg::autocast<tg::cpu_bf16>(tg::sum(tg::max_pool2d<2>(conv))), tg::wrt(w))
+                          .value_and_grad(tg::bind(x, xs), tg::bind(w, ws), tg::grad_into(w, g16));
+    CHECK(std::abs(l16 - l32) <= 0.02f * (1 + std::abs(l32)));
+    double num = 0, den = 0;
+    for (std::size_t e = 0; e < 108; ++e) {
+        num += std::pow(double(g16[e]) - double(g32[e]), 2);
+        den += std::pow(double(g32[e]), 2);
+    }
+    CHECK(std::sqrt(num / den) < 0.02);
+}

@@ -1,0 +1,82 @@
+// Pooling (ops/pool.hpp): max_pool2d and avg_pool2d (kernel, stride, padding) against a direct
+// reference and finite differences; PyTorch's rules for ties (first maximum), NaN, padding; second
+// order through both.
+#include <check_gradient.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace tg = typegrad;
+using tg::testing::at;
+using tg::testing::check_gradient;
+using tg::testing::fixed;
+using tg::testing::uniform;
+
+namespace {
+// pooled planes of h x w, kernel k, stride s, padding p; max: padding is -inf, avg: divides by k * k
+std::vector<double> ref_pool(const std::vector<double>& x, std::size_t planes, std::size_t h, std::size_t w,
+                             std::size_t k, std::size_t s, std::size_t p, bool max) {
+    const std::size_t ho = (h + 2 * p - k) / s + 1, wo = (w + 2 * p - k) / s + 1;
+    std::vector<double> y;
+    for (std::size_t c = 0; c < planes; ++c)
+        for (std::size_t i = 0; i < ho; ++i)
+            for (std::size_t j = 0; j < wo; ++j) {
+                double acc = max ? -std::numeric_limits<double>::infinity() : 0.0;
+                for (std::size_t a = 0; a < k; ++a)
+                    for (std::size_t b = 0; b < k; ++b) {
+                        const long r = long(i * s + a) - long(p), q = long(j * s + b) - long(p);
+                        if (r < 0 || q < 0 || r >= long(h) || q >= long(w)) continue;
+                        const double v = x[(c * h + std::size_t(r)) * w + std::size_t(q)];
+                        acc = max ? std::max(acc, v) : acc + v;
+                    }
+                y.push_back(max ? acc : acc / double(k * k));
+            }
+    return y;
+}
+template <class Step, class... Bs>
+std::vector<double> values_of(const Step& step, const Bs&... bs) {
+    auto ctx = step.forward(bs...);
+    return std::vector<double>(ctx.values().begin(), ctx.values().end());
+}
+}  // namespace
+
+TEST_CASE("max_pool2d and avg_pool2d: values and gradients", "[ops][pool][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<2, 2, tg::dyn, tg::dyn>>;
+    const std::size_t h = 5, w = 6;
+    auto xv = uniform(4 * h * w, -1.0, 1.0, 1);
+    const auto bx = tg::bind(x, xv, {2, 2, h, w});
+    CHECK(values_of(tg::compile(tg::max_pool2d<2>(x), tg::wrt(x)), bx) == ref_pool(xv, 4, h, w, 2, 2, 0, true));
+    CHECK(values_of(tg::compile(tg::max_pool2d<3, 2, 1>(x), tg::wrt(x)), bx) == ref_pool(xv, 4, h, w, 3, 2, 1, true));
+    auto avg = values_of(tg::compile(tg::avg_pool2d<3, 1, 1>(x), tg::wrt(x)), bx);
+    auto avg_ref = ref_pool(xv, 4, h, w, 3, 1, 1, false);
+    REQUIRE(avg.size() == avg_ref.size());
+    for (std::size_t e = 0; e < avg.size(); ++e) CHECK(std::abs(avg[e] - avg_ref[e]) < 1e-15);
+
+    constexpr auto q = tg::input<"q", double, tg::shape<2, 2, tg::dyn, tg::dyn>>;
+    auto qv = uniform(4 * h * w, -1.0, 1.0, 2);
+    // overlapping windows (stride < kernel) add their gradients
+    auto q3 = uniform(4 * 3 * 3, -1.0, 1.0, 4);
+    check_gradient(tg::sum(tg::max_pool2d<3, 2, 1>(x) * q), fixed(tg::bind(q, q3, {2, 2, 3, 3})), at(x, xv, {2, 2, h, w}));
+    check_gradient(tg::sum(tg::square(tg::max_pool2d<2>(x))), at(x, xv, {2, 2, h, w}));
+    check_gradient(tg::sum(tg::avg_pool2d<3, 1, 1>(x) * q), fixed(tg::bind(q, qv, {2, 2, h, w})), at(x, xv, {2, 2, h, w}));
+    check_gradient(tg::sum(tg::exp(tg::avg_pool2d<2>(x))), at(x, xv, {2, 2, h, w}));
+}
+
+TEST_CASE("max_pool2d: ties, NaN and second order as PyTorch", "[ops][pool][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<1, 1, 2, 4>>;
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    // window 1: a tie (first maximum takes the gradient); window 2: two NaNs (the last one)
+    const std::vector<double> xv{3, 1, nan, 0, 2, 3, 5, nan};
+    auto step = tg::compile(tg::sum(tg::max_pool2d<2>(x)), tg::wrt(x));
+    std::vector<double> g(8, -1);
+    const double v = step.value_and_grad(tg::bind(x, xv), tg::grad_into(x, g));
+    CHECK(std::isnan(v));
+    CHECK(g == std::vector<double>{1, 0, 0, 0, 0, 0, 0, 1});
+    // second order: the gradient of sum(pool(x)^2) is 2 pool(x) scattered; differentiate it again
+    constexpr auto y = tg::param<"y", double, tg::shape<1, 2, 4, 4>>;
+    auto yv = uniform(32, -1.0, 1.0, 3);
+    auto inner = tg::sum(tg::square(tg::max_pool2d<2>(y)));
+    check_gradient(tg::sum(tg::square(tg::grad(inner, y)) * tg::lit<0.5>), at(y, yv));
+    auto inner_avg = tg::sum(tg::square(tg::avg_pool2d<2, 1>(y)));
+    check_gradient(tg::sum(tg::square(tg::grad(inner_avg, y))), at(y, yv));
+}
