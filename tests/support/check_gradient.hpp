@@ -36,6 +36,22 @@ inline std::vector<double> uniform(std::size_t n, double lo, double hi, unsigned
     return v;
 }
 
+// The values a step's forward pass computes, in double.
+template <class Step, class... Bs>
+std::vector<double> values_of(const Step& step, const Bs&... bs) {
+    auto ctx = step.forward(bs...);
+    return std::vector<double>(ctx.values().begin(), ctx.values().end());
+}
+
+// Element-wise closeness to a reference, relative to (1 + |reference|).
+inline void require_close(const std::vector<double>& a, const std::vector<double>& b, double tol = 1e-12) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t e = 0; e < a.size(); ++e) {
+        INFO("element " << e << ": " << a[e] << " vs " << b[e]);
+        CHECK(std::abs(a[e] - b[e]) <= tol * (1 + std::abs(b[e])));
+    }
+}
+
 // Bindings held fixed during a check (inputs that are not differentiated, e.g. class labels).
 template <class... Bs>
 struct fixed_bindings {

@@ -12,6 +12,8 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::fixed;
 using tg::testing::uniform;
+using tg::testing::values_of;
+using tg::testing::require_close;
 
 namespace {
 constexpr double inf = std::numeric_limits<double>::infinity();
@@ -39,18 +41,6 @@ std::vector<double> ref_attention(const std::vector<double>& q, const std::vecto
                 for (std::size_t c = 0; c < dv; ++c) out[(b * tq + i) * dv + c] += s[j] / z * v[(b * tk + j) * dv + c];
         }
     return out;
-}
-template <class Step, class... Bs>
-std::vector<double> values_of(const Step& step, const Bs&... bs) {
-    auto ctx = step.forward(bs...);
-    return std::vector<double>(ctx.values().begin(), ctx.values().end());
-}
-void require_close(const std::vector<double>& a, const std::vector<double>& b, double tol = 1e-12) {
-    REQUIRE(a.size() == b.size());
-    for (std::size_t e = 0; e < a.size(); ++e) {
-        INFO("element " << e << ": " << a[e] << " vs " << b[e]);
-        CHECK(std::abs(a[e] - b[e]) <= tol * (1 + std::abs(b[e])));
-    }
 }
 }  // namespace
 

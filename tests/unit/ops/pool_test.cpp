@@ -11,6 +11,7 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::fixed;
 using tg::testing::uniform;
+using tg::testing::values_of;
 
 namespace {
 // pooled planes of h x w, kernel k, stride s, padding p; max: padding is -inf, avg: divides by k * k
@@ -32,11 +33,6 @@ std::vector<double> ref_pool(const std::vector<double>& x, std::size_t planes, s
                 y.push_back(max ? acc : acc / double(k * k));
             }
     return y;
-}
-template <class Step, class... Bs>
-std::vector<double> values_of(const Step& step, const Bs&... bs) {
-    auto ctx = step.forward(bs...);
-    return std::vector<double>(ctx.values().begin(), ctx.values().end());
 }
 }  // namespace
 
