@@ -34,28 +34,32 @@ template <class N>
 struct visit {};
 
 // The contribution of node N = node<Op, Cs...> with adjoint G to its I-th child, summed down
-// to the child's shape where the op broadcast it.
+// to the child's shape where the op broadcast it. The reverse pass is written with classes and
+// type aliases only: g++ names (mangles) every function and static variable it instantiates,
+// and a name holding a node type spells its subgraph, so a function per node would make the
+// symbol text grow with the square of the graph.
+template <class Shape, class Raw>
+struct summed_to {
+    using type = typename decltype(sum_to<Shape>(Raw{}))::node_type;
+};
+template <bool Active, class N, class G, std::size_t I>
+struct contribution_of {
+    using type = type_list<>;
+};
+template <class Op, class... Cs, class G, std::size_t I>
+struct contribution_of<true, node<Op, Cs...>, G, I> {
+    using child = type_at_t<I, type_list<Cs...>>;
+    using raw = decltype(Op::template vjp<I>(expr<G>{}, expr<node<Op, Cs...>>{}, expr<Cs>{}...));
+    using type = type_list<pending<
+        child, typename std::conditional_t<__is_same(typename raw::shape_type, typename child::shape_type),
+                                           std::type_identity<typename raw::node_type>,
+                                           summed_to<typename child::shape_type, raw>>::type>>;
+};
 template <class N, class G, std::size_t I>
 struct child_contribution;
 template <class Op, class... Cs, class G, std::size_t I>
-struct child_contribution<node<Op, Cs...>, G, I> {
-    using child = type_at_t<I, type_list<Cs...>>;
-    static constexpr bool active = !Op::shape_only(I) && child::requires_grad;
-    static constexpr auto make() {
-        if constexpr (!active) {
-            return type_list<>{};
-        } else {
-            auto raw = Op::template vjp<I>(expr<G>{}, expr<node<Op, Cs...>>{}, expr<Cs>{}...);
-            using raw_t = decltype(raw);
-            if constexpr (std::is_same_v<typename raw_t::shape_type, typename child::shape_type>)
-                return type_list<pending<child, typename raw_t::node_type>>{};
-            else
-                return type_list<pending<child, typename decltype(
-                                                    sum_to<typename child::shape_type>(raw))::node_type>>{};
-        }
-    }
-    using type = decltype(make());
-};
+struct child_contribution<node<Op, Cs...>, G, I>
+    : contribution_of<!Op::shape_only(I) && type_at_t<I, type_list<Cs...>>::requires_grad, node<Op, Cs...>, G, I> {};
 
 template <class N, class G, class Seq>
 struct children_contributions {
@@ -63,19 +67,24 @@ struct children_contributions {
 };
 template <class Op, class... Cs, class G, std::size_t... Is>
 struct children_contributions<node<Op, Cs...>, G, std::index_sequence<Is...>> {
-    using type = decltype((type_list<>{} + ... +
-                           typename child_contribution<node<Op, Cs...>, G, Is>::type{}));
+    using type = concat_t<typename child_contribution<node<Op, Cs...>, G, Is>::type...>;
 };
 
 // A node's adjoint has the node's dtype, as in PyTorch's engine: a bf16 value gets a bf16
 // gradient even where the op that read it computed in float (and so a leaf gets its own dtype).
+template <class T, class Total>
+struct cast_to {
+    using type = decltype(cast<T>(Total{}));
+};
+template <class T, class Contributions>
+struct summed_contributions;
 template <class T, class... Ms>
-constexpr auto sum_contributions(type_list<Ms...>) {
-    auto total = (expr<Ms>{} + ...);
-    using V = typename decltype(total)::value_type;
-    if constexpr (!is_dtype_v<T> || !is_dtype_v<V> || std::is_same_v<T, V>) return total;
-    else return cast<T>(total);
-}
+struct summed_contributions<T, type_list<Ms...>> {
+    using total = decltype((expr<Ms>{} + ...));
+    using V = typename total::value_type;
+    using type = typename std::conditional_t<!is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V),
+                                             std::type_identity<total>, cast_to<T, total>>::type;
+};
 
 // Filters of the pending list (no fold: the list can be long).
 template <class N>
@@ -88,30 +97,29 @@ struct targets {
 template <class... Ps>
 type_list<typename Ps::contribution...> contributions(type_list<Ps...>);
 
+template <class N, class Matched, class Rest, class Results, bool IsLeaf = N::kind == op_kind::leaf>
+struct reverse_visit {
+    // a leaf keeps its adjoint
+    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type::node_type;
+    using type = reverse_state<Rest, concat_t<Results, type_list<pending<N, adjoint>>>>;
+};
+template <class N, class Matched, class Rest, class Results>
+struct reverse_visit<N, Matched, Rest, Results, false> {
+    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type::node_type;
+    using more = typename children_contributions<N, adjoint, std::make_index_sequence<N::children::size>>::type;
+    // retain_grad nodes keep their adjoint for grad_into, and pass it on
+    using results = std::conditional_t<is_retained_v<N>, concat_t<Results, type_list<pending<N, adjoint>>>, Results>;
+    using type = reverse_state<concat_t<Rest, more>, results>;
+};
 template <class N, class State>
 struct reverse_step;
 template <class N, class... Ps, class Results>
 struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
     using matched = decltype(contributions(filter_t<type_list<Ps...>, targets<N>::template test>{}));
     using rest = filter_t<type_list<Ps...>, targets<N>::template other>;
-    static constexpr auto next() {
-        if constexpr (matched::size == 0) {
-            return reverse_state<type_list<Ps...>, Results>{};
-        } else {
-            using adjoint = typename decltype(sum_contributions<typename N::value_type>(matched{}))::node_type;
-            if constexpr (N::kind == op_kind::leaf) {
-                return reverse_state<rest, decltype(Results{} + type_list<pending<N, adjoint>>{})>{};
-            } else {
-                using more = typename children_contributions<
-                    N, adjoint, std::make_index_sequence<N::children::size>>::type;
-                // retain_grad nodes keep their adjoint for grad_into, and pass it on
-                using results = std::conditional_t<is_retained_v<N>,
-                                                   decltype(Results{} + type_list<pending<N, adjoint>>{}), Results>;
-                return reverse_state<decltype(rest{} + more{}), results>{};
-            }
-        }
-    }
-    using type = decltype(next());
+    using type = typename std::conditional_t<matched::size == 0,
+                                             std::type_identity<reverse_state<type_list<Ps...>, Results>>,
+                                             reverse_visit<N, matched, rest, Results>>::type;
 };
 
 template <class N, class State>
@@ -146,8 +154,8 @@ struct find_adjoint {
 };
 template <class Leaf, class... Rs>
 struct find_adjoint<Leaf, type_list<Rs...>> {
-    static constexpr std::size_t at = index_of_v<Leaf, type_list<typename Rs::target...>>;
-    using type = typename type_at_t<at, type_list<Rs..., pending<void, void>>>::contribution;
+    using type = typename type_at_t<index_of<Leaf, type_list<typename Rs::target...>>::value,
+                                    type_list<Rs..., pending<void, void>>>::contribution;
 };
 
 // The gradient of Leaf in canonical form: an elementwise node of the leaf's shape and dtype
@@ -176,7 +184,7 @@ struct shaped_seed<Root, constant<V>> {
 template <class Root, class Seed, class Leaf>
 constexpr auto gradient_expr() {
     using adjoint = typename find_adjoint<Leaf, leaf_adjoints_t<Root, typename shaped_seed<Root, Seed>::type>>::type;
-    if constexpr (std::is_void_v<adjoint>) return make_node<expand_op>(lit<0>, expr<Leaf>{});
+    if constexpr (__is_same(adjoint, void)) return make_node<expand_op>(lit<0>, expr<Leaf>{});
     else return canonical_gradient<Leaf, adjoint>();
 }
 

@@ -27,10 +27,14 @@ inline constexpr accumulate_t accumulate{};
 namespace detail {
 struct retain_grad_op;
 }
+namespace detail {
 template <class N>
-inline constexpr bool retained_node_v = false;
+struct retained_node_trait : std::false_type {};
 template <class X>
-inline constexpr bool retained_node_v<node<detail::retain_grad_op, X>> = true;
+struct retained_node_trait<node<retain_grad_op, X>> : std::true_type {};
+}  // namespace detail
+template <class N>
+concept retained_node_v = detail::retained_node_trait<N>::value;
 
 namespace detail {
 

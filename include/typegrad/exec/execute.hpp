@@ -147,7 +147,7 @@ struct operand_stub {
     static constexpr op_kind kind = Kind;
     static constexpr bool requires_grad = RequiresGrad;
     static constexpr bool contiguous = Contiguous;
-    static constexpr node_desc desc{no_children, 0, 0};
+    static constexpr node_desc desc{0, 0};
 };
 template <class V, class S, class Buf, op_kind Kind, bool RequiresGrad, bool Contiguous>
 struct buffer_type<operand_stub<V, S, Buf, Kind, RequiresGrad, Contiguous>> {
@@ -161,9 +161,9 @@ struct shallow_node;
 template <class Op, class... Cs>
 struct shallow_node<node<Op, Cs...>> {
     using type = node<Op, operand_stub_of<Cs>...>;
-    static_assert(std::is_same_v<typename type::value_type, typename node<Op, Cs...>::value_type> &&
-                      std::is_same_v<typename type::shape_type, typename node<Op, Cs...>::shape_type> &&
-                      std::is_same_v<buffer_t<type>, buffer_t<node<Op, Cs...>>>,
+    static_assert(__is_same(typename type::value_type, typename node<Op, Cs...>::value_type) &&
+                      __is_same(typename type::shape_type, typename node<Op, Cs...>::shape_type) &&
+                      __is_same(buffer_t<type>, buffer_t<node<Op, Cs...>>),
                   "typegrad: internal: an op's result type depends on more than its operands' dtypes and shapes");
 };
 template <class N>
@@ -224,22 +224,44 @@ template <class S>
 }
 
 using node_fn = void (*)(const node_call&);
+// Keyed by the shallow node (node_fns_of): a static member per node of a plan would be named
+// with the node's subgraph.
 template <class N, op_kind Kind = N::kind>
 struct node_fns {
     static constexpr node_fn shape = nullptr, run = nullptr, meta = nullptr;
 };
 template <class N>
 struct node_fns<N, op_kind::view> {
-    static constexpr node_fn shape = &node_shape<shallow_t<N>>, run = nullptr, meta = nullptr;
+    static constexpr node_fn shape = &node_shape<N>, run = nullptr, meta = nullptr;
 };
 template <class N>
 struct node_fns<N, op_kind::kernel> {
-    static constexpr node_fn shape = &node_shape<shallow_t<N>>, run = &node_run<shallow_t<N>>, meta = nullptr;
+    static constexpr node_fn shape = &node_shape<N>, run = &node_run<N>, meta = nullptr;
 };
 template <class N>
 struct node_fns<N, op_kind::meta> {
-    static constexpr node_fn shape = nullptr, run = nullptr, meta = &node_meta<shallow_t<N>>;
+    static constexpr node_fn shape = nullptr, run = nullptr, meta = &node_meta<N>;
 };
+
+struct no_node_fns {
+    static constexpr node_fn shape = nullptr, run = nullptr, meta = nullptr;
+};
+template <class N>
+struct node_fns_of {
+    using type = no_node_fns;  // leaves and constants
+};
+template <bool HasRoutine, class N>
+struct routine_fns {
+    using type = no_node_fns;  // elementwise and reductions run in loops
+};
+template <class N>
+struct routine_fns<true, N> {
+    using type = node_fns<shallow_t<N>>;
+};
+template <class Op, class... Cs>
+struct node_fns_of<node<Op, Cs...>>
+    : routine_fns<Op::kind == op_kind::view || Op::kind == op_kind::kernel || Op::kind == op_kind::meta,
+                  node<Op, Cs...>> {};
 
 // The per-node routines of a plan and their operand tables: data, one symbol each per plan.
 template <class PP>
@@ -262,15 +284,15 @@ struct node_tables {
     }();
     template <std::size_t... Is>
     static constexpr std::array<node_fn, PP::M + 1> shapes(std::index_sequence<Is...>) {
-        return {node_fns<typename prog::template node_at<Is>>::shape..., nullptr};
+        return {node_fns_of<typename prog::template node_at<Is>>::type::shape..., nullptr};
     }
     template <std::size_t... Is>
     static constexpr std::array<node_fn, PP::M + 1> runs(std::index_sequence<Is...>) {
-        return {node_fns<typename prog::template node_at<Is>>::run..., nullptr};
+        return {node_fns_of<typename prog::template node_at<Is>>::type::run..., nullptr};
     }
     template <std::size_t... Is>
     static constexpr std::array<node_fn, PP::M + 1> metas(std::index_sequence<Is...>) {
-        return {node_fns<typename prog::template node_at<Is>>::meta..., nullptr};
+        return {node_fns_of<typename prog::template node_at<Is>>::type::meta..., nullptr};
     }
     static constexpr auto shape = shapes(std::make_index_sequence<PP::M>{});
     static constexpr auto run = runs(std::make_index_sequence<PP::M>{});
@@ -422,40 +444,15 @@ void check_buffer(const typename PP::state_type& st, std::size_t n) {
 }
 
 // The loops of a plan: their kernels and operand tables (node ids and extent offsets, one flat
-// array per plan).
+// array per plan; loop l's starts at 2 * layout.op_start[l] and holds n_ops + 1 of each).
 template <class PP, class AccumulateMask, bool Check>
 struct loop_tables {
-    static constexpr std::size_t count = PP::plan.loop_count;
+    using layout = loop_layout<PP, AccumulateMask, Check>;
     template <std::size_t... Ls>
-    static constexpr std::array<std::size_t, count + 1> sizes(std::index_sequence<Ls...>) {
-        return {(loop_signature<PP, Ls, AccumulateMask, Check>::n_ops + 1)..., 0};
+    static constexpr std::array<void (*)(const loop_args&), layout::count + 1> make_fns(std::index_sequence<Ls...>) {
+        return {&loop_kernel_of<layout, Ls>::type::run..., nullptr};
     }
-    static constexpr auto size = sizes(std::make_index_sequence<count>{});
-    static constexpr std::array<std::size_t, count + 1> start = [] {
-        std::array<std::size_t, count + 1> r{};
-        for (std::size_t l = 0; l < count; ++l) r[l + 1] = r[l] + 2 * size[l];
-        return r;
-    }();
-    template <std::size_t... Ls>
-    static constexpr auto make_ids(std::index_sequence<Ls...>) {
-        std::array<std::size_t, start[count] + 1> r{};
-        [[maybe_unused]] auto put = [&](std::size_t l, const auto& node, const auto& offset) {
-            for (std::size_t i = 0; i < size[l]; ++i) {
-                r[start[l] + i] = node[i];
-                r[start[l] + size[l] + i] = offset[i];
-            }
-        };
-        [[maybe_unused]] const int in_order[] = {
-            0, (put(Ls, loop_signature<PP, Ls, AccumulateMask, Check>::node,
-                    loop_signature<PP, Ls, AccumulateMask, Check>::offset), 0)...};
-        return r;
-    }
-    static constexpr auto ids = make_ids(std::make_index_sequence<count>{});
-    template <std::size_t... Ls>
-    static constexpr std::array<void (*)(const loop_args&), count + 1> make_fns(std::index_sequence<Ls...>) {
-        return {&loop_signature<PP, Ls, AccumulateMask, Check>::kernel::run..., nullptr};
-    }
-    static constexpr auto fns = make_fns(std::make_index_sequence<count>{});
+    static constexpr auto fns = make_fns(std::make_index_sequence<layout::count>{});
 };
 
 // The plan's work in order: a run-time walk over constexpr tables, so no function is
@@ -467,9 +464,10 @@ void run_loops(typename PP::state_type& st) {
     for (std::size_t i = 0; i < items; ++i) {
         const step_item item = schedule_v<PP>[i];
         if (item.is_loop) {
-            const std::size_t* ids = loops::ids.data() + loops::start[item.index];
+            constexpr auto& t = loops::layout::table;
+            const std::size_t* ids = t.ids.data() + 2 * t.op_start[item.index];
             const loop_args args{st.ptr.data(), st.out.data(), st.ext.data(), st.stride.data(), ids,
-                                 ids + loops::size[item.index]};
+                                 ids + t.n_ops[item.index] + 1};
             loops::fns[item.index](args);
             if constexpr (Check) {
                 const loop_plan& lp = PP::plan.loops[item.index];

@@ -3,6 +3,7 @@
 // before parents), and every graph algorithm after this point is a constexpr function over
 // std::arrays of those ids. Only kernels go back from an id to its node type.
 #include <array>
+#include <cstdint>
 #include <cstddef>
 #include <string_view>
 #include <vector>
@@ -54,37 +55,87 @@ struct node_info {
     dtype_code value = dtype_code::other;   // its dtype (a bf16 reduction: value bf16, buffer f32)
     std::size_t extra_bytes = 0;  // kept after the elements (a custom op's saved values)
     std::string_view name{};
+    std::uint64_t constant_bits = 0;  // a constant's value (its double's bits)
 };
 
-// Node N's row; `child` holds the ids of its operands (from the graph's topological table).
-template <class N>
-constexpr node_info make_node_info(const std::size_t* child) {
-    node_info r;
-    r.kind = N::kind;
-    r.elem_size = sizeof(buffer_t<N>);
-    r.buffer = dtype_code_of<buffer_t<N>>();
-    r.value = dtype_code_of<storage_t<typename N::value_type>>();
-    r.rank = N::shape_type::rank;
-    for (std::size_t i = 0; i < r.rank; ++i) r.ext[i] = N::shape_type::extents[i];
-    if constexpr (is_leaf_v<N>) {
-        r.name = N::name();
-        r.is_param = N::role == leaf_role::param;
-    } else if constexpr (is_constant_v<N>) {
-        r.name = "constant";
-    } else {
-        using children = typename N::children;
-        static_assert(children::size <= max_arity, "typegrad: internal: an op has more operands than max_arity");
-        r.arity = children::size;
-        for (std::size_t i = 0; i < r.arity; ++i) {
-            r.child[i] = child[i];
-            r.shape_only[i] = N::op::shape_only(i);
-        }
-        if constexpr (N::kind == op_kind::reduce) r.combine = N::op::combine;
-        if constexpr (requires { N::op::extra_bytes; }) r.extra_bytes = N::op::extra_bytes;
-        r.name = N::op::name;
-    }
-    return r;
+// Node N's row, without its operand ids. A class template's constant, not a function: a function
+// instantiated for a node type is named (mangled) with the node's whole subtree spelled out, at a
+// cost that grows with the subtree, and g++ names every function it instantiates.
+template <class Shape>
+constexpr std::array<std::size_t, max_rank> static_extents() {
+    std::array<std::size_t, max_rank> e{};
+    for (std::size_t i = 0; i < Shape::rank; ++i) e[i] = Shape::extents[i];
+    return e;
 }
+template <class Op, std::size_t Arity>
+constexpr std::array<bool, max_arity> shape_only_flags() {
+    std::array<bool, max_arity> f{};
+    for (std::size_t i = 0; i < Arity; ++i) f[i] = Op::shape_only(i);
+    return f;
+}
+template <class Op>
+constexpr reduce_kind combine_of() {
+    if constexpr (Op::kind == op_kind::reduce) return Op::combine;
+    else return reduce_kind::sum;
+}
+template <class Op>
+constexpr std::size_t extra_bytes_of() {
+    if constexpr (requires { Op::extra_bytes; }) return Op::extra_bytes;
+    else return 0;
+}
+// Rows are keyed by what they depend on (for an op node: the op, its arity, its shape, dtype and
+// buffer type), never by the node type itself.
+template <class Op, std::size_t Arity, class Shape, class Value, class Buffer>
+struct op_row_key {};
+template <class N>
+struct row_key {
+    using type = N;  // leaves and constants are small types
+};
+template <class Op, class... Cs>
+struct row_key<node<Op, Cs...>> {
+    using N = node<Op, Cs...>;
+    using type = op_row_key<Op, sizeof...(Cs), typename N::shape_type, typename N::value_type, buffer_t<N>>;
+};
+template <class Key>
+struct node_row;
+template <class Name, class T, class S, leaf_role R>
+struct node_row<leaf<Name, T, S, R>> {
+    using N = leaf<Name, T, S, R>;
+    static constexpr node_info value{.kind = op_kind::leaf,
+                                     .rank = S::rank,
+                                     .ext = static_extents<S>(),
+                                     .is_param = R == leaf_role::param,
+                                     .elem_size = sizeof(buffer_t<N>),
+                                     .buffer = dtype_code_of<buffer_t<N>>(),
+                                     .value = dtype_code_of<storage_t<T>>(),
+                                     .name = N::name()};
+};
+template <std::uint64_t V>
+struct node_row<constant<V>> {
+    using N = constant<V>;
+    static constexpr node_info value{.kind = op_kind::constant,
+                                     .rank = 0,
+                                     .elem_size = sizeof(buffer_t<N>),
+                                     .buffer = dtype_code_of<buffer_t<N>>(),
+                                     .value = dtype_code_of<storage_t<typename N::value_type>>(),
+                                     .name = "constant",
+                                     .constant_bits = V};
+};
+template <class Op, std::size_t Arity, class Shape, class Value, class Buffer>
+struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
+    static_assert(Arity <= max_arity, "typegrad: internal: an op has more operands than max_arity");
+    static constexpr node_info value{.kind = Op::kind,
+                                     .arity = Arity,
+                                     .shape_only = shape_only_flags<Op, Arity>(),
+                                     .rank = Shape::rank,
+                                     .ext = static_extents<Shape>(),
+                                     .combine = combine_of<Op>(),
+                                     .elem_size = sizeof(Buffer),
+                                     .buffer = dtype_code_of<Buffer>(),
+                                     .value = dtype_code_of<storage_t<Value>>(),
+                                     .extra_bytes = extra_bytes_of<Op>(),
+                                     .name = Op::name};
+};
 
 // The flat program of a graph (a topo<Roots...>): its nodes in topological order and one
 // node_info row per node.
@@ -96,7 +147,10 @@ struct program<Topo, type_list<Ns...>> {
     static constexpr std::size_t size = sizeof...(Ns);
     template <std::size_t... Is>
     static constexpr std::array<node_info, size> make_info(std::index_sequence<Is...>) {
-        return {make_node_info<Ns>(Topo::table.child.data() + Is * max_arity)...};
+        std::array<node_info, size> r{node_row<typename row_key<Ns>::type>::value...};
+        for (std::size_t i = 0; i < size; ++i)
+            for (std::size_t k = 0; k < r[i].arity; ++k) r[i].child[k] = Topo::table.child[i * max_arity + k];
+        return r;
     }
     static constexpr std::array<node_info, size> info = make_info(std::index_sequence_for<Ns...>{});
     template <std::size_t I>

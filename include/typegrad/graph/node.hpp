@@ -5,10 +5,13 @@
 // structural hash), formed bottom-up as the user's expression is written. Graph algorithms
 // (graph/topo.hpp) walk descriptors as plain constexpr data, so no template is instantiated per
 // node and per graph, and nothing recurses through the depth of a graph.
+#include <array>
 #include <bit>
 #include <concepts>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <typegrad/core/dtype.hpp>
@@ -24,9 +27,9 @@ namespace detail {
 // What graph algorithms see of a node type: its operands and a hash of its structure (equal
 // types have equal hashes; distinct types rarely do). Its address is the type's identity.
 struct node_desc {
-    const node_desc* const* child;
     std::size_t arity;
     std::uint64_t hash;
+    std::array<const node_desc*, max_arity> child{};
 };
 constexpr std::uint64_t hash_mix(std::uint64_t h, std::uint64_t v) {
     h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -42,7 +45,6 @@ constexpr std::uint64_t hash_shape(std::uint64_t h) {
     for (std::size_t a = 0; a < Shape::rank; ++a) h = hash_mix(h, Shape::extents[a]);
     return h;
 }
-inline constexpr const node_desc* no_children[1] = {nullptr};
 }  // namespace detail
 // elementwise: fused into loops; reduce: ends a loop; meta: a scalar computed from shapes;
 // view: a zero-copy reinterpretation (strides) of a materialised value; kernel: its own routine
@@ -84,7 +86,7 @@ struct leaf {
     static constexpr bool contiguous = true;
     static constexpr std::string_view name() { return Name::view(); }
     static constexpr detail::node_desc desc{
-        detail::no_children, 0,
+        0,
         detail::hash_shape<Shape>(detail::hash_text(detail::hash_mix(1, std::size_t(Role) * 16 + sizeof(T)), Name::view()))};
 };
 
@@ -109,69 +111,95 @@ struct constant {
     static constexpr bool requires_grad = false;
     static constexpr double value = std::bit_cast<double>(Bits);
     static constexpr bool contiguous = true;
-    static constexpr detail::node_desc desc{detail::no_children, 0, detail::hash_mix(2, Bits)};
+    static constexpr detail::node_desc desc{0, detail::hash_mix(2, Bits)};
 };
 
 namespace detail {
-template <class Op, class... Cs>
-constexpr bool any_value_child_requires_grad() {
-    return [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-        return ((!Op::shape_only(Is) && Cs::requires_grad) || ...);
-    }(std::index_sequence_for<Cs...>{});
+// A node's flags from its op and its operands' flags: functions of the op alone (a function of
+// the operand types would be named with their subgraphs), and a base class keyed by the values
+// holds them (so they are not variables of each node type).
+template <class Op>
+constexpr bool value_child_requires_grad(std::initializer_list<bool> child_requires_grad) {
+    std::size_t i = 0;
+    for (bool r : child_requires_grad) {
+        if (r && !Op::shape_only(i)) return true;
+        ++i;
+    }
+    return false;
 }
-}  // namespace detail
-
-namespace detail {
-template <class Op, class... Cs>
-constexpr bool node_contiguous() {
-    if constexpr (Op::kind == op_kind::view) return Op::keeps_contiguity && (Cs::contiguous && ...);
-    else return true;
+template <class Op>
+constexpr bool node_contiguous(std::initializer_list<bool> child_contiguous) {
+    if constexpr (Op::kind == op_kind::view) {
+        if (!Op::keeps_contiguity) return false;
+        for (bool c : child_contiguous)
+            if (!c) return false;
+    }
+    return true;
 }
+template <op_kind Kind, bool RequiresGrad, bool Contiguous>
+struct node_flags {
+    static constexpr op_kind kind = Kind;
+    static constexpr bool requires_grad = RequiresGrad;
+    // Row-major and dense when materialised (views may permute or skip).
+    static constexpr bool contiguous = Contiguous;
+};
 }  // namespace detail
 
 template <class Op, class... Children>
-struct node {
+struct node
+    : detail::node_flags<Op::kind,
+                         Op::differentiable && detail::value_child_requires_grad<Op>(
+                                                   std::initializer_list<bool>{Children::requires_grad...}),
+                         detail::node_contiguous<Op>(std::initializer_list<bool>{Children::contiguous...})> {
     using op = Op;
     using children = detail::type_list<Children...>;
     using rule = typename Op::template rule<Children...>;
     using value_type = typename rule::value_type;
     using shape_type = typename rule::shape_type;
-    static constexpr op_kind kind = Op::kind;
-    static constexpr bool requires_grad =
-        Op::differentiable && detail::any_value_child_requires_grad<Op, Children...>();
-    // Row-major and dense when materialised (views may permute or skip).
-    static constexpr bool contiguous = detail::node_contiguous<Op, Children...>();
-    static constexpr const detail::node_desc* child_desc[sizeof...(Children) + 1] = {&Children::desc..., nullptr};
     static constexpr detail::node_desc desc{
-        child_desc, sizeof...(Children),
-        detail::hash_shape<shape_type>((detail::hash_mix(std::uint64_t(Op::kind) + 3, Children::desc.hash) ^ ... ^ 0))};
+        sizeof...(Children),
+        detail::hash_shape<shape_type>((detail::hash_mix(std::uint64_t(Op::kind) + 3, Children::desc.hash) ^ ... ^ 0)),
+        {&Children::desc...}};
 };
 
 // The user-facing handle. Empty: the whole expression is its type.
+namespace detail {
+template <bool RequiresGrad>
+struct grad_flag {
+    static constexpr bool requires_grad = RequiresGrad;
+};
+}  // namespace detail
 template <class Node>
-struct expr {
+struct expr : detail::grad_flag<Node::requires_grad> {
     using node_type = Node;
     using value_type = typename Node::value_type;
     using shape_type = typename Node::shape_type;
-    static constexpr bool requires_grad = Node::requires_grad;
 };
 
+// Kind tests. Concepts over class traits, not variable templates: g++ names (mangles) every
+// variable it instantiates, and a node type's name spells its whole subgraph.
+namespace detail {
 template <class T>
-inline constexpr bool is_expr_v = false;
+struct is_expr_trait : std::false_type {};
 template <class N>
-inline constexpr bool is_expr_v<expr<N>> = true;
+struct is_expr_trait<expr<N>> : std::true_type {};
+template <class T>
+struct is_leaf_trait : std::false_type {};
+template <class Name, class T, class S, leaf_role R>
+struct is_leaf_trait<leaf<Name, T, S, R>> : std::true_type {};
+template <class T>
+struct is_constant_trait : std::false_type {};
+template <std::uint64_t V>
+struct is_constant_trait<constant<V>> : std::true_type {};
+}  // namespace detail
+template <class T>
+concept is_expr_v = detail::is_expr_trait<T>::value;
 template <class T>
 concept expression = is_expr_v<std::remove_cvref_t<T>>;
-
 template <class T>
-inline constexpr bool is_leaf_v = false;
-template <class Name, class T, class S, leaf_role R>
-inline constexpr bool is_leaf_v<leaf<Name, T, S, R>> = true;
-
+concept is_leaf_v = detail::is_leaf_trait<T>::value;
 template <class T>
-inline constexpr bool is_constant_v = false;
-template <std::uint64_t V>
-inline constexpr bool is_constant_v<constant<V>> = true;
+concept is_constant_v = detail::is_constant_trait<T>::value;
 
 // Leaves. `param` requires grad, `input` does not.
 template <fixed_string Name, class T, class Shape = scalar_shape>
@@ -187,12 +215,15 @@ template <class Op, class... Es>
 constexpr expr<node<Op, typename Es::node_type...>> make_node(Es...) {
     return {};
 }
-// The scalar value of a constant node, or nothing.
+// The scalar value of a constant node (NaN for any other node, equal to nothing): a class keyed
+// by the constant, not a function of the node type.
+struct not_a_constant {
+    static constexpr double value = __builtin_nan("");
+};
 template <class N>
-inline constexpr bool is_constant_value(double v) {
-    if constexpr (is_constant_v<N>) return N::value == v;
-    else return false;
-}
+struct constant_of : not_a_constant {};
+template <std::uint64_t V>
+struct constant_of<constant<V>> : constant<V> {};
 }  // namespace detail
 
 }  // namespace typegrad

@@ -12,10 +12,14 @@
 
 namespace typegrad::detail {
 
-template <class... Ts>
-struct type_list {
-    static constexpr std::size_t size = sizeof...(Ts);
+template <std::size_t N>
+struct list_size {
+    static constexpr std::size_t size = N;
 };
+// `size` lives in a base shared by all lists of that length (a static member of the list itself
+// would be a variable named with the whole list).
+template <class... Ts>
+struct type_list : list_size<sizeof...(Ts)> {};
 
 template <class... As, class... Bs>
 constexpr type_list<As..., Bs...> operator+(type_list<As...>, type_list<Bs...>) {
@@ -23,22 +27,23 @@ constexpr type_list<As..., Bs...> operator+(type_list<As...>, type_list<Bs...>) 
 }
 
 
-// Position of T in the list (size when absent).
+// Position of T in the list (size when absent). A base class holds the value and contains_v is
+// a concept: g++ names (mangles) every variable it instantiates, and a name holding a graph-sized
+// list is long, so nothing here is a variable per (T, List).
+constexpr std::size_t first_true(std::initializer_list<bool> hits) {
+    std::size_t i = 0;
+    for (bool h : hits) {
+        if (h) return i;
+        ++i;
+    }
+    return i;
+}
 template <class T, class List>
 struct index_of;
 template <class T, class... Ts>
-struct index_of<T, type_list<Ts...>> {
-    static constexpr std::size_t value = [] {
-        constexpr bool hits[] = {__is_same(T, Ts)..., true};
-        std::size_t i = 0;
-        while (!hits[i]) ++i;
-        return i;
-    }();
-};
+struct index_of<T, type_list<Ts...>> : std::integral_constant<std::size_t, first_true({__is_same(T, Ts)...})> {};
 template <class T, class List>
-inline constexpr std::size_t index_of_v = index_of<T, List>::value;
-template <class T, class List>
-inline constexpr bool contains_v = index_of<T, List>::value < List::size;
+concept contains_v = index_of<T, List>::value < List::size;
 
 // Pack helpers without fold expressions: a call may carry hundreds of bindings, a plan hundreds
 // of steps, and clang nests a fold's operands (256 at most).
@@ -57,7 +62,7 @@ constexpr bool all_true(std::initializer_list<bool> flags) { return count_true(f
 // No type appears twice.
 template <class... Ts>
 constexpr bool distinct() {
-    constexpr std::size_t at[] = {index_of_v<Ts, type_list<Ts...>>..., 0};
+    constexpr std::size_t at[] = {index_of<Ts, type_list<Ts...>>::value..., 0};
     for (std::size_t i = 0; i < sizeof...(Ts); ++i)
         if (at[i] != i) return false;
     return true;
@@ -90,32 +95,6 @@ struct type_at<I, type_list<Ts...>> {
 template <std::size_t I, class List>
 using type_at_t = typename type_at<I, List>::type;
 
-// The elements T of List with Pred<T>::value, in order: one array of flags and one pack
-// expansion (linear; no fold, no recursion).
-template <class List, template <class> class Pred>
-struct filter;
-template <class... Ts, template <class> class Pred>
-struct filter<type_list<Ts...>, Pred> {
-    static constexpr std::array<bool, sizeof...(Ts) + 1> keep{bool(Pred<Ts>::value)..., false};
-    static constexpr std::size_t count = [] {
-        std::size_t n = 0;
-        for (std::size_t i = 0; i < sizeof...(Ts); ++i) n += keep[i];
-        return n;
-    }();
-    static constexpr auto pos = [] {
-        std::array<std::size_t, count + 1> p{};
-        std::size_t n = 0;
-        for (std::size_t i = 0; i < sizeof...(Ts); ++i)
-            if (keep[i]) p[n++] = i;
-        return p;
-    }();
-    template <std::size_t... Ks>
-    static type_list<type_at_t<pos[Ks], type_list<Ts...>>...> pick(std::index_sequence<Ks...>);
-    using type = decltype(pick(std::make_index_sequence<count>{}));
-};
-template <class List, template <class> class Pred>
-using filter_t = typename filter<List, Pred>::type;
-
 // The concatenation of type_lists, four at a time (a fold would hit clang's nesting limit with
 // hundreds of lists, e.g. one per argument of a call).
 template <class... Lists>
@@ -138,7 +117,26 @@ template <class... As, class... Bs, class... Cs, class... Ds, class... Rest>
 struct concat<type_list<As...>, type_list<Bs...>, type_list<Cs...>, type_list<Ds...>, Rest...> {
     using type = typename concat<type_list<As..., Bs..., Cs..., Ds...>, Rest...>::type;
 };
+template <class... As, class... Bs, class... Cs, class... Ds, class... Es, class... Fs, class... Gs, class... Hs,
+          class... Rest>
+struct concat<type_list<As...>, type_list<Bs...>, type_list<Cs...>, type_list<Ds...>, type_list<Es...>,
+              type_list<Fs...>, type_list<Gs...>, type_list<Hs...>, Rest...> {
+    using type = typename concat<type_list<As..., Bs..., Cs..., Ds..., Es..., Fs..., Gs..., Hs...>, Rest...>::type;
+};
 template <class... Lists>
 using concat_t = typename concat<Lists...>::type;
+
+// The elements T of List with Pred<T>::value, in order: the concatenation of one list per
+// element (its own or the empty one). Classes only: static arrays or functions per (List, Pred)
+// would be named (mangled) with the whole list.
+template <class List, template <class> class Pred>
+struct filter;
+template <class... Ts, template <class> class Pred>
+struct filter<type_list<Ts...>, Pred> {
+    using type = typename concat<std::conditional_t<bool(Pred<Ts>::value), type_list<Ts>, type_list<>>...>::type;
+};
+template <class List, template <class> class Pred>
+using filter_t = typename filter<List, Pred>::type;
+
 
 }  // namespace typegrad::detail

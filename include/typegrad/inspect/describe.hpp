@@ -67,20 +67,25 @@ struct node_facts {
     std::string (*dot_attributes)() = nullptr;  // describe_node_extra<Op>::dot_attributes
 };
 
-template <class N>
-constexpr node_facts facts_of() {
-    node_facts f;
-    f.dtype = dtype_name<typename N::value_type>();
-    if constexpr (is_leaf_v<N>) {
-        f.role = N::role;
-    } else if constexpr (is_constant_v<N>) {
-        f.value = N::value;
-    } else {
-        f.extra = &describe_node_extra<typename N::op>::text;
-        f.dot_attributes = &describe_node_extra<typename N::op>::dot_attributes;
-    }
-    return f;
-}
+// Keyed by the node's row key (program.hpp): a function of the node type would be named with
+// its subgraph.
+template <class Key>
+struct facts_of;
+template <class Name, class T, class S, leaf_role R>
+struct facts_of<leaf<Name, T, S, R>> {
+    static constexpr node_facts value{.dtype = dtype_name<T>(), .role = R};
+};
+template <std::uint64_t V>
+struct facts_of<constant<V>> {
+    static constexpr node_facts value{.dtype = dtype_name<typename constant<V>::value_type>(),
+                                      .value = constant<V>::value};
+};
+template <class Op, std::size_t Arity, class Shape, class Value, class Buffer>
+struct facts_of<op_row_key<Op, Arity, Shape, Value, Buffer>> {
+    static constexpr node_facts value{.dtype = dtype_name<Value>(),
+                                      .extra = &describe_node_extra<Op>::text,
+                                      .dot_attributes = &describe_node_extra<Op>::dot_attributes};
+};
 
 // A plan_provider's plan, by address (`ids[i]`: the step_view id of the plan's node i).
 struct plan_ref {
@@ -115,12 +120,12 @@ constexpr plan_ref plan_ref_of(const ToView& ids) {
 
 template <class... Ns>
 constexpr std::array<node_facts, sizeof...(Ns)> facts_table(type_list<Ns...>) {
-    return {facts_of<Ns>()...};
+    return {facts_of<typename row_key<Ns>::type>::value...};
 }
 // Each node's id in Nodes (the first occurrence of its type).
 template <class Nodes, class... Ns>
 constexpr std::array<std::size_t, sizeof...(Ns)> id_table(type_list<Ns...>) {
-    return {index_of_v<Ns, Nodes>...};
+    return {index_of<Ns, Nodes>::value...};
 }
 template <class... Ls>
 constexpr std::array<std::string_view, sizeof...(Ls)> name_table(type_list<Ls...>) {
@@ -148,7 +153,7 @@ struct step_tables {
         r.size = m;
         r.joint = plan_ref_of<joint>(first);  // the joint program's ids are the view's ids
         r.fwd = plan_ref_of<fwd>(fwd_ids);
-        r.loss = index_of_v<typename Step::loss_node, nodes>;
+        r.loss = index_of<typename Step::loss_node, nodes>::value;
         r.wrt_names = wrt_names.data();
         r.wrt_ids = wrt_ids.data();
         r.wrt_count = wrt_names.size();

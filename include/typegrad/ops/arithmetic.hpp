@@ -61,8 +61,8 @@ constexpr auto operator+(A a, B b) {
     using NA = typename A::node_type;
     using NB = typename B::node_type;
     if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value + NB::value>;
-    else if constexpr (detail::is_constant_value<NB>(0.0)) return a;
-    else if constexpr (detail::is_constant_value<NA>(0.0)) return b;
+    else if constexpr ((detail::constant_of<NB>::value == 0.0)) return a;
+    else if constexpr ((detail::constant_of<NA>::value == 0.0)) return b;
     else return detail::make_node<detail::add_op>(a, b);
 }
 // Elementwise a - b, broadcast as operator+.
@@ -72,7 +72,7 @@ constexpr auto operator-(A a, B b) {
     using NA = typename A::node_type;
     using NB = typename B::node_type;
     if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value - NB::value>;
-    else if constexpr (detail::is_constant_value<NB>(0.0)) return a;
+    else if constexpr ((detail::constant_of<NB>::value == 0.0)) return a;
     else return detail::make_node<detail::sub_op>(a, b);
 }
 // Elementwise a * b, broadcast as operator+.
@@ -82,8 +82,8 @@ constexpr auto operator*(A a, B b) {
     using NA = typename A::node_type;
     using NB = typename B::node_type;
     if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value * NB::value>;
-    else if constexpr (detail::is_constant_value<NB>(1.0)) return a;
-    else if constexpr (detail::is_constant_value<NA>(1.0)) return b;
+    else if constexpr ((detail::constant_of<NB>::value == 1.0)) return a;
+    else if constexpr ((detail::constant_of<NA>::value == 1.0)) return b;
     else return detail::make_node<detail::mul_op>(a, b);
 }
 // Elementwise a / b, broadcast as operator+.
@@ -93,7 +93,7 @@ constexpr auto operator/(A a, B b) {
     using NA = typename A::node_type;
     using NB = typename B::node_type;
     if constexpr (is_constant_v<NA> && is_constant_v<NB>) return lit<NA::value / NB::value>;
-    else if constexpr (detail::is_constant_value<NB>(1.0)) return a;
+    else if constexpr ((detail::constant_of<NB>::value == 1.0)) return a;
     else return detail::make_node<detail::div_op>(a, b);
 }
 // Elementwise negation.
@@ -111,13 +111,13 @@ constexpr auto neg(A a) { return -a; }
 // Plain numbers are not graph values: say what to write instead.
 #define TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(op)                                                \
     template <expression A, class S>                                                              \
-        requires std::is_arithmetic_v<S>                                                          \
+        requires std::is_arithmetic<S>::value                                                          \
     constexpr auto operator op(A, S) {                                                            \
         TYPEGRAD_DETAIL_NO_RUNTIME_NUMBER("operator" #op "(expression, number)");                 \
         return A{};                                                                               \
     }                                                                                             \
     template <class S, expression A>                                                              \
-        requires std::is_arithmetic_v<S>                                                          \
+        requires std::is_arithmetic<S>::value                                                          \
     constexpr auto operator op(S, A) {                                                            \
         TYPEGRAD_DETAIL_NO_RUNTIME_NUMBER("operator" #op "(number, expression)");                 \
         return A{};                                                                               \

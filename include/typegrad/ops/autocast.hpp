@@ -216,9 +216,11 @@ struct rewrite_node<Spec, node<Op, Cs...>, type_list<Ns...>> {
 
 // Whether N is in the graph Fixed (a topo struct; void: none).
 template <class Fixed, class N>
-inline constexpr bool is_fixed_v = Fixed::template id_of<N> != no_parent;
+struct is_fixed_trait : std::bool_constant<Fixed::template id_of<N> != no_parent> {};
 template <class N>
-inline constexpr bool is_fixed_v<void, N> = false;
+struct is_fixed_trait<void, N> : std::false_type {};
+template <class Fixed, class N>
+concept is_fixed_v = is_fixed_trait<Fixed, N>::value;
 
 template <class Spec, class Graph, class Fixed, std::size_t I,
           class Old = typename topo_at<Graph, I>::type, bool Keep = is_fixed_v<Fixed, Old>>
@@ -259,9 +261,11 @@ template <class... Ns>
 auto nested_regions(type_list<Ns...>) -> graph_of_t<concat_t<typename region_contents<Ns>::type...>>;
 
 template <class N>
-inline constexpr bool is_marker_node_v = false;
+struct is_marker_node_trait : std::false_type {};
 template <class Op, class... Cs>
-inline constexpr bool is_marker_node_v<node<Op, Cs...>> = is_autocast_marker_v<Op>;
+struct is_marker_node_trait<node<Op, Cs...>> : std::bool_constant<is_autocast_marker_v<Op>> {};
+template <class N>
+concept is_marker_node_v = is_marker_node_trait<N>::value;
 template <class... Ns>
 constexpr bool has_markers(type_list<Ns...>) {
     constexpr bool marker[] = {is_marker_node_v<Ns>..., false};

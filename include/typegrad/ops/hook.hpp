@@ -160,10 +160,13 @@ struct post_accumulate_hook_op : elementwise_op {
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) { return g; }
 };
+// Node-kind tests are concepts over class traits (no variable named by a node type; see node.hpp).
 template <class N>
-inline constexpr bool is_post_hook_v = false;
+struct is_post_hook_trait : std::false_type {};
 template <class... Fs, class X>
-inline constexpr bool is_post_hook_v<node<post_accumulate_hook_op<Fs...>, X>> = true;
+struct is_post_hook_trait<node<post_accumulate_hook_op<Fs...>, X>> : std::true_type {};
+template <class N>
+concept is_post_hook_v = is_post_hook_trait<N>::value;
 
 // post_accumulate_grad_hook(post_accumulate_grad_hook(p, f), g): one node with f, g.
 template <class N, class F>
@@ -192,9 +195,11 @@ struct retain_grad_op : elementwise_op {
     static constexpr auto vjp(G g, Out, X) { return g; }
 };
 template <class N>
-inline constexpr bool is_retained_v = false;
+struct is_retained_trait : std::false_type {};
 template <class X>
-inline constexpr bool is_retained_v<node<retain_grad_op, X>> = true;
+struct is_retained_trait<node<retain_grad_op, X>> : std::true_type {};
+template <class N>
+concept is_retained_v = is_retained_trait<N>::value;
 
 }  // namespace detail
 

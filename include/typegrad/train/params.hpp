@@ -617,7 +617,7 @@ template <class List> struct post_hooked_leaves;
 template <class... Ns>
 struct post_hooked_leaves<type_list<Ns...>> {
     using type = decltype((type_list<>{} + ... +
-                           std::conditional_t<std::is_void_v<typename post_hooked_leaf<Ns>::type>, type_list<>,
+                           std::conditional_t<__is_same(typename post_hooked_leaf<Ns>::type, void), type_list<>,
                                               type_list<typename post_hooked_leaf<Ns>::type>>{}));
 };
 template <class Leaf>

@@ -427,154 +427,180 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     }
 };
 
-template <std::array<std::size_t, max_arity> Slots, std::size_t N, class = std::make_index_sequence<N>>
-struct slot_sequence;
-template <std::array<std::size_t, max_arity> Slots, std::size_t N, std::size_t... Ks>
-struct slot_sequence<Slots, N, std::index_sequence<Ks...>> {
-    using type = std::index_sequence<Slots[Ks]...>;
-};
-
-// Loop L of a plan as a signature: `kernel` (the loop_kernel type), and the run-time operand
-// table (`node`, `offset`). A class used only at compile time: its long name is never emitted.
+// ---- a plan's loops as signatures -------------------------------------------------------------
+//
+// Every loop of a plan is described by integers, computed once per plan in flat tables
+// (loop_layout): its operands' node ids and extent offsets (read at run time), the node ids of
+// its body, and its descriptor (part of its kernel's type). Each loop's kernel type is then
+// derived by classes that hold type aliases only (loop_kernel_of, body_instr). g++ gives every
+// function and static variable it instantiates a mangled name, and a name that holds the plan
+// is O(N) long: a static member or function per loop of a plan would be O(N^2) symbol text
+// (it was most of a 4-block model's compile time), while a type alias is never named.
 // PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
 // rank_offset (array: start of each node's extents in exec_state::ext), value_type.
 // Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
-template <class PP, std::size_t L, class AccumulateMask, bool Check>
-struct loop_signature {
+struct loop_counts {
+    std::size_t n_in = 0, n_body = 0, n_red = 0, n_mat = 0, n_store = 0;
+    constexpr std::size_t n_ops() const { return n_in + n_red + n_mat + n_store; }
+    constexpr std::size_t desc_size() const {
+        return loop_desc::header + 4 * n_ops() + 2 * n_red + n_mat + 2 * n_store;
+    }
+};
+constexpr loop_counts counts_of(const loop_plan& lp) {
+    return {lp.in_end - lp.in_begin, lp.body_end - lp.body_begin, lp.red_end - lp.red_begin,
+            lp.mat_end - lp.mat_begin, lp.store_end - lp.store_begin};
+}
+struct loop_totals {
+    std::size_t ops = 0, body = 0, desc = 0;
+};
+template <std::size_t L>
+constexpr loop_totals totals_of(const std::array<loop_plan, L>& loops, std::size_t count) {
+    loop_totals t;
+    for (std::size_t l = 0; l < count; ++l) {
+        const loop_counts c = counts_of(loops[l]);
+        t.ops += c.n_ops() + 1;
+        t.body += c.n_body;
+        t.desc += c.desc_size();
+    }
+    return t;
+}
+
+template <class PP, class AccumulateMask, bool Check>
+struct loop_layout {
     using prog = typename PP::program;
-    // A loop computes in its iteration node's compute type: double, or float for the float
-    // family (f32, bf16, f16 never meet f64). Operands convert from and to their buffers' types.
-    using T = compute_t<typename prog::template node_at<PP::plan.loops[L].iter>::value_type>;
-    static constexpr auto& info = prog::info;
-    static constexpr auto& plan = PP::plan;
-    static constexpr loop_plan lp = plan.loops[L];
-    static constexpr std::size_t n_in = lp.in_end - lp.in_begin;
-    static constexpr std::size_t n_body = lp.body_end - lp.body_begin;
-    static constexpr std::size_t n_red = lp.red_end - lp.red_begin;
-    static constexpr std::size_t n_mat = lp.mat_end - lp.mat_begin;
-    static constexpr std::size_t n_store = lp.store_end - lp.store_begin;
-    static constexpr std::size_t n_slots = n_in + n_body;
-    static constexpr std::size_t n_ops = n_in + n_red + n_mat + n_store;
-    static constexpr std::size_t iter_rank = info[lp.iter].rank;
-
-    static constexpr std::size_t slot_id(std::size_t s) {
-        return plan.members[s < n_in ? lp.in_begin + s : lp.body_begin + (s - n_in)];
-    }
-    static constexpr std::size_t slot_of(std::size_t id) {
-        for (std::size_t s = 0; s < n_slots; ++s)
-            if (slot_id(s) == id) return s;
-        return n_slots;  // unreachable for a valid plan
-    }
-    // Operand o: inputs, then reduction targets, materialisations, stores. Its node gives its shape.
-    static constexpr std::size_t operand_node(std::size_t o) {
-        if (o < n_in) return plan.members[lp.in_begin + o];
-        if (o < n_in + n_red) return plan.members[lp.red_begin + (o - n_in)];
-        if (o < n_in + n_red + n_mat) return plan.members[lp.mat_begin + (o - n_in - n_red)];
-        return PP::stores[plan.members[lp.store_begin + (o - n_in - n_red - n_mat)]];
-    }
-    static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
-        const node_info& p = info[operand_node(o)];
-        const node_info& f = info[lp.iter];
-        const std::size_t lead = f.rank - p.rank;
-        if (axis < lead) return true;
-        return p.ext[axis - lead] == 1 && f.ext[axis] != 1;
-    }
-    template <std::size_t O>
-    static constexpr std::size_t constant_bits() {
-        if constexpr (info[operand_node(O)].kind == op_kind::constant)
-            return std::bit_cast<std::size_t>(static_cast<double>(prog::template node_at<operand_node(O)>::value));
-        else return 0;
-    }
-    static constexpr std::size_t desc_size = loop_desc::header + 4 * n_ops + 2 * n_red + n_mat + 2 * n_store;
-    template <std::size_t... Os>
-    static constexpr std::array<std::size_t, desc_size> make_desc(std::index_sequence<Os...>) {
-        std::array<std::size_t, desc_size> r{};
-        r[loop_desc::iter_rank] = iter_rank;
-        r[loop_desc::n_in] = n_in;
-        r[loop_desc::n_body] = n_body;
-        r[loop_desc::n_red] = n_red;
-        r[loop_desc::n_mat] = n_mat;
-        r[loop_desc::n_store] = n_store;
-        constexpr std::array<std::size_t, n_ops + 1> bits{constant_bits<Os>()..., 0};
-        std::size_t k = loop_desc::header;
-        for (std::size_t o = 0; o < n_ops; ++o) {
-            const node_info& ni = info[operand_node(o)];
-            r[k++] = (o < n_in && ni.kind == op_kind::view ? loop_desc::flag_view : 0) |
-                     (ni.kind == op_kind::constant ? loop_desc::flag_constant : 0);
-            r[k++] = ni.rank;
-            std::size_t mask = 0;
-            for (std::size_t a = 0; a < iter_rank; ++a)
-                if (broadcast_axis(o, a)) mask |= std::size_t(1) << a;
-            r[k++] = mask;
-            r[k++] = bits[o];
-        }
-        for (std::size_t i = 0; i < n_red; ++i) {
-            const std::size_t node = plan.members[lp.red_begin + i];
-            r[k++] = static_cast<std::size_t>(info[node].combine);
-            r[k++] = slot_of(info[node].child[0]);
-        }
-        for (std::size_t i = 0; i < n_mat; ++i) r[k++] = slot_of(plan.members[lp.mat_begin + i]);
-        for (std::size_t i = 0; i < n_store; ++i) {
-            const std::size_t store_index = plan.members[lp.store_begin + i];
-            r[k++] = slot_of(PP::stores[store_index]);
-            r[k++] = AccumulateMask::test(store_index) ? 1 : 0;
-        }
-        return r;
-    }
-    static constexpr auto desc = make_desc(std::make_index_sequence<n_ops>{});
-    template <std::size_t... Ks>
-    static auto desc_seq(std::index_sequence<Ks...>) -> std::index_sequence<desc[Ks]...>;
-
-    // Positions of a node's value children (shape-only children are not evaluated).
-    struct picked_t {
-        std::array<std::size_t, max_arity> at{};
-        std::size_t n = 0;
+    static constexpr bool check = Check;
+    static constexpr std::size_t count = PP::plan.loop_count;
+    static constexpr loop_totals totals = totals_of(PP::plan.loops, count);
+    struct tables {
+        // per loop (count + 1 entries)
+        std::array<std::size_t, count + 1> op_start{}, n_ops{}, body_start{}, n_body{}, desc_start{},
+            desc_size{}, iter{};
+        // per operand (n_ops + 1 per loop): its node (for types), then the run-time table
+        // ids: node ids (stores: the store index) then extent offsets, n_ops + 1 each
+        std::array<std::size_t, totals.ops + 1> op_node{};
+        std::array<std::size_t, 2 * totals.ops + 1> ids{};
+        // per body node: its id, its value operands' slots
+        std::array<std::size_t, totals.body + 1> body_id{}, body_nslots{};
+        std::array<std::size_t, totals.body * max_arity + 1> body_slots{};
+        std::array<std::size_t, totals.desc + 1> desc{};
     };
-    template <std::size_t Id>
-    static constexpr picked_t picked = [] {
-        picked_t r;
-        for (std::size_t i = 0; i < info[Id].arity; ++i)
-            if (!info[Id].shape_only[i]) r.at[r.n++] = i;
-        return r;
-    }();
-    template <std::size_t B>
-    struct body_node {
-        static constexpr std::size_t id = slot_id(n_in + B);
-        using type = typename prog::template node_at<id>;
-        static constexpr std::array<std::size_t, max_arity> slots = [] {
-            std::array<std::size_t, max_arity> r{};
-            for (std::size_t k = 0; k < picked<id>.n; ++k) r[k] = slot_of(info[id].child[picked<id>.at[k]]);
-            return r;
-        }();
-        using instr = loop_instr<typename type::op, storage_t<typename type::value_type>, Check ? id : 0,
-                                 typename slot_sequence<slots, picked<id>.n>::type>;
-    };
-    template <std::size_t... Bs>
-    static auto body(std::index_sequence<Bs...>) -> type_list<typename body_node<Bs>::instr...>;
-    template <std::size_t... Os>
-    static auto bufs(std::index_sequence<Os...>) -> type_list<buffer_t<typename prog::template node_at<operand_node(Os)>>...>;
-    template <std::size_t... Os>
-    static auto vals(std::index_sequence<Os...>)
-        -> type_list<storage_t<typename prog::template node_at<operand_node(Os)>::value_type>...>;
+    static constexpr tables make() {
+        constexpr auto& info = prog::info;
+        constexpr auto& plan = PP::plan;
+        tables t;
+        std::size_t op = 0, body = 0, desc = 0;
+        for (std::size_t l = 0; l < count; ++l) {
+            const loop_plan& lp = plan.loops[l];
+            const loop_counts c = counts_of(lp);
+            const std::size_t n_ops = c.n_ops(), n_slots = c.n_in + c.n_body;
+            auto slot_id = [&](std::size_t s) {
+                return plan.members[s < c.n_in ? lp.in_begin + s : lp.body_begin + (s - c.n_in)];
+            };
+            auto slot_of = [&](std::size_t id) {
+                for (std::size_t s = 0; s < n_slots; ++s)
+                    if (slot_id(s) == id) return s;
+                return n_slots;  // unreachable for a valid plan
+            };
+            auto operand_node = [&](std::size_t o) -> std::size_t {
+                if (o < c.n_in) return plan.members[lp.in_begin + o];
+                if (o < c.n_in + c.n_red) return plan.members[lp.red_begin + (o - c.n_in)];
+                if (o < c.n_in + c.n_red + c.n_mat) return plan.members[lp.mat_begin + (o - c.n_in - c.n_red)];
+                return PP::stores[plan.members[lp.store_begin + (o - c.n_in - c.n_red - c.n_mat)]];
+            };
+            t.op_start[l] = op;
+            t.n_ops[l] = n_ops;
+            t.body_start[l] = body;
+            t.n_body[l] = c.n_body;
+            t.desc_start[l] = desc;
+            t.desc_size[l] = c.desc_size();
+            t.iter[l] = lp.iter;
+            // operands: node ids for the types and the run-time table
+            for (std::size_t o = 0; o < n_ops; ++o) {
+                t.op_node[op + o] = operand_node(o);
+                t.ids[2 * op + o] = o < c.n_in + c.n_red + c.n_mat
+                                        ? operand_node(o)
+                                        : plan.members[lp.store_begin + (o - c.n_in - c.n_red - c.n_mat)];
+                t.ids[2 * op + (n_ops + 1) + o] = PP::rank_offset[operand_node(o)];
+            }
+            t.ids[2 * op + (n_ops + 1) + n_ops] = PP::rank_offset[lp.iter];
+            // body nodes: their value children (shape-only children are not evaluated) as slots
+            for (std::size_t b = 0; b < c.n_body; ++b) {
+                const std::size_t id = slot_id(c.n_in + b);
+                t.body_id[body + b] = id;
+                std::size_t n = 0;
+                for (std::size_t i = 0; i < info[id].arity; ++i)
+                    if (!info[id].shape_only[i]) t.body_slots[(body + b) * max_arity + n++] = slot_of(info[id].child[i]);
+                t.body_nslots[body + b] = n;
+            }
+            // the descriptor (loop_desc's layout)
+            std::size_t* r = t.desc.data() + desc;
+            const node_info& f = info[lp.iter];
+            r[loop_desc::iter_rank] = f.rank;
+            r[loop_desc::n_in] = c.n_in;
+            r[loop_desc::n_body] = c.n_body;
+            r[loop_desc::n_red] = c.n_red;
+            r[loop_desc::n_mat] = c.n_mat;
+            r[loop_desc::n_store] = c.n_store;
+            std::size_t k = loop_desc::header;
+            for (std::size_t o = 0; o < n_ops; ++o) {
+                const node_info& ni = info[operand_node(o)];
+                r[k++] = (o < c.n_in && ni.kind == op_kind::view ? loop_desc::flag_view : 0) |
+                         (ni.kind == op_kind::constant ? loop_desc::flag_constant : 0);
+                r[k++] = ni.rank;
+                std::size_t mask = 0;
+                const std::size_t lead = f.rank - ni.rank;
+                for (std::size_t a = 0; a < f.rank; ++a)
+                    if (a < lead || (ni.ext[a - lead] == 1 && f.ext[a] != 1)) mask |= std::size_t(1) << a;
+                r[k++] = mask;
+                r[k++] = ni.kind == op_kind::constant ? ni.constant_bits : 0;
+            }
+            for (std::size_t i = 0; i < c.n_red; ++i) {
+                const std::size_t node = plan.members[lp.red_begin + i];
+                r[k++] = static_cast<std::size_t>(info[node].combine);
+                r[k++] = slot_of(info[node].child[0]);
+            }
+            for (std::size_t i = 0; i < c.n_mat; ++i) r[k++] = slot_of(plan.members[lp.mat_begin + i]);
+            for (std::size_t i = 0; i < c.n_store; ++i) {
+                const std::size_t store_index = plan.members[lp.store_begin + i];
+                r[k++] = slot_of(PP::stores[store_index]);
+                r[k++] = AccumulateMask::test(store_index) ? 1 : 0;
+            }
+            op += n_ops + 1;
+            body += c.n_body;
+            desc += c.desc_size();
+        }
+        t.op_start[count] = op;
+        return t;
+    }
+    static constexpr tables table = make();
+};
 
-    using kernel = loop_kernel<T, decltype(bufs(std::make_index_sequence<n_ops>{})),
-                               decltype(vals(std::make_index_sequence<n_ops>{})),
-                               decltype(body(std::make_index_sequence<n_body>{})),
-                               decltype(desc_seq(std::make_index_sequence<desc_size>{})), Check>;
-
-    // Run-time operand table: node ids (stores: store index) and extent offsets.
-    static constexpr std::array<std::size_t, n_ops + 1> node = [] {
-        std::array<std::size_t, n_ops + 1> r{};
-        for (std::size_t o = 0; o < n_ops; ++o)
-            r[o] = o < n_in + n_red + n_mat ? operand_node(o) : plan.members[lp.store_begin + (o - n_in - n_red - n_mat)];
-        return r;
-    }();
-    static constexpr std::array<std::size_t, n_ops + 1> offset = [] {
-        std::array<std::size_t, n_ops + 1> r{};
-        for (std::size_t o = 0; o < n_ops; ++o) r[o] = PP::rank_offset[operand_node(o)];
-        r[n_ops] = PP::rank_offset[lp.iter];
-        return r;
-    }();
+// Body node J of a layout as a loop_instr.
+template <class Layout, std::size_t J, class Ks = std::make_index_sequence<Layout::table.body_nslots[J]>>
+struct body_instr;
+template <class Layout, std::size_t J, std::size_t... Ks>
+struct body_instr<Layout, J, std::index_sequence<Ks...>> {
+    using node = typename Layout::prog::template node_at<Layout::table.body_id[J]>;
+    using type = loop_instr<typename node::op, storage_t<typename node::value_type>,
+                            Layout::check ? Layout::table.body_id[J] : 0,
+                            std::index_sequence<Layout::table.body_slots[J * max_arity + Ks]...>>;
+};
+// Loop L's kernel type. A loop computes in its iteration node's compute type: double, or float
+// for the float family (f32, bf16, f16 never meet f64); operands convert from and to their
+// buffers' types.
+template <class Layout, std::size_t L, class Os = std::make_index_sequence<Layout::table.n_ops[L]>,
+          class Bs = std::make_index_sequence<Layout::table.n_body[L]>,
+          class Ds = std::make_index_sequence<Layout::table.desc_size[L]>>
+struct loop_kernel_of;
+template <class Layout, std::size_t L, std::size_t... Os, std::size_t... Bs, std::size_t... Ds>
+struct loop_kernel_of<Layout, L, std::index_sequence<Os...>, std::index_sequence<Bs...>, std::index_sequence<Ds...>> {
+    using prog = typename Layout::prog;
+    using type = loop_kernel<
+        compute_t<typename prog::template node_at<Layout::table.iter[L]>::value_type>,
+        type_list<buffer_t<typename prog::template node_at<Layout::table.op_node[Layout::table.op_start[L] + Os]>>...>,
+        type_list<storage_t<typename prog::template node_at<Layout::table.op_node[Layout::table.op_start[L] + Os]>::value_type>...>,
+        type_list<typename body_instr<Layout, Layout::table.body_start[L] + Bs>::type...>,
+        std::index_sequence<Layout::table.desc[Layout::table.desc_start[L] + Ds]...>, Layout::check>;
 };
 
 }  // namespace typegrad::detail
