@@ -139,22 +139,24 @@ struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
 
 // The flat program of a graph (a topo<Roots...>): its nodes in topological order and one
 // node_info row per node.
-template <class Topo, class Nodes = typename Topo::type>
-struct program;
+// Rows of the nodes Ns, with their operand ids from the graph's topological table.
 template <class Topo, class... Ns>
-struct program<Topo, type_list<Ns...>> {
-    using nodes = type_list<Ns...>;
-    static constexpr std::size_t size = sizeof...(Ns);
-    template <std::size_t... Is>
-    static constexpr std::array<node_info, size> make_info(std::index_sequence<Is...>) {
-        std::array<node_info, size> r{node_row<typename row_key<Ns>::type>::value...};
-        for (std::size_t i = 0; i < size; ++i)
-            for (std::size_t k = 0; k < r[i].arity; ++k) r[i].child[k] = Topo::table.child[i * max_arity + k];
-        return r;
-    }
-    static constexpr std::array<node_info, size> info = make_info(std::index_sequence_for<Ns...>{});
+constexpr std::array<node_info, sizeof...(Ns)> make_info(type_list<Ns...>) {
+    std::array<node_info, sizeof...(Ns)> r{node_row<typename row_key<Ns>::type>::value...};
+    for (std::size_t i = 0; i < sizeof...(Ns); ++i)
+        for (std::size_t k = 0; k < r[i].arity; ++k) r[i].child[k] = Topo::table.child[i * max_arity + k];
+    return r;
+}
+// Not a partial specialisation over the node pack: the member templates of one carry the whole
+// pack as outer arguments, which g++ copies at every use (see type_at).
+template <class Topo>
+struct program {
+    using nodes = typename Topo::type;
+    static constexpr std::size_t size = Topo::size;
+    static constexpr std::array<node_info, size> info = make_info<Topo>(nodes{});
+    // by the topological table's parent edge, O(1) per look-up (see type_at)
     template <std::size_t I>
-    using node_at = type_at_t<I, nodes>;
+    using node_at = typename topo_at<Topo, I>::type;
     // A node's id; `size` when the graph does not hold it.
     template <class N>
     static constexpr std::size_t id_of = Topo::template id_of<N> == no_parent ? size : Topo::template id_of<N>;

@@ -69,7 +69,10 @@ constexpr bool distinct() {
 }
 
 // The I-th element. Clang has a builtin; elsewhere one overload resolution against a base
-// class per element, built once per list.
+// class per element, built once per list. The list is passed whole (list_indexer<List>), never
+// re-expanded per index: g++ copies a pack's arguments into a new vector each time it
+// substitutes it, and for a graph-sized list (past about 500 elements, where the vector no
+// longer fits g++'s small-object pages) that made N look-ups cost O(N^2) slow allocations.
 template <std::size_t I, class T>
 struct indexed {
     using type = T;
@@ -78,20 +81,23 @@ template <class Seq, class... Ts>
 struct indexer;
 template <std::size_t... Is, class... Ts>
 struct indexer<std::index_sequence<Is...>, Ts...> : indexed<Is, Ts>... {};
+template <class List>
+struct list_indexer;
+template <class... Ts>
+struct list_indexer<type_list<Ts...>> : indexer<std::index_sequence_for<Ts...>, Ts...> {};
 template <std::size_t I, class T>
 indexed<I, T> select_indexed(const indexed<I, T>&);
 
 template <std::size_t I, class List>
-struct type_at;
+struct type_at {
+    using type = typename decltype(select_indexed<I>(list_indexer<List>{}))::type;
+};
+#if defined(__clang__) && __has_builtin(__type_pack_element)
 template <std::size_t I, class... Ts>
 struct type_at<I, type_list<Ts...>> {
-#if defined(__clang__) && __has_builtin(__type_pack_element)
     using type = __type_pack_element<I, Ts...>;
-#else
-    using type = typename decltype(select_indexed<I>(
-        indexer<std::index_sequence_for<Ts...>, Ts...>{}))::type;
-#endif
 };
+#endif
 template <std::size_t I, class List>
 using type_at_t = typename type_at<I, List>::type;
 
