@@ -332,6 +332,17 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         const auto top = std::get<0>(t.detach().to(at::kDouble).reshape({-1}).topk(2, 0, largest));
         note_margin(ref, top[0] - top[1], top[0]);
     };
+    // special values: a sum (sum, mean, and the sums inside matmul/linear, forward and backward)
+    // over terms that hold both +1e20 and -1e20 cancels them in an order-dependent way: f32
+    // accumulation absorbs the O(1) terms next to 1e20 (graph 2019: grad d[2] 0 in typegrad's
+    // order, -0.036 in LibTorch's and in the f64 semantic reference; 2016, 2029 alike). Whether
+    // they survive depends on the order of the sum, which no reference fixes: ill-conditioned.
+    auto note_cancellation = [&](const torch::Tensor& t) {
+        if (!c.special) return;
+        const auto v = t.detach().to(at::kDouble);
+        const auto fin = torch::isfinite(v);
+        if ((fin & (v >= 1e15)).any().item<bool>() && (fin & (v <= -1e15)).any().item<bool>()) ref.ill_conditioned = true;
+    };
     // The tensor operands of an elementwise op, cast to the dtype typegrad gives the op where
     // PyTorch's own promotion (`natural`) gives another; counted by the reason.
     auto align = [&](torch::Tensor& p, torch::Tensor& q, at::ScalarType natural, at::ScalarType want, long& reason) {
@@ -393,8 +404,9 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
             note_margin(ref, node(a), torch::zeros({}));
             r = op == "relu" ? torch::relu(node(a)) : torch::abs(node(a));
         } else if (op == "powc") { ts >> b; r = torch::pow(node(a), std::stod(b)); }
-        else if (op == "sum") r = node(a).sum();
+        else if (op == "sum") { note_cancellation(node(a)); r = node(a).sum(); }
         else if (op == "mean") {
+            note_cancellation(node(a));
             // typegrad's mean is a sum times a count node of the input's dtype (1/n rounded to bf16)
             if (bf_op) r = rg(rnd(node(a).sum())) * double(float(typegrad::bf16(float(1.0 / double(node(a).numel())))));
             else r = node(a).mean();
@@ -430,6 +442,8 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                 };
                 ref.product_magnitude = std::max(ref.product_magnitude, finite_max(nodes.at(std::stoul(a))) *
                                                                             finite_max(nodes.at(std::stoul(b))));
+                note_cancellation(nodes.at(std::stoul(a)));
+                note_cancellation(nodes.at(std::stoul(b)));
             }
             if (!semantic) {
                 r = bias ? at::linear(node(a), node(b), node(x)) : product(node(a), node(b));
@@ -515,8 +529,15 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                 const auto cst = [](double v) { return torch::scalar_tensor(v, torch::kFloat64); };
                 r = bf16_div::apply(p.is_const ? cst(p.c) : p.t, q.is_const ? cst(q.c) : q.t);
             } else if (op == "div") r = p.is_const ? q.t.reciprocal() * p.c : q.is_const ? p.t / q.c : p.t / q.t;  // Python's c / t
-            else if (op == "maximum") r = p.is_const ? torch::clamp_min(q.t, p.c) : q.is_const ? torch::clamp_min(p.t, q.c) : torch::maximum(p.t, q.t);
-            else if (op == "minimum") r = p.is_const ? torch::clamp_max(q.t, p.c) : q.is_const ? torch::clamp_max(p.t, q.c) : torch::minimum(p.t, q.t);
+            // tg::max(x, lit<c>) is torch.maximum of x and c (a 0-dim tensor of x's dtype: the
+            // constants are bf16 values), not clamp_min: at a NaN x maximum passes the whole
+            // gradient to x, clamp_min none; at x == c maximum passes half (the reference was
+            // clamp until issue 17's autocast special values showed the difference: graphs 2007, 2030)
+            else if (op == "maximum" || op == "minimum") {
+                const auto cst = [](double v, const torch::Tensor& like) { return torch::scalar_tensor(v, like.options()); };
+                const auto pv = p.is_const ? cst(p.c, q.t) : p.t, qv = q.is_const ? cst(q.c, p.t) : q.t;
+                r = op == "maximum" ? torch::maximum(pv, qv) : torch::minimum(pv, qv);
+            }
             else throw std::runtime_error("autocast differential: unknown op in program: " + line);
         }
         if (off) at::autocast::set_cpu_enabled(!exact);

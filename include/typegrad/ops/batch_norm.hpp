@@ -7,8 +7,8 @@
 //   batch_norm<false, momentum, eps>(x, rm, rv, w, b)    evaluation: normalised by rm, rv
 //
 // Training normalises by the batch mean and the biased variance over every axis but 1 (a fused
-// composite, as layer_norm: two passes, f32 statistics for bf16/f16 input); the backward is derived
-// through it. With running stats, the forward also updates them as PyTorch does:
+// composite, as layer_norm: two passes, f32 statistics for bf16/f16 input); the backward is the
+// formula of PyTorch's CPU kernel (batch_norm_backward below). With running stats, the forward also updates them as PyTorch does:
 // rm = (1 - momentum) rm + momentum mean, rv = (1 - momentum) rv + momentum var * n / (n - 1)
 // (the unbiased variance), written into the caller's rm and rv buffers (tg::input leaves of shape
 // [C]). The update is a custom op that declares the data mutation of those two inputs
@@ -45,12 +45,46 @@ constexpr auto per_channel(P p) {
 }
 
 template <num Eps, expression X>
-constexpr auto batch_normalize(X x) {
-    auto xf = widened(x);
+constexpr auto batch_normalize(X xf) {
     constexpr batch_axes_t<X::shape_type::rank> over{};
     auto centred = xf - mean(xf, over, keepdim);
     auto var = mean(square(centred), over, keepdim);
     return centred * (lit<1> / sqrt(var + lit<Eps>));
+}
+// PyTorch's CPU batch_norm backward in training (batch_norm_cpu_backward_contiguous_impl), per
+// channel: sum = sum(dy), dotp = sum((x - mean) dy), k = dotp invstd^2 / N,
+// dx = (dy - sum / N - (x - mean) k) invstd w, dw = dotp invstd, db = sum; the weight multiplies
+// last (through the composite, dy w would come first: NaN where dy is 0 and w infinite).
+// Operands: x (widened), and the weight and bias as [C, 1, ...] when there are any.
+template <num Eps>
+struct batch_norm_backward {
+    static constexpr const char* name = "batch_normalize";
+    template <std::size_t I, class G, class X>
+    static constexpr auto vjp(G g, X xf) {
+        return vjp<I>(g, xf, lit<1>, lit<0>);
+    }
+    template <std::size_t I, class G, class X, class W, class B>
+    static constexpr auto vjp(G g, X xf, W w, B) {
+        constexpr batch_axes_t<X::shape_type::rank> over{};
+        auto centred = xf - mean(xf, over, keepdim);
+        auto invstd = lit<1> / sqrt(mean(square(centred), over, keepdim) + lit<Eps>);  // the forward's nodes
+        auto s = sum(g, over, keepdim);
+        auto dotp = sum(centred * g, over, keepdim);
+        if constexpr (I == 0) {
+            auto scale = inv_count_over(xf, over);
+            auto k = dotp * invstd * invstd * scale;
+            return (g - s * scale - centred * k) * invstd * w;  // * lit<1> folds away
+        } else if constexpr (I == 1) {
+            return dotp * invstd;
+        } else {
+            return s;
+        }
+    }
+};
+template <num Eps, expression X>
+constexpr auto batch_normalize_plain(X x) {
+    auto xf = widened(x);
+    return value_with_vjp<batch_norm_backward<Eps>>(batch_normalize<Eps>(xf), xf);
 }
 
 // y passes through; rm and rv get the running-average update from x's batch statistics.
@@ -118,7 +152,7 @@ constexpr bool is_channel_param() {
 template <num Eps = 1e-5, expression X>
 constexpr auto batch_norm(X x) {
     TYPEGRAD_DETAIL_CHECK_BATCH_NORM(X);
-    return detail::narrowed(detail::batch_normalize<Eps>(x), x);
+    return detail::narrowed(detail::batch_normalize_plain<Eps>(x), x);
 }
 // F.batch_norm(x, None, None, w, b, training=True, eps=Eps)
 template <num Eps = 1e-5, expression X, expression W, expression B>
@@ -127,8 +161,11 @@ constexpr auto batch_norm(X x, W w, B b) {
     TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, W, "the weight");
     TYPEGRAD_DETAIL_CHECK_CHANNEL_PARAM(X, B, "the bias");
     constexpr std::size_t R = X::shape_type::rank;
-    return detail::narrowed(detail::batch_normalize<Eps>(x) * detail::per_channel<R>(detail::widened(w)) +
-                                detail::per_channel<R>(detail::widened(b)),
+    auto xf = detail::widened(x);
+    auto wf = detail::per_channel<R>(detail::widened(w));
+    auto bf = detail::per_channel<R>(detail::widened(b));
+    return detail::narrowed(detail::value_with_vjp<detail::batch_norm_backward<Eps>>(
+                                detail::batch_normalize<Eps>(xf) * wf + bf, xf, wf, bf),
                             x, detail::per_channel<R>(w), detail::per_channel<R>(b));
 }
 // F.batch_norm(x, running_mean, running_var, w, b, training=Training, momentum=Momentum, eps=Eps)

@@ -114,6 +114,62 @@ void col2im_add(const conv_geometry& g, const C* col, C* x) {
             }
 }
 
+// The padding is no input: a padded position takes part in no product (oneDNN's and cuDNN's
+// convolutions, PyTorch's float CPU and CUDA paths). The GEMM over im2col multiplies the zeros
+// standing for it, which is the same unless the other operand holds an infinity or NaN (0 * inf
+// is NaN): then these direct loops, which skip the padding, run instead (docs/reliability.md,
+// finding 19).
+template <class C>
+bool all_finite(const std::vector<C>& v) {
+    for (const C& e : v)
+        if (!(e - e == C(0))) return false;
+    return true;
+}
+// y [N, O, Ho, Wo] = conv(x [N, C, H, W], w [O, C, KH, KW])
+template <class C>
+void conv_direct(const conv_geometry& g, const C* x, const C* w, C* y) {
+    for (std::size_t n = 0; n < g.n; ++n)
+        for (std::size_t o = 0; o < g.o; ++o)
+            for (std::size_t oh = 0; oh < g.ho; ++oh)
+                for (std::size_t ow = 0; ow < g.wo; ++ow) {
+                    C acc(0);
+                    for (std::size_t c = 0; c < g.c; ++c)
+                        for (std::size_t i = 0; i < g.kh; ++i) {
+                            const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                            if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
+                            for (std::size_t j = 0; j < g.kw; ++j) {
+                                const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                                if (iw < 0 || iw >= std::ptrdiff_t(g.w)) continue;
+                                acc += w[((o * g.c + c) * g.kh + i) * g.kw + j] *
+                                       x[((n * g.c + c) * g.h + std::size_t(ih)) * g.w + std::size_t(iw)];
+                            }
+                        }
+                    y[((n * g.o + o) * g.ho + oh) * g.wo + ow] = acc;
+                }
+}
+// dw [O, C, KH, KW] = sum over n and output pixels of gy [N, O, Ho, Wo] times x [N, C, H, W]
+template <class C>
+void conv_weight_direct(const conv_geometry& g, const C* gy, const C* x, C* dw) {
+    for (std::size_t o = 0; o < g.o; ++o)
+        for (std::size_t c = 0; c < g.c; ++c)
+            for (std::size_t i = 0; i < g.kh; ++i)
+                for (std::size_t j = 0; j < g.kw; ++j) {
+                    C acc(0);
+                    for (std::size_t n = 0; n < g.n; ++n)
+                        for (std::size_t oh = 0; oh < g.ho; ++oh) {
+                            const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                            if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
+                            for (std::size_t ow = 0; ow < g.wo; ++ow) {
+                                const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                                if (iw < 0 || iw >= std::ptrdiff_t(g.w)) continue;
+                                acc += gy[((n * g.o + o) * g.ho + oh) * g.wo + ow] *
+                                       x[((n * g.c + c) * g.h + std::size_t(ih)) * g.w + std::size_t(iw)];
+                            }
+                        }
+                    dw[((o * g.c + c) * g.kh + i) * g.kw + j] = acc;
+                }
+}
+
 // The geometry from x's and w's extents (in pixels of x), checked.
 template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
 conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, const char* op) {
@@ -174,7 +230,13 @@ struct conv2d_op : conv_kernel_base<conv2d_op<SH, SW, PH, PW>> {
         const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[0].ext, in[1].ext, "conv2d(x, w)");
         const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[0]);
         const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
-        std::vector<C> col(g.ckk() * g.pixels()), y(g.n * g.o * g.pixels());
+        std::vector<C> y(g.n * g.o * g.pixels());
+        if ((PH > 0 || PW > 0) && !all_finite(w)) {
+            conv_direct(g, x.data(), w.data(), y.data());
+            store_dense(y, out);
+            return;
+        }
+        std::vector<C> col(g.ckk() * g.pixels());
         for (std::size_t n = 0; n < g.n; ++n) {
             im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
             gemm(transpose::no, transpose::no, g.o, g.pixels(), g.ckk(), w.data(), g.ckk(), col.data(), g.pixels(),
@@ -256,7 +318,13 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<SH, SW, PH, PW>> {
         const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[1].ext, in[2].ext, "conv2d backward (weight)");
         const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[1]);
-        std::vector<C> col(g.ckk() * g.pixels()), dw(g.o * g.ckk(), C(0));
+        std::vector<C> dw(g.o * g.ckk(), C(0));
+        if ((PH > 0 || PW > 0) && !all_finite(gy)) {
+            conv_weight_direct(g, gy.data(), x.data(), dw.data());
+            store_dense(dw, out);
+            return;
+        }
+        std::vector<C> col(g.ckk() * g.pixels());
         for (std::size_t n = 0; n < g.n; ++n) {
             im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
             gemm(transpose::no, transpose::yes, g.o, g.ckk(), g.pixels(), gy.data() + n * g.o * g.pixels(), g.pixels(),

@@ -27,8 +27,11 @@ constexpr auto finite_or_zero(X x) { return make_node<finite_or_zero_op>(x); }
 template <expression X>
 constexpr auto below_inf(X x) { return make_node<below_inf_op>(x); }
 
+// softmax / log_softmax shift by the row maximum itself, as PyTorch's CPU kernels: a row holding
+// +inf is NaN everywhere (x - max is NaN at +inf and -inf elsewhere, and the sum of exp is NaN),
+// an all -inf row too (-inf - -inf), and a NaN row stays NaN.
 template <int Axis, expression X>
-constexpr auto softmax_shift(X x) { return detach(finite_or_zero(max(x, axes<Axis>, keepdim))); }
+constexpr auto softmax_shift(X x) { return detach(max(x, axes<Axis>, keepdim)); }
 
 template <int Axis, expression X>
 constexpr auto log_sum_exp_keepdim(X x) {

@@ -3,7 +3,9 @@
 //
 // Both are composites of fused primitives: the planner gives layer_norm one loop for the mean,
 // one for the variance of the centred values (two passes: stable where E[x^2] - E[x]^2 cancels)
-// and one for the output; the backward is derived through them. Statistics and the affine
+// and one for the output. rms_norm's backward is derived through them; layer_norm's is the
+// formula of PyTorch's kernel (value_with_vjp below), which agrees with PyTorch at infinite and
+// NaN gradients too. Statistics and the affine
 // transform are computed in f32 for bf16/f16 input (the input is widened inside the loops, at
 // no memory cost) and the result is rounded once to the inputs' dtype, as PyTorch's kernels do.
 //
@@ -16,6 +18,7 @@
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/cast.hpp>
+#include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/reduce.hpp>
 
@@ -95,15 +98,85 @@ constexpr double machine_epsilon() {
     else return std::numeric_limits<storage_t<T>>::epsilon();
 }
 
+// A value computed by a composite, with the gradient of PyTorch's fused backward kernel: an
+// elementwise node whose value is its operand 0 (the composite, detached) and whose VJP for
+// operand I > 0 is Rule::vjp<I - 1>(g, operands 1..) (expressions of the inputs, so they are
+// differentiable again). The normalisations use it: differentiating their composites gives the
+// same values in exact arithmetic, but sums the gradient through the mean and through the
+// variance separately (sum(g) - sum(x_hat) sum(g x_hat), with sum(x_hat) = 0 only in exact
+// arithmetic), so that one infinite gradient makes every element NaN where PyTorch's formula
+// gives +-inf (docs/reliability.md, finding 19).
+template <class Rule>
+struct value_with_vjp_op : elementwise_op {
+    static constexpr const char* name = Rule::name;
+    static constexpr const char* device = "{0}";
+    template <class Y, class... Xs>
+    struct rule {
+        using value_type = typename Y::value_type;
+        using shape_type = typename Y::shape_type;
+    };
+    template <class V, class... Vs>
+    static V apply(const V& y, const Vs&...) { return y; }
+    template <std::size_t I, class G, class Out, class Y, class... Xs>
+    static constexpr auto vjp(G g, Out, Y, Xs... xs) {
+        static_assert(I > 0, "typegrad: internal: a value_with_vjp node's value operand is detached");
+        return Rule::template vjp<I - 1>(g, xs...);
+    }
+};
+template <class Rule, expression Y, expression... Xs>
+constexpr auto value_with_vjp(Y value, Xs... xs) {
+    return make_node<value_with_vjp_op<Rule>>(detach(value), xs...);
+}
+
+// 1 / (the number of elements reduced over axes A...) of x, as a scalar node
+template <expression X, int... A>
+constexpr auto inv_count_over(X x, axes_t<A...>) {
+    return make_node<inv_count_op<typename keepdim_shape<typename X::shape_type, A...>::type>>(x);
+}
+
 // (x - mean) / sqrt(var + eps) over the last K axes, in the statistics dtype.
 template <std::size_t K, num Eps, expression X>
-constexpr auto layer_normalize(X x) {
-    auto xf = widened(x);
+constexpr auto layer_normalize_composite(X xf) {
     constexpr last_axes_t<K> over{};
     auto centred = xf - mean(xf, over, keepdim);
     auto var = mean(square(centred), over, keepdim);
     return centred * (lit<1> / sqrt(var + lit<Eps>));
 }
+// PyTorch's CPU layer_norm backward (LayerNormBackwardKernelImplInternal, LibTorch 1.13), with
+// dY the gradient of the affine result and gamma the weight (1 without one): a = rstd,
+// ds = sum(dY x gamma), db = sum(dY gamma), b = (db mean - ds) a^3 / N, c = -b mean - db a / N,
+// dx = a dY gamma + b x + c; dgamma = dY (x - mean) a and dbeta = dY, summed over the leading
+// axes (by the reverse pass). The order of the products is the kernel's: dY x gamma is 0 where
+// x = 0 and gamma = 1e306 even when dY gamma overflows.
+template <std::size_t K, num Eps>
+struct layer_norm_backward {
+    static constexpr const char* name = "layer_norm";
+    template <std::size_t I, class G, class X>
+    static constexpr auto vjp(G g, X xf) { return grad<I>(g, xf, lit<1>); }
+    template <std::size_t I, class G, class X, class W>
+    static constexpr auto vjp(G g, X xf, W w) { return grad<I>(g, xf, w); }
+    template <std::size_t I, class G, class X, class W, class B>
+    static constexpr auto vjp(G g, X xf, W w, B) {
+        if constexpr (I == 2) return g;
+        else return grad<I>(g, xf, w);
+    }
+    template <std::size_t I, class G, class X, class W>
+    static constexpr auto grad(G dy, X xf, W gamma) {
+        constexpr last_axes_t<K> over{};
+        auto mu = mean(xf, over, keepdim);
+        auto a = lit<1> / sqrt(mean(square(xf - mu), over, keepdim) + lit<Eps>);  // the forward's nodes
+        if constexpr (I == 0) {
+            auto scale = inv_count_over(xf, over);
+            auto ds = sum(dy * xf * gamma, over, keepdim);
+            auto db = sum(dy * gamma, over, keepdim);
+            auto b = (db * mu - ds) * a * a * a * scale;
+            auto c = -(b * mu) - db * a * scale;
+            return a * dy * gamma + b * xf + c;
+        } else {
+            return dy * (xf - mu) * a;
+        }
+    }
+};
 template <std::size_t K, num Eps, expression X>
 constexpr auto rms_normalize(X x) {
     auto xf = widened(x);
@@ -129,7 +202,9 @@ template <std::size_t K = 1, num Eps = 1e-5, expression X>
 constexpr auto layer_norm(X in) {
     detail::check_norm_axes<K, X>("layer_norm");
     auto x = detail::fp32_on_cuda_entry(in);
-    return detail::narrowed(detail::layer_normalize<K, Eps>(x), x);
+    auto xf = detail::widened(x);
+    return detail::narrowed(
+        detail::value_with_vjp<detail::layer_norm_backward<K, Eps>>(detail::layer_normalize_composite<K, Eps>(xf), xf), x);
 }
 template <std::size_t K = 1, num Eps = 1e-5, expression X, expression W>
 constexpr auto layer_norm(X in, W weight) {
@@ -137,7 +212,11 @@ constexpr auto layer_norm(X in, W weight) {
     TYPEGRAD_DETAIL_CHECK_NORM_PARAM("layer_norm", W);
     auto x = detail::fp32_on_cuda_entry(in);
     auto w = detail::fp32_on_cuda_entry(weight);
-    return detail::narrowed(detail::layer_normalize<K, Eps>(x) * detail::widened(w), x, w);
+    auto xf = detail::widened(x);
+    auto wf = detail::widened(w);
+    return detail::narrowed(detail::value_with_vjp<detail::layer_norm_backward<K, Eps>>(
+                                detail::layer_normalize_composite<K, Eps>(xf) * wf, xf, wf),
+                            x, w);
 }
 template <std::size_t K = 1, num Eps = 1e-5, expression X, expression W, expression B>
 constexpr auto layer_norm(X in, W weight, B bias) {
@@ -147,7 +226,12 @@ constexpr auto layer_norm(X in, W weight, B bias) {
     auto x = detail::fp32_on_cuda_entry(in);
     auto w = detail::fp32_on_cuda_entry(weight);
     auto b = detail::fp32_on_cuda_entry(bias);
-    return detail::narrowed(detail::layer_normalize<K, Eps>(x) * detail::widened(w) + detail::widened(b), x, w, b);
+    auto xf = detail::widened(x);
+    auto wf = detail::widened(w);
+    auto bf = detail::widened(b);
+    return detail::narrowed(detail::value_with_vjp<detail::layer_norm_backward<K, Eps>>(
+                                detail::layer_normalize_composite<K, Eps>(xf) * wf + bf, xf, wf, bf),
+                            x, w, b);
 }
 
 // torch.nn.functional.rms_norm(x, x.shape[-K:], weight, eps): x / sqrt(mean(x^2) + eps) * weight.

@@ -101,9 +101,12 @@ TEST_CASE("batch_norm updates the running statistics in place; evaluation mode u
     std::vector<double> px(24), pw(3), pb(3);
     plain.value_and_grad(tg::bind(x, xv, {2, 3, 2, 2}), tg::bind(w, wv), tg::bind(b, bv), tg::grad_into(x, px),
                          tg::grad_into(w, pw), tg::grad_into(b, pb));
-    CHECK(gx == px);
-    CHECK(gw == pw);
-    CHECK(gb == pb);
+    // equal up to rounding: the custom op materialises its output, so the backward's per-channel
+    // sums of the gradient (PyTorch's formula since finding 19) run in other loops than in the
+    // plain graph, which recomputes it
+    require_close(gx, px, 1e-14);
+    require_close(gw, pw, 1e-14);
+    require_close(gb, pb, 1e-14);
 
     // evaluation: normalised by the running statistics, which stay as they are
     const auto mean1 = mean, var1 = var;

@@ -316,3 +316,171 @@ TEST_CASE("clamp's gradient selects (NaN stays out), softplus's is z / (z + 1) d
     }
     CHECK(gc[0] > 0);
 }
+
+TEST_CASE("softmax and log_softmax of a row holding +inf are NaN everywhere, as in PyTorch", "[ops][softmax][edge]") {
+    // PyTorch's CPU kernels shift by the row maximum: for [inf, 0], x - max = [NaN, -inf], the sum
+    // of exp is NaN, and both softmax and log_softmax are [NaN, NaN] (LibTorch 1.13; the
+    // differential test's graphs 1001 and 1002 compare with it). typegrad shifted by 0 when the
+    // maximum was infinite and gave [NaN, 0] and [NaN, -inf]. An all -inf row is NaN in both; a
+    // masked (-inf) entry next to finite ones is 0 (-inf).
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, 2>>;
+    std::vector<float> xd{inf, 0.f, 0.f, inf, -inf, -inf, 0.f, -inf, inf, inf, qnan, 1.f}, g(12);
+    auto sm = tg::compile(tg::softmax(x), tg::wrt(x));
+    auto ls = tg::compile(tg::log_softmax(x), tg::wrt(x));
+    const auto s = values_of(sm, tg::bind(x, xd, {6, 2}));
+    const auto l = values_of(ls, tg::bind(x, xd, {6, 2}));
+    const double nan = std::nan("");
+    const std::vector<double> want_s{nan, nan, nan, nan, nan, nan, 1, 0, nan, nan, nan, nan};
+    const std::vector<double> want_l{nan, nan, nan, nan, nan, nan, 0, -INFINITY, nan, nan, nan, nan};
+    for (std::size_t i = 0; i < 12; ++i) {
+        INFO("i = " << i);
+        CHECK(same_special(s[i], want_s[i]));
+        CHECK(same_special(l[i], want_l[i]));
+    }
+    // the gradient of sum(softmax(x) * q): NaN in the +inf rows, 0 in the masked row
+    constexpr auto q = tg::input<"q", float, tg::shape<tg::dyn, 2>>;
+    std::vector<float> qd{1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2};
+    tg::compile(tg::sum(tg::softmax(x) * q), tg::wrt(x))
+        .value_and_grad(tg::bind(x, xd, {6, 2}), tg::bind(q, qd, {6, 2}), tg::grad_into(x, g));
+    for (std::size_t i = 0; i < 12; ++i) {
+        INFO("i = " << i);
+        CHECK(same_special(g[i], i == 6 || i == 7 ? 0.0 : nan));
+    }
+}
+
+namespace {
+// PyTorch's CPU layer_norm backward for x (LayerNormBackwardKernelImplInternal, LibTorch 1.13), in
+// double, over one row: ds = sum(dY x gamma), db = sum(dY gamma), dx = a dY gamma + b x + c.
+std::vector<double> torch_layer_norm_dx(const std::vector<double>& x, const std::vector<double>& dy,
+                                        const std::vector<double>& gamma, double eps) {
+    const double n = double(x.size());
+    double mean = 0, var = 0, db = 0, ds = 0;
+    for (double v : x) mean += v / n;
+    for (double v : x) var += (v - mean) * (v - mean) / n;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        ds += dy[i] * x[i] * gamma[i];
+        db += dy[i] * gamma[i];
+    }
+    const double a = 1 / std::sqrt(var + eps), scale = 1 / n;
+    const double b = (db * mean - ds) * a * a * a * scale, c = -b * mean - db * a * scale;
+    std::vector<double> dx(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) dx[i] = a * dy[i] * gamma[i] + b * x[i] + c;
+    return dx;
+}
+}  // namespace
+
+TEST_CASE("layer_norm's gradient with an infinite incoming gradient is PyTorch's, not NaN everywhere",
+          "[ops][norm][edge]") {
+    // Finding 19 (graph 2002): the derivative of the composite sums the gradient through the mean
+    // and through the variance separately, and an infinite g made every element NaN; PyTorch's
+    // kernel gives +-inf where its formula a g + b x + c does (NaN where x or a g cancel it).
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, 6>>;
+    constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, 6>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> xd{1, 2, 3, 1, -100, 0, 0.5, -1, 2, 3, -4, 1}, qd{0.5, 0, 0, -dinf, 0, 0.25, 1, -1, 2, 0.5, 0, 1},
+        g(12);
+    const auto step = tg::compile(tg::sum(tg::layer_norm(x) * q), tg::wrt(x));
+    step.value_and_grad(tg::bind(x, xd, {2, 6}), tg::bind(q, qd, {2, 6}), tg::grad_into(x, g));
+    for (std::size_t r = 0; r < 2; ++r) {
+        const std::vector<double> xr(xd.begin() + 6 * r, xd.begin() + 6 * r + 6), qr(qd.begin() + 6 * r, qd.begin() + 6 * r + 6);
+        const auto want = torch_layer_norm_dx(xr, qr, std::vector<double>(6, 1.0), 1e-5);
+        for (std::size_t i = 0; i < 6; ++i) {
+            INFO("row " << r << ", i = " << i << ": " << g[6 * r + i] << " against " << want[i]);
+            if (std::isfinite(want[i])) CHECK(std::abs(g[6 * r + i] - want[i]) <= 1e-12 * (1 + std::abs(want[i])));
+            else CHECK((std::isnan(want[i]) ? std::isnan(g[6 * r + i]) : g[6 * r + i] == want[i]));
+        }
+    }
+    // row 0 by hand: b = +inf (db = -inf, mean < 0), so +inf where x > 0 and NaN at x <= 0
+    CHECK(g[0] == dinf);
+    CHECK(g[1] == dinf);
+    CHECK(std::isnan(g[3]));
+    CHECK(std::isnan(g[4]));
+    // with a weight, the kernel's order of products: dY gamma = -720 * 1e306 overflows to -inf, but
+    // dY x gamma at x = 0 is 0, so ds is finite and dx is +inf where LibTorch's is (graph 2002)
+    constexpr auto w = tg::param<"w", double, tg::shape<6>>;
+    std::vector<double> x1{-2.0949096326959271, 2.3092231435622619, 0.76731257638245953, 0.47851377568577025,
+                           -0.88742855058058367, 0},
+        w1{1.3147260750630738, 1.182002930117819, -720, 709.5, 1.3427477734532451, 1e306},
+        q1{-0.83302792870116715, -1, 0.97591607830086979, -0.64701204457559003, -0.22842579285386655, -720}, g1(6), gw(6);
+    tg::compile(tg::sum(tg::layer_norm(x, w) * q), tg::wrt(x, w))
+        .value_and_grad(tg::bind(x, x1, {1, 6}), tg::bind(w, w1), tg::bind(q, q1, {1, 6}), tg::grad_into(x, g1),
+                        tg::grad_into(w, gw));
+    const auto want1 = torch_layer_norm_dx(x1, q1, w1, 1e-5);
+    for (std::size_t i = 0; i < 6; ++i) {
+        INFO("i = " << i << ": " << g1[i] << " against " << want1[i]);
+        if (std::isfinite(want1[i])) CHECK(std::abs(g1[i] - want1[i]) <= 1e-12 * (1 + std::abs(want1[i])));
+        else CHECK((std::isnan(want1[i]) ? std::isnan(g1[i]) : g1[i] == want1[i]));
+    }
+    CHECK(g1[0] == dinf);  // LibTorch 1.13: inf (was NaN: ds = sum((dY gamma) x) = -inf * 0)
+}
+
+TEST_CASE("batch_norm's gradient with an infinite incoming gradient is PyTorch's, not NaN everywhere",
+          "[ops][batch_norm][edge]") {
+    // Finding 19 (graph 2006). PyTorch (batch_norm_cpu_backward_contiguous_impl), per channel:
+    // dx = (dy - sum(dy) / N - (x - mean) dotp invstd^2 / N) invstd w, dotp = sum((x - mean) dy).
+    constexpr auto x = tg::param<"x", double, tg::shape<4, 1>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<1>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<1>>;
+    constexpr auto q = tg::input<"q", double, tg::shape<4, 1>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> xd{1, 2, 4, -3}, qd{0.5, dinf, 0, 1}, wd{2}, bd{0.5}, gx(4), gw(1), gb(1);
+    tg::compile(tg::sum(tg::batch_norm(x, w, b) * q), tg::wrt(x, w, b))
+        .value_and_grad(tg::bind(x, xd), tg::bind(w, wd), tg::bind(b, bd), tg::bind(q, qd), tg::grad_into(x, gx),
+                        tg::grad_into(w, gw), tg::grad_into(b, gb));
+    double mean = 0, var = 0, sum = 0, dotp = 0;
+    for (double v : xd) mean += v / 4;
+    for (double v : xd) var += (v - mean) * (v - mean) / 4;
+    for (int i = 0; i < 4; ++i) {
+        sum += qd[i];
+        dotp += (xd[i] - mean) * qd[i];
+    }
+    const double invstd = 1 / std::sqrt(var + 1e-5), k = dotp * invstd * invstd / 4;
+    for (int i = 0; i < 4; ++i) {
+        const double want = (qd[i] - sum / 4 - (xd[i] - mean) * k) * invstd * wd[0];
+        INFO("i = " << i << ": " << gx[i] << " against " << want);
+        CHECK((std::isnan(want) ? std::isnan(gx[i]) : gx[i] == want));
+    }
+    // mean 1, dotp = +inf: NaN at x = mean (0 * inf), at the inf and at x < mean; -inf at x = 4
+    CHECK(gx[2] == -dinf);
+    CHECK(gw[0] == dinf);  // dotp invstd
+    CHECK(gb[0] == dinf);  // sum(dy)
+}
+
+TEST_CASE("conv1d/conv2d: the padding takes part in no product, so an infinite weight or gradient stays +-inf",
+          "[ops][conv][edge]") {
+    // Finding 19 (graph 2003): the im2col GEMM multiplied the zeros standing for the padding by the
+    // other operand, and 0 * inf is NaN; PyTorch's float CPU path (oneDNN) and cuDNN read no
+    // padding. x = [1, 2, 3], w = [w0, w1, w2], padding 1: y_l = w0 x_{l-1} + w1 x_l + w2 x_{l+1}.
+    constexpr auto x = tg::param<"x", float, tg::shape<1, 1, 3>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<1, 1, 3>>;
+    constexpr auto q = tg::input<"q", float, tg::shape<1, 1, 3>>;
+    std::vector<float> xd{1, 2, 3}, wd{inf, 1, 1}, qd{1, 1, 1}, gx(3), gw(3);
+    auto y = tg::compile(tg::conv1d<1, 1>(x, w), tg::wrt(x));
+    const auto yv = values_of(y, tg::bind(x, xd), tg::bind(w, wd));
+    CHECK(yv[0] == 3.f);  // w0 meets the padding only: 1 * 1 + 1 * 2 (was NaN)
+    CHECK(yv[1] == inf);
+    CHECK(yv[2] == inf);
+    // dw_k = sum_l q_l x_{l+k-1} over the positions inside x; q_0 = inf meets the padding at k = 0
+    wd = {1, 1, 1};
+    qd = {inf, 1, 1};
+    tg::compile(tg::sum(tg::conv1d<1, 1>(x, w) * q), tg::wrt(x, w))
+        .value_and_grad(tg::bind(x, xd), tg::bind(w, wd), tg::bind(q, qd), tg::grad_into(x, gx), tg::grad_into(w, gw));
+    CHECK(gw[0] == 3.f);  // 1 * x_0 + 1 * x_1 (was NaN)
+    CHECK(gw[1] == inf);
+    CHECK(gw[2] == inf);
+    CHECK(gx[0] == inf);  // dx_j = sum_l q_l w_{j-l+1}
+    CHECK(gx[1] == inf);
+    CHECK(gx[2] == 2.f);
+    // conv2d, stride 2: the same through the direct loops
+    constexpr auto x2 = tg::param<"x2", double, tg::shape<1, 1, 3, 3>>;
+    constexpr auto w2 = tg::param<"w2", double, tg::shape<1, 1, 2, 2>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> x2d{1, 2, 3, 4, 5, 6, 7, 8, 9}, w2d{dinf, 1, 1, 1}, g2(4);
+    // outputs 2 x 2 of windows at rows/cols {-1, 1}: y_00 = w3 x_00, y_01 = w2 x_01 + w3 x_02, ...
+    const auto y2 = tg::compile(tg::conv2d<2, 1>(x2, w2), tg::wrt(x2)).forward(tg::bind(x2, x2d), tg::bind(w2, w2d));
+    const std::vector<double> v2(y2.values().begin(), y2.values().end());
+    CHECK(v2[0] == 1);
+    CHECK(v2[1] == 2 + 3);
+    CHECK(v2[2] == 4 + 7);
+    CHECK(v2[3] == dinf);
+}
