@@ -295,7 +295,7 @@ void small_shapes() {
     CHECK_FALSE(gi::use_small_path<T>(41, 41, 41));
     CHECK_FALSE(gi::use_small_path<T>(24, 24, 24));
     CHECK_FALSE(gi::use_small_path<T>(2, 64, 100));
-    CHECK_FALSE(gi::use_small_path<T>(300, W, 40));
+    CHECK_FALSE(gi::use_small_path<T>(2000, W, 40));
 }
 
 // Matrix-vector products large enough for the pool, batched, every form: bitwise equal to serial.
