@@ -432,8 +432,8 @@ template <class T, std::size_t NV>
     unroll<NV>([&](auto v) { simd::store(out + v * W, acc0[v] + acc1[v]); });
 }
 
-// One column of the axpy form in scalar code: the same two chains and the same final add as a
-// lane of gemv_axpy_cols, so a column gives the same bits on either path.
+// One column of the axpy form in scalar code (m < W only): the same two chains and the same
+// final add as a lane of gemv_axpy_cols (the same bits wherever fmadd is a fused FMA).
 template <class T>
 inline T gemv_axpy_scalar(std::size_t k, const T* a, std::size_t lda, const T* x) {
     T s0 = T(0), s1 = T(0);
