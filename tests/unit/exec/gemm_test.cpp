@@ -240,7 +240,127 @@ void batched_matches_single() {
     }
 }
 
+// Matrix-vector products (n == 1 or m == 1) take gemv_batched: dot and axpy forms, k and m around
+// the vector width and the kernels' unroll (2 W chunks, 4 rows, 4 W columns), strided x and y.
+template <class T>
+void gemv_shapes() {
+    constexpr size_t W = typegrad::simd::width<T>;
+    const std::vector<size_t> rows{1, 2, 3, 4, 5, W - 1, W, W + 1, 4 * W - 1, 4 * W + 3, 150};
+    const std::vector<size_t> depths{1, 2, 3, W - 1, W, W + 1, 2 * W - 1, 2 * W, 2 * W + 1, 3 * W + 5, 150, 1000};
+    std::uint64_t seed = 5000;
+    for (transpose ta : both)
+        for (transpose tb : both)
+            for (size_t r : rows)
+                for (size_t k : depths) {
+                    const bool acc = (r + k) % 2 == 0;
+                    check_gemm<T>({ta, tb, r, 1, k, acc}, seed++);  // column vector
+                    check_gemm<T>({ta, tb, 1, r, k, !acc}, seed++);  // row vector
+                }
+}
+
+// Small products (use_small_path) against the packed path (gemm_block): the same FMA chain per
+// element, so the same bits; and against the reference.
+template <class T>
+void small_shapes() {
+    constexpr size_t W = typegrad::simd::width<T>;
+    namespace gi = typegrad::detail::gemm_impl;
+    struct shape {
+        size_t m, n, k;
+    };
+    const shape shapes[] = {{2, 2, 2}, {3, 5, 7}, {8, 8, 8}, {2, W - 1, 3}, {5, W + 1, 9}, {7, 4 * W + 3, 11},
+                            {20, 20, 20}, {31, 5, 33}, {16, 16, 32}, {9, 3 * W, 12}, {2, 2, 200}, {64, 2, 100},
+                            {100, W, 40}};
+    std::uint64_t seed = 9000;
+    for (const shape& sh : shapes) {
+        INFO("m=" << sh.m << " n=" << sh.n << " k=" << sh.k);
+        REQUIRE(gi::use_small_path<T>(sh.m, sh.n, sh.k));
+        for (transpose ta : both)
+            for (transpose tb : both)
+                for (bool acc : {false, true}) {
+                    check_gemm<T>({ta, tb, sh.m, sh.n, sh.k, acc}, seed++);
+                    std::mt19937_64 rng(seed++);
+                    const matrix<T> a = ta == transpose::no ? matrix<T>(sh.m, sh.k, 2, rng) : matrix<T>(sh.k, sh.m, 2, rng);
+                    const matrix<T> b = tb == transpose::no ? matrix<T>(sh.k, sh.n, 1, rng) : matrix<T>(sh.n, sh.k, 1, rng);
+                    matrix<T> c1(sh.m, sh.n, 3, rng);
+                    matrix<T> c2 = c1;
+                    typegrad::detail::gemm<T>(ta, tb, sh.m, sh.n, sh.k, a.data.data(), a.ld, b.data.data(), b.ld,
+                                              c1.data.data(), c1.ld, acc);
+                    const gi::operands<T> op{ta, tb, sh.k, a.data.data(), a.ld, b.data.data(), b.ld, c2.data.data(),
+                                             c2.ld, acc};
+                    gi::gemm_block<T, config<T>>(op, 0, sh.m, 0, sh.n, sh.m, sh.n);
+                    CHECK(std::memcmp(c1.data.data(), c2.data.data(), c1.data.size() * sizeof(T)) == 0);
+                }
+    }
+    // just past the limits: the packed path
+    CHECK_FALSE(gi::use_small_path<T>(41, 41, 41));
+    CHECK_FALSE(gi::use_small_path<T>(24, 24, 24));
+    CHECK_FALSE(gi::use_small_path<T>(2, 64, 100));
+    CHECK_FALSE(gi::use_small_path<T>(2000, W, 40));
+}
+
+// Matrix-vector products large enough for the pool, batched, every form: bitwise equal to serial.
+template <class T>
+void gemv_threads_match_serial() {
+    thread_settings restore;
+    struct shape {
+        size_t batch, m, n, k;
+    };
+    const shape shapes[] = {{1, 1000, 1, 1100}, {1, 1, 1003, 1100}, {3, 501, 1, 900}, {2, 1, 777, 1000}};
+    for (const shape& sh : shapes)
+        for (transpose ta : both)
+            for (transpose tb : both) {
+                INFO("batch=" << sh.batch << " m=" << sh.m << " n=" << sh.n << " k=" << sh.k << " ta=" << int(ta)
+                              << " tb=" << int(tb));
+                REQUIRE(double(sh.batch) * double(sh.m * sh.n) * double(sh.k) >=
+                        double(typegrad::detail::gemm_impl::gemv_parallel_threshold));
+                const size_t sa = ((ta == transpose::no ? sh.k : sh.m) + 1) * (ta == transpose::no ? sh.m : sh.k);
+                const size_t sb = ((tb == transpose::no ? sh.n : sh.k) + 2) * (tb == transpose::no ? sh.k : sh.n);
+                setenv("TYPEGRAD_NUM_THREADS", "1", 1);
+                const auto serial = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, sb, true);
+                for (const char* threads : {"2", "3", "8"}) {
+                    setenv("TYPEGRAD_NUM_THREADS", threads, 1);
+                    const auto par = run_batched<T>(sh.batch, ta, tb, sh.m, sh.n, sh.k, sa, sb, true);
+                    REQUIRE(par.size() == serial.size());
+                    CHECK(std::memcmp(par.data(), serial.data(), par.size() * sizeof(T)) == 0);
+                }
+            }
+}
+
+// A batch of small products large enough for the pool: split by product, bitwise equal to serial.
+template <class T>
+void small_threads_match_serial() {
+    thread_settings restore;
+    constexpr size_t batch = 1200, m = 16, n = 12, k = 20;
+    for (transpose ta : both)
+        for (transpose tb : both) {
+            INFO("ta=" << int(ta) << " tb=" << int(tb));
+            const size_t sa = ((ta == transpose::no ? k : m) + 1) * (ta == transpose::no ? m : k);
+            setenv("TYPEGRAD_NUM_THREADS", "1", 1);
+            const auto serial = run_batched<T>(batch, ta, tb, m, n, k, sa, 0, false);
+            setenv("TYPEGRAD_NUM_THREADS", "2", 1);
+            const auto par = run_batched<T>(batch, ta, tb, m, n, k, sa, 0, false);
+            CHECK(std::memcmp(par.data(), serial.data(), par.size() * sizeof(T)) == 0);
+        }
+}
+
 }  // namespace
+
+TEST_CASE("gemm: matrix-vector products (n = 1, m = 1), all transposes, strided vectors", "[exec][gemm]") {
+    gemv_shapes<float>();
+    gemv_shapes<double>();
+}
+
+TEST_CASE("gemm: small products skip packing, same bits as the packed path", "[exec][gemm]") {
+    small_shapes<float>();
+    small_shapes<double>();
+}
+
+TEST_CASE("gemm: threaded matrix-vector and small batched products equal serial ones", "[exec][gemm][threads]") {
+    gemv_threads_match_serial<float>();
+    gemv_threads_match_serial<double>();
+    small_threads_match_serial<float>();
+    small_threads_match_serial<double>();
+}
 
 TEST_CASE("gemm: edge tiles and tiny sizes, all transposes", "[exec][gemm]") {
     edge_sizes<float>();

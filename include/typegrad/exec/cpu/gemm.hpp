@@ -18,6 +18,7 @@
 // whatever tile or thread computes it, so the threaded result is bitwise identical to the
 // serial one.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +28,10 @@
 
 #include <typegrad/exec/cpu/simd.hpp>
 #include <typegrad/exec/cpu/thread_pool.hpp>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace typegrad::detail {
 
@@ -72,13 +77,24 @@ template <std::size_t N, class F>
 }
 
 // x * y + z, fused where the target has FMA. xsimd 8.1 has no AVX-512 fma kernel: its generic
-// fallback is x * y + z over two batch operators, which GCC contracts (-ffp-contract=fast) but
-// clang (-ffp-contract=on) does not, doubling the kernel's arithmetic (-30% measured). For
-// 512-bit registers, one expression on the native vector type (a GCC/clang vector extension)
-// is contracted by both; elsewhere xsimd::fma is a real FMA instruction (or mul + add).
+// fallback is x * y + z over two batch operators, which clang (-ffp-contract=on) does not
+// contract. One expression on the native vector type (a GCC/clang vector extension) is
+// contracted by clang, but not by GCC under -ffp-contract=off, which the typegrad target sets
+// (CMakeLists.txt: fused loops must recompute identical bits): g++ builds then ran every GEMM
+// as vmulps + vaddps. So 512-bit registers take the AVX-512 FMA intrinsic (one rounding, with
+// both compilers and any contraction setting); elsewhere xsimd::fma is a real FMA instruction
+// (or mul + add where the target has none).
 template <class V>
 [[gnu::always_inline]] inline V fmadd(const V& x, const V& y, const V& z) {
     using R = typename V::register_type;
+#if defined(__AVX512F__)
+    using E = typename V::value_type;
+    if constexpr (sizeof(R) == 64 && std::is_same_v<E, float>)
+        return V(_mm512_fmadd_ps(R(x), R(y), R(z)));
+    else if constexpr (sizeof(R) == 64 && std::is_same_v<E, double>)
+        return V(_mm512_fmadd_pd(R(x), R(y), R(z)));
+    else
+#endif
     if constexpr (sizeof(R) == 64 && requires(R r) { r * r + r; })
         return V(R(x) * R(y) + R(z));
     else
@@ -340,6 +356,278 @@ inline std::pair<std::size_t, std::size_t> thread_grid(std::size_t t, std::size_
     return best;
 }
 
+// ---- Matrix-vector products (n == 1 or m == 1): no packing -------------------------------------
+// y[i * incy] = (accumulate ? y[i * incy] : 0) + sum_p M(i, p) x[p * incx] for i in [i0, i1),
+// where M(i, p) is a[i * lda + p] (dot form: rows of M are contiguous, one dot product per y)
+// or a[p * lda + i] (axpy form: columns of M are contiguous, y grows by x[p] times row p).
+// Packing would copy all of M to use each element once; these read M once, in memory order.
+//
+// Every y element is computed by the same operations whichever rows a call or thread covers
+// (fixed accumulator lanes, tails in the same scalar order), so threaded results are bitwise
+// equal to serial ones.
+enum class gemv_form { dot, axpy };
+
+template <class T>
+struct gemv_operands {
+    gemv_form form;
+    std::size_t k;
+    const T* a;
+    std::size_t lda;
+    const T* x;
+    std::size_t incx;
+    T* y;
+    std::size_t incy;
+    bool accumulate;
+};
+
+// R rows of the dot form at once: R x 2 accumulators, chunks of 2 W alternate between them.
+template <class T, std::size_t R>
+[[gnu::always_inline]] inline void gemv_dot_rows(std::size_t k, const T* a, std::size_t lda, const T* x, T* out) {
+    using V = simd::batch<T>;
+    constexpr std::size_t W = simd::width<T>;
+    V acc0[R], acc1[R];
+    unroll<R>([&](auto r) { acc0[r] = acc1[r] = V(T(0)); });
+    std::size_t p = 0;
+    for (; p + 2 * W <= k; p += 2 * W) {
+        const V x0 = simd::load(x + p), x1 = simd::load(x + p + W);
+        unroll<R>([&](auto r) {
+            acc0[r] = fmadd(simd::load(a + r * lda + p), x0, acc0[r]);
+            acc1[r] = fmadd(simd::load(a + r * lda + p + W), x1, acc1[r]);
+        });
+    }
+    if (p + W <= k) {
+        const V x0 = simd::load(x + p);
+        unroll<R>([&](auto r) { acc0[r] = fmadd(simd::load(a + r * lda + p), x0, acc0[r]); });
+        p += W;
+    }
+    unroll<R>([&](auto r) {
+        T tail = T(0);
+        for (std::size_t q = p; q < k; ++q) tail = std::fma(a[r * lda + q], x[q], tail);
+        out[r] = simd::reduce_sum(acc0[r] + acc1[r]) + tail;
+    });
+}
+
+// NV vectors of y in the axpy form, columns [i, i + NV W): the products of even and odd p go to
+// two accumulators (two FMA chains per vector), added at the end.
+template <class T, std::size_t NV>
+[[gnu::always_inline]] inline void gemv_axpy_cols(std::size_t k, const T* a, std::size_t lda, const T* x, T* out) {
+    using V = simd::batch<T>;
+    constexpr std::size_t W = simd::width<T>;
+    V acc0[NV], acc1[NV];
+    unroll<NV>([&](auto v) { acc0[v] = acc1[v] = V(T(0)); });
+    std::size_t p = 0;
+    for (; p + 2 <= k; p += 2) {
+        const V x0(x[p]), x1(x[p + 1]);
+        const T* r0 = a + p * lda;
+        const T* r1 = r0 + lda;
+        unroll<NV>([&](auto v) {
+            acc0[v] = fmadd(x0, simd::load(r0 + v * W), acc0[v]);
+            acc1[v] = fmadd(x1, simd::load(r1 + v * W), acc1[v]);
+        });
+    }
+    if (p < k) {
+        const V x0(x[p]);
+        unroll<NV>([&](auto v) { acc0[v] = fmadd(x0, simd::load(a + p * lda + v * W), acc0[v]); });
+    }
+    unroll<NV>([&](auto v) { simd::store(out + v * W, acc0[v] + acc1[v]); });
+}
+
+// One column of the axpy form in scalar code (m < W only): the same two chains and the same
+// final add as a lane of gemv_axpy_cols (the same bits wherever fmadd is a fused FMA).
+template <class T>
+inline T gemv_axpy_scalar(std::size_t k, const T* a, std::size_t lda, const T* x) {
+    T s0 = T(0), s1 = T(0);
+    std::size_t p = 0;
+    for (; p + 2 <= k; p += 2) {
+        s0 = std::fma(x[p], a[p * lda], s0);
+        s1 = std::fma(x[p + 1], a[(p + 1) * lda], s1);
+    }
+    if (p < k) s0 = std::fma(x[p], a[p * lda], s0);
+    return s0 + s1;
+}
+
+template <class T>
+inline void gemv_store(const gemv_operands<T>& op, std::size_t i, T v) {
+    T& dst = op.y[i * op.incy];
+    dst = op.accumulate ? dst + v : v;
+}
+
+// Rows [i0, i1) of one matrix-vector product.
+template <class T>
+void gemv_range(const gemv_operands<T>& op, std::size_t i0, std::size_t i1, std::size_t m) {
+    constexpr std::size_t W = simd::width<T>;
+    const std::size_t k = op.k;
+    const T* x = op.x;
+    if (op.incx != 1) {  // a strided x is gathered once (k elements)
+        T* xs = buffers<T>().b.get(k);
+        for (std::size_t p = 0; p < k; ++p) xs[p] = op.x[p * op.incx];
+        x = xs;
+    }
+    alignas(64) T out[4 * W];
+    if (op.form == gemv_form::dot) {
+        std::size_t i = i0;
+        for (; i + 4 <= i1; i += 4) {
+            gemv_dot_rows<T, 4>(k, op.a + i * op.lda, op.lda, x, out);
+            for (std::size_t r = 0; r < 4; ++r) gemv_store(op, i + r, out[r]);
+        }
+        for (; i < i1; ++i) {
+            gemv_dot_rows<T, 1>(k, op.a + i * op.lda, op.lda, x, out);
+            gemv_store(op, i, out[0]);
+        }
+        return;
+    }
+    std::size_t i = i0;
+    const auto put = [&](std::size_t from, std::size_t count) {
+        for (std::size_t l = 0; l < count; ++l) gemv_store(op, from + l, out[l]);
+    };
+    for (; i + 4 * W <= i1; i += 4 * W) {
+        gemv_axpy_cols<T, 4>(k, op.a + i, op.lda, x, out);
+        put(i, 4 * W);
+    }
+    for (; i + W <= i1; i += W) {
+        gemv_axpy_cols<T, 1>(k, op.a + i, op.lda, x, out);
+        put(i, W);
+    }
+    if (i == i1) return;
+    if (m >= W) {
+        // The last W columns of M as one vector (reading only columns < m), keeping the lanes
+        // from i on: every lane computes its column exactly as on the other paths.
+        const std::size_t start = m - W;
+        gemv_axpy_cols<T, 1>(k, op.a + start, op.lda, x, out);
+        for (std::size_t c = i; c < i1; ++c) gemv_store(op, c, out[c - start]);
+        return;
+    }
+    for (; i < i1; ++i) gemv_store(op, i, gemv_axpy_scalar(k, op.a + i, op.lda, x));
+}
+
+// A call of fewer elements of M than gemv_parallel_threshold stays on the calling thread: a
+// matrix-vector product reads each element once, so waking the pool only pays for large M.
+inline constexpr std::size_t gemv_parallel_threshold = std::size_t(1) << 20;
+inline constexpr std::size_t gemv_min_per_thread = std::size_t(1) << 19;
+
+// `batch` matrix-vector products: product g has operands of gemv_operands `op` shifted by
+// stride_a, stride_x, stride_y; each has m rows.
+template <class T>
+void gemv_batched(std::size_t batch, std::size_t m, const gemv_operands<T>& op, std::size_t stride_a,
+                  std::size_t stride_x, std::size_t stride_y, std::size_t n_threads) {
+    const auto op_of = [&](std::size_t g) {
+        gemv_operands<T> o = op;
+        o.a += g * stride_a;
+        o.x += g * stride_x;
+        o.y += g * stride_y;
+        return o;
+    };
+    const double work = double(batch) * double(m) * double(op.k);
+    std::size_t threads = 1;
+    if (work >= double(gemv_parallel_threshold)) {
+        if (n_threads == 0) n_threads = num_threads();
+        threads = std::max<std::size_t>(
+            1, std::min({n_threads, max_threads, std::size_t(work / double(gemv_min_per_thread))}));
+    }
+    if (threads <= 1) {
+        for (std::size_t g = 0; g < batch; ++g) gemv_range(op_of(g), 0, m, m);
+        return;
+    }
+    // Row chunks aligned to the kernels' unit (4 rows, or one vector of columns), so that chunk
+    // edges change which kernel computes a row, never how.
+    const std::size_t unit = op.form == gemv_form::dot ? 4 : simd::width<T>;
+    const std::size_t per_product = (threads + batch - 1) / batch;
+    const std::size_t chunk = std::max(unit, ((m + per_product - 1) / per_product + unit - 1) / unit * unit);
+    const std::size_t chunks = (m + chunk - 1) / chunk;
+    default_thread_pool().parallel_for(batch * chunks, threads, [&](std::size_t task) {
+        const std::size_t g = task / chunks, c = task % chunks;
+        gemv_range(op_of(g), c * chunk, std::min(m, (c + 1) * chunk), m);
+    });
+}
+
+// ---- Small products: no packing ------------------------------------------------------------------
+// When op(B) fits L1 and the product is small, packing (and the zero-padded MR x NR tiles the
+// packed path computes for a 3 x 5 product) costs more than the arithmetic. Here op(B) is copied
+// once into a dense row-major buffer padded to whole vectors (k x npad), A is read in place, and
+// each C row is NV vectors of one FMA chain over p: the same chain (from 0, p in order, then
+// C + acc or acc) as the packed micro-kernel for k <= KC, hence the same bits.
+// Measured (float, AVX-512, one core): the direct path wins up to about 20^3 multiply-adds
+// (1.4-2x at 4^3 to 16^3), and for outputs at most one vector wide (n <= W: 1.4x at 64 x 8 x 64,
+// where packing pads every B panel to NR columns); the packed path wins from 24^3 up.
+inline constexpr std::size_t small_max_work = std::size_t(1) << 13;         // m n k
+inline constexpr std::size_t small_max_work_narrow = std::size_t(1) << 16;  // m n k when n <= W
+inline constexpr std::size_t small_max_b = std::size_t(1) << 12;            // k npad: op(B) in L1
+
+template <class T>
+inline bool use_small_path(std::size_t m, std::size_t n, std::size_t k) {
+    constexpr std::size_t W = simd::width<T>;
+    const std::size_t npad = (n + W - 1) / W * W;
+    const double work = double(m) * double(n) * double(k);
+    return double(k) * double(npad) <= double(small_max_b) &&
+           (work <= double(small_max_work) || (n <= W && work <= double(small_max_work_narrow)));
+}
+
+// RM rows x NV vectors of C: RM * NV independent FMA chains over p (one chain per element).
+template <class T, std::size_t RM, std::size_t NV>
+[[gnu::always_inline]] inline void small_tile(std::size_t k, const T* a, std::size_t si, std::ptrdiff_t sa,
+                                              const T* b, std::size_t ldb, T* out) {
+    using V = simd::batch<T>;
+    constexpr std::size_t W = simd::width<T>;
+    V acc[RM][NV];
+    unroll<RM>([&](auto r) { unroll<NV>([&](auto v) { acc[r][v] = V(T(0)); }); });
+    for (std::size_t p = 0; p < k; ++p) {
+        V bv[NV];
+        unroll<NV>([&](auto v) { bv[v] = simd::load(b + p * ldb + v * W); });
+        unroll<RM>([&](auto r) {
+            const V av(a[r * si + std::size_t(std::ptrdiff_t(p) * sa)]);
+            unroll<NV>([&](auto v) { acc[r][v] = fmadd(av, bv[v], acc[r][v]); });
+        });
+    }
+    unroll<RM>([&](auto r) { unroll<NV>([&](auto v) { simd::store(out + (r * NV + v) * W, acc[r][v]); }); });
+}
+
+template <class T, std::size_t RM>
+inline void small_rows(const operands<T>& op, std::size_t i, std::size_t n, std::size_t npad, const T* bp,
+                       std::size_t si, std::ptrdiff_t sa) {
+    constexpr std::size_t W = simd::width<T>;
+    alignas(64) T out[RM * 4 * W];
+    const T* a_rows = op.a + i * si;
+    for (std::size_t j = 0; j < n; j += 4 * W) {
+        const std::size_t left = npad - j, nv = std::min<std::size_t>(4, left / W);
+        switch (nv) {
+            case 4: small_tile<T, RM, 4>(op.k, a_rows, si, sa, bp + j, npad, out); break;
+            case 3: small_tile<T, RM, 3>(op.k, a_rows, si, sa, bp + j, npad, out); break;
+            case 2: small_tile<T, RM, 2>(op.k, a_rows, si, sa, bp + j, npad, out); break;
+            default: small_tile<T, RM, 1>(op.k, a_rows, si, sa, bp + j, npad, out); break;
+        }
+        const std::size_t cols = std::min(nv * W, n - j);
+        for (std::size_t r = 0; r < RM; ++r) {
+            T* c_row = op.c + (i + r) * op.ldc + j;
+            const T* o = out + r * nv * W;
+            if (op.accumulate)
+                for (std::size_t l = 0; l < cols; ++l) c_row[l] = c_row[l] + o[l];
+            else
+                std::memcpy(c_row, o, cols * sizeof(T));
+        }
+    }
+}
+
+template <class T>
+void gemm_small(const operands<T>& op, std::size_t m, std::size_t n) {
+    constexpr std::size_t W = simd::width<T>;
+    const std::size_t k = op.k, npad = (n + W - 1) / W * W;
+    T* bp = buffers<T>().b.get(k * npad);
+    for (std::size_t p = 0; p < k; ++p) {
+        T* row = bp + p * npad;
+        if (op.tb == transpose::no) std::memcpy(row, op.b + p * op.ldb, n * sizeof(T));
+        else
+            for (std::size_t j = 0; j < n; ++j) row[j] = op.b[j * op.ldb + p];
+        std::fill(row + n, row + npad, T(0));
+    }
+    // op(A)(i, p) = a[i * si + p * sa]
+    const std::ptrdiff_t sa = op.ta == transpose::no ? 1 : std::ptrdiff_t(op.lda);
+    const std::size_t si = op.ta == transpose::no ? op.lda : 1;
+    // 4 rows at a time (up to 16 chains), then the rest one by one
+    std::size_t i = 0;
+    for (; i + 4 <= m; i += 4) small_rows<T, 4>(op, i, n, npad, bp, si, sa);
+    for (; i < m; ++i) small_rows<T, 1>(op, i, n, npad, bp, si, sa);
+}
+
 template <class T, class Config>
 void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, std::size_t n,
                   std::size_t k, const T* a, std::size_t lda, std::size_t stride_a, const T* b,
@@ -352,10 +640,44 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
                 for (std::size_t i = 0; i < m; ++i) std::fill_n(c + g * stride_c + i * ldc, n, T(0));
         return;
     }
+    // Matrix-vector products. n == 1: C's column = op(A) times op(B)'s column. m == 1: C's row,
+    // transposed, = op(B)^T times op(A)'s row. The form follows how the matrix is stored.
+    if (n == 1 && (m > 1 || ta == transpose::no)) {
+        const gemv_operands<T> op{ta == transpose::no ? gemv_form::dot : gemv_form::axpy, k, a, lda, b,
+                                  tb == transpose::no ? ldb : 1, c, ldc, accumulate};
+        gemv_batched(batch, m, op, stride_a, stride_b, stride_c, n_threads);
+        return;
+    }
+    if (m == 1) {
+        const gemv_operands<T> op{tb == transpose::yes ? gemv_form::dot : gemv_form::axpy, k, b, ldb, a,
+                                  ta == transpose::no ? 1 : lda, c, 1, accumulate};
+        gemv_batched(batch, n, op, stride_b, stride_a, stride_c, n_threads);
+        return;
+    }
     const auto op_of = [&](std::size_t g) {
         return operands<T>{ta, tb, k, a + g * stride_a, lda, b + g * stride_b, ldb, c + g * stride_c, ldc,
                            accumulate};
     };
+    if (use_small_path<T>(m, n, k)) {
+        // Small products: serial each; a large batch of them is split across threads by product.
+        const double work = double(batch) * double(m) * double(n) * double(k);
+        std::size_t threads = 1;
+        if (work >= double(parallel_threshold)) {
+            if (n_threads == 0) n_threads = num_threads();
+            threads = std::max<std::size_t>(
+                1, std::min({n_threads, max_threads, std::size_t(work / double(min_work_per_thread))}));
+        }
+        if (threads <= 1) {
+            for (std::size_t g = 0; g < batch; ++g) gemm_small(op_of(g), m, n);
+        } else {
+            const std::size_t per_task = (batch + threads * 4 - 1) / (threads * 4);
+            default_thread_pool().parallel_for((batch + per_task - 1) / per_task, threads, [&](std::size_t t) {
+                for (std::size_t g = t * per_task; g < std::min(batch, (t + 1) * per_task); ++g)
+                    gemm_small(op_of(g), m, n);
+            });
+        }
+        return;
+    }
     const std::size_t threads = plan_threads(batch, m, n, k, n_threads);
     if (threads <= 1) {
         for (std::size_t g = 0; g < batch; ++g) gemm_block<T, Config>(op_of(g), 0, m, 0, n, m, n);
