@@ -20,7 +20,9 @@
 
 namespace typegrad {
 
+// Philox4x32's 128-bit counter: four 32-bit words (word 0 least significant).
 using philox_counter = std::array<std::uint32_t, 4>;
+// Philox4x32's 64-bit key: two 32-bit words (the seed).
 using philox_key = std::array<std::uint32_t, 2>;
 
 namespace detail {

@@ -131,6 +131,7 @@ constexpr auto layer_norm(X in) {
     auto x = detail::fp32_on_cuda_entry(in);
     return detail::narrowed(detail::layer_normalize<K, Eps>(x), x);
 }
+// layer_norm with an elementwise weight of shape x.shape[-K:] and no bias.
 template <std::size_t K = 1, num Eps = 1e-5, expression X, expression W>
 constexpr auto layer_norm(X in, W weight) {
     detail::check_norm_axes<K, X>("layer_norm");
@@ -139,6 +140,7 @@ constexpr auto layer_norm(X in, W weight) {
     auto w = detail::fp32_on_cuda_entry(weight);
     return detail::narrowed(detail::layer_normalize<K, Eps>(x) * detail::widened(w), x, w);
 }
+// layer_norm with an elementwise weight and bias of shape x.shape[-K:] (nn.LayerNorm's affine form).
 template <std::size_t K = 1, num Eps = 1e-5, expression X, expression W, expression B>
 constexpr auto layer_norm(X in, W weight, B bias) {
     detail::check_norm_axes<K, X>("layer_norm");
@@ -158,6 +160,7 @@ constexpr auto rms_norm(X x) {
     constexpr double eps = Eps.value() < 0 ? detail::machine_epsilon<typename X::value_type>() : Eps.value();
     return detail::narrowed(detail::rms_normalize<K, eps>(x), x);
 }
+// rms_norm with an elementwise weight of shape x.shape[-K:] (nn.RMSNorm's affine form).
 template <std::size_t K = 1, num Eps = -1, expression X, expression W>
 constexpr auto rms_norm(X x, W weight) {
     detail::check_norm_axes<K, X>("rms_norm");

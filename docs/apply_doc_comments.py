@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Inserts doc comments listed in a Markdown file into the headers (used for
+docs/pending_doc_comments.md: comments for headers another change was editing).
+
+Inside each ```text block of the file:
+    @@ include/typegrad/autodiff/step.hpp      the header (relative to the repository root)
+    > struct wrt_t {                           the next line (from the previous anchor on) whose
+                                               stripped text starts with this anchor (the comment
+                                               goes above its template header, if any)
+    // The leaves to differentiate ...         comment lines inserted above that line, indented
+    // ...                                     like it
+An anchor already preceded by exactly these comment lines is left alone, so a second run changes
+nothing. A missing anchor is an error (exit status 1) and nothing is written.
+Usage: apply_doc_comments.py FILE.md [REPO_ROOT]"""
+import pathlib
+import re
+import sys
+
+
+def parse(md):
+    edits = {}          # file -> [(anchor, [comment lines])]
+    current = None
+    in_block = False
+    for line in md.split("\n"):
+        if line.startswith("```"):
+            in_block = line.strip() == "```text" if not in_block else False
+            continue
+        if not in_block:
+            continue
+        if line.startswith("@@ "):
+            current = edits.setdefault(line[3:].strip(), [])
+        elif line.startswith("> "):
+            current.append((line[2:].strip(), []))
+        elif line.strip().startswith("//"):
+            current[-1][1].append(line.strip())
+    return edits
+
+
+def apply(root, edits):
+    out = {}
+    for name, items in edits.items():
+        lines = (root / name).read_text(encoding="utf-8").split("\n")
+        pos = 0
+        for anchor, comment in items:
+            i = next((k for k in range(pos, len(lines)) if lines[k].strip().startswith(anchor)), None)
+            if i is None:
+                sys.exit(f"{name}: no line starting with '{anchor}' after line {pos + 1}")
+            # a declaration's template header and requires-clause go with it: insert above them
+            while i > 0 and re.match(r"\s*(template\s*<|requires\b)", lines[i - 1]):
+                i -= 1
+            indent = re.match(r"\s*", lines[i]).group(0)
+            block = [indent + c for c in comment]
+            if lines[max(i - len(block), 0):i] != block:
+                lines[i:i] = block
+                i += len(block)
+            pos = i + 1
+        out[name] = "\n".join(lines)
+    for name, text in out.items():
+        (root / name).write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    md = pathlib.Path(sys.argv[1]).read_text(encoding="utf-8")
+    root = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else ".")
+    apply(root, parse(md))
