@@ -9,6 +9,10 @@ Inside each ```text block of the file:
                                                goes above its template header, if any)
     // The leaves to differentiate ...         comment lines inserted above that line, indented
     // ...                                     like it
+    >> // compile<Policies...>(loss, ...   as `>`, but the `//` block directly above the anchor
+                                               (its first line given here) is replaced
+    => std::string joint, forward, backward;   the anchor line itself is replaced by the lines
+    | std::string joint;                       given with `| ` (indented like the anchor)
 An anchor already preceded by exactly these comment lines is left alone, so a second run changes
 nothing. A missing anchor is an error (exit status 1) and nothing is written.
 Usage: apply_doc_comments.py FILE.md [REPO_ROOT]"""
@@ -18,7 +22,7 @@ import sys
 
 
 def parse(md):
-    edits = {}          # file -> [(anchor, [comment lines])]
+    edits = {}          # file -> [(mode, anchor, [lines])]
     current = None
     in_block = False
     for line in md.split("\n"):
@@ -29,10 +33,13 @@ def parse(md):
             continue
         if line.startswith("@@ "):
             current = edits.setdefault(line[3:].strip(), [])
-        elif line.startswith("> "):
-            current.append((line[2:].strip(), []))
+        elif line.startswith(("> ", ">> ", "=> ")):
+            mode, anchor = line.split(" ", 1)
+            current.append((mode, anchor.strip(), []))
+        elif line.startswith("| "):
+            current[-1][2].append(line[2:])
         elif line.strip().startswith("//"):
-            current[-1][1].append(line.strip())
+            current[-1][2].append(line.strip())
     return edits
 
 
@@ -41,19 +48,37 @@ def apply(root, edits):
     for name, items in edits.items():
         lines = (root / name).read_text(encoding="utf-8").split("\n")
         pos = 0
-        for anchor, comment in items:
+        for mode, anchor, comment in items:
             i = next((k for k in range(pos, len(lines)) if lines[k].strip().startswith(anchor)), None)
+            if i is None and mode == "=>" and comment:   # replaced by an earlier run?
+                first = next((k for k in range(pos, len(lines)) if lines[k].strip() == comment[0].strip()), None)
+                if first is not None and [x.strip() for x in lines[first:first + len(comment)]] == \
+                        [c.strip() for c in comment]:
+                    pos = first + len(comment)
+                    continue
             if i is None:
                 sys.exit(f"{name}: no line starting with '{anchor}' after line {pos + 1}")
+            after = len(lines) - i      # the anchor's distance from the end survives insertions
+            indent = re.match(r"\s*", lines[i]).group(0)
+            block = [indent + c for c in comment]
+            if mode == "=>":        # replace the anchor line
+                lines[i:i + 1] = block
+                pos = i + len(block)
+                continue
             # a declaration's template header and requires-clause go with it: insert above them
             while i > 0 and re.match(r"\s*(template\s*<|requires\b)", lines[i - 1]):
                 i -= 1
             indent = re.match(r"\s*", lines[i]).group(0)
             block = [indent + c for c in comment]
+            if mode == ">>":        # replace the comment block above the anchor
+                start = i
+                while start > 0 and lines[start - 1].strip().startswith("//"):
+                    start -= 1
+                del lines[start:i]
+                i = start
             if lines[max(i - len(block), 0):i] != block:
                 lines[i:i] = block
-                i += len(block)
-            pos = i + 1
+            pos = len(lines) - after + 1
         out[name] = "\n".join(lines)
     for name, text in out.items():
         (root / name).write_text(text, encoding="utf-8")
