@@ -248,7 +248,7 @@ void kaiming_normal(R&& buf, std::span<const std::size_t> extents, generator& ge
 }
 
 // The same initialisers with the extents as a list, or taken from a static-shaped graph param.
-#define TYPEGRAD_INIT_OVERLOADS(NAME, OPTIONS, DEFAULT)                                                  \
+#define TYPEGRAD_DETAIL_INIT_OVERLOADS(NAME, OPTIONS, DEFAULT)                                                  \
     template <class R>                                                                                  \
     void NAME(R&& buf, std::initializer_list<std::size_t> extents, generator& gen, OPTIONS o = DEFAULT) { \
         NAME(buf, std::span<const std::size_t>(extents.begin(), extents.size()), gen, o);                \
@@ -258,10 +258,10 @@ void kaiming_normal(R&& buf, std::span<const std::size_t> extents, generator& ge
         const std::vector<std::size_t> e = detail::static_extents<E>();                                 \
         NAME(buf, std::span<const std::size_t>(e), gen, o);                                              \
     }
-TYPEGRAD_INIT_OVERLOADS(xavier_uniform, double, 1.0)
-TYPEGRAD_INIT_OVERLOADS(xavier_normal, double, 1.0)
-TYPEGRAD_INIT_OVERLOADS(kaiming_uniform, kaiming_options, {})
-TYPEGRAD_INIT_OVERLOADS(kaiming_normal, kaiming_options, {})
-#undef TYPEGRAD_INIT_OVERLOADS
+TYPEGRAD_DETAIL_INIT_OVERLOADS(xavier_uniform, double, 1.0)
+TYPEGRAD_DETAIL_INIT_OVERLOADS(xavier_normal, double, 1.0)
+TYPEGRAD_DETAIL_INIT_OVERLOADS(kaiming_uniform, kaiming_options, {})
+TYPEGRAD_DETAIL_INIT_OVERLOADS(kaiming_normal, kaiming_options, {})
+#undef TYPEGRAD_DETAIL_INIT_OVERLOADS
 
 }  // namespace typegrad
