@@ -263,7 +263,8 @@ constexpr void check_grad_leaf() {
 }
 }  // namespace detail
 
-// A raw device address + extents.
+// tg::cuda::bind(leaf, device_ptr, {extents...}): a raw device address holding the leaf's data,
+// dense and row-major, with the given extents.
 template <class E, class T>
 auto bind(E, device_ptr<T> p, std::type_identity_t<std::array<std::size_t, E::node_type::shape_type::rank>> extents) {
     detail::check_leaf<E>();
@@ -274,7 +275,7 @@ auto bind(E, device_ptr<T> p, std::type_identity_t<std::array<std::size_t, E::no
     b.extents = extents;
     return b;
 }
-// The gradient of leaf E written to `size` elements at device address p (overwritten).
+// The gradient of leaf E written to `size` elements at device address p (row-major, overwritten).
 template <class E, class T>
 auto grad_into(E, device_ptr<T> p, std::size_t size) {
     detail::check_grad_leaf<E>();
