@@ -276,8 +276,9 @@ public:
         for (const detail::st_tensor_ref& r : refs) copy(r);
     }
     // Fills an optimizer's state and step counts from the tensors add_optimizer wrote with the same
-    // prefix. Checks everything first: a missing tensor, another dtype or element count, or steps
-    // that do not match the optimizer throw checkpoint_error and leave the optimizer untouched.
+    // prefix. Checks everything first, leaving the optimizer untouched on error: a missing tensor,
+    // another dtype or steps that do not match the optimizer throw checkpoint_error, another
+    // element count shape_error.
     template <class Optimizer>
     void load_optimizer(Optimizer& opt, std::string_view prefix = "") const {
         std::vector<detail::st_tensor_ref> refs;
