@@ -6,7 +6,7 @@ Inside each ```text block of the file:
     @@ include/typegrad/autodiff/step.hpp      the header (relative to the repository root)
     > struct wrt_t {                           the next line (from the previous anchor on) whose
                                                stripped text starts with this anchor (the comment
-                                               goes above its template header, if any)
+                                               goes above its template header and requires-clause)
     // The leaves to differentiate ...         comment lines inserted above that line, indented
     // ...                                     like it
     >> // compile<Policies...>(loss, ...   as `>`, but the `//` block directly above the anchor
@@ -65,9 +65,14 @@ def apply(root, edits):
                 lines[i:i + 1] = block
                 pos = i + len(block)
                 continue
-            # a declaration's template header and requires-clause go with it: insert above them
-            while i > 0 and re.match(r"\s*(template\s*<|requires\b)", lines[i - 1]):
-                i -= 1
+            # a declaration's template header and requires-clause (over one line or several) go
+            # with it: insert above them
+            j = i
+            while j > 0 and lines[j - 1].strip() and not lines[j - 1].lstrip().startswith(("#", "//")) \
+                    and not lines[j - 1].rstrip().endswith((";", "{", "}", ":")):
+                j -= 1
+            if any(re.match(r"\s*(template\s*<|requires\b)", lines[k]) for k in range(j, i)):
+                i = j
             indent = re.match(r"\s*", lines[i]).group(0)
             block = [indent + c for c in comment]
             if mode == ">>":        # replace the comment block above the anchor
