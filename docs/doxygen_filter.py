@@ -10,6 +10,11 @@ comments (the project's style). This filter hands Doxygen a copy in which
 - a `//` comment after a one-line data member or enumerator (`double lr = 1e-3;  // text`,
   `relu,  // text`) becomes a `///<` comment on it,
 
+- a comment above the invocation of a `TYPEGRAD_DETAIL_*` macro that defines public functions
+  (expanded by Doxygen, docs/Doxyfile.in) documents every function the invocation defines: the
+  invocation becomes a member group, whose first member's comment the others share
+  (DISTRIBUTE_GROUP_DOC),
+
 so the reference shows the comments the code already has. Runs of lines indented by two spaces
 or more after `// ` (the headers' code examples) become `\code` blocks. Other comments after code stay plain;
 Doxygen ignores the ones inside function bodies (HIDE_IN_BODY_DOCS).
@@ -23,6 +28,7 @@ DECL = re.compile(r"^\s*(template\b|struct\b|class\b|enum\b|using\b|inline\b|con
                   r"[A-Za-z_][\w:<>, ]*[\s&*]+(operator\b[^(]*|[A-Za-z_]\w*)\s*\(|~?[A-Za-z_]\w*\s*\(|"
                   r"[A-Za-z_][\w:<>, ]*[\s&*]+[A-Za-z_]\w*\s*(\[[^]]*\]\s*)?(\{[^;]*\}\s*)?(=[^;]*)?;)")
 COMMENT = re.compile(r"^(\s*)//(?!/)\s?(.*)$")
+MACRO_CALL = re.compile(r"^\s*TYPEGRAD_DETAIL_[A-Z0-9_]+\(.*\)\s*$")
 # a data member (`type name [= init];`) or an enumerator (`name [= value],`) with a comment after it
 TRAILING = re.compile(r"^(\s*(?:[A-Za-z_][\w:<>, ]*[\s&*]+[A-Za-z_]\w*\s*(?:\[[^]]*\]\s*)?(?:=[^;/]*)?;"
                       r"|[A-Za-z_]\w*\s*(?:=\s*[^,/]+)?,))\s*//(?!/)\s?(.*)$")
@@ -61,6 +67,13 @@ def main(path):
                 # the header's own description: the file's documentation (one line more)
                 out.append("/// \\file")
                 out.extend(doc_block(block))
+            elif MACRO_CALL.match(line):
+                out.append(f"{block[0][0]}///@{{")
+                out.extend(doc_block(block))
+                out.append(line)
+                out.append(f"{block[0][0]}///@}}")
+                block = []
+                continue
             elif DECL.match(line) and not stripped.startswith("return"):
                 out.extend(doc_block(block))
             else:

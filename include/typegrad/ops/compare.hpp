@@ -50,10 +50,20 @@ struct where_op : elementwise_op {
         TYPEGRAD_DETAIL_CHECK_BROADCAST(#fn "(a, b)", A, B);                           \
         return detail::make_node<detail::fn##_op>(a, b);                               \
     }
+// Elementwise a > b as a mask: 1 or 0 in the operands' dtype (torch.gt, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(gt)
+// Elementwise a >= b as a mask: 1 or 0 in the operands' dtype (torch.ge, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(ge)
+// Elementwise a < b as a mask: 1 or 0 in the operands' dtype (torch.lt, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(lt)
+// Elementwise a <= b as a mask: 1 or 0 in the operands' dtype (torch.le, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(le)
+// Elementwise a == b as a mask: 1 or 0 in the operands' dtype (torch.eq, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(eq)
 #undef TYPEGRAD_DETAIL_MASK_FN
 

@@ -258,9 +258,17 @@ void kaiming_normal(R&& buf, std::span<const std::size_t> extents, generator& ge
         const std::vector<std::size_t> e = detail::static_extents<E>();                                 \
         NAME(buf, std::span<const std::size_t>(e), gen, o);                                              \
     }
+// xavier_uniform with the extents as a list, xavier_uniform(buf, {out, in}, gen), or taken from a
+// static-shaped param, xavier_uniform(buf, W, gen) (a shape_error when the sizes differ).
 TYPEGRAD_DETAIL_INIT_OVERLOADS(xavier_uniform, double, 1.0)
+// xavier_normal with the extents as a list, xavier_normal(buf, {out, in}, gen), or taken from a
+// static-shaped param, xavier_normal(buf, W, gen) (a shape_error when the sizes differ).
 TYPEGRAD_DETAIL_INIT_OVERLOADS(xavier_normal, double, 1.0)
+// kaiming_uniform with the extents as a list, kaiming_uniform(buf, {out, in}, gen), or taken from a
+// static-shaped param, kaiming_uniform(buf, W, gen) (a shape_error when the sizes differ).
 TYPEGRAD_DETAIL_INIT_OVERLOADS(kaiming_uniform, kaiming_options, {})
+// kaiming_normal with the extents as a list, kaiming_normal(buf, {out, in}, gen), or taken from a
+// static-shaped param, kaiming_normal(buf, W, gen) (a shape_error when the sizes differ).
 TYPEGRAD_DETAIL_INIT_OVERLOADS(kaiming_normal, kaiming_options, {})
 #undef TYPEGRAD_DETAIL_INIT_OVERLOADS
 
