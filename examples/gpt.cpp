@@ -6,14 +6,19 @@
 // The blocks are one tg::scan: the block is compiled once and run L times over params stacked
 // along a leading layer axis ("blocks.wq" is [L, D, D]), so the compile time does not grow with L
 // (docs/scan.md). Batches are B sequences of T tokens, as B * T rows of the carried activation;
-// the heads are views ([B * T, D] -> [B, T, H, D / H] -> [B, H, T, D / H]).
+// the heads are views ([B * T, D] -> [B, T, H, D / H] -> [B, H, T, D / H]). At the end the model
+// and the optimizer go to a safetensors checkpoint, and training resumes from it exactly.
 #include <typegrad/typegrad.hpp>
+#if __has_include(<nlohmann/json.hpp>)
+#include <typegrad/train/checkpoint.hpp>
+#endif
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <string_view>
@@ -191,5 +196,40 @@ int main() {
         sample += vocab[std::discrete_distribution<std::size_t>(w.begin(), w.end())(sampler)];
     }
     std::printf("sample:\n%s\n", sample.c_str());
-    return std::isfinite(last) && last < 0.6 * first ? 0 : 1;
+    bool resumed_exactly = true;
+
+#if __has_include(<nlohmann/json.hpp>)
+    // A checkpoint of the model (with the graph's shapes: "blocks.wq" is [L, D, D]) and of AdamW's
+    // state, restored into a fresh model and optimizer: one more step from each, on the same batch,
+    // must give the same parameters, bit for bit.
+    const auto path = std::filesystem::temp_directory_path() /
+                      ("typegrad_gpt_example_" + std::to_string(std::random_device{}()) + ".safetensors");
+    tg::safetensors_writer writer;
+    writer.add(model, "", tg::shapes_of(train));
+    writer.add_optimizer(opt, "optim.");  // "optim.exp_avg.blocks.wq", ..., "optim.steps"
+    writer.save(path);
+
+    gpt resumed = tg::zeros_like(model), resumed_grads = tg::zeros_like(model);
+    tg::adamw resumed_opt(resumed, opt.options);
+    tg::safetensors_reader reader(path);
+    reader.load(resumed, "", tg::shapes_of(train));
+    reader.load_optimizer(resumed_opt, "optim.");
+    std::filesystem::remove(path);
+
+    tg::value_and_grad(train, tg::bind(ids, x), tg::bind(pos, p), tg::bind(targets, y), tg::params(model),
+                       tg::grads_into(grads));
+    opt.step(model, grads);
+    tg::value_and_grad(train, tg::bind(ids, x), tg::bind(pos, p), tg::bind(targets, y), tg::params(resumed),
+                       tg::grads_into(resumed_grads));
+    resumed_opt.step(resumed, resumed_grads);
+    auto flat = [](gpt& m) {
+        buf all;
+        tg::for_each_param(m, [&](std::string_view, const buf& b) { all.insert(all.end(), b.begin(), b.end()); });
+        return all;
+    };
+    resumed_exactly = flat(model) == flat(resumed);
+    std::printf("checkpoint %s: resumed training %s\n", path.filename().c_str(),
+                resumed_exactly ? "matches" : "DIFFERS");
+#endif
+    return std::isfinite(last) && last < 0.6 * first && resumed_exactly ? 0 : 1;
 }

@@ -56,7 +56,9 @@ public:
         carried_grad_ = std::move(current);
     }
 
+    // After backward: the gradient of the first segment's carried input (empty before).
     std::span<const T> carried_grad() const { return carried_grad_; }
+    // The number of recorded segments not yet run backward.
     std::size_t size() const { return segments_.size(); }
 
 private:

@@ -58,12 +58,22 @@ template <class B> struct promote<weak_scalar, B> { using type = B; };
 template <> struct promote<weak_scalar, weak_scalar> { using type = weak_scalar; };
 }  // namespace detail
 
+// The dtype an elementwise op on operands of dtypes Ts... runs in (PyTorch's type promotion,
+// torch.promote_types): within the float family (f32, bf16, f16) the widest wins and bf16 with
+// f16 gives f32; a weak scalar (a tg::lit constant) takes the other operand's dtype. Mixing f64
+// with another dtype is a `typegrad:` static_assert: convert with tg::cast. `promote<Ts...>::type`.
 template <class... Ts>
 struct promote;
+// One dtype promotes to itself.
 template <class T>
-struct promote<T> { using type = T; };
+struct promote<T> {
+    // T
+    using type = T;
+};
+// Several dtypes promote pairwise, left to right.
 template <class A, class B, class... Rest>
 struct promote<A, B, Rest...> : promote<typename detail::promote<A, B>::type, Rest...> {};
+// promote<Ts...>::type: the promoted dtype of Ts... .
 template <class... Ts>
 using promote_t = typename promote<Ts...>::type;
 

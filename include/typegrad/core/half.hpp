@@ -204,47 +204,59 @@ struct half_operators {
 
 // bfloat16: float's sign and 8-bit exponent with a 7-bit fraction (the top half of a float).
 struct bf16 : detail::half_operators<bf16, detail::bf16_format> {
+    // The raw bit pattern (IEEE float's top 16 bits).
     std::uint16_t bits;
 
     bf16() = default;  // uninitialised, like float
+    // Round to nearest even from float (a NaN stays a quiet NaN).
     constexpr explicit bf16(float value) noexcept : bits(detail::float_to_bf16_bits(value)) {}
+    // Round to nearest even from double, directly (no double rounding through float).
     constexpr explicit bf16(double value) noexcept
         : bits(detail::double_to_half_bits<detail::bf16_format>(value)) {}
+    // Round to nearest even from an integer.
     template <std::integral Int>
     constexpr explicit bf16(Int value) noexcept
         : bits(detail::integer_to_half_bits<detail::bf16_format>(value)) {}
     // x87 long double has no constexpr bit access; convert to double or float explicitly.
     explicit bf16(long double) = delete;
 
+    // The bf16 whose bit pattern is `b` (torch: tensor.view(torch.bfloat16)).
     static constexpr bf16 from_bits(std::uint16_t b) noexcept {
         bf16 r{};
         r.bits = b;
         return r;
     }
 
+    // Exact widening to float.
     constexpr operator float() const noexcept { return detail::bf16_bits_to_float(bits); }
 };
 
 // IEEE 754 binary16: 5-bit exponent (bias 15), 10-bit fraction, subnormals down to 2^-24.
 struct f16 : detail::half_operators<f16, detail::f16_format> {
+    // The raw IEEE binary16 bit pattern.
     std::uint16_t bits;
 
     f16() = default;  // uninitialised, like float
+    // Round to nearest even from float; overflow gives inf, tiny values subnormals or zero.
     constexpr explicit f16(float value) noexcept : bits(detail::float_to_f16_bits(value)) {}
+    // Round to nearest even from double, directly (no double rounding through float).
     constexpr explicit f16(double value) noexcept
         : bits(detail::double_to_half_bits<detail::f16_format>(value)) {}
+    // Round to nearest even from an integer.
     template <std::integral Int>
     constexpr explicit f16(Int value) noexcept
         : bits(detail::integer_to_half_bits<detail::f16_format>(value)) {}
     // x87 long double has no constexpr bit access; convert to double or float explicitly.
     explicit f16(long double) = delete;
 
+    // The f16 whose bit pattern is `b`.
     static constexpr f16 from_bits(std::uint16_t b) noexcept {
         f16 r{};
         r.bits = b;
         return r;
     }
 
+    // Exact widening to float.
     constexpr operator float() const noexcept { return detail::f16_bits_to_float(bits); }
 };
 
@@ -264,9 +276,11 @@ struct is_reduced_precision : std::bool_constant<is_reduced_precision_v<T>> {};
 // The type arithmetic on T is carried out in: float for the storage types, T itself otherwise.
 template <class T>
 struct compute_type {
+    // float for bf16 and f16, T otherwise.
     using type = std::conditional_t<is_reduced_precision_v<T>, float, T>;
 };
 
+// compute_type<T>::type.
 template <class T>
 using compute_type_t = typename compute_type<T>::type;
 

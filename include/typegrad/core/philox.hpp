@@ -20,7 +20,10 @@
 
 namespace typegrad {
 
+// Philox4x32's 128-bit counter as four 32-bit words (philox_counter_at: {lo(offset), hi(offset),
+// lo(stream), hi(stream)}).
 using philox_counter = std::array<std::uint32_t, 4>;
+// Philox4x32's 64-bit key as two 32-bit words (philox_key_from_seed: {lo(seed), hi(seed)}).
 using philox_key = std::array<std::uint32_t, 2>;
 
 namespace detail {

@@ -18,9 +18,13 @@ inline constexpr std::size_t dyn = static_cast<std::size_t>(-1);
 // A tensor's shape as extents, static (a number) or tg::dyn: tg::shape<4, 3>, tg::shape<tg::dyn, 3>.
 template <std::size_t... Extents>
 struct shape {
+    // The number of extents (0 for a scalar).
     static constexpr std::size_t rank = sizeof...(Extents);
+    // The extents, tg::dyn for dynamic ones.
     static constexpr std::array<std::size_t, rank> extents{Extents...};
+    // True when no extent is tg::dyn.
     static constexpr bool is_static = ((Extents != dyn) && ...);
+    // How many extents are tg::dyn.
     static constexpr std::size_t dyn_count = ((Extents == dyn ? 1u : 0u) + ... + 0u);
     // Product of the static extents (dynamic ones count as 1).
     static constexpr std::size_t static_numel = ((Extents == dyn ? 1u : Extents) * ... * 1u);

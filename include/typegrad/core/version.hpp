@@ -13,7 +13,9 @@
 
 // The version of the headers: major, minor, patch (the CMake package's version).
 #define TYPEGRAD_VERSION_MAJOR 0
+// The minor version: new features, compatible with the previous minor versions.
 #define TYPEGRAD_VERSION_MINOR 1
+// The patch version: fixes only.
 #define TYPEGRAD_VERSION_PATCH 0
 // One comparable number: major * 10000 + minor * 100 + patch.
 #define TYPEGRAD_VERSION (TYPEGRAD_VERSION_MAJOR * 10000 + TYPEGRAD_VERSION_MINOR * 100 + TYPEGRAD_VERSION_PATCH)
@@ -21,8 +23,14 @@
 #define TYPEGRAD_VERSION_STRING "0.1.0"
 
 namespace typegrad {
+// A version as numbers, comparable with ==; tg::version is the headers' own.
 struct version_t {
-    int major, minor, patch;
+    // TYPEGRAD_VERSION_MAJOR
+    int major;
+    // TYPEGRAD_VERSION_MINOR
+    int minor;
+    // TYPEGRAD_VERSION_PATCH
+    int patch;
 };
 // The version of the headers in use.
 inline constexpr version_t version{TYPEGRAD_VERSION_MAJOR, TYPEGRAD_VERSION_MINOR, TYPEGRAD_VERSION_PATCH};

@@ -29,28 +29,28 @@ using typegrad::detail::message;
 struct driver_api {
     bool loaded = false;
     std::string failure;  // why it could not be used, when !loaded
-#define TYPEGRAD_CUDA_DRIVER_FUNCTIONS(X)                                \
-    X(cuInit, "cuInit")                                                   \
-    X(cuDeviceGetCount, "cuDeviceGetCount")                               \
-    X(cuDeviceGet, "cuDeviceGet")                                         \
-    X(cuDeviceGetName, "cuDeviceGetName")                                 \
-    X(cuDeviceGetAttribute, "cuDeviceGetAttribute")                       \
-    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")               \
-    X(cuCtxSetCurrent, "cuCtxSetCurrent")                                 \
-    X(cuCtxSynchronize, "cuCtxSynchronize")                               \
-    X(cuGetErrorString, "cuGetErrorString")                               \
-    X(cuModuleLoadData, "cuModuleLoadData")                               \
-    X(cuModuleGetFunction, "cuModuleGetFunction")                         \
-    X(cuLaunchKernel, "cuLaunchKernel")                                   \
-    X(cuMemAlloc, "cuMemAlloc_v2")                                        \
-    X(cuMemFree, "cuMemFree_v2")                                          \
-    X(cuMemcpyHtoD, "cuMemcpyHtoD_v2")                                    \
-    X(cuMemcpyDtoH, "cuMemcpyDtoH_v2")                                    \
-    X(cuMemcpyDtoD, "cuMemcpyDtoD_v2")                                    \
+#define TYPEGRAD_DETAIL_CUDA_DRIVER_FUNCTIONS(X)            \
+    X(cuInit, "cuInit")                                     \
+    X(cuDeviceGetCount, "cuDeviceGetCount")                 \
+    X(cuDeviceGet, "cuDeviceGet")                           \
+    X(cuDeviceGetName, "cuDeviceGetName")                   \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute")         \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent")                   \
+    X(cuCtxSynchronize, "cuCtxSynchronize")                 \
+    X(cuGetErrorString, "cuGetErrorString")                 \
+    X(cuModuleLoadData, "cuModuleLoadData")                 \
+    X(cuModuleGetFunction, "cuModuleGetFunction")           \
+    X(cuLaunchKernel, "cuLaunchKernel")                     \
+    X(cuMemAlloc, "cuMemAlloc_v2")                          \
+    X(cuMemFree, "cuMemFree_v2")                            \
+    X(cuMemcpyHtoD, "cuMemcpyHtoD_v2")                      \
+    X(cuMemcpyDtoH, "cuMemcpyDtoH_v2")                      \
+    X(cuMemcpyDtoD, "cuMemcpyDtoD_v2")                      \
     X(cuMemsetD8, "cuMemsetD8_v2")
-#define TYPEGRAD_CUDA_DECLARE(fn, sym) decltype(&::fn) fn = nullptr;
-    TYPEGRAD_CUDA_DRIVER_FUNCTIONS(TYPEGRAD_CUDA_DECLARE)
-#undef TYPEGRAD_CUDA_DECLARE
+#define TYPEGRAD_DETAIL_CUDA_DECLARE(fn, sym) decltype(&::fn) fn = nullptr;
+    TYPEGRAD_DETAIL_CUDA_DRIVER_FUNCTIONS(TYPEGRAD_DETAIL_CUDA_DECLARE)
+#undef TYPEGRAD_DETAIL_CUDA_DECLARE
 
     driver_api() {
         void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -59,18 +59,18 @@ struct driver_api {
             failure = std::string("no CUDA driver (dlopen libcuda.so.1: ") + (e ? e : "unknown error") + ")";
             return;
         }
-#define TYPEGRAD_CUDA_LOAD(fn, sym)                                              \
-    fn = reinterpret_cast<decltype(fn)>(::dlsym(lib, sym));                      \
-    if (!fn) {                                                                    \
+#define TYPEGRAD_DETAIL_CUDA_LOAD(fn, sym)                                           \
+    fn = reinterpret_cast<decltype(fn)>(::dlsym(lib, sym));                          \
+    if (!fn) {                                                                       \
         failure = std::string("the CUDA driver lacks ") + sym + " (driver too old)"; \
-        return;                                                                   \
+        return;                                                                      \
     }
-        TYPEGRAD_CUDA_DRIVER_FUNCTIONS(TYPEGRAD_CUDA_LOAD)
-#undef TYPEGRAD_CUDA_LOAD
+        TYPEGRAD_DETAIL_CUDA_DRIVER_FUNCTIONS(TYPEGRAD_DETAIL_CUDA_LOAD)
+#undef TYPEGRAD_DETAIL_CUDA_LOAD
         loaded = true;  // the library stays loaded for the life of the process
     }
 };
-#undef TYPEGRAD_CUDA_DRIVER_FUNCTIONS
+#undef TYPEGRAD_DETAIL_CUDA_DRIVER_FUNCTIONS
 
 inline const driver_api& driver_functions() {
     static const driver_api api;
@@ -174,7 +174,9 @@ namespace typegrad::cuda {
 
 // Whether a CUDA device can be used, and if not, why (tests skip on it).
 inline bool available() { return detail::active_emulator() || detail::device_state().usable; }
+// Why no device can be used (empty when one can): no driver, no device, too old a driver...
 inline std::string unavailable_reason() { return detail::active_emulator() ? std::string() : detail::device_state().failure; }
+// The device's name ("host emulation" under the test emulator).
 inline std::string device_name() { return detail::active_emulator() ? "host emulation" : detail::device_state().name; }
 
 }  // namespace typegrad::cuda

@@ -28,6 +28,7 @@ namespace typegrad::cuda {
 // A device address. Never dereferenced on the host.
 template <class T>
 struct device_ptr {
+    // The device address.
     T* address = nullptr;
 };
 
@@ -144,8 +145,11 @@ class tensor {
     static_assert(typegrad::detail::is_shape_v<Shape>, "typegrad: cuda::tensor<T, Shape> needs a tg::shape<...>.");
 
 public:
+    // The element type.
     using value_type = T;
+    // The declared shape (tg::shape<...>, tg::dyn for run-time extents).
     using shape_type = Shape;
+    // The number of axes.
     static constexpr std::size_t rank = Shape::rank;
 
     // Static shapes only: uninitialised device memory of the shape's size.
@@ -166,6 +170,7 @@ public:
         t.copy_from(host);
         return t;
     }
+    // A device copy of host data, the extents inferred from its size (at most one dynamic extent).
     template <class R>
         requires std::ranges::contiguous_range<R> && std::ranges::sized_range<R> && (Shape::dyn_count <= 1)
     static tensor from_host(const R& host) {
@@ -173,7 +178,9 @@ public:
                                    std::ranges::size(host)));
     }
 
+    // Moves the device buffer; tensors are not copyable.
     tensor(tensor&&) noexcept = default;
+    // Move assignment (frees the previous device buffer).
     tensor& operator=(tensor&&) noexcept = default;
     tensor(const tensor&) = delete;
     tensor& operator=(const tensor&) = delete;
@@ -196,6 +203,7 @@ public:
         check_size(std::ranges::size(host), "copy_to");
         detail::copy_to_host(std::ranges::data(host), buffer_.data(), size() * sizeof(T));
     }
+    // A host copy of the data.
     std::vector<T> to_host() const {
         std::vector<T> v(size());
         copy_to(v);
@@ -208,12 +216,15 @@ public:
 
     // The device address (never dereference it on the host).
     T* data() { return static_cast<T*>(buffer_.data()); }
+    // The device address (never dereference it on the host).
     const T* data() const { return static_cast<const T*>(buffer_.data()); }
+    // The number of elements.
     std::size_t size() const {
         std::size_t n = 1;
         for (std::size_t e : extents_) n *= e;
         return n;
     }
+    // The extents, row-major.
     const std::array<std::size_t, rank>& extents() const { return extents_; }
 
 private:
@@ -252,7 +263,8 @@ constexpr void check_grad_leaf() {
 }
 }  // namespace detail
 
-// A raw device address + extents.
+// tg::cuda::bind(leaf, device_ptr, {extents...}): a raw device address holding the leaf's data,
+// dense and row-major, with the given extents.
 template <class E, class T>
 auto bind(E, device_ptr<T> p, std::type_identity_t<std::array<std::size_t, E::node_type::shape_type::rank>> extents) {
     detail::check_leaf<E>();
@@ -263,6 +275,7 @@ auto bind(E, device_ptr<T> p, std::type_identity_t<std::array<std::size_t, E::no
     b.extents = extents;
     return b;
 }
+// The gradient of leaf E written to `size` elements at device address p (row-major, overwritten).
 template <class E, class T>
 auto grad_into(E, device_ptr<T> p, std::size_t size) {
     detail::check_grad_leaf<E>();
@@ -271,6 +284,7 @@ auto grad_into(E, device_ptr<T> p, std::size_t size) {
     detail::check_element_type<Leaf, T>();
     return detail::device_grad_binding<Leaf, false>{p.address, size};
 }
+// The gradient of leaf E added to `size` elements at device address p.
 template <class E, class T>
 auto grad_into(E, device_ptr<T> p, std::size_t size, accumulate_t) {
     detail::check_grad_leaf<E>();
@@ -278,6 +292,7 @@ auto grad_into(E, device_ptr<T> p, std::size_t size, accumulate_t) {
     detail::check_element_type<Leaf, T>();
     return detail::device_grad_binding<Leaf, true>{p.address, size};
 }
+// The output gradient of a non-scalar step's backward, from `size` elements on the device.
 template <class T>
 auto seed(device_ptr<const T> p, std::size_t size) {
     return detail::device_seed_binding<T>{p.address, size};
@@ -301,18 +316,21 @@ auto bind(E, const cuda::tensor<T, S>& t) {
     b.extents = t.extents();
     return b;
 }
+// The gradient of leaf E written into a device tensor.
 template <class E, class T, class S>
 auto grad_into(E, cuda::tensor<T, S>& t) {
     cuda::detail::check_grad_leaf<E>();
     cuda::detail::check_element_type<typename E::node_type, T>();
     return cuda::detail::device_grad_binding<typename E::node_type, false>{t.data(), t.size()};
 }
+// The gradient of leaf E added to a device tensor.
 template <class E, class T, class S>
 auto grad_into(E, cuda::tensor<T, S>& t, accumulate_t) {
     cuda::detail::check_grad_leaf<E>();
     cuda::detail::check_element_type<typename E::node_type, T>();
     return cuda::detail::device_grad_binding<typename E::node_type, true>{t.data(), t.size()};
 }
+// The output gradient of a non-scalar step's backward, from a device tensor.
 template <class T, class S>
 auto seed(const cuda::tensor<T, S>& t) {
     return cuda::detail::device_seed_binding<T>{t.data(), t.size()};

@@ -74,8 +74,11 @@ struct timeout_error : error {
     using error::error;
 };
 
+// Settings of a data_parallel (PyTorch DDP's constructor arguments).
 struct options {
+    // Gradients are packed into buckets of about this many bytes, one all-reduce per bucket.
     std::size_t bucket_bytes = std::size_t(25) << 20;  // DDP's default bucket_cap_mb
+    // A collective not done after this long throws timeout_error.
     double timeout_seconds = 0;                         // 0: wait as long as MPI does
 };
 
@@ -528,6 +531,7 @@ inline engine*& current_engine() {
 // The post-accumulate hook that hands a param's finished gradient to the running
 // data_parallel::value_and_grad (tg::post_accumulate_grad_hook(W, tg::mpi::allreduce_grad{})).
 struct allreduce_grad {
+    // Hands `grad` to the running data_parallel::value_and_grad; throws binding_error outside one.
     template <class T>
     void operator()(grad_view<T>, grad_view<T> grad) const {
         detail::engine* e = detail::current_engine();
@@ -566,6 +570,11 @@ constexpr auto allreduce_in_backward(P p) {
     return hook(p, detail::reduce_in_backward_hook<L>{});
 }
 
+// Data-parallel training over MPI, the C++ form of torch.nn.parallel.DistributedDataParallel:
+// each rank runs the compiled step on its own batch, and the gradients are averaged over the
+// ranks in buckets, overlapping the backward where the params carry allreduce_grad or
+// allreduce_in_backward hooks. Errors: mismatch_error (ranks disagree), timeout_error,
+// mpi_error. See docs/distributed.md.
 template <class Step, class Params>
 class data_parallel {
 public:
@@ -579,7 +588,9 @@ public:
         engine_.handshake(typeid(Step).name(), detail::table_of(model_));
     }
 
+    // This process's rank in the communicator.
     int rank() const { return engine_.rank(); }
+    // The number of ranks.
     int size() const { return engine_.size(); }
     // The duplicated communicator (MPI_ERRORS_RETURN) the collectives use.
     MPI_Comm comm() const { return engine_.comm(); }
@@ -615,6 +626,7 @@ public:
     // While alive, value_and_grad accumulates locally without communication.
     class no_sync_scope {
     public:
+        // Enters no_sync (scopes nest).
         explicit no_sync_scope(data_parallel& dp) : dp_(dp) { ++dp_.no_sync_depth_; }
         no_sync_scope(const no_sync_scope&) = delete;
         no_sync_scope& operator=(const no_sync_scope&) = delete;
@@ -623,6 +635,8 @@ public:
     private:
         data_parallel& dp_;
     };
+    // A scope during which value_and_grad accumulates gradients locally, without communication
+    // (DDP's no_sync(), for gradient accumulation over micro-batches).
     [[nodiscard]] no_sync_scope no_sync() { return no_sync_scope(*this); }
 
     // Averages any buffer of float, double, bf16 or f16 over the ranks in place (bf16/f16 in f32).
@@ -645,12 +659,15 @@ public:
     // Figures of the last value_and_grad: collectives issued, gradients handed over by hooks,
     // seconds spent waiting for collectives (the all-reduce time not hidden).
     std::size_t buckets_last_step() const { return engine_.buckets_last_step(); }
+    // The gradients the hooks handed over during the last value_and_grad.
     std::size_t hooked_last_step() const { return engine_.hooked_last_step(); }
+    // Seconds the last value_and_grad waited for collectives (the all-reduce time not hidden).
     double wait_seconds_last_step() const { return engine_.wait_seconds_last_step(); }
     // When, in seconds after the call began, the first collective started (-1: none), and when the
     // step's forward + backward (hooks included) returned: a first start before the return means
     // the all-reduce began inside the backward.
     double first_collective_seconds_last_step() const { return engine_.first_start_seconds(); }
+    // Seconds after the last value_and_grad began at which its forward and backward returned.
     double backward_done_seconds_last_step() const { return compute_seconds_; }
     // The params' dotted names in the order their gradients went into buckets in the last call.
     std::vector<std::string> packed_order_last_step() const { return engine_.packed_order(); }

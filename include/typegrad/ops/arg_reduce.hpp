@@ -139,8 +139,10 @@ constexpr auto argmax(X x) {
     static_assert(is_dtype_v<typename X::value_type>, "typegrad: argmax(x) takes a floating expression.");
     return detail::make_node<detail::arg_reduce_op<true, X::shape_type::rank, false>>(x);
 }
+// Index of the largest element along axis Axis, the axis dropped (torch.argmax(x, dim=Axis)).
 template <expression X, int Axis>
 constexpr auto argmax(X x, axes_t<Axis>) { return detail::arg_reduce<true, false, Axis>(x); }
+// Index of the largest element along axis Axis, kept as extent 1 (torch.argmax(x, dim, keepdim=True)).
 template <expression X, int Axis>
 constexpr auto argmax(X x, axes_t<Axis>, keepdim_t) { return detail::arg_reduce<true, true, Axis>(x); }
 
@@ -150,8 +152,10 @@ constexpr auto argmin(X x) {
     static_assert(is_dtype_v<typename X::value_type>, "typegrad: argmin(x) takes a floating expression.");
     return detail::make_node<detail::arg_reduce_op<false, X::shape_type::rank, false>>(x);
 }
+// Index of the smallest element along axis Axis, the axis dropped (torch.argmin(x, dim=Axis)).
 template <expression X, int Axis>
 constexpr auto argmin(X x, axes_t<Axis>) { return detail::arg_reduce<false, false, Axis>(x); }
+// Index of the smallest element along axis Axis, kept as extent 1 (torch.argmin(x, dim, keepdim=True)).
 template <expression X, int Axis>
 constexpr auto argmin(X x, axes_t<Axis>, keepdim_t) { return detail::arg_reduce<false, true, Axis>(x); }
 

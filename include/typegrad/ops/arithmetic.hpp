@@ -122,9 +122,17 @@ constexpr auto neg(A a) { return -a; }
         TYPEGRAD_DETAIL_NO_RUNTIME_NUMBER("operator" #op "(number, expression)");                 \
         return A{};                                                                               \
     }
+// Rejected with a `typegrad:` static_assert: `expression + number` (either order) with a plain
+// number; write a compile-time constant, tg::lit<2.5>, or bind a run-time value through a tg::input.
 TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(+)
+// Rejected with a `typegrad:` static_assert: `expression - number` (either order) with a plain
+// number; write a compile-time constant, tg::lit<2.5>, or bind a run-time value through a tg::input.
 TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(-)
+// Rejected with a `typegrad:` static_assert: `expression * number` (either order) with a plain
+// number; write a compile-time constant, tg::lit<2.5>, or bind a run-time value through a tg::input.
 TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(*)
+// Rejected with a `typegrad:` static_assert: `expression / number` (either order) with a plain
+// number; write a compile-time constant, tg::lit<2.5>, or bind a run-time value through a tg::input.
 TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(/)
 #undef TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR
 

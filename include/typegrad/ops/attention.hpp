@@ -40,6 +40,7 @@ namespace typegrad {
 struct causal_t {
     explicit constexpr causal_t() = default;
 };
+// Pass to tg::scaled_dot_product_attention for a causal mask (PyTorch: is_causal=True).
 inline constexpr causal_t causal{};
 
 namespace detail {

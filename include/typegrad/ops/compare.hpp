@@ -50,16 +50,29 @@ struct where_op : elementwise_op {
         TYPEGRAD_DETAIL_CHECK_BROADCAST(#fn "(a, b)", A, B);                           \
         return detail::make_node<detail::fn##_op>(a, b);                               \
     }
+// Elementwise a > b as a mask: 1 or 0 in the operands' dtype (torch.gt, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(gt)
+// Elementwise a >= b as a mask: 1 or 0 in the operands' dtype (torch.ge, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(ge)
+// Elementwise a < b as a mask: 1 or 0 in the operands' dtype (torch.lt, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(lt)
+// Elementwise a <= b as a mask: 1 or 0 in the operands' dtype (torch.le, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(le)
+// Elementwise a == b as a mask: 1 or 0 in the operands' dtype (torch.eq, which gives
+// bool), broadcasting; no gradient flows through it.
 TYPEGRAD_DETAIL_MASK_FN(eq)
 #undef TYPEGRAD_DETAIL_MASK_FN
 
+// The value of `a` with no gradient flowing back into it (torch.Tensor.detach, jax.lax.stop_gradient).
 template <expression A>
 constexpr auto detach(A a) { return detail::make_node<detail::detach_op>(a); }
 
+// Elementwise c != 0 ? a : b, broadcasting all three (torch.where, jnp.where); the gradient flows
+// to `a` where c holds and to `b` elsewhere, none to `c`. A shape mismatch is a static_assert.
 template <expression C, expression A, expression B>
 constexpr auto where(C c, A a, B b) {
     TYPEGRAD_DETAIL_CHECK_BROADCAST("where(cond, a, b)", A, B);

@@ -36,21 +36,33 @@
 
 namespace typegrad {
 
+// Tag type of tg::data<I>.
 template <std::size_t I>
 struct data_t {};
+// In tg::mutates(...): the custom op writes into the data of its input I (an in-place update,
+// e.g. a running statistic); the write is kept in the graph and visible in the caller's buffer.
 template <std::size_t I>
 inline constexpr data_t<I> data{};
+// Tag type of tg::metadata<I>.
 template <std::size_t I>
 struct metadata_t {};
+// In tg::mutates(...): a metadata mutation of input I (resize, transpose_, as_strided, set_).
+// Declaring it is rejected with a `typegrad:` static_assert, as AOTAutograd rejects the mutation.
 template <std::size_t I>
 inline constexpr metadata_t<I> metadata{};
+// Tag type of tg::grad_output_data.
 struct grad_output_data_t {};
+// In tg::mutates(...) for backward_mutates: the backward writes into its incoming gradient; it
+// then gets a private copy, so other consumers of that gradient see the original.
 inline constexpr grad_output_data_t grad_output_data{};
 
+// The mutation declarations of a custom op, as built by tg::mutates(tg::data<I>, ...).
 template <class... Ds>
 struct mutation_list {
+    // True when input I's data is declared mutated.
     template <std::size_t I>
     static constexpr bool data_of = (std::is_same_v<Ds, data_t<I>> || ...);
+    // True when the incoming gradient is declared mutated (tg::grad_output_data).
     static constexpr bool grad_output = (std::is_same_v<Ds, grad_output_data_t> || ...);
 };
 // tg::mutates(tg::data<I>, ...): what a custom op's backward writes (static constexpr auto
@@ -64,33 +76,46 @@ constexpr mutation_list<Ds...> mutates(Ds...) {
 template <class T, bool Mutable>
 class tensor_view {
 public:
+    // The element type.
     using value_type = T;
+    // T& for a view the op declared mutable, const T& otherwise.
     using reference = std::conditional_t<Mutable, T&, const T&>;
+    // T* for a view the op declared mutable, const T* otherwise.
     using pointer = std::conditional_t<Mutable, T*, const T*>;
+    // A view of `data` with the given row-major extents (typegrad builds the views it hands to ops).
     tensor_view(pointer data, std::span<const std::size_t> extents) : data_(data), extents_(extents) {}
+    // The number of elements.
     std::size_t size() const {
         std::size_t n = 1;
         for (std::size_t e : extents_) n *= e;
         return n;
     }
+    // The extents, row-major.
     std::span<const std::size_t> extents() const { return extents_; }
+    // Element i in row-major order.
     reference operator[](std::size_t i) const { return data_[i]; }
+    // The first element.
     pointer data() const { return data_; }
+    // Iteration over all elements, row-major.
     pointer begin() const { return data_; }
+    // One past the last element.
     pointer end() const { return data_ + size(); }
     // Metadata changes are not data mutations: AOTAutograd rejects them, typegrad at compile time.
     template <class... A>
     void resize_(A&&...) const {
         static_assert(detail::always_false<A...>, "typegrad: a custom op may not resize_ a tensor (a metadata mutation); only data mutations are allowed.");
     }
+    // Does not compile: an in-place transpose is a metadata mutation (see resize_).
     template <class... A>
     void transpose_(A&&...) const {
         static_assert(detail::always_false<A...>, "typegrad: a custom op may not transpose_ a tensor in place (a metadata mutation); only data mutations are allowed.");
     }
+    // Does not compile: as_strided_ is a metadata mutation (see resize_).
     template <class... A>
     void as_strided_(A&&...) const {
         static_assert(detail::always_false<A...>, "typegrad: a custom op may not as_strided_ a tensor (a metadata mutation); only data mutations are allowed.");
     }
+    // Does not compile: set_ replaces the storage, a metadata mutation (see resize_).
     template <class... A>
     void set_(A&&...) const {
         static_assert(detail::always_false<A...>, "typegrad: a custom op may not set_ a tensor's storage (a metadata mutation); only data mutations are allowed.");

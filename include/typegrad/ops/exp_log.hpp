@@ -66,6 +66,8 @@ constexpr auto pow(X x, Y y) {
     else if constexpr ((detail::constant_of<NY>::value == 2.0)) return square(x);
     else return detail::make_node<detail::pow_op>(x, y);
 }
+// Rejected with a `typegrad:` static_assert: a run-time number cannot enter the graph type; write
+// pow(x, tg::lit<3>) for a constant exponent, or bind a run-time one through a tg::input leaf.
 template <expression X, class S>
     requires std::is_arithmetic<S>::value
 constexpr auto pow(X x, S) {

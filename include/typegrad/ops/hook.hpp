@@ -24,15 +24,21 @@ namespace typegrad {
 // The whole gradient of one node, writable, row-major.
 template <class T>
 struct grad_view {
+    // The first element.
     T* data;
+    // The node's extents (row-major).
     std::span<const std::size_t> extents;
+    // The number of elements, the product of the extents.
     std::size_t size() const {
         std::size_t n = 1;
         for (std::size_t e : extents) n *= e;
         return n;
     }
+    // Element i in row-major order.
     T& operator[](std::size_t i) const { return data[i]; }
+    // Iteration over all elements, row-major.
     T* begin() const { return data; }
+    // One past the last element.
     T* end() const { return data + size(); }
 };
 

@@ -48,12 +48,14 @@ constexpr auto log_sum_exp(X in) {
     auto shift = detach(detail::finite_or_zero(max(detail::below_inf(x))));
     return shift + log(sum(exp(x - shift)));
 }
+// log(sum(exp(x))) along axis Axis, the axis dropped, computed stably (torch.logsumexp(x, dim)).
 template <expression X, int Axis>
 constexpr auto log_sum_exp(X x, axes_t<Axis>) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
                   "typegrad: log_sum_exp(x, tg::axes<a>) names an axis x does not have.");
     return detail::drop_axes<typename X::shape_type, Axis>(detail::log_sum_exp_keepdim<Axis>(detail::fp32_on_cuda_entry(x)));
 }
+// log_sum_exp along axis Axis, kept as extent 1 (torch.logsumexp(x, dim, keepdim=True)).
 template <expression X, int Axis>
 constexpr auto log_sum_exp(X x, axes_t<Axis>, keepdim_t) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
@@ -61,6 +63,8 @@ constexpr auto log_sum_exp(X x, axes_t<Axis>, keepdim_t) {
     return detail::log_sum_exp_keepdim<Axis>(detail::fp32_on_cuda_entry(x));
 }
 
+// log(softmax(x)) along axis Axis (default the last), as (x - max) - log(sum(exp(x - max)))
+// (torch.log_softmax(x, dim), jax.nn.log_softmax). On CUDA it runs in f32 under autocast.
 template <expression X, int Axis = -1>
 constexpr auto log_softmax(X x, axes_t<Axis> = {}) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),
@@ -71,6 +75,8 @@ constexpr auto log_softmax(X x, axes_t<Axis> = {}) {
     auto shifted = e - detail::softmax_shift<Axis>(e);
     return shifted - log(sum(exp(shifted), axes<Axis>, keepdim));
 }
+// exp(x - max) / sum(exp(x - max)) along axis Axis (default the last) (torch.softmax(x, dim),
+// jax.nn.softmax). A bad axis is a static_assert.
 template <expression X, int Axis = -1>
 constexpr auto softmax(X x, axes_t<Axis> a = {}) {
     static_assert(detail::axes_valid<typename X::shape_type, Axis>(),

@@ -193,6 +193,7 @@ constexpr auto linear(X x, W w) {
     static_assert(W::shape_type::rank == 2, "typegrad: linear(x, W, b) needs a 2-D weight (out, in).");
     return matmul(x, transpose(w));
 }
+// x W^T + b (F.linear(x, W, b)); under autocast the bias is cast like the other inputs.
 template <expression X, expression W, expression B>
 constexpr auto linear(X x, W w, B b) {
     static_assert(B::shape_type::rank == 1, "typegrad: linear(x, W, b) needs a 1-D bias.");

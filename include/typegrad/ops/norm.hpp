@@ -206,6 +206,7 @@ constexpr auto layer_norm(X in) {
     return detail::narrowed(
         detail::value_with_vjp<detail::layer_norm_backward<K, Eps>>(detail::layer_normalize_composite<K, Eps>(xf), xf), x);
 }
+// layer_norm with an elementwise weight of shape x.shape[-K:] and no bias.
 template <std::size_t K = 1, num Eps = 1e-5, expression X, expression W>
 constexpr auto layer_norm(X in, W weight) {
     detail::check_norm_axes<K, X>("layer_norm");
@@ -218,6 +219,7 @@ constexpr auto layer_norm(X in, W weight) {
                                 detail::layer_normalize_composite<K, Eps>(xf) * wf, xf, wf),
                             x, w);
 }
+// layer_norm with an elementwise weight and bias of shape x.shape[-K:] (nn.LayerNorm's affine form).
 template <std::size_t K = 1, num Eps = 1e-5, expression X, expression W, expression B>
 constexpr auto layer_norm(X in, W weight, B bias) {
     detail::check_norm_axes<K, X>("layer_norm");
@@ -242,6 +244,7 @@ constexpr auto rms_norm(X x) {
     constexpr double eps = Eps.value() < 0 ? detail::machine_epsilon<typename X::value_type>() : Eps.value();
     return detail::narrowed(detail::rms_normalize<K, eps>(x), x);
 }
+// rms_norm with an elementwise weight of shape x.shape[-K:] (nn.RMSNorm's affine form).
 template <std::size_t K = 1, num Eps = -1, expression X, expression W>
 constexpr auto rms_norm(X x, W weight) {
     detail::check_norm_axes<K, X>("rms_norm");

@@ -16,6 +16,9 @@ namespace typegrad {
 // to there (PyTorch's autocast op lists). An op declares its class with
 // `static constexpr autocast_class autocast_on(device_kind)`; without one it promotes.
 enum class device_kind : unsigned char { cpu, cuda };
+// What autocast does to an op's floating inputs (PyTorch's autocast op lists): lower_precision
+// casts them to the spec's dtype (matmul, linear, conv), fp32 casts them up to f32 (losses, norms,
+// and on CUDA exp, log, softmax, sum), promote runs in the widest input dtype (add, mul, where).
 enum class autocast_class : unsigned char { lower_precision, fp32, promote };
 }  // namespace typegrad
 

@@ -7,13 +7,18 @@
 
 namespace typegrad {
 
+// The axes a reduction runs over, as a type: pass tg::axes<a...>. Negative axes count from the end.
 template <int... Axes>
 struct axes_t {};
+// The axes a reduction runs over: tg::sum(x, tg::axes<0, 2>) (PyTorch: dim=(0, 2)). Negative
+// axes count from the end; an axis x does not have, or one named twice, is a static_assert.
 template <int... Axes>
 inline constexpr axes_t<Axes...> axes{};
+// Tag type of tg::keepdim.
 struct keepdim_t {
     explicit constexpr keepdim_t() = default;
 };
+// Keep the reduced axes as extent 1: tg::sum(x, tg::axes<1>, tg::keepdim) (PyTorch: keepdim=True).
 inline constexpr keepdim_t keepdim{};
 
 namespace detail {
@@ -83,11 +88,13 @@ template <expression X>
 constexpr auto sum(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::sum, scalar_shape>>(x);
 }
+// Sum over the named axes, which are dropped (torch.sum(x, dim=(a, ...))).
 template <expression X, int... Axes>
 constexpr auto sum(X x, axes_t<Axes...>) {
     TYPEGRAD_DETAIL_CHECK_AXES("sum");
     return detail::reduce_axes<detail::reduce_kind::sum, false, Axes...>(x);
 }
+// Sum over the named axes, kept as extent 1 (torch.sum(x, dim, keepdim=True)).
 template <expression X, int... Axes>
 constexpr auto sum(X x, axes_t<Axes...>, keepdim_t) {
     TYPEGRAD_DETAIL_CHECK_AXES("sum");
@@ -99,12 +106,14 @@ template <expression X>
 constexpr auto mean(X x) {
     return sum(x) * detail::make_node<detail::inv_count_op<scalar_shape>>(x);
 }
+// Mean over the named axes, kept as extent 1 (torch.mean(x, dim, keepdim=True)).
 template <expression X, int... Axes>
 constexpr auto mean(X x, axes_t<Axes...>, keepdim_t) {
     TYPEGRAD_DETAIL_CHECK_AXES("mean");
     using target = typename detail::keepdim_shape<typename X::shape_type, Axes...>::type;
     return sum(x, axes<Axes...>, keepdim) * detail::make_node<detail::inv_count_op<target>>(x);
 }
+// Mean over the named axes, which are dropped (torch.mean(x, dim=(a, ...))).
 template <expression X, int... Axes>
 constexpr auto mean(X x, axes_t<Axes...> a) {
     return detail::drop_axes<typename X::shape_type, Axes...>(mean(x, a, keepdim));
@@ -116,11 +125,13 @@ template <expression X>
 constexpr auto max(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::max, scalar_shape>>(x);
 }
+// Largest element along the named axes, which are dropped (torch.amax(x, dim)).
 template <expression X, int... Axes>
 constexpr auto max(X x, axes_t<Axes...>) {
     TYPEGRAD_DETAIL_CHECK_AXES("max");
     return detail::reduce_axes<detail::reduce_kind::max, false, Axes...>(x);
 }
+// Largest element along the named axes, kept as extent 1 (torch.amax(x, dim, keepdim=True)).
 template <expression X, int... Axes>
 constexpr auto max(X x, axes_t<Axes...>, keepdim_t) {
     TYPEGRAD_DETAIL_CHECK_AXES("max");
@@ -131,11 +142,13 @@ template <expression X>
 constexpr auto min(X x) {
     return detail::make_node<detail::reduce_op<detail::reduce_kind::min, scalar_shape>>(x);
 }
+// Smallest element along the named axes, which are dropped (torch.amin(x, dim)).
 template <expression X, int... Axes>
 constexpr auto min(X x, axes_t<Axes...>) {
     TYPEGRAD_DETAIL_CHECK_AXES("min");
     return detail::reduce_axes<detail::reduce_kind::min, false, Axes...>(x);
 }
+// Smallest element along the named axes, kept as extent 1 (torch.amin(x, dim, keepdim=True)).
 template <expression X, int... Axes>
 constexpr auto min(X x, axes_t<Axes...>, keepdim_t) {
     TYPEGRAD_DETAIL_CHECK_AXES("min");

@@ -49,6 +49,8 @@ struct checkpoint_error : error {
 
 // Static shapes of a step's graph params, by name (for safetensors shapes).
 using shape_map = std::map<std::string, std::vector<std::size_t>, std::less<>>;
+// The static shapes of a step's params by name, for safetensors_writer::add and
+// safetensors_reader::load (params with a dynamic extent are left out).
 template <class Step>
 shape_map shapes_of(const Step&) {
     shape_map m;
@@ -137,6 +139,7 @@ public:
                    opt.steps.size(), 8},
                   {opt.steps.size()});
     }
+    // A string pair for the header's __metadata__ (Hugging Face's free-form metadata).
     void add_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
 
     // Writes to a temporary file beside `path`, then renames it: a failed save leaves no half file.
@@ -187,10 +190,16 @@ private:
 // (checkpoint_error, shape_error) before the destination is touched.
 class safetensors_reader {
 public:
+    // One tensor of the file as its header describes it.
     struct tensor_info {
+        // The safetensors dtype name: "F32", "F64", "BF16", "F16", "I64", ...
         std::string dtype;
+        // The extents, row-major.
         std::vector<std::size_t> shape;
-        std::size_t begin, end;  // byte offsets into the data section
+        // The offset of the tensor's first byte in the data section.
+        std::size_t begin;
+        // The offset one past its last byte.
+        std::size_t end;
     };
 
     // Reads the file and validates the header: well-formed JSON, known dtypes, shapes that match
@@ -250,7 +259,9 @@ public:
         if (at != data_.size()) throw fail("bytes after the last tensor (or the file is corrupt)");
     }
 
+    // Every tensor of the file, by name.
     const std::map<std::string, tensor_info, std::less<>>& tensors() const { return tensors_; }
+    // The header's __metadata__ (empty when it has none).
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
     // Fills every buffer of the set from the tensor named prefix + its dotted name. Checks all of
@@ -264,6 +275,10 @@ public:
         }
         for (const detail::st_tensor_ref& r : refs) copy(r);
     }
+    // Fills an optimizer's state and step counts from the tensors add_optimizer wrote with the same
+    // prefix. Checks everything first, leaving the optimizer untouched on error: a missing tensor,
+    // another dtype or steps that do not match the optimizer throw checkpoint_error, another
+    // element count shape_error.
     template <class Optimizer>
     void load_optimizer(Optimizer& opt, std::string_view prefix = "") const {
         std::vector<detail::st_tensor_ref> refs;

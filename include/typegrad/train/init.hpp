@@ -31,17 +31,24 @@ namespace typegrad {
 
 // A seed and the next stream: each initialiser call consumes one stream.
 struct generator {
+    // The Philox key: the same seed gives the same numbers on every platform.
     std::uint64_t seed = 0;
+    // The stream the next initialiser call takes.
     std::uint64_t stream = 0;
+    // Returns the current stream and advances to the next (called by every initialiser).
     std::uint64_t take_stream() { return stream++; }
 };
 
 // torch.nn.init's fan rules for a weight of extents {out, in, k...}: fan_in = in * prod(k),
 // fan_out = out * prod(k). Fewer than 2 extents is an error, as in PyTorch.
 struct fans {
+    // fan_in: in * prod(k).
     std::size_t in;
+    // fan_out: out * prod(k).
     std::size_t out;
 };
+// The fans of a weight with the given extents {out, in, k...} (PyTorch's
+// _calculate_fan_in_and_fan_out); throws shape_error for fewer than 2 extents.
 inline fans compute_fans(std::span<const std::size_t> extents) {
     if (extents.size() < 2)
         throw shape_error(detail::message("typegrad: fan in and fan out need at least 2 extents, got ",
@@ -51,7 +58,10 @@ inline fans compute_fans(std::span<const std::size_t> extents) {
     return {extents[1] * receptive, extents[0] * receptive};
 }
 
+// The activation a gain is computed for (the strings of torch.nn.init.calculate_gain).
 enum class nonlinearity { linear, conv, sigmoid, tanh, relu, leaky_relu, selu };
+// Which fan kaiming initialisation preserves: fan_in (the forward's variance, PyTorch's default)
+// or fan_out (the backward's).
 enum class fan_mode { fan_in, fan_out };
 
 // torch.nn.init.calculate_gain. `param` is leaky_relu's negative slope.
@@ -208,8 +218,11 @@ void xavier_normal(R&& buf, std::span<const std::size_t> extents, generator& gen
 // torch.nn.init.kaiming_uniform_ / kaiming_normal_ (He): std = gain(nonlinearity, a) / sqrt(fan),
 // with PyTorch's defaults (a = 0, fan_in, leaky_relu: gain sqrt(2)).
 struct kaiming_options {
+    // The negative slope of leaky_relu (PyTorch's `a`).
     double a = 0;
+    // The fan the std is computed from (PyTorch's `mode`).
     fan_mode mode = fan_mode::fan_in;
+    // The nonlinearity of the gain (PyTorch's `nonlinearity`).
     nonlinearity nonlin = nonlinearity::leaky_relu;
 };
 namespace detail {
@@ -235,7 +248,7 @@ void kaiming_normal(R&& buf, std::span<const std::size_t> extents, generator& ge
 }
 
 // The same initialisers with the extents as a list, or taken from a static-shaped graph param.
-#define TYPEGRAD_INIT_OVERLOADS(NAME, OPTIONS, DEFAULT)                                                  \
+#define TYPEGRAD_DETAIL_INIT_OVERLOADS(NAME, OPTIONS, DEFAULT)                                                  \
     template <class R>                                                                                  \
     void NAME(R&& buf, std::initializer_list<std::size_t> extents, generator& gen, OPTIONS o = DEFAULT) { \
         NAME(buf, std::span<const std::size_t>(extents.begin(), extents.size()), gen, o);                \
@@ -245,10 +258,18 @@ void kaiming_normal(R&& buf, std::span<const std::size_t> extents, generator& ge
         const std::vector<std::size_t> e = detail::static_extents<E>();                                 \
         NAME(buf, std::span<const std::size_t>(e), gen, o);                                              \
     }
-TYPEGRAD_INIT_OVERLOADS(xavier_uniform, double, 1.0)
-TYPEGRAD_INIT_OVERLOADS(xavier_normal, double, 1.0)
-TYPEGRAD_INIT_OVERLOADS(kaiming_uniform, kaiming_options, {})
-TYPEGRAD_INIT_OVERLOADS(kaiming_normal, kaiming_options, {})
-#undef TYPEGRAD_INIT_OVERLOADS
+// xavier_uniform with the extents as a list, xavier_uniform(buf, {out, in}, gen), or taken from a
+// static-shaped param, xavier_uniform(buf, W, gen) (a shape_error when the sizes differ).
+TYPEGRAD_DETAIL_INIT_OVERLOADS(xavier_uniform, double, 1.0)
+// xavier_normal with the extents as a list, xavier_normal(buf, {out, in}, gen), or taken from a
+// static-shaped param, xavier_normal(buf, W, gen) (a shape_error when the sizes differ).
+TYPEGRAD_DETAIL_INIT_OVERLOADS(xavier_normal, double, 1.0)
+// kaiming_uniform with the extents as a list, kaiming_uniform(buf, {out, in}, gen), or taken from a
+// static-shaped param, kaiming_uniform(buf, W, gen) (a shape_error when the sizes differ).
+TYPEGRAD_DETAIL_INIT_OVERLOADS(kaiming_uniform, kaiming_options, {})
+// kaiming_normal with the extents as a list, kaiming_normal(buf, {out, in}, gen), or taken from a
+// static-shaped param, kaiming_normal(buf, W, gen) (a shape_error when the sizes differ).
+TYPEGRAD_DETAIL_INIT_OVERLOADS(kaiming_normal, kaiming_options, {})
+#undef TYPEGRAD_DETAIL_INIT_OVERLOADS
 
 }  // namespace typegrad

@@ -151,8 +151,11 @@ public:
         for (std::size_t i = 0; i < p.size(); ++i) run(i, p, g[i].data, state);
     }
 
-protected:
+    // What an optimizer's state_tables() returns: per state name ("exp_avg", ...), one buffer per
+    // param in the parameter set's depth-first order (checkpoints save them under these names).
     using tables = std::vector<std::pair<std::string, std::vector<detail::buffer_ref>>>;
+
+private:
     Derived& self() { return static_cast<Derived&>(*this); }
 
     void run(std::size_t i, const std::vector<detail::buffer_ref>& p, const void* grad, const tables& state) {
@@ -191,10 +194,15 @@ public:
 
 // ---- SGD --------------------------------------------------------------------------------------
 struct sgd_options {
+    // The learning rate (set it from a schedule before a step: opt.options.lr = sched(t)).
     double lr = 1e-3;
+    // Momentum factor; 0 is plain SGD.
     double momentum = 0;
+    // Dampening of the momentum's gradient term: buf = momentum * buf + (1 - dampening) * g.
     double dampening = 0;
+    // L2 penalty added to the gradient: g += weight_decay * p.
     double weight_decay = 0;
+    // Nesterov momentum (needs momentum > 0 and dampening 0).
     bool nesterov = false;
 };
 
@@ -203,9 +211,12 @@ struct sgd_options {
 template <class Params>
 class sgd : public optimizer_base<sgd<Params>, Params> {
 public:
+    // The hyperparameters; may be changed between steps.
     sgd_options options;
     Params momentum_buffer;  // valid once a step has run
 
+    // State buffers shaped like `params` (zero); throws typegrad::error for invalid options (negative
+    // lr, momentum or weight_decay; nesterov without momentum or with dampening).
     explicit sgd(const Params& params, sgd_options o = {}) : options(o), momentum_buffer(zeros_like(params)) {
         if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
             throw error("typegrad: sgd: nesterov momentum needs momentum > 0 and dampening 0 (as in PyTorch)");
@@ -213,10 +224,13 @@ public:
             throw error("typegrad: sgd: lr, momentum and weight_decay must be non-negative");
     }
 
+    // The state buffers by name ("momentum_buffer"), for checkpoints and the update.
     typename optimizer_base<sgd, Params>::tables state_tables() {
         return {{"momentum_buffer", detail::buffer_table(momentum_buffer)}};
     }
 
+    // The update of one buffer of n elements at step `step` (1 on the first); s holds the state
+    // buffers in state_tables() order. Called by optimizer_base::step.
     template <class T>
     void kernel(T* p, const T* g, std::size_t n, std::int64_t step, std::array<void*, 3> s) const {
         T* buf = static_cast<T*>(s[0]);
@@ -241,11 +255,17 @@ public:
 
 // ---- Adam / AdamW ------------------------------------------------------------------------------
 struct adam_options {
+    // The learning rate.
     double lr = 1e-3;
+    // Decay of the first moment (PyTorch's betas[0]).
     double beta1 = 0.9;
+    // Decay of the second moment (PyTorch's betas[1]).
     double beta2 = 0.999;
+    // Added to the denominator.
     double eps = 1e-8;
+    // Adam: L2 penalty added to the gradient; AdamW: decoupled decay p *= 1 - lr * weight_decay.
     double weight_decay = 0;
+    // Use the running maximum of the second moment (AMSGrad).
     bool amsgrad = false;
 };
 
@@ -287,19 +307,28 @@ void adam_kernel(const adam_options& o, T* p, const T* g, std::size_t n, std::in
 template <class Params>
 class adam : public optimizer_base<adam<Params>, Params> {
 public:
+    // The hyperparameters; may be changed between steps.
     adam_options options;
-    Params exp_avg, exp_avg_sq, max_exp_avg_sq;  // max_exp_avg_sq is used with amsgrad only
+    // The first moment m, one buffer per param (PyTorch's state["exp_avg"]).
+    Params exp_avg;
+    // The second moment v (state["exp_avg_sq"]).
+    Params exp_avg_sq;
+    // The running maximum of v, used with amsgrad only (state["max_exp_avg_sq"]).
+    Params max_exp_avg_sq;
 
+    // State buffers shaped like `params` (zero); throws typegrad::error for invalid options.
     explicit adam(const Params& params, adam_options o = {})
         : options(o), exp_avg(zeros_like(params)), exp_avg_sq(zeros_like(params)), max_exp_avg_sq(zeros_like(params)) {
         if (o.lr < 0 || o.eps < 0 || o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1 || o.weight_decay < 0)
             throw error("typegrad: adam: needs lr >= 0, eps >= 0, 0 <= beta1, beta2 < 1, weight_decay >= 0");
     }
+    // The state buffers by name ("exp_avg", "exp_avg_sq", "max_exp_avg_sq").
     typename optimizer_base<adam, Params>::tables state_tables() {
         return {{"exp_avg", detail::buffer_table(exp_avg)},
                 {"exp_avg_sq", detail::buffer_table(exp_avg_sq)},
                 {"max_exp_avg_sq", detail::buffer_table(max_exp_avg_sq)}};
     }
+    // The update of one buffer (see sgd::kernel).
     template <class T>
     void kernel(T* p, const T* g, std::size_t n, std::int64_t step, std::array<void*, 3> s) const {
         detail::adam_kernel<T, false>(options, p, g, n, step, static_cast<T*>(s[0]), static_cast<T*>(s[1]),
@@ -312,19 +341,29 @@ public:
 template <class Params>
 class adamw : public optimizer_base<adamw<Params>, Params> {
 public:
+    // The hyperparameters; may be changed between steps.
     adam_options options;
-    Params exp_avg, exp_avg_sq, max_exp_avg_sq;
+    // The first moment m, one buffer per param (PyTorch's state["exp_avg"]).
+    Params exp_avg;
+    // The second moment v (state["exp_avg_sq"]).
+    Params exp_avg_sq;
+    // The running maximum of v, used with amsgrad only (state["max_exp_avg_sq"]).
+    Params max_exp_avg_sq;
 
+    // State buffers shaped like `params` (zero); weight_decay defaults to 0.01 as in PyTorch; throws
+    // typegrad::error for invalid options.
     explicit adamw(const Params& params, adam_options o = {.weight_decay = 1e-2})
         : options(o), exp_avg(zeros_like(params)), exp_avg_sq(zeros_like(params)), max_exp_avg_sq(zeros_like(params)) {
         if (o.lr < 0 || o.eps < 0 || o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1 || o.weight_decay < 0)
             throw error("typegrad: adamw: needs lr >= 0, eps >= 0, 0 <= beta1, beta2 < 1, weight_decay >= 0");
     }
+    // The state buffers by name ("exp_avg", "exp_avg_sq", "max_exp_avg_sq").
     typename optimizer_base<adamw, Params>::tables state_tables() {
         return {{"exp_avg", detail::buffer_table(exp_avg)},
                 {"exp_avg_sq", detail::buffer_table(exp_avg_sq)},
                 {"max_exp_avg_sq", detail::buffer_table(max_exp_avg_sq)}};
     }
+    // The update of one buffer (see sgd::kernel).
     template <class T>
     void kernel(T* p, const T* g, std::size_t n, std::int64_t step, std::array<void*, 3> s) const {
         detail::adam_kernel<T, true>(options, p, g, n, step, static_cast<T*>(s[0]), static_cast<T*>(s[1]),
@@ -360,6 +399,8 @@ double clip_grad_norm(Grads& grads, double max_norm) {
 // The post-accumulate hook that updates a param with the scope's optimizer as soon as its
 // gradient is complete.
 struct optimizer_step {
+    // Updates `param` from its complete gradient `grad` with the innermost tg::optimizer_in_backward
+    // scope of this thread; throws binding_error outside one.
     template <class T>
     void operator()(grad_view<T> param, grad_view<T> grad) const {
         static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
@@ -375,6 +416,7 @@ struct optimizer_step {
 template <class Optimizer, class Params>
 class optimizer_in_backward : detail::backward_update_target {
 public:
+    // Installs the scope for this thread (scopes nest; the destructor restores the previous one).
     optimizer_in_backward(Optimizer& opt, Params& params)
         : opt_(opt), params_(params), previous_(detail::current_backward_target()) {
         detail::current_backward_target() = this;

@@ -702,6 +702,8 @@ auto grads_into(Grads& grads) {
                   "BOOST_HANA_DEFINE_STRUCT or BOOST_HANA_ADAPT_STRUCT.");
     return detail::grad_set_binding<Grads, false>{&grads};
 }
+// grads_into that adds to the gradients already in `grads` (gradient accumulation over
+// micro-batches; PyTorch's default .grad behaviour).
 template <class Grads>
 auto grads_into(Grads& grads, accumulate_t) {
     static_assert(detail::hana_struct<Grads> && !std::is_const_v<Grads>,
@@ -717,12 +719,15 @@ auto value_and_grad(const Step& step, const Args&... args) {
     auto expanded = detail::expand_arguments<Step>(args...);
     return std::apply([&](const auto&... a) { return step.value_and_grad(a...); }, expanded);
 }
+// step.forward(...) with parameter sets among the arguments: returns the forward context for
+// tg::backward.
 template <class Step, class... Args>
 auto forward(const Step& step, const Args&... args) {
     detail::check_one_set<Args...>();
     auto expanded = detail::expand_arguments<Step>(args...);
     return std::apply([&](const auto&... a) { return step.forward(a...); }, expanded);
 }
+// step.backward(ctx, ...) with parameter sets (tg::grads_into) among the arguments.
 template <class Step, class Ctx, class... Args>
 void backward(const Step& step, const Ctx& ctx, const Args&... args) {
     detail::check_one_set<Args...>();
