@@ -211,6 +211,9 @@ constexpr auto grad(Loss, Leaf) {
                                 "(a tg::param), not an expression.");
     return detail::gradient_expr<L, detail::node_of_t<decltype(lit<1>)>, W>();
 }
+// The gradient of a non-scalar output with respect to a leaf for the output gradient `seed` (an
+// expression of the output's shape), as an expression (torch.autograd.grad(out, leaf, seed);
+// JAX: the vjp function applied to seed).
 template <class Out, class Leaf, class Seed>
 constexpr auto grad(Out, Leaf, Seed) {
     using O = detail::node_of_t<Out>;
@@ -223,6 +226,7 @@ constexpr auto grad(Out, Leaf, Seed) {
     return detail::gradient_expr<O, S, W>();
 }
 
+// The type of grad(loss, leaf): the gradient graph itself, differentiable again (higher order).
 template <class Loss, class Leaf>
 using grad_t = decltype(grad(std::declval<Loss>(), std::declval<Leaf>()));
 

@@ -59,20 +59,29 @@
 namespace typegrad {
 
 namespace scan_memory {
+// tg::scan<tg::scan_memory::layers>: the backward's replay keeps every layer's inner forward
+// context and runs the split backward (one extra forward; peak memory L x one layer's saved values).
 struct layers {};
+// tg::scan<tg::scan_memory::carries> (default): the replay keeps only the L carries; each layer's
+// backward is one fused value_and_grad that recomputes its forward (activation checkpointing of the
+// layer body, as jax.checkpoint; peak memory L x carry).
 struct carries {};
 }  // namespace scan_memory
 
 // tg::carry(leaf, initial): the layer's carried leaf and the expression giving its first value.
 template <class Leaf, class Init>
 struct carry_t {
+    // The leaf the layer reads the carry through.
     using leaf_expr = Leaf;
+    // The expression giving the first layer's carry.
     using init_expr = Init;
 };
 // tg::stacked(leaf, stacked): a per-layer param and its [L, ...] stack.
 template <class Leaf, class Stack>
 struct stacked_t {
+    // The per-layer param leaf the layer reads.
     using leaf_expr = Leaf;
+    // The [L, ...] param leaf the step binds (one slice per layer).
     using stack_expr = Stack;
 };
 

@@ -30,11 +30,15 @@ namespace typegrad {
 // The number of distinct plans (graph x call signature) run so far in this process.
 inline std::size_t plan_count();
 
+// The leaves a step differentiates with respect to, as built by tg::wrt.
 template <class... Leaves>
 struct wrt_t {
+    // The leaf types, in the order given to tg::wrt.
     using leaves = detail::type_list<Leaves...>;
 };
 
+// The params to differentiate with respect to: tg::compile(loss, tg::wrt(W, b)) (torch.autograd.grad's
+// inputs, jax.grad's argnums). Expressions, inputs and repeated leaves are static_asserts.
 template <class... Es>
 constexpr auto wrt(Es...) {
     static_assert(detail::all_true({is_leaf_v<typename Es::node_type>...}),
@@ -49,8 +53,12 @@ constexpr auto wrt(Es...) {
 
 // Passed to backward(): the caller will differentiate the gradient again.
 struct create_graph_t {
+    // Whether the gradient will be differentiated again (as create_graph=True).
     bool enabled = true;
 };
+// Pass to backward(ctx, ..., tg::create_graph) when the caller will differentiate the gradient
+// again (torch.autograd.grad(create_graph=True)); throws mutation_error if a custom op's backward
+// mutates an input that requires grad.
 inline constexpr create_graph_t create_graph{};
 
 // Policy for compile<>: check every forward and backward value for NaN/Inf and throw
@@ -239,6 +247,7 @@ struct backward_autocast_rewrite<N, Spec, ForwardGraph> {
 // tg::type_list<tg::bf16>>).
 template <class Nodes, fixed_string Name>
 using op_dtypes_t = decltype(detail::op_dtypes<Name>(Nodes{}));
+// A list of types (of nodes, dtypes), as op_dtypes_t and backward_nodes_t give them.
 template <class... Ts>
 using type_list = detail::type_list<Ts...>;
 
@@ -323,16 +332,29 @@ void bind_grad(const Arg& b, [[maybe_unused]] void** out, [[maybe_unused]] const
 template <class Step, class FwdPP>
 class forward_context;
 
+// A compiled value-and-gradient step, as returned by tg::compile(loss, tg::wrt(...)): the
+// forward and backward plans are derived from the graph type at compile time (PyTorch:
+// torch.compile'd forward plus AOTAutograd's backward; JAX: jax.jit(jax.value_and_grad(f))).
+// Calls take bindings (tg::bind, tg::grad_into, tg::seed, tg::params, tg::grads_into) in any order;
+// a missing or extra binding is a static_assert, run-time errors throw before any caller buffer
+// is written.
 template <class Policy, class Loss, class... Wrt>
 class step {
 public:
+    // The loss (output) node type.
     using loss_node = Loss;
+    // The loss's dtype.
     using value_type = typename Loss::value_type;
+    // The leaves given to tg::wrt.
     using wrt_list = detail::type_list<Wrt...>;
+    // True for a scalar output (value_and_grad); otherwise backward needs tg::seed.
     static constexpr bool scalar_loss = detail::is_scalar_loss_v<Loss>;
+    // The leaf tg::seed binds for a non-scalar output (the output's dtype and shape).
     using seed_leaf = leaf<name_of_t<"seed">, value_type, typename Loss::shape_type, leaf_role::seed>;
 
+    // The spec of the autocast region wrapping the whole loss (no_autocast when none).
     using ambient_autocast = typename Policy::ambient;
+    // The spec the backward ops run under, from the backward_autocast policy.
     using backward_autocast_spec = typename Policy::backward_spec;
 
     // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf, with the
@@ -343,6 +365,13 @@ public:
                                                 Leaf>())::node_type,
         backward_autocast_spec, detail::topo<Loss>>::type>())::node_type;
 
+    // The loss and the gradients in one fused call: returns the scalar loss and writes the gradient
+    // of every leaf named in a tg::grad_into / tg::grads_into argument (others are not computed).
+    // Arguments: tg::bind for every leaf of the graph, grad_into for any subset of the wrt leaves.
+    // Throws shape_error (sizes), binding_error (null buffers), aliasing_error (outputs overlapping
+    // inputs), autocast_mismatch (tg::autocast_guard contradicts the policy), anomaly_error (with
+    // tg::detect_anomaly): all before any buffer is written. PyTorch: loss.backward() after the
+    // forward; JAX: jax.value_and_grad.
     template <class... Args>
         requires(!detail::any_device_argument<Args...>)
     value_type value_and_grad(const Args&... args) const {
@@ -376,6 +405,8 @@ public:
         return read_loss<PP>(st, loss_slot);
     }
 
+    // The forward pass alone: returns a forward_context holding the output and what the backward
+    // needs. The bound buffers must stay alive and unchanged until backward. Throws as value_and_grad.
     template <class... Args>
         requires(!detail::any_device_argument<Args...>)
     auto forward(const Args&... args) const {
@@ -411,6 +442,10 @@ public:
         return ctx;
     }
 
+    // The backward of a forward_context from this step: writes the gradients named by grad_into
+    // arguments; a non-scalar output needs tg::seed(buffer) (the output's gradient; PyTorch:
+    // out.backward(grad)). Throws as value_and_grad, and mutation_error for tg::create_graph with a
+    // mutating custom backward.
     template <class Ctx, class... Args>
         requires(!detail::any_device_argument<Ctx, Args...>)
     void backward(const Ctx& ctx, const Args&... args) const {
@@ -449,17 +484,20 @@ public:
     }
 
     // A call with a device binding (tg::cuda::tensor, tg::cuda::bind) or a device forward context
-    // runs on the device backend (typegrad/cuda.hpp), which rejects host bindings mixed in.
+    // runs on the device backend (typegrad/cuda.hpp), which rejects host bindings mixed in
+    // (device_error). value_and_grad with device bindings: the loss, gradients written on the device.
     template <class... Args>
         requires detail::any_device_argument<Args...>
     value_type value_and_grad(const Args&... args) const {
         return detail::device_backend<step>::value_and_grad(*this, args...);
     }
+    // forward with device bindings: returns a tg::cuda::forward_context.
     template <class... Args>
         requires detail::any_device_argument<Args...>
     auto forward(const Args&... args) const {
         return detail::device_backend<step>::forward(*this, args...);
     }
+    // backward of a tg::cuda::forward_context, with device gradient bindings.
     template <class Ctx, class... Args>
         requires detail::any_device_argument<Ctx, Args...>
     void backward(const Ctx& ctx, const Args&... args) const {
@@ -926,11 +964,15 @@ public:
     // (describe, to_dot) reads them. A template, so that nothing is planned unless asked for.
     template <class Unused = void>
     struct plans {
+        // The gradient nodes of every wrt leaf.
         using grad_stores = decltype(grad_nodes<wrt_list, false>());
+        // The gradients and the loss: what value_and_grad stores.
         using joint_stores = decltype(grad_stores{} + loss_store());
+        // The plan of value_and_grad.
         using joint = detail::plan_provider<
             detail::graph_of_t<decltype(detail::type_list<Loss>{} + joint_stores{})>,
             joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
+        // The plan of forward.
         using forward = detail::plan_provider<detail::topo<Loss>,
                                               decltype(loss_store()), decltype(loss_required()),
                                               detail::type_list<>, value_type>;
@@ -943,12 +985,17 @@ public:
 template <class Step, class FwdPP>
 class forward_context {
 public:
+    // The step that made the context.
     using step_type = Step;
+    // The forward plan (its saved values are what backward reads).
     using plan_type = FwdPP;
+    // The output's dtype.
     using value_type = typename Step::value_type;
 
     forward_context() = default;
+    // Moves the saved state; contexts are not copyable.
     forward_context(forward_context&&) noexcept = default;
+    // Move assignment.
     forward_context& operator=(forward_context&&) noexcept = default;
     forward_context(const forward_context&) = delete;
     forward_context& operator=(const forward_context&) = delete;
@@ -989,10 +1036,12 @@ auto backward_nodes_of(type_list<Ls...>)
 template <class Step>
 using backward_nodes_t = decltype(detail::backward_nodes_of<Step>(typename Step::wrt_list{}));
 
-// compile<Policies...>(loss, wrt(...)): at most one of backward_autocast::same_as_forward (the
-// default), ::off, ::custom<Spec>; tg::detect_anomaly; tg::on_autocast_mismatch::ignore. The
-// ambient autocast spec is that of a tg::autocast region wrapping the whole loss.
-// detect_anomaly.
+// compile<Policies...>(loss, wrt(...)): derives the backward of `loss` for the wrt leaves and returns
+// a step (the C++ form of torch.compile with AOTAutograd; JAX: jax.jit(jax.value_and_grad(f))).
+// Policies, at most one of each: backward_autocast::same_as_forward (the default),
+// backward_autocast::off or backward_autocast::custom<Spec>; tg::detect_anomaly;
+// on_autocast_mismatch::ignore. The ambient autocast spec is that of a tg::autocast region
+// wrapping the whole loss.
 template <class... Policies, class Loss, class... Leaves>
 constexpr auto compile(Loss, wrt_t<Leaves...>) {
     static_assert(is_expr_v<std::remove_cvref_t<Loss>>,

@@ -23,13 +23,19 @@ namespace typegrad::cuda {
 template <class Step, class FwdPP>
 class forward_context {
 public:
+    // Marks the context as a device argument, so that step.backward(ctx, ...) runs on the device.
     static constexpr bool typegrad_device_argument = true;
+    // The step that made the context.
     using step_type = Step;
+    // The forward plan (its saved values are what backward reads).
     using plan_type = FwdPP;
+    // The output's dtype.
     using value_type = typename Step::value_type;
 
     forward_context() = default;
+    // Moves the device buffers; contexts are not copyable.
     forward_context(forward_context&&) noexcept = default;
+    // Move assignment (frees the previous device buffers).
     forward_context& operator=(forward_context&&) noexcept = default;
 
     // The scalar output (copied to the host on first use).
@@ -47,6 +53,7 @@ public:
     }
     // The output on the device (dense, row-major; valid while the context lives).
     const value_type* device_values() const { return output_; }
+    // The number of output elements.
     std::size_t size() const { return size_; }
 
 private:
@@ -501,8 +508,14 @@ namespace typegrad::cuda {
 // value_and_grad plan with every wrt leaf, the forward plan and the backward plan after it.
 template <class Step>
 struct step_sources {
-    std::string joint, forward, backward;
+    // The value_and_grad plan with every wrt leaf (empty for a non-scalar output).
+    std::string joint;
+    // The forward plan.
+    std::string forward;
+    // The backward plan after it.
+    std::string backward;
 };
+// The CUDA C++ source generated for a step's plans (what NVRTC compiles; for inspection).
 template <class Policy, class Loss, class... Wrt>
 step_sources<step<Policy, Loss, Wrt...>> generated_source(const step<Policy, Loss, Wrt...>&) {
     using B = typegrad::detail::device_backend<step<Policy, Loss, Wrt...>>;

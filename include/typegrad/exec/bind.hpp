@@ -22,14 +22,17 @@ namespace typegrad {
 struct accumulate_t {
     explicit constexpr accumulate_t() = default;
 };
+// Pass to tg::grad_into / tg::grads_into to add to the buffer instead of overwriting it.
 inline constexpr accumulate_t accumulate{};
 
 namespace detail {
 struct retain_grad_op;
 }
 namespace detail {
+// True for the node type of a tg::retain_grad(e) expression, whose gradient grad_into can request.
 template <class N>
 struct retained_node_trait : std::false_type {};
+// retain_grad nodes are retained.
 template <class X>
 struct retained_node_trait<node<retain_grad_op, X>> : std::true_type {};
 }  // namespace detail
@@ -209,8 +212,8 @@ auto grad_into(E, T* pointer, std::size_t size) {
     else return detail::grad_binding<Leaf, false>{pointer, size};
 }
 
-// tg::seed(range): the incoming gradient of a non-scalar output for backward() (a scalar loss
-// is seeded with 1).
+// tg::seed(range): the incoming gradient of a non-scalar output for backward(), one element per
+// output element, row-major (PyTorch: out.backward(gradient)); a scalar loss is seeded with 1.
 template <std::ranges::contiguous_range R>
     requires std::ranges::sized_range<R>
 auto seed(R&& range) {

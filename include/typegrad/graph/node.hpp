@@ -21,6 +21,8 @@
 
 namespace typegrad {
 
+// What a leaf is: a param (requires grad, tg::param), an input (no grad, tg::input) or the seed
+// leaf of a non-scalar backward (bound with tg::seed).
 enum class leaf_role { param, input, seed };
 
 namespace detail {
@@ -56,7 +58,9 @@ enum class op_kind { leaf, constant, elementwise, reduce, meta, view, kernel };
 // types walks their whole structure, again at every use, which grew exponentially with depth.
 template <char... Cs>
 struct name_chars {
+    // The name, NUL-terminated.
     static constexpr char text[sizeof...(Cs) + 1] = {Cs..., '\0'};
+    // The name as a string_view.
     static constexpr std::string_view view() { return {text, sizeof...(Cs)}; }
 };
 namespace detail {
@@ -67,9 +71,12 @@ struct name_of<S, std::index_sequence<Is...>> {
     using type = name_chars<S.data[Is]...>;
 };
 }  // namespace detail
+// The name_chars type of a fixed_string: name_of_t<"W"> is name_chars<'W'>.
 template <fixed_string S>
 using name_of_t = typename detail::name_of<S>::type;
 
+// A leaf of the graph: a named, typed, shaped tensor bound at call time (Name is a name_chars).
+// Users write tg::param<"W", float, tg::shape<4, 3>> or tg::input<...>, which are expr<leaf<...>>.
 template <class Name, class T, class Shape, leaf_role Role>
 struct leaf {
     static_assert(is_dtype_v<T> || (Role == leaf_role::input && is_index_type_v<T>),
@@ -78,13 +85,21 @@ struct leaf {
     static_assert(detail::is_shape_v<Shape>,
                   "typegrad: a leaf's third template argument must be a tg::shape<...>.");
     static_assert(Shape::rank <= detail::max_rank, "typegrad: a leaf has more than 8 axes.");
+    // The element type (float, double, bf16, f16; an input may hold std::int32_t or std::int64_t).
     using value_type = T;
+    // The shape (tg::shape<...>, tg::dyn for run-time extents).
     using shape_type = Shape;
+    // op_kind::leaf.
     static constexpr op_kind kind = op_kind::leaf;
+    // param, input or seed.
     static constexpr leaf_role role = Role;
+    // True for params.
     static constexpr bool requires_grad = Role == leaf_role::param;
+    // Bound buffers are dense and row-major.
     static constexpr bool contiguous = true;
+    // The leaf's name, e.g. "W".
     static constexpr std::string_view name() { return Name::view(); }
+    // Identity and structure hash for the graph algorithms (not API).
     static constexpr detail::node_desc desc{
         0,
         detail::hash_shape<Shape>(detail::hash_text(detail::hash_mix(1, std::size_t(Role) * 16 + sizeof(T)), Name::view()))};
@@ -93,24 +108,38 @@ struct leaf {
 // A double held in a structural type, so that it can be a template argument on every
 // compiler (clang 14 has no floating-point template parameters).
 struct num {
+    // The double's bit pattern.
     std::uint64_t bits;
+    // From a double (also from float and the integer types below): tg::lit<2.5>, tg::lit<3>.
     constexpr num(double v) : bits(std::bit_cast<std::uint64_t>(v)) {}
+    // From a float.
     constexpr num(float v) : num(static_cast<double>(v)) {}
+    // From an int.
     constexpr num(int v) : num(static_cast<double>(v)) {}
+    // From a long.
     constexpr num(long v) : num(static_cast<double>(v)) {}
+    // From a long long.
     constexpr num(long long v) : num(static_cast<double>(v)) {}
+    // The value.
     constexpr double value() const { return std::bit_cast<double>(bits); }
 };
 
 // A constant's type holds its value's bits (an integer: see name_chars).
 template <std::uint64_t Bits>
 struct constant {
+    // weak_scalar: the constant takes the dtype of the tensor it meets.
     using value_type = weak_scalar;
+    // A scalar.
     using shape_type = scalar_shape;
+    // op_kind::constant.
     static constexpr op_kind kind = op_kind::constant;
+    // Constants have no gradient.
     static constexpr bool requires_grad = false;
+    // The value.
     static constexpr double value = std::bit_cast<double>(Bits);
+    // Always true (a scalar).
     static constexpr bool contiguous = true;
+    // Identity and structure hash for the graph algorithms (not API).
     static constexpr detail::node_desc desc{0, detail::hash_mix(2, Bits)};
 };
 
@@ -145,17 +174,26 @@ struct node_flags {
 };
 }  // namespace detail
 
+// An op applied to child nodes: the graph is this type, node<Op, Children...> nested down to the
+// leaves and constants (the node_type of decltype(loss)). Identical subexpressions are identical
+// types.
 template <class Op, class... Children>
 struct node
     : detail::node_flags<Op::kind,
                          Op::differentiable && detail::value_child_requires_grad<Op>(
                                                    std::initializer_list<bool>{Children::requires_grad...}),
                          detail::node_contiguous<Op>(std::initializer_list<bool>{Children::contiguous...})> {
+    // The op (detail::exp_op, ...), with its shape/dtype rule, kernel and VJP.
     using op = Op;
+    // The operands, in order.
     using children = detail::type_list<Children...>;
+    // The op's result rule for these operands (dtype and shape).
     using rule = typename Op::template rule<Children...>;
+    // The result's dtype.
     using value_type = typename rule::value_type;
+    // The result's shape.
     using shape_type = typename rule::shape_type;
+    // Identity and structure hash for the graph algorithms (not API).
     static constexpr detail::node_desc desc{
         sizeof...(Children),
         detail::hash_shape<shape_type>((detail::hash_mix(std::uint64_t(Op::kind) + 3, Children::desc.hash) ^ ... ^ 0)),
@@ -171,8 +209,11 @@ struct grad_flag {
 }  // namespace detail
 template <class Node>
 struct expr : detail::grad_flag<Node::requires_grad> {
+    // The graph: a node, leaf or constant type.
     using node_type = Node;
+    // The expression's dtype.
     using value_type = typename Node::value_type;
+    // The expression's shape.
     using shape_type = typename Node::shape_type;
 };
 
@@ -191,19 +232,29 @@ template <class T>
 struct is_constant_trait : std::false_type {};
 template <std::uint64_t V>
 struct is_constant_trait<constant<V>> : std::true_type {};
+// True for typegrad expressions (expr<N>); `expression` is the concept the ops constrain on.
 }  // namespace detail
 template <class T>
 concept is_expr_v = detail::is_expr_trait<T>::value;
+// A typegrad expression (expr<N>, cv/ref ignored): what every op takes, e.g.
+// `template <tg::expression E> auto my_block(E x)`. Doxygen does not warn about concepts, so
+// this one is listed by hand.
 template <class T>
 concept expression = is_expr_v<std::remove_cvref_t<T>>;
+// True for leaf types (the node_type of tg::param and tg::input).
 template <class T>
 concept is_leaf_v = detail::is_leaf_trait<T>::value;
+// True for constant types (the node_type of tg::lit).
 template <class T>
 concept is_constant_v = detail::is_constant_trait<T>::value;
 
-// Leaves. `param` requires grad, `input` does not.
+// A trainable leaf (requires grad, PyTorch's nn.Parameter): tg::param<"W", float, tg::shape<4, 3>>.
+// Bound at call time with tg::bind or tg::params; its gradient goes to tg::grad_into or
+// tg::grads_into. Buffers are row-major.
 template <fixed_string Name, class T, class Shape = scalar_shape>
 inline constexpr expr<leaf<name_of_t<Name>, T, Shape, leaf_role::param>> param{};
+// A data leaf (no gradient): tg::input<"x", float, tg::shape<tg::dyn, 3>>; a dynamic extent takes
+// its size from the bound buffer. Buffers are row-major.
 template <fixed_string Name, class T, class Shape = scalar_shape>
 inline constexpr expr<leaf<name_of_t<Name>, T, Shape, leaf_role::input>> input{};
 // A compile-time constant; it takes the dtype of the tensor it meets (a "weak" scalar).

@@ -29,18 +29,26 @@
 namespace typegrad {
 
 // ---- devices and specs ----------------------------------------------------------------------
+// The CPU device tag of autocast specs (PyTorch: device_type="cpu"); default dtype bf16.
 struct cpu {
+    // device_kind::cpu.
     static constexpr device_kind kind = device_kind::cpu;
+    // "cpu", as tg::describe shows it.
     static constexpr std::string_view name = "cpu";
+    // The autocast dtype when the spec names none (PyTorch's CPU default).
     using default_dtype = bf16;
 };
 // tg::cuda is the CUDA backend's namespace (tg::cuda::tensor), so the device tag has its own name.
 struct cuda_device {
+    // device_kind::cuda.
     static constexpr device_kind kind = device_kind::cuda;
+    // "cuda", as tg::describe shows it.
     static constexpr std::string_view name = "cuda";
+    // The autocast dtype when the spec names none (PyTorch's CUDA default).
     using default_dtype = f16;
 };
 
+// True for the device tags tg::cpu and tg::cuda_device.
 template <class D>
 inline constexpr bool is_device_v = std::is_same_v<D, cpu> || std::is_same_v<D, cuda_device>;
 
@@ -64,26 +72,36 @@ struct autocast_spec {
     static_assert(is_reduced_precision_v<DType> || std::is_same_v<DType, float>,
                   "typegrad: autocast_spec<Device, DType> needs a floating autocast dtype: tg::bf16, tg::f16 "
                   "(or float, which casts nothing down).");
+    // tg::cpu or tg::cuda_device.
     using device = Device;
+    // The lower-precision dtype lower_precision ops run in.
     using dtype = DType;
+    // False for a region that turns autocast off (torch.autocast(enabled=False)).
     static constexpr bool enabled = Enabled;
 };
 
 // The usual specs: CPU or CUDA autocast to bf16 or f16, and a disabled region.
 using cpu_bf16 = autocast_spec<cpu, bf16>;
+// CPU autocast to f16.
 using cpu_f16 = autocast_spec<cpu, f16>;
+// CUDA autocast to f16 (PyTorch's CUDA default).
 using cuda_f16 = autocast_spec<cuda_device, f16>;
+// CUDA autocast to bf16.
 using cuda_bf16 = autocast_spec<cuda_device, bf16>;
+// A region with autocast disabled on Device: tg::autocast<tg::autocast_disabled<tg::cpu>>(e).
 template <class Device>
 using autocast_disabled = autocast_spec<Device, typename detail::default_autocast_dtype<Device>::type, false>;
 
 // "No autocast": the spec of a step compiled without a region, and of backward_autocast::off.
 struct no_autocast {
+    // Always false.
     static constexpr bool enabled = false;
 };
 
+// True for autocast_spec<...> and no_autocast.
 template <class S>
 inline constexpr bool is_autocast_spec_v = std::is_same_v<S, no_autocast>;
+// Every autocast_spec is a spec.
 template <class D, class T, bool E>
 inline constexpr bool is_autocast_spec_v<autocast_spec<D, T, E>> = true;
 
@@ -321,18 +339,24 @@ constexpr auto autocast(X) {
 // A run-time image of a spec, for comparing the context a backward runs in with the one its
 // step was compiled for.
 struct autocast_state {
+    // Whether autocast is on.
     bool enabled = false;
+    // The device (meaningful when enabled).
     device_kind device = device_kind::cpu;
+    // The autocast dtype's name ("bf16", "f16"; meaningful when enabled).
     std::string_view dtype{};
+    // Equal when both are disabled, or both enabled with the same device and dtype.
     friend constexpr bool operator==(const autocast_state& a, const autocast_state& b) {
         return a.enabled == b.enabled && (!a.enabled || (a.device == b.device && a.dtype == b.dtype));
     }
 };
+// The run-time image of a spec.
 template <class Spec>
 constexpr autocast_state autocast_state_of() {
     if constexpr (!Spec::enabled) return {};
     else return {true, Spec::device::kind, dtype_name<typename Spec::dtype>()};
 }
+// "no autocast" or "device/dtype", as error messages and tg::describe show it.
 inline std::string describe_autocast(const autocast_state& s) {
     if (!s.enabled) return "no autocast";
     return detail::message(s.device == device_kind::cpu ? "cpu" : "cuda", "/", s.dtype);
@@ -379,12 +403,16 @@ template <class Spec>
 struct custom {
     static_assert(is_autocast_spec_v<Spec>,
                   "typegrad: backward_autocast::custom<Spec> takes a tg::autocast_spec<Device, DType>.");
+    // The spec the backward ops run under.
     using spec = Spec;
 };
 }  // namespace backward_autocast
 
 namespace on_autocast_mismatch {
+// Default: backward under a tg::autocast_guard that contradicts the step's policy throws
+// autocast_mismatch.
 struct raise {};
+// compile<tg::on_autocast_mismatch::ignore>: no check (as PyTorch, which cannot check).
 struct ignore {};
 }  // namespace on_autocast_mismatch
 

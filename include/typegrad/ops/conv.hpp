@@ -397,6 +397,7 @@ constexpr auto conv1d(X x, W w) {
         return x;
     }
 }
+// conv1d with a bias b [O] added to every position (F.conv1d(x, w, b, stride, padding)).
 template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W, expression B>
 constexpr auto conv1d(X x, W w, B b) {
     static_assert(B::shape_type::rank == 1, "typegrad: conv1d(x, w, b) takes a bias of rank 1 ([out channels]).");
