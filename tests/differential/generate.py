@@ -21,8 +21,9 @@ import pathlib
 import random
 
 SEED = 20250611
-GRAPHS = 88
+GRAPHS = 104
 FIRST_NEW = 64      # graphs from here on also draw the activations and special functions
+FIRST_MODEL = 88    # graphs from here on also draw layer_norm, rms_norm, concat and stack
 UNITS = 4           # generated translation units (compile time: about 16 graphs each)
 MAX_DYN = 17        # largest dynamic extent the harness draws (sum bounds use it)
 LEAF_NAMES = "abcd"
@@ -174,6 +175,7 @@ class Graph:
         self.program = []    # the interpreter's lines
         self.leaves = []     # (name, is_param, shape, lo, hi)
         self.activations_drawn = 0
+        self.model_nodes = []  # norms and reduced concats/stacks (graphs FIRST_MODEL..)
         self.make()
 
     def add(self, op, args, shape, lo, hi, text, program_line):
@@ -185,6 +187,8 @@ class Graph:
     def make_leaves(self):
         rng = self.rng
         rank = rng.choice([0, 1, 1, 2, 2, 2, 3, 3])
+        if self.gid >= FIRST_MODEL:  # the norms and concat want an axis
+            rank = max(rank, 1)
         full, dyn = [], 0
         for _ in range(rank):
             if rng.random() < 0.6:
@@ -207,13 +211,25 @@ class Graph:
             kind = "param" if param else "input"
             self.lines.append('constexpr auto %s = tg::%s<"%s", T, tg::shape<%s>>;' % (name, kind, name, ext))
             self.add("leaf", [i], tuple(shape), lo, hi, name, "leaf %d" % i)
+        if self.gid >= FIRST_MODEL:
+            # layer_norm's weight and bias and rms_norm's weight: params of the last extent
+            last = full[-1]
+            ext = "tg::dyn" if isinstance(last, str) else str(last)
+            for name, lo, hi in (("g", 0.5, 1.5), ("h", -1.0, 1.0)):
+                i = len(self.leaves)
+                self.leaves.append((name, True, (last,), lo, hi))
+                self.lines.append('constexpr auto %s = tg::param<"%s", T, tg::shape<%s>>;' % (name, name, ext))
+                self.add("leaf", [i], (last,), lo, hi, name, "leaf %d" % i)
+            self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
 
     def pick(self):
         # recent nodes more often (depth), any earlier node sometimes (sharing)
         n = len(self.nodes)
-        if self.rng.random() < 0.6:
-            return self.rng.randrange(max(0, n - 3), n)
-        return self.rng.randrange(n)
+        while True:
+            k = self.rng.randrange(max(0, n - 3), n) if self.rng.random() < 0.6 else self.rng.randrange(n)
+            # a concat's or stack's extents are not the graph's: only reduced (emitted with its reduction)
+            if not getattr(self.nodes[k], "odd", False):
+                return k
 
     def constant(self):
         v = self.rng.choice(CONSTANTS)
@@ -221,9 +237,81 @@ class Graph:
 
     def try_op(self):
         rng = self.rng
-        kind = rng.choices(["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2])[0]
+        kinds, weights = ["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2]
+        if self.gid >= FIRST_MODEL:  # ops/norm.hpp, ops/index.hpp's concat and stack
+            kinds, weights = kinds + ["norm", "concat"], weights + [4, 4]
+        kind = rng.choices(kinds, weights)[0]
         a = self.nodes[self.pick()]
         ai = self.nodes.index(a)
+        if kind == "norm":  # over the last axis, which must be the graph's last extent (the weights')
+            if a.shape == () or a.shape[-1] != self.full[-1]:
+                return False
+            op = rng.choice(["layer_norm", "rms_norm"])
+            last = a.shape[-1]
+            n = MAX_DYN if isinstance(last, str) else last
+            if op == "layer_norm":
+                bound = 1.5 * math.sqrt(n) + 1.0
+                text = "tg::layer_norm(%s, g, h)" % a.text
+                line = "layer_norm %d %d %d" % (ai, self.gain, self.shift)
+            else:
+                bound = 1.5 * math.sqrt(n)
+                text = "tg::rms_norm<1, 1e-06>(%s, g)" % a.text
+                line = "rms_norm %d %d" % (ai, self.gain)
+            n0 = len(self.nodes)
+            self.emit(op, [ai], a.shape, (-bound, bound), text, line)
+            if len(self.nodes) > n0:
+                self.model_nodes.append(len(self.nodes) - 1)
+            return True
+        if kind == "concat":  # cat along axis 0 of three nodes of a's shape, or stack of two along axis 1
+            if a.shape == ():
+                return False
+            same = [n for n in self.nodes if n.shape == a.shape and not getattr(n, "odd", False)]
+            b, c = rng.choice(same), rng.choice(same)
+            bi, ci = self.nodes.index(b), self.nodes.index(c)
+            before = len(self.nodes)
+            bounds = hull((a.lo, a.hi), (b.lo, b.hi), (c.lo, c.hi))
+            if rng.random() < 0.5:
+                self.emit("concat", [ai, bi, ci], a.shape, bounds, "tg::concat<0>(%s, %s, %s)" % (a.text, b.text, c.text),
+                          "cat0 %d %d %d" % (ai, bi, ci))
+                grow = 3
+            else:
+                self.emit("stack", [ai, bi], a.shape, hull((a.lo, a.hi), (b.lo, b.hi)),
+                          "tg::stack<1>(%s, %s)" % (a.text, b.text), "stack1 %d %d" % (ai, bi))
+                grow = 2
+            if len(self.nodes) == before:
+                return False
+            self.nodes[-1].odd = True
+            # sometimes an activation of it, then a reduction (over grow times the elements)
+            if rng.random() < 0.5:
+                x = self.nodes[-1]
+                op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)]
+                self.activations_drawn += 1
+                cc = rng.choice(ACTIVATION_PARAMS[op]) if op in ACTIVATION_PARAMS else None
+                ab = interval(op, x, c=cc)
+                if ab is not None:
+                    xi = len(self.nodes) - 1
+                    if op in ("softplus", "leaky_relu", "elu"):
+                        text, line = "tg::%s<%s>(%s)" % (op, cpp_num(cc), x.text), "%s %d %s" % (op, xi, repr(cc))
+                    elif op == "clamp":
+                        text = "tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (x.text, cpp_num(cc[0]), cpp_num(cc[1]))
+                        line = "clamp %d %s %s" % (xi, repr(cc[0]), repr(cc[1]))
+                    else:
+                        text, line = "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, xi)
+                    n0 = len(self.nodes)
+                    self.emit(op, [xi], x.shape, ab, text, line)
+                    if len(self.nodes) > n0:
+                        self.nodes[-1].odd = True
+            x = self.nodes[-1]
+            op = rng.choice(REDUCE)
+            lo, hi = interval(op, x)
+            if op == "sum":
+                lo, hi = min(lo, grow * lo), max(hi, grow * hi)
+            elif op == "lse":
+                hi += math.log(grow)
+            self.emit(op, [], (), (lo, hi), "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, len(self.nodes) - 1),
+                      force=True)
+            self.model_nodes.append(len(self.nodes) - 1)
+            return True
         if kind == "unary":
             new = self.gid >= FIRST_NEW and rng.random() < 0.6
             # activations in turn (each graph starts elsewhere), so that every one is drawn
@@ -328,6 +416,14 @@ class Graph:
             a, b = parts
             self.emit("add", [], (), interval("add", a, b), "(%s + %s)" % (a.text, b.text),
                       "add %d %d" % (self.nodes.index(a), self.nodes.index(b)), force=True)
+        if self.gid >= FIRST_MODEL:  # every norm and concat/stack drawn reaches the loss (no draws: same graphs)
+            for k in self.model_nodes:
+                n, total = self.nodes[k], self.nodes[-1]
+                if n.shape != ():
+                    self.emit("mean", [], (), interval("mean", n), "tg::mean(%s)" % n.text, "mean %d" % k, force=True)
+                    n = self.nodes[-1]
+                self.emit("add", [], (), interval("add", total, n), "(%s + %s)" % (total.text, n.text),
+                          "add %d %d" % (self.nodes.index(total), self.nodes.index(n)), force=True)
         self.loss = self.nodes[-1].text
 
     def prune(self):

@@ -352,6 +352,81 @@ T graph_84(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::grad_into(a, grad[0]));
 }
 
+template <class T>
+T graph_88(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
+    constexpr auto e4 = tg::concat<0>(g, g, g);
+    constexpr auto e5 = tg::mean(e4);
+    constexpr auto e7 = tg::elu<1.0>(g);
+    constexpr auto e8 = tg::mean(e7);
+    constexpr auto e9 = (e8 + e5);
+    constexpr auto step = tg::compile(e9, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_92(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, tg::dyn>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
+    constexpr auto e3 = tg::concat<0>(h, h, h);
+    constexpr auto e4 = tg::expm1(e3);
+    constexpr auto e5 = tg::sum(e4);
+    constexpr auto e6 = tg::min(h, g);
+    constexpr auto e7 = (e5 * e5);
+    constexpr auto e8 = tg::where(tg::ge(e6, e7), e6, e5);
+    constexpr auto e9 = tg::min(e8);
+    constexpr auto e10 = (e9 + e5);
+    constexpr auto step = tg::compile(e10, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_96(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
+    constexpr auto e5 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e6 = (c / g);
+    constexpr auto e7 = tg::concat<0>(e6, c, e6);
+    constexpr auto e8 = tg::min(e7);
+    constexpr auto e9 = tg::mean(e5);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto e11 = (e10 + e8);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_100(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
+    constexpr auto e5 = tg::rms_norm<1, 1e-06>(g, g);
+    constexpr auto e7 = (g / g);
+    constexpr auto e8 = tg::rms_norm<1, 1e-06>(e7, g);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = tg::log_sum_exp(e5);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto e12 = tg::mean(e5);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto e14 = tg::mean(e8);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto step = tg::compile(e15, tg::wrt(a, b, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({0, 3, true,
@@ -464,6 +539,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nsilu 1\nadd c2.0 4\nmean 5",
                 {{"a", true, 1, {3}, -2.0, 2.0}, {"b", false, 1, {3}, 0.25, 2.0}, {"c", false, 0, {}, -2.0, 2.0}, {"d", false, 1, {1}, -2.0, 2.0}},
                 &graph_84<double>, &graph_84<float>});
+    r.push_back({88, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::concat<0>(g, g, g);\nconstexpr auto e5 = tg::mean(e4);\nconstexpr auto e7 = tg::elu<1.0>(g);\nconstexpr auto e8 = tg::mean(e7);\nconstexpr auto e9 = (e8 + e5);\nconstexpr auto loss = e9;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\ncat0 2 2 2\nmean 4\nelu 2 1.0\nmean 6\nadd 7 5",
+                {{"a", true, 1, {-1}, 0.25, 2.0}, {"b", false, 1, {-1}, 0.25, 2.0}, {"g", true, 1, {-1}, 0.5, 1.5}, {"h", true, 1, {-1}, -1.0, 1.0}},
+                &graph_88<double>, &graph_88<float>});
+    r.push_back({92, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e3 = tg::concat<0>(h, h, h);\nconstexpr auto e4 = tg::expm1(e3);\nconstexpr auto e5 = tg::sum(e4);\nconstexpr auto e6 = tg::min(h, g);\nconstexpr auto e7 = (e5 * e5);\nconstexpr auto e8 = tg::where(tg::ge(e6, e7), e6, e5);\nconstexpr auto e9 = tg::min(e8);\nconstexpr auto e10 = (e9 + e5);\nconstexpr auto loss = e10;",
+                "leaf 0\nleaf 1\nleaf 2\ncat0 2 2 2\nexpm1 3\nsum 4\nminimum 2 1\nmul 5 5\nwhere_ge 6 7 6 5\nmin 8\nadd 9 5",
+                {{"a", true, 3, {-1, 4, -2}, 0.25, 2.0}, {"g", true, 1, {-2}, 0.5, 1.5}, {"h", true, 1, {-2}, -1.0, 1.0}},
+                &graph_92<double>, &graph_92<float>});
+    r.push_back({96, 3, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e5 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e6 = (c / g);\nconstexpr auto e7 = tg::concat<0>(e6, c, e6);\nconstexpr auto e8 = tg::min(e7);\nconstexpr auto e9 = tg::mean(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto e11 = (e10 + e8);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nrms_norm 4 3\ndiv 2 3\ncat0 6 2 6\nmin 7\nmean 5\nadd 8 9\nadd 10 8",
+                {{"a", true, 3, {-1, -2, -3}, -2.0, 2.0}, {"b", true, 3, {-1, -2, -3}, -2.0, 2.0}, {"c", true, 2, {-2, -3}, -2.0, 2.0}, {"g", true, 1, {-3}, 0.5, 1.5}, {"h", true, 1, {-3}, -1.0, 1.0}},
+                &graph_96<double>, &graph_96<float>});
+    r.push_back({100, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e5 = tg::rms_norm<1, 1e-06>(g, g);\nconstexpr auto e7 = (g / g);\nconstexpr auto e8 = tg::rms_norm<1, 1e-06>(e7, g);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = tg::log_sum_exp(e5);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto e12 = tg::mean(e5);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto e14 = tg::mean(e8);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto loss = e15;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nrms_norm 3 3\ndiv 3 3\nrms_norm 6 3\nmax 7\nlse 5\nadd 8 9\nmean 5\nadd 10 11\nmean 7\nadd 12 13",
+                {{"a", true, 1, {-1}, -2.0, 2.0}, {"b", true, 1, {1}, -2.0, 2.0}, {"c", false, 0, {}, -2.0, 2.0}, {"g", true, 1, {-1}, 0.5, 1.5}, {"h", true, 1, {-1}, -1.0, 1.0}},
+                &graph_100<double>, &graph_100<float>});
     return true;
 }();
 
