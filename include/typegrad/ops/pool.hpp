@@ -229,6 +229,11 @@ inline std::size_t adaptive_end(std::size_t i, std::size_t out, std::size_t in) 
 template <std::size_t OH, std::size_t OW, int Mode>
 struct adaptive_avg_pool_op : pool_kernel_base {
     static constexpr const char* name = Mode == 0 ? "adaptive_avg_pool2d" : "adaptive_avg_pool2d_backward";
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: adaptive_avg_pool2d has no device kernel yet; evaluate this "
+                                       "step with host bindings (docs/cuda.md)");
+    }
     static constexpr bool shape_only(std::size_t i) { return Mode == 1 && i == 1; }
     template <class... Cs>
     struct rule;
