@@ -222,6 +222,36 @@ double autocast_2151(const tensors<double>& in, const extents& ext, tensors<doub
     return l;
 }
 
+// after a bf16 matmul: gelu, layer_norm, softplus, erf, batch_norm (each op's CPU autocast class)
+double autocast_2152(const tensors<double>& in, const extents& ext, tensors<double>& grad,
+                     std::vector<std::string_view>* dtypes) {
+    constexpr auto x = tg::input<"x", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto m = tg::param<"m", float, tg::shape<4, 6>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<6>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<6>>;
+    constexpr auto h = tg::matmul(x, m);
+    constexpr auto a = tg::gelu(h);
+    constexpr auto l = tg::layer_norm(h, w, b);
+    constexpr auto s = tg::softplus<1.0>(h);
+    constexpr auto e = tg::erf(h);
+    constexpr auto n = tg::batch_norm(h, w, b);
+    constexpr auto loss = tg::sum(a) + tg::sum(tg::square(l)) + tg::mean(s) + tg::sum(e * n);
+    if (dtypes != nullptr) {
+        *dtypes = {dtype_in_region(h), dtype_in_region(a), dtype_in_region(l), dtype_in_region(s),
+                   dtype_in_region(e), dtype_in_region(n), dtype_in_region(loss)};
+        return 0;
+    }
+    const std::vector<float> xv(in[0].begin(), in[0].end()), mv(in[1].begin(), in[1].end()), wv(in[2].begin(), in[2].end()),
+        bv(in[3].begin(), in[3].end());
+    std::vector<float> gm(mv.size()), gw(wv.size()), gb(bv.size());
+    constexpr auto step = tg::compile(tg::autocast<tg::cpu_bf16>(loss), tg::wrt(m, w, b));
+    const double r = double(float(step.value_and_grad(tg::bind(x, xv, {ext[0][0], 4}), tg::bind(m, mv), tg::bind(w, wv),
+                                                      tg::bind(b, bv), tg::grad_into(m, gm), tg::grad_into(w, gw),
+                                                      tg::grad_into(b, gb))));
+    grad = {widened(gm), widened(gw), widened(gb)};
+    return r;
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2100, 0, 1, "tg::sum(tg::tanh(tg::conv2d<2, 1, 2, 2>(x, w, b)) * q)  // stride 2, padding 1, dilation 2, groups 2",
@@ -287,6 +317,12 @@ const bool registered = [] {
                  {{"ids", ids, 1, {-1}, 0, 5}, {"table", par, 2, {6, 4}, -1, 1}, {"m", par, 2, {4, 3}, -1, 1},
                   {"k", par, 3, {4, 2, 2}, -1, 1}},
                  nullptr, nullptr, nullptr, &autocast_2151});
+    r.push_back({2152, 1, 2,
+                 "h = tg::matmul(x, m): tg::autocast<tg::cpu_bf16>(tg::sum(tg::gelu(h)) + tg::sum(tg::square(tg::layer_norm(h, w, "
+                 "b))) + tg::mean(tg::softplus<1.0>(h)) + tg::sum(tg::erf(h) * tg::batch_norm(h, w, b)))",
+                 {{"x", in_, 2, {-1, 4}, -1, 1}, {"m", par, 2, {4, 6}, -1, 1}, {"w", par, 1, {6}, 0.5, 1.5},
+                  {"b", par, 1, {6}, -1, 1}},
+                 nullptr, nullptr, nullptr, &autocast_2152});
     return true;
 }();
 

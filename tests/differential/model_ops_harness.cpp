@@ -137,6 +137,18 @@ const std::map<int, reference>& references() {
                                   torch::scalar_tensor(double(int(s.scalar_type()))),
                                   torch::scalar_tensor(double(int(loss.scalar_type())))});
          }},
+        {2152, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
+             const auto h = torch::matmul(L[0], L[1]);
+             const auto a = torch::gelu(h);
+             const auto l = torch::layer_norm(h, {6}, L[2], L[3], 1e-5);
+             const auto s = torch::softplus(h);
+             const auto e = torch::erf(h);
+             const auto n = torch::batch_norm(h, L[2], L[3], {}, {}, true, 0.1, 1e-5, false);
+             const auto loss = a.sum() + l.square().sum() + s.mean() + (e * n).sum();
+             std::vector<T> out{loss.to(torch::kFloat)};
+             for (const T* t : {&h, &a, &l, &s, &e, &n, &loss}) out.push_back(torch::scalar_tensor(double(int(t->scalar_type()))));
+             return torch::stack(out);
+         }},
     };
     return refs;
 }

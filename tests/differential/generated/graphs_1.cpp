@@ -353,88 +353,77 @@ T graph_85(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
 }
 
 template <class T>
-T graph_89(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
-    constexpr auto b = tg::input<"b", T, tg::shape<1>>;
-    constexpr auto c = tg::param<"c", T, tg::shape<>>;
-    constexpr auto d = tg::input<"d", T, tg::shape<tg::dyn>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
-    constexpr auto e6 = tg::where(tg::gt(d, g), b, g);
-    constexpr auto e8 = tg::rms_norm<1, 1e-06>(e6, g);
-    constexpr auto e9 = tg::min(e8);
-    constexpr auto e10 = tg::mean(b);
+T graph_2201(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1>>;
+    constexpr auto c = tg::input<"c", T, tg::shape<1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e5 = tg::where(tg::gt(c, g), b, g);
+    constexpr auto e6 = tg::relu(h);
+    constexpr auto e7 = tg::rms_norm<1, 1e-06>(e5, g);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e11 = tg::stack<1>(e6, h);
+    constexpr auto e12 = tg::log_sum_exp(e11);
+    constexpr auto e13 = tg::mean(e8);
+    constexpr auto e14 = (e12 + e13);
+    constexpr auto e15 = (e14 + e12);
+    constexpr auto step = tg::compile(e15, tg::wrt(a, b, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
+template <class T>
+T graph_2205(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e3 = tg::cos(h);
+    constexpr auto e4 = tg::layer_norm(g, g, h);
+    constexpr auto e5 = tg::sin(e4);
+    constexpr auto e6 = tg::where(tg::ge(e3, e5), e5, h);
+    constexpr auto e7 = tg::rms_norm<1, 1e-06>(e6, g);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = tg::sum(e8);
+    constexpr auto e10 = tg::mean(e5);
     constexpr auto e11 = (e9 + e10);
     constexpr auto e12 = tg::mean(e8);
     constexpr auto e13 = (e11 + e12);
-    constexpr auto step = tg::compile(e13, tg::wrt(a, c, g, h));
+    constexpr auto step = tg::compile(e13, tg::wrt(a, g, h));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {}), tg::bind(d, in[3], {ext[3][0]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
 template <class T>
-T graph_93(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
-    constexpr auto b = tg::input<"b", T, tg::shape<1, 1>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
-    constexpr auto e4 = tg::concat<0>(b, b, b);
-    constexpr auto e5 = tg::gelu(e4);
-    constexpr auto e6 = tg::min(e5);
-    constexpr auto e7 = tg::concat<0>(g, g, g);
-    constexpr auto e8 = tg::gelu<tg::approximate::tanh>(e7);
-    constexpr auto e9 = tg::min(e8);
-    constexpr auto e10 = (e6 - g);
-    constexpr auto e12 = tg::min(e10);
-    constexpr auto e13 = tg::max(g);
-    constexpr auto e14 = (e12 + e13);
-    constexpr auto e15 = (e14 + e6);
-    constexpr auto e16 = (e15 + e9);
-    constexpr auto step = tg::compile(e16, tg::wrt(a, g, h));
+T graph_2209(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, tg::dyn, 5>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e5 = (h - h);
+    constexpr auto e7 = tg::elu<0.5>(e5);
+    constexpr auto e8 = tg::clamp(c, tg::lit<-0.5>, tg::lit<0.5>);
+    constexpr auto e9 = tg::max(e7, e8);
+    constexpr auto e10 = tg::mean(e9);
+    constexpr auto step = tg::compile(e10, tg::wrt(a, b, c, g, h));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
 }
 
 template <class T>
-T graph_97(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
-    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
-    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
-    constexpr auto d = tg::input<"d", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
-    constexpr auto e6 = (h * g);
-    constexpr auto e8 = tg::leaky_relu<0.2>(e6);
-    constexpr auto e9 = tg::mean(e8);
-    constexpr auto e10 = tg::log_sum_exp(d);
-    constexpr auto e11 = (e9 + e10);
-    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
+T graph_2213(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 1, 5>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<1, 3, 5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e8 = tg::expm1(c);
+    constexpr auto e9 = tg::gelu(e8);
+    constexpr auto e10 = tg::mean(e9);
+    constexpr auto step = tg::compile(e10, tg::wrt(a, b, c, g, h));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
-}
-
-template <class T>
-T graph_101(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 2>>;
-    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<1, 3, 1>>;
-    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<1, 1, 2>>;
-    constexpr auto d = tg::param<"d", T, tg::shape<1, 1, 1>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<2>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<2>>;
-    constexpr auto e7 = (g + tg::lit<0.25>);
-    constexpr auto e8 = tg::log1p(e7);
-    constexpr auto e9 = tg::layer_norm(e8, g, h);
-    constexpr auto e10 = tg::stack<1>(d, d);
-    constexpr auto e11 = tg::expm1(e10);
-    constexpr auto e12 = tg::max(e11);
-    constexpr auto e13 = tg::min(e8);
-    constexpr auto e14 = (e12 + e13);
-    constexpr auto e15 = tg::mean(e9);
-    constexpr auto e16 = (e14 + e15);
-    constexpr auto e17 = (e16 + e12);
-    constexpr auto step = tg::compile(e17, tg::wrt(a, d, g, h));
-    (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(d, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
 }
 
 const bool registered = [] {
@@ -549,26 +538,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nsilu 0\nmax 2\nadd c2.0 3\nsub 4 c2.0",
                 {{"a", true, 3, {3, -1, -2}, 0.25, 2.0}, {"b", false, 3, {3, 1, -2}, -2.0, 2.0}},
                 &graph_85<double>, &graph_85<float>});
-    r.push_back({89, 1, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e6 = tg::where(tg::gt(d, g), b, g);\nconstexpr auto e8 = tg::rms_norm<1, 1e-06>(e6, g);\nconstexpr auto e9 = tg::min(e8);\nconstexpr auto e10 = tg::mean(b);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto e12 = tg::mean(e8);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nwhere_gt 3 4 1 4\nrms_norm 6 4\nmin 7\nmean 1\nadd 8 9\nmean 7\nadd 10 11",
-                {{"a", true, 1, {-1}, -2.0, 2.0}, {"b", false, 1, {1}, 0.25, 2.0}, {"c", true, 0, {}, -2.0, 2.0}, {"d", false, 1, {-1}, 0.25, 2.0}, {"g", true, 1, {-1}, 0.5, 1.5}, {"h", true, 1, {-1}, -1.0, 1.0}},
-                &graph_89<double>, &graph_89<float>});
-    r.push_back({93, 2, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::concat<0>(b, b, b);\nconstexpr auto e5 = tg::gelu(e4);\nconstexpr auto e6 = tg::min(e5);\nconstexpr auto e7 = tg::concat<0>(g, g, g);\nconstexpr auto e8 = tg::gelu<tg::approximate::tanh>(e7);\nconstexpr auto e9 = tg::min(e8);\nconstexpr auto e10 = (e6 - g);\nconstexpr auto e12 = tg::min(e10);\nconstexpr auto e13 = tg::max(g);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto e15 = (e14 + e6);\nconstexpr auto e16 = (e15 + e9);\nconstexpr auto loss = e16;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\ncat0 1 1 1\ngelu 4\nmin 5\ncat0 2 2 2\ngelu_tanh 7\nmin 8\nsub 6 2\nmin 10\nmax 2\nadd 11 12\nadd 13 6\nadd 14 9",
-                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", false, 2, {1, 1}, -2.0, 2.0}, {"g", true, 1, {-2}, 0.5, 1.5}, {"h", true, 1, {-2}, -1.0, 1.0}},
-                &graph_93<double>, &graph_93<float>});
-    r.push_back({97, 3, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e6 = (h * g);\nconstexpr auto e8 = tg::leaky_relu<0.2>(e6);\nconstexpr auto e9 = tg::mean(e8);\nconstexpr auto e10 = tg::log_sum_exp(d);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nmul 5 4\nleaky_relu 6 0.2\nmean 7\nlse 3\nadd 8 9",
-                {{"a", true, 3, {-1, -2, -3}, -2.0, 2.0}, {"b", true, 3, {-1, -2, -3}, -2.0, 2.0}, {"c", true, 3, {-1, -2, -3}, 0.25, 2.0}, {"d", false, 3, {-1, -2, -3}, -2.0, 2.0}, {"g", true, 1, {-3}, 0.5, 1.5}, {"h", true, 1, {-3}, -1.0, 1.0}},
-                &graph_97<double>, &graph_97<float>});
-    r.push_back({101, 1, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 2>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1, 3, 1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<1, 1, 2>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<1, 1, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<2>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<2>>;\nconstexpr auto e7 = (g + tg::lit<0.25>);\nconstexpr auto e8 = tg::log1p(e7);\nconstexpr auto e9 = tg::layer_norm(e8, g, h);\nconstexpr auto e10 = tg::stack<1>(d, d);\nconstexpr auto e11 = tg::expm1(e10);\nconstexpr auto e12 = tg::max(e11);\nconstexpr auto e13 = tg::min(e8);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto e15 = tg::mean(e9);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = (e16 + e12);\nconstexpr auto loss = e17;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nadd 4 c0.25\nlog1p 6\nlayer_norm 7 4 5\nstack1 3 3\nexpm1 9\nmax 10\nmin 7\nadd 11 12\nmean 8\nadd 13 14\nadd 15 11",
-                {{"a", true, 3, {-1, 3, 2}, -2.0, 2.0}, {"b", false, 3, {1, 3, 1}, -2.0, 2.0}, {"c", false, 3, {1, 1, 2}, 0.25, 2.0}, {"d", true, 3, {1, 1, 1}, -2.0, 2.0}, {"g", true, 1, {2}, 0.5, 1.5}, {"h", true, 1, {2}, -1.0, 1.0}},
-                &graph_101<double>, &graph_101<float>});
+    r.push_back({2201, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e5 = tg::where(tg::gt(c, g), b, g);\nconstexpr auto e6 = tg::relu(h);\nconstexpr auto e7 = tg::rms_norm<1, 1e-06>(e5, g);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e11 = tg::stack<1>(e6, h);\nconstexpr auto e12 = tg::log_sum_exp(e11);\nconstexpr auto e13 = tg::mean(e8);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto e15 = (e14 + e12);\nconstexpr auto loss = e15;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nwhere_gt 2 3 1 3\nrelu 4\nrms_norm 5 3\nsin 7\nstack1 6 4\nlse 9\nmean 8\nadd 10 11\nadd 12 10",
+                {{"a", true, 1, {5}, -2.0, 2.0}, {"b", true, 1, {1}, 0.25, 2.0}, {"c", false, 1, {1}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2201<double>, &graph_2201<float>});
+    r.push_back({2205, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e3 = tg::cos(h);\nconstexpr auto e4 = tg::layer_norm(g, g, h);\nconstexpr auto e5 = tg::sin(e4);\nconstexpr auto e6 = tg::where(tg::ge(e3, e5), e5, h);\nconstexpr auto e7 = tg::rms_norm<1, 1e-06>(e6, g);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = tg::sum(e8);\nconstexpr auto e10 = tg::mean(e5);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto e12 = tg::mean(e8);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\ncos 2\nlayer_norm 1 1 2\nsin 4\nwhere_ge 3 5 5 2\nrms_norm 6 1\nsin 7\nsum 8\nmean 5\nadd 9 10\nmean 8\nadd 11 12",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2205<double>, &graph_2205<float>});
+    r.push_back({2209, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, tg::dyn, 5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e5 = (h - h);\nconstexpr auto e7 = tg::elu<0.5>(e5);\nconstexpr auto e8 = tg::clamp(c, tg::lit<-0.5>, tg::lit<0.5>);\nconstexpr auto e9 = tg::max(e7, e8);\nconstexpr auto e10 = tg::mean(e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nsub 4 4\nelu 5 0.5\nclamp 2 -0.5 0.5\nmaximum 6 7\nmean 8",
+                {{"a", true, 3, {-1, -2, 5}, -2.0, 2.0}, {"b", true, 3, {-1, -2, 5}, -2.0, 2.0}, {"c", true, 1, {5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2209<double>, &graph_2209<float>});
+    r.push_back({2213, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 1, 5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1, 3, 5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e8 = tg::expm1(c);\nconstexpr auto e9 = tg::gelu(e8);\nconstexpr auto e10 = tg::mean(e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nexpm1 2\ngelu 5\nmean 6",
+                {{"a", true, 3, {-1, 3, 5}, 0.25, 2.0}, {"b", true, 3, {-1, 1, 5}, -2.0, 2.0}, {"c", true, 3, {1, 3, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2213<double>, &graph_2213<float>});
     return true;
 }();
 

@@ -351,88 +351,92 @@ T graph_86(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
 }
 
 template <class T>
-T graph_90(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
-    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn>>;
-    constexpr auto c = tg::param<"c", T, tg::shape<1, tg::dyn>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
-    constexpr auto e5 = tg::max(h);
-    constexpr auto e7 = (e5 - h);
-    constexpr auto e8 = tg::where(tg::gt(e5, e7), e7, e7);
-    constexpr auto e9 = tg::layer_norm(e8, g, h);
-    constexpr auto e10 = (a * e9);
-    constexpr auto e11 = tg::sum(e10);
-    constexpr auto e12 = tg::max(e8);
-    constexpr auto e13 = (e11 + e12);
-    constexpr auto e14 = tg::mean(e9);
-    constexpr auto e15 = (e13 + e14);
-    constexpr auto step = tg::compile(e15, tg::wrt(a, b, c, g, h));
-    (void)split;
+T graph_2202(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<5>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, 5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e6 = tg::stack<1>(g, b);
+    constexpr auto e7 = tg::erf(e6);
+    constexpr auto e8 = tg::log_sum_exp(e7);
+    constexpr auto e9 = tg::min(c, e8);
+    constexpr auto e10 = tg::stack<1>(e9, c);
+    constexpr auto e11 = tg::log_sum_exp(e10);
+    constexpr auto e12 = tg::stack<1>(a, c);
+    constexpr auto e13 = tg::log1p(e12);
+    constexpr auto e14 = tg::max(e13);
+    constexpr auto e15 = (e14 + e8);
+    constexpr auto e16 = (e15 + e11);
+    constexpr auto e17 = (e16 + e14);
+    constexpr auto step = tg::compile(e17, tg::wrt(a, b, c, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(g, in[3], {ext[3][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+        return ctx.value();
+    }
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
 }
 
 template <class T>
-T graph_94(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
-    constexpr auto e3 = tg::gelu<tg::approximate::tanh>(a);
-    constexpr auto e5 = tg::min(h, h);
-    constexpr auto e6 = tg::log_sum_exp(e5);
-    constexpr auto e7 = tg::softplus<2.0>(e6);
-    constexpr auto e9 = (tg::ge(e7, a) * e5);
-    constexpr auto e11 = tg::concat<0>(e9, e3, e3);
-    constexpr auto e12 = tg::leaky_relu<0.01>(e11);
-    constexpr auto e13 = tg::log_sum_exp(e12);
-    constexpr auto e14 = (e13 + e13);
-    constexpr auto step = tg::compile(e14, tg::wrt(a, g, h));
-    (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
-}
-
-template <class T>
-T graph_98(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 2>>;
-    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 2, 2>>;
-    constexpr auto c = tg::param<"c", T, tg::shape<2>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<2>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<2>>;
-    constexpr auto e5 = tg::log_sum_exp(h);
-    constexpr auto e6 = tg::elu<1.0>(g);
+T graph_2206(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<3>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e5 = tg::gelu<tg::approximate::tanh>(h);
+    constexpr auto e6 = (e5 + h);
     constexpr auto e7 = tg::rms_norm<1, 1e-06>(e6, g);
-    constexpr auto e8 = (tg::gt(tg::lit<2.0>, e5) * c);
-    constexpr auto e9 = tg::sum(e8);
-    constexpr auto e10 = tg::max(e8);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = tg::mean(e8);
     constexpr auto e11 = (e9 + e10);
-    constexpr auto e12 = tg::mean(e7);
-    constexpr auto e13 = (e11 + e12);
-    constexpr auto step = tg::compile(e13, tg::wrt(a, b, c, g, h));
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
 }
 
 template <class T>
-T graph_102(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn>>;
-    constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, tg::dyn>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
-    constexpr auto e4 = tg::layer_norm(h, g, h);
-    constexpr auto e5 = tg::stack<1>(g, h);
-    constexpr auto e6 = tg::sum(e5);
-    constexpr auto e7 = tg::concat<0>(b, b, b);
-    constexpr auto e8 = tg::expm1(e7);
-    constexpr auto e9 = tg::log_sum_exp(e8);
-    constexpr auto e10 = tg::pow(b, tg::lit<1.5>);
-    constexpr auto e11 = tg::sum(e10);
-    constexpr auto e12 = tg::mean(e4);
-    constexpr auto e13 = (e11 + e12);
-    constexpr auto e14 = (e13 + e6);
-    constexpr auto e15 = (e14 + e9);
-    constexpr auto step = tg::compile(e15, tg::wrt(a, g, h));
+T graph_2210(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 4>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 1, 4>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, 2, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e5 = tg::max(g, b);
+    constexpr auto e8 = tg::max(e5, e5);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = tg::mean(e5);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_2214(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e3 = tg::log_sum_exp(h);
+    constexpr auto e4 = (e3 - a);
+    constexpr auto e5 = (e4 * a);
+    constexpr auto e7 = tg::cos(e5);
+    constexpr auto e8 = tg::layer_norm(e7, g, h);
+    constexpr auto e9 = tg::sin(e8);
+    constexpr auto e11 = tg::concat<0>(e9, a, e4);
+    constexpr auto e12 = tg::sum(e11);
+    constexpr auto e13 = tg::mean(e9);
+    constexpr auto e14 = (e12 + e13);
+    constexpr auto e15 = (e14 + e12);
+    constexpr auto step = tg::compile(e15, tg::wrt(a, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
 const bool registered = [] {
@@ -547,26 +551,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nmul 0 1\nmean 2",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {-1, 2}, -2.0, 2.0}},
                 &graph_86<double>, &graph_86<float>});
-    r.push_back({90, 2, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e5 = tg::max(h);\nconstexpr auto e7 = (e5 - h);\nconstexpr auto e8 = tg::where(tg::gt(e5, e7), e7, e7);\nconstexpr auto e9 = tg::layer_norm(e8, g, h);\nconstexpr auto e10 = (a * e9);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::max(e8);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto e14 = tg::mean(e9);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto loss = e15;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nmax 4\nsub 5 4\nwhere_gt 5 6 6 6\nlayer_norm 7 3 4\nmul 0 8\nsum 9\nmax 7\nadd 10 11\nmean 8\nadd 12 13",
-                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-2}, 0.25, 2.0}, {"c", true, 2, {1, -2}, 0.25, 2.0}, {"g", true, 1, {-2}, 0.5, 1.5}, {"h", true, 1, {-2}, -1.0, 1.0}},
-                &graph_90<double>, &graph_90<float>});
-    r.push_back({94, 1, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e3 = tg::gelu<tg::approximate::tanh>(a);\nconstexpr auto e5 = tg::min(h, h);\nconstexpr auto e6 = tg::log_sum_exp(e5);\nconstexpr auto e7 = tg::softplus<2.0>(e6);\nconstexpr auto e9 = (tg::ge(e7, a) * e5);\nconstexpr auto e11 = tg::concat<0>(e9, e3, e3);\nconstexpr auto e12 = tg::leaky_relu<0.01>(e11);\nconstexpr auto e13 = tg::log_sum_exp(e12);\nconstexpr auto e14 = (e13 + e13);\nconstexpr auto loss = e14;",
-                "leaf 0\nleaf 1\nleaf 2\ngelu_tanh 0\nminimum 2 2\nlse 4\nsoftplus 5 2.0\nmask_ge 6 0 4\ncat0 7 3 3\nleaky_relu 8 0.01\nlse 9\nadd 10 10",
-                {{"a", true, 1, {-1}, -2.0, 2.0}, {"g", true, 1, {-1}, 0.5, 1.5}, {"h", true, 1, {-1}, -1.0, 1.0}},
-                &graph_94<double>, &graph_94<float>});
-    r.push_back({98, 1, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 2>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 2, 2>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<2>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<2>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<2>>;\nconstexpr auto e5 = tg::log_sum_exp(h);\nconstexpr auto e6 = tg::elu<1.0>(g);\nconstexpr auto e7 = tg::rms_norm<1, 1e-06>(e6, g);\nconstexpr auto e8 = (tg::gt(tg::lit<2.0>, e5) * c);\nconstexpr auto e9 = tg::sum(e8);\nconstexpr auto e10 = tg::max(e8);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto e12 = tg::mean(e7);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nlse 4\nelu 3 1.0\nrms_norm 6 3\nmask_gt c2.0 5 2\nsum 8\nmax 8\nadd 9 10\nmean 7\nadd 11 12",
-                {{"a", true, 3, {-1, 2, 2}, -2.0, 2.0}, {"b", true, 3, {-1, 2, 2}, 0.25, 2.0}, {"c", true, 1, {2}, 0.25, 2.0}, {"g", true, 1, {2}, 0.5, 1.5}, {"h", true, 1, {2}, -1.0, 1.0}},
-                &graph_98<double>, &graph_98<float>});
-    r.push_back({102, 2, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::layer_norm(h, g, h);\nconstexpr auto e5 = tg::stack<1>(g, h);\nconstexpr auto e6 = tg::sum(e5);\nconstexpr auto e7 = tg::concat<0>(b, b, b);\nconstexpr auto e8 = tg::expm1(e7);\nconstexpr auto e9 = tg::log_sum_exp(e8);\nconstexpr auto e10 = tg::pow(b, tg::lit<1.5>);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::mean(e4);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto e14 = (e13 + e6);\nconstexpr auto e15 = (e14 + e9);\nconstexpr auto loss = e15;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nlayer_norm 3 2 3\nstack1 2 3\nsum 5\ncat0 1 1 1\nexpm1 7\nlse 8\npowc 1 1.5\nsum 10\nmean 4\nadd 11 12\nadd 13 6\nadd 14 9",
-                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", false, 2, {-1, -2}, 0.25, 2.0}, {"g", true, 1, {-2}, 0.5, 1.5}, {"h", true, 1, {-2}, -1.0, 1.0}},
-                &graph_102<double>, &graph_102<float>});
+    r.push_back({2202, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e6 = tg::stack<1>(g, b);\nconstexpr auto e7 = tg::erf(e6);\nconstexpr auto e8 = tg::log_sum_exp(e7);\nconstexpr auto e9 = tg::min(c, e8);\nconstexpr auto e10 = tg::stack<1>(e9, c);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e12 = tg::stack<1>(a, c);\nconstexpr auto e13 = tg::log1p(e12);\nconstexpr auto e14 = tg::max(e13);\nconstexpr auto e15 = (e14 + e8);\nconstexpr auto e16 = (e15 + e11);\nconstexpr auto e17 = (e16 + e14);\nconstexpr auto loss = e17;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nstack1 3 1\nerf 5\nlse 6\nminimum 2 7\nstack1 8 2\nlse 9\nstack1 0 2\nlog1p 11\nmax 12\nadd 13 7\nadd 14 10\nadd 15 13",
+                {{"a", true, 2, {-1, 5}, 0.25, 2.0}, {"b", true, 1, {5}, -2.0, 2.0}, {"c", true, 2, {-1, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2202<double>, &graph_2202<float>});
+    r.push_back({2206, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<3>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e5 = tg::gelu<tg::approximate::tanh>(h);\nconstexpr auto e6 = (e5 + h);\nconstexpr auto e7 = tg::rms_norm<1, 1e-06>(e6, g);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = tg::mean(e8);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\ngelu_tanh 4\nadd 5 4\nrms_norm 6 3\nsin 7\nmax 8\nmean 8\nadd 9 10",
+                {{"a", true, 1, {3}, -2.0, 2.0}, {"b", true, 1, {3}, 0.25, 2.0}, {"c", true, 1, {3}, 0.25, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2206<double>, &graph_2206<float>});
+    r.push_back({2210, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 4>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 1, 4>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, 2, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e5 = tg::max(g, b);\nconstexpr auto e8 = tg::max(e5, e5);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = tg::mean(e5);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nmaximum 3 1\nmaximum 5 5\nmax 6\nmean 5\nadd 7 8",
+                {{"a", true, 3, {-1, 2, 4}, 0.25, 2.0}, {"b", true, 3, {-1, 1, 4}, -2.0, 2.0}, {"c", true, 3, {-1, 2, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2210<double>, &graph_2210<float>});
+    r.push_back({2214, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e3 = tg::log_sum_exp(h);\nconstexpr auto e4 = (e3 - a);\nconstexpr auto e5 = (e4 * a);\nconstexpr auto e7 = tg::cos(e5);\nconstexpr auto e8 = tg::layer_norm(e7, g, h);\nconstexpr auto e9 = tg::sin(e8);\nconstexpr auto e11 = tg::concat<0>(e9, a, e4);\nconstexpr auto e12 = tg::sum(e11);\nconstexpr auto e13 = tg::mean(e9);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto e15 = (e14 + e12);\nconstexpr auto loss = e15;",
+                "leaf 0\nleaf 1\nleaf 2\nlse 2\nsub 3 0\nmul 4 0\ncos 5\nlayer_norm 6 1 2\nsin 7\ncat0 8 0 4\nsum 9\nmean 8\nadd 10 11\nadd 12 10",
+                {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2214<double>, &graph_2214<float>});
     return true;
 }();
 

@@ -344,46 +344,54 @@ T graph_87(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
 }
 
 template <class T>
-T graph_91(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+T graph_2203(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
     constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 3>>;
-    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, 4, 3>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, 4, 3>>;
     constexpr auto g = tg::param<"g", T, tg::shape<3>>;
     constexpr auto h = tg::param<"h", T, tg::shape<3>>;
     constexpr auto e4 = tg::layer_norm(a, g, h);
-    constexpr auto e5 = tg::log1p(g);
-    constexpr auto e7 = (tg::le(e5, g) * e4);
-    constexpr auto e10 = tg::concat<0>(e7, a, a);
-    constexpr auto e11 = tg::min(e10);
-    constexpr auto e12 = tg::min(h, a);
-    constexpr auto e13 = tg::min(e12);
-    constexpr auto e14 = tg::mean(e4);
+    constexpr auto e5 = tg::sin(e4);
+    constexpr auto e6 = tg::log1p(b);
+    constexpr auto e7 = tg::layer_norm(e6, g, h);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = tg::concat<0>(e6, e6, e6);
+    constexpr auto e10 = tg::expm1(e9);
+    constexpr auto e11 = tg::sum(e10);
+    constexpr auto e12 = tg::max(e5, e11);
+    constexpr auto e13 = tg::log_sum_exp(e12);
+    constexpr auto e14 = tg::mean(e5);
     constexpr auto e15 = (e13 + e14);
-    constexpr auto e16 = (e15 + e11);
-    constexpr auto step = tg::compile(e16, tg::wrt(a, g, h));
+    constexpr auto e16 = tg::mean(e8);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = (e17 + e11);
+    constexpr auto step = tg::compile(e18, tg::wrt(a, g, h));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
 template <class T>
-T graph_95(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
-    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, tg::dyn>>;
-    constexpr auto b = tg::param<"b", T, tg::shape<1, 1>>;
-    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, 1, 1>>;
-    [[maybe_unused]] constexpr auto d = tg::input<"d", T, tg::shape<tg::dyn, 4, 1>>;
-    constexpr auto g = tg::param<"g", T, tg::shape<tg::dyn>>;
-    constexpr auto h = tg::param<"h", T, tg::shape<tg::dyn>>;
-    constexpr auto e6 = tg::silu(g);
-    constexpr auto e8 = tg::stack<1>(h, e6);
-    constexpr auto e9 = tg::softplus<0.5>(e8);
-    constexpr auto e10 = tg::min(e9);
-    constexpr auto e11 = (e10 + e10);
-    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
+T graph_2207(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e4 = tg::min(h);
+    constexpr auto e5 = tg::max(e4, h);
+    constexpr auto e6 = tg::max(b, h);
+    constexpr auto e7 = tg::min(e6, h);
+    constexpr auto e8 = tg::layer_norm(e5, g, h);
+    constexpr auto e9 = tg::sin(e8);
+    constexpr auto e10 = tg::min(e7, e5);
+    constexpr auto e11 = tg::max(e10);
+    constexpr auto e12 = tg::mean(e9);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, b, g, h));
     (void)split;
-    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
 }
 
 template <class T>
-T graph_99(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+T graph_2211(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
     constexpr auto a = tg::param<"a", T, tg::shape<3>>;
     constexpr auto b = tg::param<"b", T, tg::shape<1>>;
     constexpr auto c = tg::param<"c", T, tg::shape<>>;
@@ -403,7 +411,7 @@ T graph_99(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
 }
 
 template <class T>
-T graph_103(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+T graph_2215(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
     constexpr auto a = tg::param<"a", T, tg::shape<3, 4>>;
     constexpr auto g = tg::param<"g", T, tg::shape<4>>;
     constexpr auto h = tg::param<"h", T, tg::shape<4>>;
@@ -534,26 +542,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaky_relu 1 0.2\nclamp 2 0.0 2.0\nmax 3\nerf 4\nminimum 1 5\nmin 6\nsum 3\nadd 7 8",
                 {{"a", true, 1, {-1}, 0.25, 2.0}, {"b", true, 1, {-1}, -2.0, 2.0}},
                 &graph_87<double>, &graph_87<float>});
-    r.push_back({91, 1, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e4 = tg::layer_norm(a, g, h);\nconstexpr auto e5 = tg::log1p(g);\nconstexpr auto e7 = (tg::le(e5, g) * e4);\nconstexpr auto e10 = tg::concat<0>(e7, a, a);\nconstexpr auto e11 = tg::min(e10);\nconstexpr auto e12 = tg::min(h, a);\nconstexpr auto e13 = tg::min(e12);\nconstexpr auto e14 = tg::mean(e4);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = (e15 + e11);\nconstexpr auto loss = e16;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nlayer_norm 0 2 3\nlog1p 2\nmask_le 5 2 4\ncat0 6 0 0\nmin 7\nminimum 3 0\nmin 9\nmean 4\nadd 10 11\nadd 12 8",
+    r.push_back({2203, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e4 = tg::layer_norm(a, g, h);\nconstexpr auto e5 = tg::sin(e4);\nconstexpr auto e6 = tg::log1p(b);\nconstexpr auto e7 = tg::layer_norm(e6, g, h);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = tg::concat<0>(e6, e6, e6);\nconstexpr auto e10 = tg::expm1(e9);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::max(e5, e11);\nconstexpr auto e13 = tg::log_sum_exp(e12);\nconstexpr auto e14 = tg::mean(e5);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = tg::mean(e8);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = (e17 + e11);\nconstexpr auto loss = e18;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nlayer_norm 0 2 3\nsin 4\nlog1p 1\nlayer_norm 6 2 3\nsin 7\ncat0 6 6 6\nexpm1 9\nsum 10\nmaximum 5 11\nlse 12\nmean 5\nadd 13 14\nmean 8\nadd 15 16\nadd 17 11",
                 {{"a", true, 3, {-1, 4, 3}, -2.0, 2.0}, {"b", false, 3, {-1, 4, 3}, 0.25, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
-                &graph_91<double>, &graph_91<float>});
-    r.push_back({95, 2, false,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, 1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, 1, 1>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<tg::dyn, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<tg::dyn>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<tg::dyn>>;\nconstexpr auto e6 = tg::silu(g);\nconstexpr auto e8 = tg::stack<1>(h, e6);\nconstexpr auto e9 = tg::softplus<0.5>(e8);\nconstexpr auto e10 = tg::min(e9);\nconstexpr auto e11 = (e10 + e10);\nconstexpr auto loss = e11;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nsilu 4\nstack1 5 6\nsoftplus 7 0.5\nmin 8\nadd 9 9",
-                {{"a", true, 3, {-1, 4, -2}, 0.25, 2.0}, {"b", true, 2, {1, 1}, -2.0, 2.0}, {"c", true, 3, {-1, 1, 1}, 0.25, 2.0}, {"d", false, 3, {-1, 4, 1}, -2.0, 2.0}, {"g", true, 1, {-2}, 0.5, 1.5}, {"h", true, 1, {-2}, -1.0, 1.0}},
-                &graph_95<double>, &graph_95<float>});
-    r.push_back({99, 0, true,
+                &graph_2203<double>, &graph_2203<float>});
+    r.push_back({2207, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e4 = tg::min(h);\nconstexpr auto e5 = tg::max(e4, h);\nconstexpr auto e6 = tg::max(b, h);\nconstexpr auto e7 = tg::min(e6, h);\nconstexpr auto e8 = tg::layer_norm(e5, g, h);\nconstexpr auto e9 = tg::sin(e8);\nconstexpr auto e10 = tg::min(e7, e5);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto e12 = tg::mean(e9);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nmin 3\nmaximum 4 3\nmaximum 1 3\nminimum 6 3\nlayer_norm 5 2 3\nsin 8\nminimum 7 5\nmax 10\nmean 9\nadd 11 12",
+                {{"a", true, 3, {-1, 4, 5}, -2.0, 2.0}, {"b", true, 3, {-1, 4, 1}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2207<double>, &graph_2207<float>});
+    r.push_back({2211, 0, true,
                 "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e5 = tg::max(c, g);\nconstexpr auto e6 = tg::clamp(h, tg::lit<-1.0>, tg::lit<1.0>);\nconstexpr auto e7 = (e5 + e6);\nconstexpr auto e8 = tg::min(e7);\nconstexpr auto loss = e8;",
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nmaximum 2 3\nclamp 4 -1.0 1.0\nadd 5 6\nmin 7",
                 {{"a", true, 1, {3}, -2.0, 2.0}, {"b", true, 1, {1}, 0.25, 2.0}, {"c", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
-                &graph_99<double>, &graph_99<float>});
-    r.push_back({103, 0, false,
+                &graph_2211<double>, &graph_2211<float>});
+    r.push_back({2215, 0, false,
                 "constexpr auto a = tg::param<\"a\", T, tg::shape<3, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e3 = tg::min(g, a);\nconstexpr auto e4 = (tg::gt(e3, g) * h);\nconstexpr auto e6 = tg::stack<1>(e3, e4);\nconstexpr auto e7 = tg::gelu(e6);\nconstexpr auto e8 = tg::min(e7);\nconstexpr auto e9 = tg::concat<0>(g, h, g);\nconstexpr auto e10 = tg::gelu<tg::approximate::tanh>(e9);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto e12 = (e11 + e8);\nconstexpr auto e13 = (e12 + e11);\nconstexpr auto loss = e13;",
                 "leaf 0\nleaf 1\nleaf 2\nminimum 1 0\nmask_gt 3 1 2\nstack1 3 4\ngelu 5\nmin 6\ncat0 1 2 1\ngelu_tanh 8\nmax 9\nadd 10 7\nadd 11 10",
                 {{"a", true, 2, {3, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
-                &graph_103<double>, &graph_103<float>});
+                &graph_2215<double>, &graph_2215<float>});
     return true;
 }();
 
