@@ -41,6 +41,8 @@ UNARY = ["neg", "exp", "log", "sqrt", "square", "sin", "cos", "tanh", "sigmoid",
 ACTIVATIONS = ["erf", "log1p", "expm1", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "elu", "clamp"]
 ACTIVATION_PARAMS = {"softplus": [1.0, 2.0, 0.5], "leaky_relu": [0.01, 0.2], "elu": [1.0, 0.5],
                      "clamp": [(-1.0, 1.0), (0.0, 2.0), (-0.5, 0.5)]}
+# unary ops that keep a row non-constant (model graphs' norms read only such rows)
+VARYING_UNARY = ["neg", "exp", "log", "sqrt", "log1p", "expm1", "leaky_relu", "powc"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 MASKS = ["gt", "ge", "lt", "le"]
 REDUCE = ["sum", "mean", "max", "min", "lse"]
@@ -59,6 +61,7 @@ CPP_BINFN = {"pow": "tg::pow", "maximum": "tg::max", "minimum": "tg::min",
 class Node:
     def __init__(self, op, args, shape, lo, hi, text):
         self.op, self.args, self.shape, self.lo, self.hi, self.text = op, args, shape, lo, hi, text
+        self.varies = False  # surely not constant along the last axis (model graphs' norms need it)
 
 
 def broadcast(a, b):
@@ -222,6 +225,7 @@ class Graph:
             kind = "param" if param else "input"
             self.lines.append('constexpr auto %s = tg::%s<"%s", T, tg::shape<%s>>;' % (name, kind, name, ext))
             self.add("leaf", [i], tuple(shape), lo, hi, name, "leaf %d" % i)
+            self.nodes[-1].varies = len(shape) > 0 and shape[-1] == full[-1] and shape[-1] != 1
         if self.gid >= FIRST_MODEL:
             # layer_norm's weight and bias and rms_norm's weight: params of the last extent
             last = full[-1]
@@ -231,6 +235,7 @@ class Graph:
                 self.leaves.append((name, True, (last,), lo, hi))
                 self.lines.append('constexpr auto %s = tg::param<"%s", T, tg::shape<%s>>;' % (name, name, ext))
                 self.add("leaf", [i], (last,), lo, hi, name, "leaf %d" % i)
+                self.nodes[-1].varies = True
             self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
 
     def pick(self):
@@ -250,12 +255,15 @@ class Graph:
         rng = self.rng
         kinds, weights = ["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2]
         if self.gid >= FIRST_MODEL:  # ops/norm.hpp, ops/index.hpp's concat and stack
-            kinds, weights = kinds + ["norm", "concat"], weights + [4, 4]
+            kinds, weights = kinds + ["norm", "concat"], weights + [8, 4]
         kind = rng.choices(kinds, weights)[0]
         a = self.nodes[self.pick()]
         ai = self.nodes.index(a)
         if kind == "norm":  # over the last axis, which must be the graph's last extent (the weights')
-            if a.shape == () or a.shape[-1] != self.full[-1]:
+            # and must vary along it: rms_norm and layer_norm are scale invariant, so over a
+            # constant row (a broadcast, a where that picked one operand) the gradient is an
+            # eps-sized difference of O(1) terms (graph 2201 in float)
+            if a.shape == () or a.shape[-1] != self.full[-1] or not a.varies:
                 return False
             op = rng.choice(["layer_norm", "rms_norm"])
             last = a.shape[-1]
@@ -272,6 +280,7 @@ class Graph:
             self.emit(op, [ai], a.shape, (-bound, bound), text, line)
             if len(self.nodes) == n0:
                 return False
+            self.nodes[-1].varies = True
             # used only through a sine: a linear function of a layer_norm that is constant along
             # its axis (a sum, a mean) has a gradient that is exactly 0 in exact arithmetic and
             # rounding noise in float
@@ -358,7 +367,10 @@ class Graph:
                 text, line = "tg::pow(%s, tg::lit<%s>)" % (a.text, cpp_num(c)), "powc %d %s" % (ai, repr(c))
             else:
                 text, line = "%s(%s)" % (CPP_UNARY[op], a.text), "%s %d" % (op, ai)
+            n0 = len(self.nodes)
             self.emit(op, [ai], a.shape, bounds, text, line)
+            if len(self.nodes) > n0:  # strictly monotonic without saturation within the bounds
+                self.nodes[-1].varies = a.varies and op in VARYING_UNARY
             return True
         if kind == "reduce":
             if a.shape == ():
@@ -401,7 +413,11 @@ class Graph:
             self.emit("mask", [], shape, hull((0.0, 0.0), (min(0.0, other.lo), max(0.0, other.hi))), text,
                       "mask_%s %s %s %d" % (op, ref(left), ref(right), oi))
             return True
+        n0 = len(self.nodes)
         self.emit(op, [], shape, bounds, text, "%s %s %s" % (op, ref(left), ref(right)))
+        if len(self.nodes) > n0 and op in ("add", "sub"):  # one varying operand plus a constant row
+            lv, rv = getattr(left, "varies", False), getattr(right, "varies", False)
+            self.nodes[-1].varies = lv != rv and shape == (lv and left or right).shape
         return True
 
     def emit(self, op, args, shape, bounds, text, line, force=False):

@@ -357,24 +357,19 @@ T graph_2202(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, 5>>;
     constexpr auto g = tg::param<"g", T, tg::shape<5>>;
     constexpr auto h = tg::param<"h", T, tg::shape<5>>;
-    constexpr auto e6 = tg::stack<1>(g, b);
-    constexpr auto e7 = tg::erf(e6);
-    constexpr auto e8 = tg::log_sum_exp(e7);
-    constexpr auto e9 = tg::min(c, e8);
-    constexpr auto e10 = tg::stack<1>(e9, c);
-    constexpr auto e11 = tg::log_sum_exp(e10);
-    constexpr auto e12 = tg::stack<1>(a, c);
-    constexpr auto e13 = tg::log1p(e12);
-    constexpr auto e14 = tg::max(e13);
-    constexpr auto e15 = (e14 + e8);
-    constexpr auto e16 = (e15 + e11);
-    constexpr auto e17 = (e16 + e14);
-    constexpr auto step = tg::compile(e17, tg::wrt(a, b, c, g, h));
-    if (split) {
-        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(g, in[3], {ext[3][0]}));
-        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
-        return ctx.value();
-    }
+    constexpr auto e5 = tg::rms_norm<1, 1e-06>(c, g);
+    constexpr auto e6 = tg::sin(e5);
+    constexpr auto e7 = tg::stack<1>(g, b);
+    constexpr auto e8 = tg::erf(e7);
+    constexpr auto e9 = tg::log_sum_exp(e8);
+    constexpr auto e10 = (tg::gt(c, e9) * e9);
+    constexpr auto e12 = tg::max(e10, e10);
+    constexpr auto e13 = tg::log_sum_exp(e12);
+    constexpr auto e14 = tg::mean(e6);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = (e15 + e9);
+    constexpr auto step = tg::compile(e16, tg::wrt(a, b, c, g, h));
+    (void)split;
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
 }
 
@@ -419,23 +414,24 @@ T graph_2214(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3>>;
     constexpr auto g = tg::param<"g", T, tg::shape<3>>;
     constexpr auto h = tg::param<"h", T, tg::shape<3>>;
-    constexpr auto e3 = tg::log_sum_exp(h);
-    constexpr auto e4 = (e3 - a);
-    constexpr auto e5 = (e4 * a);
-    constexpr auto e7 = tg::cos(e5);
-    constexpr auto e8 = tg::layer_norm(e7, g, h);
-    constexpr auto e9 = tg::sin(e8);
-    constexpr auto e11 = tg::concat<0>(e9, a, e4);
+    constexpr auto e3 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e4 = tg::sin(e3);
+    constexpr auto e5 = tg::layer_norm(h, g, h);
+    constexpr auto e6 = tg::sin(e5);
+    constexpr auto e7 = tg::concat<0>(g, e6, e4);
+    constexpr auto e8 = tg::expm1(e7);
+    constexpr auto e9 = tg::log_sum_exp(e8);
+    constexpr auto e11 = (tg::lt(e9, e9) * e4);
     constexpr auto e12 = tg::sum(e11);
-    constexpr auto e13 = tg::mean(e9);
+    constexpr auto e13 = tg::mean(e8);
     constexpr auto e14 = (e12 + e13);
-    constexpr auto e15 = (e14 + e12);
-    constexpr auto step = tg::compile(e15, tg::wrt(a, g, h));
-    if (split) {
-        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}));
-        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
-        return ctx.value();
-    }
+    constexpr auto e15 = tg::mean(e4);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto e17 = tg::mean(e6);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = (e18 + e9);
+    constexpr auto step = tg::compile(e19, tg::wrt(a, g, h));
+    (void)split;
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
@@ -551,9 +547,9 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nmul 0 1\nmean 2",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {-1, 2}, -2.0, 2.0}},
                 &graph_86<double>, &graph_86<float>});
-    r.push_back({2202, 1, true,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e6 = tg::stack<1>(g, b);\nconstexpr auto e7 = tg::erf(e6);\nconstexpr auto e8 = tg::log_sum_exp(e7);\nconstexpr auto e9 = tg::min(c, e8);\nconstexpr auto e10 = tg::stack<1>(e9, c);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e12 = tg::stack<1>(a, c);\nconstexpr auto e13 = tg::log1p(e12);\nconstexpr auto e14 = tg::max(e13);\nconstexpr auto e15 = (e14 + e8);\nconstexpr auto e16 = (e15 + e11);\nconstexpr auto e17 = (e16 + e14);\nconstexpr auto loss = e17;",
-                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nstack1 3 1\nerf 5\nlse 6\nminimum 2 7\nstack1 8 2\nlse 9\nstack1 0 2\nlog1p 11\nmax 12\nadd 13 7\nadd 14 10\nadd 15 13",
+    r.push_back({2202, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e5 = tg::rms_norm<1, 1e-06>(c, g);\nconstexpr auto e6 = tg::sin(e5);\nconstexpr auto e7 = tg::stack<1>(g, b);\nconstexpr auto e8 = tg::erf(e7);\nconstexpr auto e9 = tg::log_sum_exp(e8);\nconstexpr auto e10 = (tg::gt(c, e9) * e9);\nconstexpr auto e12 = tg::max(e10, e10);\nconstexpr auto e13 = tg::log_sum_exp(e12);\nconstexpr auto e14 = tg::mean(e6);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = (e15 + e9);\nconstexpr auto loss = e16;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nrms_norm 2 3\nsin 5\nstack1 3 1\nerf 7\nlse 8\nmask_gt 2 9 9\nmaximum 10 10\nlse 11\nmean 6\nadd 12 13\nadd 14 9",
                 {{"a", true, 2, {-1, 5}, 0.25, 2.0}, {"b", true, 1, {5}, -2.0, 2.0}, {"c", true, 2, {-1, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &graph_2202<double>, &graph_2202<float>});
     r.push_back({2206, 0, false,
@@ -566,9 +562,9 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nmaximum 3 1\nmaximum 5 5\nmax 6\nmean 5\nadd 7 8",
                 {{"a", true, 3, {-1, 2, 4}, 0.25, 2.0}, {"b", true, 3, {-1, 1, 4}, -2.0, 2.0}, {"c", true, 3, {-1, 2, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
                 &graph_2210<double>, &graph_2210<float>});
-    r.push_back({2214, 1, true,
-                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e3 = tg::log_sum_exp(h);\nconstexpr auto e4 = (e3 - a);\nconstexpr auto e5 = (e4 * a);\nconstexpr auto e7 = tg::cos(e5);\nconstexpr auto e8 = tg::layer_norm(e7, g, h);\nconstexpr auto e9 = tg::sin(e8);\nconstexpr auto e11 = tg::concat<0>(e9, a, e4);\nconstexpr auto e12 = tg::sum(e11);\nconstexpr auto e13 = tg::mean(e9);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto e15 = (e14 + e12);\nconstexpr auto loss = e15;",
-                "leaf 0\nleaf 1\nleaf 2\nlse 2\nsub 3 0\nmul 4 0\ncos 5\nlayer_norm 6 1 2\nsin 7\ncat0 8 0 4\nsum 9\nmean 8\nadd 10 11\nadd 12 10",
+    r.push_back({2214, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e3 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e4 = tg::sin(e3);\nconstexpr auto e5 = tg::layer_norm(h, g, h);\nconstexpr auto e6 = tg::sin(e5);\nconstexpr auto e7 = tg::concat<0>(g, e6, e4);\nconstexpr auto e8 = tg::expm1(e7);\nconstexpr auto e9 = tg::log_sum_exp(e8);\nconstexpr auto e11 = (tg::lt(e9, e9) * e4);\nconstexpr auto e12 = tg::sum(e11);\nconstexpr auto e13 = tg::mean(e8);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto e15 = tg::mean(e4);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = tg::mean(e6);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = (e18 + e9);\nconstexpr auto loss = e19;",
+                "leaf 0\nleaf 1\nleaf 2\nrms_norm 2 1\nsin 3\nlayer_norm 2 1 2\nsin 5\ncat0 1 6 4\nexpm1 7\nlse 8\nmask_lt 9 9 4\nsum 10\nmean 8\nadd 11 12\nmean 4\nadd 13 14\nmean 6\nadd 15 16\nadd 17 9",
                 {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
                 &graph_2214<double>, &graph_2214<float>});
     return true;
