@@ -21,8 +21,14 @@ import pathlib
 import random
 
 SEED = 20250611
-GRAPHS = 88
+GRAPHS = 104
 FIRST_NEW = 64      # graphs from here on also draw the activations and special functions
+FIRST_MODEL = 88    # graphs from here on also draw layer_norm, rms_norm, concat and stack
+# ... and are registered as ids 2200.. (FIRST_MODEL + k -> MODEL_ID + k): differential_main.cpp
+# applies special values to ids below 2000 only. Over these graphs they gave 8 failures in 489
+# cases (NaN against finite values through layer_norm/rms_norm of inf and 1e306, and a min
+# reduction's split among -inf/NaN ties after a concat): docs/reliability.md, finding 19.
+MODEL_ID = 2200
 UNITS = 4           # generated translation units (compile time: about 16 graphs each)
 MAX_DYN = 17        # largest dynamic extent the harness draws (sum bounds use it)
 LEAF_NAMES = "abcd"
@@ -35,6 +41,8 @@ UNARY = ["neg", "exp", "log", "sqrt", "square", "sin", "cos", "tanh", "sigmoid",
 ACTIVATIONS = ["erf", "log1p", "expm1", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "elu", "clamp"]
 ACTIVATION_PARAMS = {"softplus": [1.0, 2.0, 0.5], "leaky_relu": [0.01, 0.2], "elu": [1.0, 0.5],
                      "clamp": [(-1.0, 1.0), (0.0, 2.0), (-0.5, 0.5)]}
+# unary ops that keep a row non-constant (model graphs' norms read only such rows)
+VARYING_UNARY = ["neg", "exp", "log", "sqrt", "log1p", "expm1", "leaky_relu", "powc"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 MASKS = ["gt", "ge", "lt", "le"]
 REDUCE = ["sum", "mean", "max", "min", "lse"]
@@ -53,6 +61,7 @@ CPP_BINFN = {"pow": "tg::pow", "maximum": "tg::max", "minimum": "tg::min",
 class Node:
     def __init__(self, op, args, shape, lo, hi, text):
         self.op, self.args, self.shape, self.lo, self.hi, self.text = op, args, shape, lo, hi, text
+        self.varies = False  # surely not constant along the last axis (model graphs' norms need it)
 
 
 def broadcast(a, b):
@@ -174,6 +183,7 @@ class Graph:
         self.program = []    # the interpreter's lines
         self.leaves = []     # (name, is_param, shape, lo, hi)
         self.activations_drawn = 0
+        self.model_nodes = []  # norms and reduced concats/stacks (graphs FIRST_MODEL..)
         self.make()
 
     def add(self, op, args, shape, lo, hi, text, program_line):
@@ -185,6 +195,8 @@ class Graph:
     def make_leaves(self):
         rng = self.rng
         rank = rng.choice([0, 1, 1, 2, 2, 2, 3, 3])
+        if self.gid >= FIRST_MODEL:  # the norms and concat want an axis
+            rank = max(rank, 1)
         full, dyn = [], 0
         for _ in range(rank):
             if rng.random() < 0.6:
@@ -192,6 +204,12 @@ class Graph:
                 dyn += 1
             else:
                 full.append(rng.choice([2, 3, 4, 5]))
+        if self.gid >= FIRST_MODEL and (isinstance(full[-1], str) or full[-1] < 3):
+            # the norms' last axis: static and at least 3 (over 1 or 2 elements their gradients
+            # are eps-sized differences of O(1) terms, hopelessly ill-conditioned in float)
+            if isinstance(full[-1], str):
+                dyn -= 1
+            full[-1] = rng.choice([3, 4, 5])
         self.full, self.vars = full, dyn
         count = rng.choice([1, 2, 2, 3, 3, 4])
         for i in range(count):
@@ -207,13 +225,27 @@ class Graph:
             kind = "param" if param else "input"
             self.lines.append('constexpr auto %s = tg::%s<"%s", T, tg::shape<%s>>;' % (name, kind, name, ext))
             self.add("leaf", [i], tuple(shape), lo, hi, name, "leaf %d" % i)
+            self.nodes[-1].varies = len(shape) > 0 and shape[-1] == full[-1] and shape[-1] != 1
+        if self.gid >= FIRST_MODEL:
+            # layer_norm's weight and bias and rms_norm's weight: params of the last extent
+            last = full[-1]
+            ext = "tg::dyn" if isinstance(last, str) else str(last)
+            for name, lo, hi in (("g", 0.5, 1.5), ("h", -1.0, 1.0)):
+                i = len(self.leaves)
+                self.leaves.append((name, True, (last,), lo, hi))
+                self.lines.append('constexpr auto %s = tg::param<"%s", T, tg::shape<%s>>;' % (name, name, ext))
+                self.add("leaf", [i], (last,), lo, hi, name, "leaf %d" % i)
+                self.nodes[-1].varies = True
+            self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
 
     def pick(self):
         # recent nodes more often (depth), any earlier node sometimes (sharing)
         n = len(self.nodes)
-        if self.rng.random() < 0.6:
-            return self.rng.randrange(max(0, n - 3), n)
-        return self.rng.randrange(n)
+        while True:
+            k = self.rng.randrange(max(0, n - 3), n) if self.rng.random() < 0.6 else self.rng.randrange(n)
+            # a concat's or stack's extents are not the graph's: only reduced (emitted with its reduction)
+            if not getattr(self.nodes[k], "odd", False):
+                return k
 
     def constant(self):
         v = self.rng.choice(CONSTANTS)
@@ -221,9 +253,92 @@ class Graph:
 
     def try_op(self):
         rng = self.rng
-        kind = rng.choices(["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2])[0]
+        kinds, weights = ["unary", "binary", "mask", "where", "reduce"], [8, 8, 1, 1, 2]
+        if self.gid >= FIRST_MODEL:  # ops/norm.hpp, ops/index.hpp's concat and stack
+            kinds, weights = kinds + ["norm", "concat"], weights + [8, 4]
+        kind = rng.choices(kinds, weights)[0]
         a = self.nodes[self.pick()]
         ai = self.nodes.index(a)
+        if kind == "norm":  # over the last axis, which must be the graph's last extent (the weights')
+            # and must vary along it: rms_norm and layer_norm are scale invariant, so over a
+            # constant row (a broadcast, a where that picked one operand) the gradient is an
+            # eps-sized difference of O(1) terms (graph 2201 in float)
+            if a.shape == () or a.shape[-1] != self.full[-1] or not a.varies:
+                return False
+            op = rng.choice(["layer_norm", "rms_norm"])
+            last = a.shape[-1]
+            n = MAX_DYN if isinstance(last, str) else last
+            if op == "layer_norm":
+                bound = 1.5 * math.sqrt(n) + 1.0
+                text = "tg::layer_norm(%s, g, h)" % a.text
+                line = "layer_norm %d %d %d" % (ai, self.gain, self.shift)
+            else:
+                bound = 1.5 * math.sqrt(n)
+                text = "tg::rms_norm<1, 1e-06>(%s, g)" % a.text
+                line = "rms_norm %d %d" % (ai, self.gain)
+            n0 = len(self.nodes)
+            self.emit(op, [ai], a.shape, (-bound, bound), text, line)
+            if len(self.nodes) == n0:
+                return False
+            self.nodes[-1].varies = True
+            # used only through a sine: a linear function of a layer_norm that is constant along
+            # its axis (a sum, a mean) has a gradient that is exactly 0 in exact arithmetic and
+            # rounding noise in float
+            self.nodes[-1].odd = True
+            k = len(self.nodes) - 1
+            self.emit("sin", [k], a.shape, (-1.0, 1.0), "tg::sin(%s)" % self.nodes[k].text, "sin %d" % k)
+            self.model_nodes.append(len(self.nodes) - 1)
+            return True
+        if kind == "concat":  # cat along axis 0 of three nodes of a's shape, or stack of two along axis 1
+            if a.shape == ():
+                return False
+            same = [n for n in self.nodes if n.shape == a.shape and not getattr(n, "odd", False)]
+            b, c = rng.choice(same), rng.choice(same)
+            bi, ci = self.nodes.index(b), self.nodes.index(c)
+            before = len(self.nodes)
+            bounds = hull((a.lo, a.hi), (b.lo, b.hi), (c.lo, c.hi))
+            if rng.random() < 0.5:
+                self.emit("concat", [ai, bi, ci], a.shape, bounds, "tg::concat<0>(%s, %s, %s)" % (a.text, b.text, c.text),
+                          "cat0 %d %d %d" % (ai, bi, ci))
+                grow = 3
+            else:
+                self.emit("stack", [ai, bi], a.shape, hull((a.lo, a.hi), (b.lo, b.hi)),
+                          "tg::stack<1>(%s, %s)" % (a.text, b.text), "stack1 %d %d" % (ai, bi))
+                grow = 2
+            if len(self.nodes) == before:
+                return False
+            self.nodes[-1].odd = True
+            # sometimes an activation of it, then a reduction (over grow times the elements)
+            if rng.random() < 0.5:
+                x = self.nodes[-1]
+                op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)]
+                self.activations_drawn += 1
+                cc = rng.choice(ACTIVATION_PARAMS[op]) if op in ACTIVATION_PARAMS else None
+                ab = interval(op, x, c=cc)
+                if ab is not None:
+                    xi = len(self.nodes) - 1
+                    if op in ("softplus", "leaky_relu", "elu"):
+                        text, line = "tg::%s<%s>(%s)" % (op, cpp_num(cc), x.text), "%s %d %s" % (op, xi, repr(cc))
+                    elif op == "clamp":
+                        text = "tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (x.text, cpp_num(cc[0]), cpp_num(cc[1]))
+                        line = "clamp %d %s %s" % (xi, repr(cc[0]), repr(cc[1]))
+                    else:
+                        text, line = "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, xi)
+                    n0 = len(self.nodes)
+                    self.emit(op, [xi], x.shape, ab, text, line)
+                    if len(self.nodes) > n0:
+                        self.nodes[-1].odd = True
+            x = self.nodes[-1]
+            op = rng.choice(REDUCE)
+            lo, hi = interval(op, x)
+            if op == "sum":
+                lo, hi = min(lo, grow * lo), max(hi, grow * hi)
+            elif op == "lse":
+                hi += math.log(grow)
+            self.emit(op, [], (), (lo, hi), "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, len(self.nodes) - 1),
+                      force=True)
+            self.model_nodes.append(len(self.nodes) - 1)
+            return True
         if kind == "unary":
             new = self.gid >= FIRST_NEW and rng.random() < 0.6
             # activations in turn (each graph starts elsewhere), so that every one is drawn
@@ -252,7 +367,10 @@ class Graph:
                 text, line = "tg::pow(%s, tg::lit<%s>)" % (a.text, cpp_num(c)), "powc %d %s" % (ai, repr(c))
             else:
                 text, line = "%s(%s)" % (CPP_UNARY[op], a.text), "%s %d" % (op, ai)
+            n0 = len(self.nodes)
             self.emit(op, [ai], a.shape, bounds, text, line)
+            if len(self.nodes) > n0:  # strictly monotonic without saturation within the bounds
+                self.nodes[-1].varies = a.varies and op in VARYING_UNARY
             return True
         if kind == "reduce":
             if a.shape == ():
@@ -295,7 +413,11 @@ class Graph:
             self.emit("mask", [], shape, hull((0.0, 0.0), (min(0.0, other.lo), max(0.0, other.hi))), text,
                       "mask_%s %s %s %d" % (op, ref(left), ref(right), oi))
             return True
+        n0 = len(self.nodes)
         self.emit(op, [], shape, bounds, text, "%s %s %s" % (op, ref(left), ref(right)))
+        if len(self.nodes) > n0 and op in ("add", "sub"):  # one varying operand plus a constant row
+            lv, rv = getattr(left, "varies", False), getattr(right, "varies", False)
+            self.nodes[-1].varies = lv != rv and shape == (lv and left or right).shape
         return True
 
     def emit(self, op, args, shape, bounds, text, line, force=False):
@@ -328,6 +450,14 @@ class Graph:
             a, b = parts
             self.emit("add", [], (), interval("add", a, b), "(%s + %s)" % (a.text, b.text),
                       "add %d %d" % (self.nodes.index(a), self.nodes.index(b)), force=True)
+        if self.gid >= FIRST_MODEL:  # every norm and concat/stack drawn reaches the loss (no draws: same graphs 0-87)
+            for k in self.model_nodes:
+                n, total = self.nodes[k], self.nodes[-1]
+                if n.shape != ():
+                    self.emit("mean", [], (), interval("mean", n), "tg::mean(%s)" % n.text, "mean %d" % k, force=True)
+                    n = self.nodes[-1]
+                self.emit("add", [], (), interval("add", total, n), "(%s + %s)" % (total.text, n.text),
+                          "add %d %d" % (self.nodes.index(total), self.nodes.index(n)), force=True)
         self.loss = self.nodes[-1].text
 
     def prune(self):
@@ -354,7 +484,7 @@ class Graph:
         self.program, self.lines = program, lines
 
     def cpp(self):
-        gid = self.gid
+        gid = self.gid if self.gid < FIRST_MODEL else MODEL_ID + self.gid - FIRST_MODEL  # the registered id
         self.prune()
         params = [l[0] for l in self.leaves if l[1]]
         # Bind what the call reads: the leaves the loss uses, and the params (a gradient of an

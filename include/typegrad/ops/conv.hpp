@@ -1,15 +1,19 @@
 #pragma once
-// Convolution: conv2d<stride, padding>(x, w[, b]) over NCHW (torch.nn.functional.conv2d with
-// dilation 1 and groups 1) and conv1d<stride, padding>(x, w[, b]) over NCL (F.conv1d, as conv2d
-// of height 1).
+// Convolution: conv2d<stride, padding, dilation, groups>(x, w[, b]) over NCHW
+// (torch.nn.functional.conv2d) and conv1d<stride, padding, dilation, groups>(x, w[, b]) over NCL
+// (F.conv1d, as conv2d of height 1).
 //
-//   x [N, C, H, W], w [O, C, KH, KW] -> [N, O, (H + 2P - KH) / S + 1, (W + 2P - KW) / S + 1]
+//   x [N, C, H, W], w [O, C / G, KH, KW] -> [N, O, Ho, Wo],
+//   Ho = (H + 2P - D (KH - 1) - 1) / S + 1 (floor), Wo likewise
 //
 // Three kernel ops on the packed GEMM (exec/cpu/gemm.hpp), image by image through an im2col
-// buffer ([C * KH * KW, Ho * Wo], zeros where the window leaves the padded input):
+// buffer ([C * KH * KW, Ho * Wo], zeros where the (dilated) window leaves the padded input):
 //   conv2d          y_n  = W . im2col(x_n)
 //   conv2d_input    dx_n = col2im(W^T . g_n)          (the VJP for x)
 //   conv2d_weight   dW   = sum_n g_n . im2col(x_n)^T  (the VJP for W)
+// With G groups, channels [g C/G, (g+1) C/G) meet only output channels [g O/G, (g+1) O/G): each
+// product above is G GEMMs over the matching row blocks of W, im2col(x_n) and g_n (block-diagonal
+// W, never materialised).
 // The three are bilinear and adjoint to each other, so each one's VJP is another of them: second
 // derivatives come for free. Operands of any strides and dtypes are read into dense buffers of
 // the compute dtype (f32 for bf16/f16, as PyTorch's CPU kernels accumulate); the result is
@@ -34,16 +38,27 @@
 namespace typegrad {
 namespace detail {
 
-// One spatial extent of the output: (in + 2 pad - k) / stride + 1, or dyn.
-constexpr std::size_t conv_out_extent(std::size_t in, std::size_t k, std::size_t stride, std::size_t pad) {
+// The compile-time parameters of a convolution (per spatial axis where PyTorch allows a pair).
+struct conv_params {
+    std::size_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+};
+
+// The extent a dilated kernel spans: dilation (k - 1) + 1.
+constexpr std::size_t conv_span(std::size_t k, std::size_t dilation) { return dilation * (k - 1) + 1; }
+
+// One spatial extent of the output: (in + 2 pad - dilation (k - 1) - 1) / stride + 1, or dyn.
+constexpr std::size_t conv_out_extent(std::size_t in, std::size_t k, std::size_t stride, std::size_t pad,
+                                      std::size_t dilation = 1) {
     if (in == dyn || k == dyn) return dyn;
-    if (in + 2 * pad < k) return 0;  // rejected by the shape check
-    return (in + 2 * pad - k) / stride + 1;
+    if (k == 0 || in + 2 * pad < conv_span(k, dilation)) return 0;  // rejected by the shape check
+    return (in + 2 * pad - conv_span(k, dilation)) / stride + 1;
 }
 
 struct conv_geometry {
-    std::size_t n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw;
+    std::size_t n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw, dh, dw, groups;
     std::size_t ckk() const { return c * kh * kw; }
+    std::size_t group_ckk() const { return c / groups * kh * kw; }  // rows of W and of a group's im2col block
+    std::size_t group_o() const { return o / groups; }
     std::size_t pixels() const { return ho * wo; }
 };
 
@@ -80,7 +95,7 @@ void im2col(const conv_geometry& g, const C* x, C* col) {
             for (std::size_t j = 0; j < g.kw; ++j) {
                 C* dst = col + ((c * g.kh + i) * g.kw + j) * g.pixels();
                 for (std::size_t oh = 0; oh < g.ho; ++oh) {
-                    const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                    const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
                     C* d = dst + oh * g.wo;
                     if (ih < 0 || ih >= std::ptrdiff_t(g.h)) {
                         std::fill_n(d, g.wo, C(0));
@@ -88,7 +103,7 @@ void im2col(const conv_geometry& g, const C* x, C* col) {
                     }
                     const C* src = x + (c * g.h + std::size_t(ih)) * g.w;
                     for (std::size_t ow = 0; ow < g.wo; ++ow) {
-                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j * g.dw) - std::ptrdiff_t(g.pw);
                         d[ow] = iw < 0 || iw >= std::ptrdiff_t(g.w) ? C(0) : src[iw];
                     }
                 }
@@ -102,12 +117,12 @@ void col2im_add(const conv_geometry& g, const C* col, C* x) {
             for (std::size_t j = 0; j < g.kw; ++j) {
                 const C* srcc = col + ((c * g.kh + i) * g.kw + j) * g.pixels();
                 for (std::size_t oh = 0; oh < g.ho; ++oh) {
-                    const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                    const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
                     if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
                     C* dst = x + (c * g.h + std::size_t(ih)) * g.w;
                     const C* s = srcc + oh * g.wo;
                     for (std::size_t ow = 0; ow < g.wo; ++ow) {
-                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j * g.dw) - std::ptrdiff_t(g.pw);
                         if (iw >= 0 && iw < std::ptrdiff_t(g.w)) dst[iw] += s[ow];
                     }
                 }
@@ -125,62 +140,72 @@ bool all_finite(const std::vector<C>& v) {
         if (!(e - e == C(0))) return false;
     return true;
 }
-// y [N, O, Ho, Wo] = conv(x [N, C, H, W], w [O, C, KH, KW])
+// y [N, O, Ho, Wo] = conv(x [N, C, H, W], w [O, C / groups, KH, KW]); output channel o reads
+// the input channels of its group.
 template <class C>
 void conv_direct(const conv_geometry& g, const C* x, const C* w, C* y) {
+    const std::size_t cg = g.c / g.groups;
     for (std::size_t n = 0; n < g.n; ++n)
         for (std::size_t o = 0; o < g.o; ++o)
             for (std::size_t oh = 0; oh < g.ho; ++oh)
                 for (std::size_t ow = 0; ow < g.wo; ++ow) {
+                    const std::size_t c0 = o / g.group_o() * cg;
                     C acc(0);
-                    for (std::size_t c = 0; c < g.c; ++c)
+                    for (std::size_t cl = 0; cl < cg; ++cl)
                         for (std::size_t i = 0; i < g.kh; ++i) {
-                            const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                            const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
                             if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
                             for (std::size_t j = 0; j < g.kw; ++j) {
-                                const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                                const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j * g.dw) - std::ptrdiff_t(g.pw);
                                 if (iw < 0 || iw >= std::ptrdiff_t(g.w)) continue;
-                                acc += w[((o * g.c + c) * g.kh + i) * g.kw + j] *
-                                       x[((n * g.c + c) * g.h + std::size_t(ih)) * g.w + std::size_t(iw)];
+                                acc += w[((o * cg + cl) * g.kh + i) * g.kw + j] *
+                                       x[((n * g.c + c0 + cl) * g.h + std::size_t(ih)) * g.w + std::size_t(iw)];
                             }
                         }
                     y[((n * g.o + o) * g.ho + oh) * g.wo + ow] = acc;
                 }
 }
-// dw [O, C, KH, KW] = sum over n and output pixels of gy [N, O, Ho, Wo] times x [N, C, H, W]
+// dw [O, C / groups, KH, KW] = sum over n and output pixels of gy [N, O, Ho, Wo] times x [N, C, H, W]
 template <class C>
 void conv_weight_direct(const conv_geometry& g, const C* gy, const C* x, C* dw) {
+    const std::size_t cg = g.c / g.groups;
     for (std::size_t o = 0; o < g.o; ++o)
-        for (std::size_t c = 0; c < g.c; ++c)
+        for (std::size_t cl = 0; cl < cg; ++cl)
             for (std::size_t i = 0; i < g.kh; ++i)
                 for (std::size_t j = 0; j < g.kw; ++j) {
+                    const std::size_t c = o / g.group_o() * cg + cl;
                     C acc(0);
                     for (std::size_t n = 0; n < g.n; ++n)
                         for (std::size_t oh = 0; oh < g.ho; ++oh) {
-                            const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i) - std::ptrdiff_t(g.ph);
+                            const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
                             if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
                             for (std::size_t ow = 0; ow < g.wo; ++ow) {
-                                const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j) - std::ptrdiff_t(g.pw);
+                                const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j * g.dw) - std::ptrdiff_t(g.pw);
                                 if (iw < 0 || iw >= std::ptrdiff_t(g.w)) continue;
                                 acc += gy[((n * g.o + o) * g.ho + oh) * g.wo + ow] *
                                        x[((n * g.c + c) * g.h + std::size_t(ih)) * g.w + std::size_t(iw)];
                             }
                         }
-                    dw[((o * g.c + c) * g.kh + i) * g.kw + j] = acc;
+                    dw[((o * cg + cl) * g.kh + i) * g.kw + j] = acc;
                 }
 }
 
 // The geometry from x's and w's extents (in pixels of x), checked.
-template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+template <conv_params P>
 conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, const char* op) {
-    conv_geometry g{xe[0], xe[1], xe[2], xe[3], we[0], we[2], we[3], 0, 0, SH, SW, PH, PW};
-    if (we[1] != g.c)
-        throw shape_error(message("typegrad: ", op, ": x has ", g.c, " channels but w expects ", we[1]));
-    if (g.h + 2 * PH < g.kh || g.w + 2 * PW < g.kw)
-        throw shape_error(message("typegrad: ", op, ": the padded input (", g.h + 2 * PH, " x ", g.w + 2 * PW,
-                                  ") is smaller than the kernel (", g.kh, " x ", g.kw, ")"));
-    g.ho = (g.h + 2 * PH - g.kh) / SH + 1;
-    g.wo = (g.w + 2 * PW - g.kw) / SW + 1;
+    conv_geometry g{xe[0], xe[1], xe[2], xe[3], we[0], we[2], we[3], 0, 0, P.sh, P.sw, P.ph, P.pw, P.dh, P.dw, P.groups};
+    if (g.c % P.groups != 0 || we[1] * P.groups != g.c)
+        throw shape_error(message("typegrad: ", op, ": x has ", g.c, " channels but w expects ", we[1], " per group times ",
+                                  P.groups, " groups"));
+    if (g.o % P.groups != 0)
+        throw shape_error(message("typegrad: ", op, ": w's ", g.o, " output channels are not a multiple of the ",
+                                  P.groups, " groups"));
+    if (g.kh == 0 || g.kw == 0 || g.h + 2 * P.ph < conv_span(g.kh, P.dh) || g.w + 2 * P.pw < conv_span(g.kw, P.dw))
+        throw shape_error(message("typegrad: ", op, ": the padded input (", g.h + 2 * P.ph, " x ", g.w + 2 * P.pw,
+                                  ") is smaller than the dilated kernel (", conv_span(g.kh, P.dh), " x ",
+                                  conv_span(g.kw, P.dw), ")"));
+    g.ho = (g.h + 2 * P.ph - conv_span(g.kh, P.dh)) / P.sh + 1;
+    g.wo = (g.w + 2 * P.pw - conv_span(g.kw, P.dw)) / P.sw + 1;
     return g;
 }
 
@@ -196,14 +221,14 @@ struct conv_kernel_base {
     }
 };
 
-template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+template <conv_params P>
 struct conv2d_input_op;
-template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
+template <conv_params P>
 struct conv2d_weight_op;
 
 // y = conv2d(x, w)
-template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
-struct conv2d_op : conv_kernel_base<conv2d_op<SH, SW, PH, PW>> {
+template <conv_params P>
+struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
     static constexpr const char* name = "conv2d";
     static constexpr bool shape_only(std::size_t) { return false; }
     template <class X, class W>
@@ -211,12 +236,12 @@ struct conv2d_op : conv_kernel_base<conv2d_op<SH, SW, PH, PW>> {
         using SX = typename X::shape_type;
         using SWt = typename W::shape_type;
         using value_type = promote_t<typename X::value_type, typename W::value_type>;
-        using shape_type = shape<SX::extents[0], SWt::extents[0], conv_out_extent(SX::extents[2], SWt::extents[2], SH, PH),
-                                 conv_out_extent(SX::extents[3], SWt::extents[3], SW, PW)>;
+        using shape_type = shape<SX::extents[0], SWt::extents[0], conv_out_extent(SX::extents[2], SWt::extents[2], P.sh, P.ph, P.dh),
+                                 conv_out_extent(SX::extents[3], SWt::extents[3], P.sw, P.pw, P.dw)>;
     };
     template <class N, class Ref>
     static void extents(const Ref* in, std::size_t* ext) {
-        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[0].ext, in[1].ext, "conv2d(x, w)");
+        const conv_geometry g = conv_geometry_of<P>(in[0].ext, in[1].ext, "conv2d(x, w)");
         ext[0] = g.n;
         ext[1] = g.o;
         ext[2] = g.ho;
@@ -227,11 +252,11 @@ struct conv2d_op : conv_kernel_base<conv2d_op<SH, SW, PH, PW>> {
         using X = type_at_t<0, typename N::children>;
         using W = type_at_t<1, typename N::children>;
         using C = compute_t<T>;
-        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[0].ext, in[1].ext, "conv2d(x, w)");
+        const conv_geometry g = conv_geometry_of<P>(in[0].ext, in[1].ext, "conv2d(x, w)");
         const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[0]);
         const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
         std::vector<C> y(g.n * g.o * g.pixels());
-        if ((PH > 0 || PW > 0) && !all_finite(w)) {
+        if ((P.ph > 0 || P.pw > 0) && !all_finite(w)) {
             conv_direct(g, x.data(), w.data(), y.data());
             store_dense(y, out);
             return;
@@ -239,21 +264,23 @@ struct conv2d_op : conv_kernel_base<conv2d_op<SH, SW, PH, PW>> {
         std::vector<C> col(g.ckk() * g.pixels());
         for (std::size_t n = 0; n < g.n; ++n) {
             im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
-            gemm(transpose::no, transpose::no, g.o, g.pixels(), g.ckk(), w.data(), g.ckk(), col.data(), g.pixels(),
-                 y.data() + n * g.o * g.pixels(), g.pixels(), false);
+            for (std::size_t b = 0; b < g.groups; ++b)
+                gemm(transpose::no, transpose::no, g.group_o(), g.pixels(), g.group_ckk(),
+                     w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(), col.data() + b * g.group_ckk() * g.pixels(),
+                     g.pixels(), y.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(), false);
         }
         store_dense(y, out);
     }
     template <std::size_t I, class G, class Out, class X, class W>
     static constexpr auto vjp(G g, Out, X x, W w) {
-        if constexpr (I == 0) return make_node<conv2d_input_op<SH, SW, PH, PW>>(g, w, x);
-        else return make_node<conv2d_weight_op<SH, SW, PH, PW>>(g, x, w);
+        if constexpr (I == 0) return make_node<conv2d_input_op<P>>(g, w, x);
+        else return make_node<conv2d_weight_op<P>>(g, x, w);
     }
 };
 
 // dx = conv2d_input(g, w; x's shape): the adjoint of conv2d in x
-template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
-struct conv2d_input_op : conv_kernel_base<conv2d_input_op<SH, SW, PH, PW>> {
+template <conv_params P>
+struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
     static constexpr const char* name = "conv2d_input_grad";
     static constexpr bool shape_only(std::size_t i) { return i == 2; }
     template <class G, class W, class X>
@@ -263,7 +290,7 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<SH, SW, PH, PW>> {
     };
     template <class N, class Ref>
     static void extents(const Ref* in, std::size_t* ext) {
-        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[2].ext, in[1].ext, "conv2d backward (input)");
+        const conv_geometry g = conv_geometry_of<P>(in[2].ext, in[1].ext, "conv2d backward (input)");
         if (in[0].ext[0] != g.n || in[0].ext[1] != g.o || in[0].ext[2] != g.ho || in[0].ext[3] != g.wo)
             throw shape_error("typegrad: conv2d backward (input): the gradient's extents differ from conv2d's output");
         for (std::size_t a = 0; a < 4; ++a) ext[a] = in[2].ext[a];
@@ -273,13 +300,16 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<SH, SW, PH, PW>> {
         using Gr = type_at_t<0, typename N::children>;
         using W = type_at_t<1, typename N::children>;
         using C = compute_t<T>;
-        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[2].ext, in[1].ext, "conv2d backward (input)");
+        const conv_geometry g = conv_geometry_of<P>(in[2].ext, in[1].ext, "conv2d backward (input)");
         const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
         std::vector<C> col(g.ckk() * g.pixels()), dx(g.n * g.c * g.h * g.w, C(0));
         for (std::size_t n = 0; n < g.n; ++n) {
-            gemm(transpose::yes, transpose::no, g.ckk(), g.pixels(), g.o, w.data(), g.ckk(),
-                 gy.data() + n * g.o * g.pixels(), g.pixels(), col.data(), g.pixels(), false);
+            for (std::size_t b = 0; b < g.groups; ++b)
+                gemm(transpose::yes, transpose::no, g.group_ckk(), g.pixels(), g.group_o(),
+                     w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(),
+                     gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(),
+                     col.data() + b * g.group_ckk() * g.pixels(), g.pixels(), false);
             col2im_add(g, col.data(), dx.data() + n * g.c * g.h * g.w);
         }
         store_dense(dx, out);
@@ -288,14 +318,14 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<SH, SW, PH, PW>> {
     template <std::size_t I, class H, class Out, class G, class W, class X>
     static constexpr auto vjp(H h, Out, G g, W w, X) {
         static_assert(I < 2, "typegrad: internal: conv2d_input's third operand only lends its shape");
-        if constexpr (I == 0) return make_node<conv2d_op<SH, SW, PH, PW>>(h, w);
-        else return make_node<conv2d_weight_op<SH, SW, PH, PW>>(g, h, w);
+        if constexpr (I == 0) return make_node<conv2d_op<P>>(h, w);
+        else return make_node<conv2d_weight_op<P>>(g, h, w);
     }
 };
 
 // dW = conv2d_weight(g, x; w's shape): the adjoint of conv2d in w
-template <std::size_t SH, std::size_t SW, std::size_t PH, std::size_t PW>
-struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<SH, SW, PH, PW>> {
+template <conv_params P>
+struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
     static constexpr const char* name = "conv2d_weight_grad";
     static constexpr bool shape_only(std::size_t i) { return i == 2; }
     template <class G, class X, class W>
@@ -305,7 +335,7 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<SH, SW, PH, PW>> {
     };
     template <class N, class Ref>
     static void extents(const Ref* in, std::size_t* ext) {
-        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[1].ext, in[2].ext, "conv2d backward (weight)");
+        const conv_geometry g = conv_geometry_of<P>(in[1].ext, in[2].ext, "conv2d backward (weight)");
         if (in[0].ext[0] != g.n || in[0].ext[1] != g.o || in[0].ext[2] != g.ho || in[0].ext[3] != g.wo)
             throw shape_error("typegrad: conv2d backward (weight): the gradient's extents differ from conv2d's output");
         for (std::size_t a = 0; a < 4; ++a) ext[a] = in[2].ext[a];
@@ -315,11 +345,11 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<SH, SW, PH, PW>> {
         using Gr = type_at_t<0, typename N::children>;
         using X = type_at_t<1, typename N::children>;
         using C = compute_t<T>;
-        const conv_geometry g = conv_geometry_of<SH, SW, PH, PW>(in[1].ext, in[2].ext, "conv2d backward (weight)");
+        const conv_geometry g = conv_geometry_of<P>(in[1].ext, in[2].ext, "conv2d backward (weight)");
         const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[1]);
-        std::vector<C> dw(g.o * g.ckk(), C(0));
-        if ((PH > 0 || PW > 0) && !all_finite(gy)) {
+        std::vector<C> dw(g.o * g.group_ckk(), C(0));
+        if ((P.ph > 0 || P.pw > 0) && !all_finite(gy)) {
             conv_weight_direct(g, gy.data(), x.data(), dw.data());
             store_dense(dw, out);
             return;
@@ -327,8 +357,11 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<SH, SW, PH, PW>> {
         std::vector<C> col(g.ckk() * g.pixels());
         for (std::size_t n = 0; n < g.n; ++n) {
             im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
-            gemm(transpose::no, transpose::yes, g.o, g.ckk(), g.pixels(), gy.data() + n * g.o * g.pixels(), g.pixels(),
-                 col.data(), g.pixels(), dw.data(), g.ckk(), true);
+            for (std::size_t b = 0; b < g.groups; ++b)
+                gemm(transpose::no, transpose::yes, g.group_o(), g.group_ckk(), g.pixels(),
+                     gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(),
+                     col.data() + b * g.group_ckk() * g.pixels(), g.pixels(), dw.data() + b * g.group_o() * g.group_ckk(),
+                     g.group_ckk(), true);
         }
         store_dense(dw, out);
     }
@@ -336,72 +369,104 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<SH, SW, PH, PW>> {
     template <std::size_t I, class H, class Out, class G, class X, class W>
     static constexpr auto vjp(H h, Out, G g, X x, W) {
         static_assert(I < 2, "typegrad: internal: conv2d_weight's third operand only lends its shape");
-        if constexpr (I == 0) return make_node<conv2d_op<SH, SW, PH, PW>>(x, h);
-        else return make_node<conv2d_input_op<SH, SW, PH, PW>>(g, h, x);
+        if constexpr (I == 0) return make_node<conv2d_op<P>>(x, h);
+        else return make_node<conv2d_input_op<P>>(g, h, x);
     }
 };
 
-template <class X, class W>
+// Static extents checked at the public entry (dynamic ones when bound).
+template <class X, class W, std::size_t Groups>
 constexpr bool conv_channels_agree() {
-    constexpr std::size_t a = X::shape_type::extents[1], b = W::shape_type::extents[1];
-    return a == dyn || b == dyn || a == b;
+    constexpr std::size_t c = X::shape_type::extents[1], cg = W::shape_type::extents[1];
+    return c == dyn || cg == dyn || c == cg * Groups;
 }
-template <class X, class W, std::size_t PH, std::size_t PW>
+template <class X, std::size_t Groups>
+constexpr bool conv_channels_divisible() {
+    constexpr std::size_t c = X::shape_type::extents[1];
+    return c == dyn || c % Groups == 0;
+}
+template <class W, std::size_t Groups>
+constexpr bool conv_out_channels_divisible() {
+    constexpr std::size_t o = W::shape_type::extents[0];
+    return o == dyn || o % Groups == 0;
+}
+template <class X, class W, std::size_t PH, std::size_t PW, std::size_t DH, std::size_t DW>
 constexpr bool conv_window_fits() {
     using SX = typename X::shape_type;
     using SW = typename W::shape_type;
-    const auto fits = [](std::size_t in, std::size_t k, std::size_t p) { return in == dyn || k == dyn || in + 2 * p >= k; };
-    return fits(SX::extents[2], SW::extents[2], PH) && fits(SX::extents[3], SW::extents[3], PW);
+    const auto fits = [](std::size_t in, std::size_t k, std::size_t p, std::size_t d) {
+        return in == dyn || k == dyn || (k > 0 && in + 2 * p >= conv_span(k, d));
+    };
+    return fits(SX::extents[2], SW::extents[2], PH, DH) && fits(SX::extents[3], SW::extents[3], PW, DW);
 }
 
 }  // namespace detail
 
-#define TYPEGRAD_DETAIL_CHECK_CONV(fname, R, X, W)                                                      \
-    static_assert(X::shape_type::rank == R && W::shape_type::rank == R,                                   \
-                  "typegrad: " fname " takes x and w of rank " #R " (NCHW for conv2d, NCL for conv1d; w is "   \
-                  "[out channels, in channels, kernel...]).");                                                  \
-    static_assert(is_dtype_v<typename X::value_type> && is_dtype_v<typename W::value_type>,                    \
-                  "typegrad: " fname " takes floating x and w.");                                               \
-    static_assert(::typegrad::detail::conv_channels_agree<X, W>(),                                              \
-                  "typegrad: " fname " needs x's channel extent (axis 1) to equal w's in-channel extent (axis 1).")
+// The checks every conv entry makes, at the user's call: rank, dtype, parameters, channels.
+#define TYPEGRAD_DETAIL_CHECK_CONV(fname, R, X, W, Stride, Dilation, Groups)                                      \
+    static_assert(Stride >= 1, "typegrad: " fname " needs stride >= 1.");                                            \
+    static_assert(Dilation >= 1, "typegrad: " fname " needs dilation >= 1.");                                        \
+    static_assert(Groups >= 1, "typegrad: " fname " needs groups >= 1.");                                            \
+    static_assert(X::shape_type::rank == R && W::shape_type::rank == R,                                               \
+                  "typegrad: " fname " takes x and w of rank " #R " (NCHW for conv2d, NCL for conv1d; w is "          \
+                  "[out channels, in channels / groups, kernel...]).");                                                \
+    static_assert(is_dtype_v<typename X::value_type> && is_dtype_v<typename W::value_type>,                          \
+                  "typegrad: " fname " takes floating x and w.");                                                     \
+    static_assert(X::shape_type::rank != R || ::typegrad::detail::conv_channels_divisible<X, Groups>(),               \
+                  "typegrad: " fname " needs x's channel extent (axis 1) to be a multiple of groups.");              \
+    static_assert(W::shape_type::rank != R || ::typegrad::detail::conv_out_channels_divisible<W, Groups>(),           \
+                  "typegrad: " fname " needs w's out-channel extent (axis 0) to be a multiple of groups.");          \
+    static_assert(X::shape_type::rank != R || W::shape_type::rank != R ||                                            \
+                      ::typegrad::detail::conv_channels_agree<X, W, Groups>(),                                        \
+                  "typegrad: " fname " needs x's channel extent (axis 1) to equal w's in-channel extent (axis 1) "   \
+                  "times groups.")
 
-// F.conv2d(x, w, stride=Stride, padding=Padding): x [N, C, H, W], w [O, C, KH, KW].
-template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W>
+// F.conv2d(x, w, stride=Stride, padding=Padding, dilation=Dilation, groups=Groups):
+// x [N, C, H, W], w [O, C / Groups, KH, KW].
+template <std::size_t Stride = 1, std::size_t Padding = 0, std::size_t Dilation = 1, std::size_t Groups = 1, expression X,
+          expression W>
 constexpr auto conv2d(X x, W w) {
-    static_assert(Stride >= 1, "typegrad: conv2d<stride, padding>(x, w) needs stride >= 1.");
-    TYPEGRAD_DETAIL_CHECK_CONV("conv2d(x, w)", 4, X, W);
+    TYPEGRAD_DETAIL_CHECK_CONV("conv2d(x, w)", 4, X, W, Stride, Dilation, Groups);
     if constexpr (X::shape_type::rank == 4 && W::shape_type::rank == 4) {
-        static_assert(detail::conv_window_fits<X, W, Padding, Padding>(),
-                      "typegrad: conv2d(x, w): the kernel is larger than the padded input.");
-        return detail::make_node<detail::conv2d_op<Stride, Stride, Padding, Padding>>(x, w);
+        static_assert(detail::conv_window_fits<X, W, Padding, Padding, Dilation, Dilation>(),
+                      "typegrad: conv2d(x, w): the (dilated) kernel is larger than the padded input.");
+        return detail::make_node<detail::conv2d_op<detail::conv_params{Stride, Stride, Padding, Padding, Dilation, Dilation, Groups}>>(x, w);
     } else {
         return x;  // rejected above; one error, not two
     }
 }
-// F.conv2d(x, w, b, stride, padding): b [O] added to every pixel.
-template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W, expression B>
+// F.conv2d(x, w, b, stride, padding, dilation, groups): b [O] added to every pixel.
+template <std::size_t Stride = 1, std::size_t Padding = 0, std::size_t Dilation = 1, std::size_t Groups = 1, expression X,
+          expression W, expression B>
 constexpr auto conv2d(X x, W w, B b) {
     static_assert(B::shape_type::rank == 1, "typegrad: conv2d(x, w, b) takes a bias of rank 1 ([out channels]).");
-    return conv2d<Stride, Padding>(x, w) + reshape<shape<B::shape_type::extents[0], 1, 1>>(detail::lower_precision_entry(b));
+    return conv2d<Stride, Padding, Dilation, Groups>(x, w) +
+           reshape<shape<B::shape_type::extents[0], 1, 1>>(detail::lower_precision_entry(b));
 }
 
-// F.conv1d(x, w, stride=Stride, padding=Padding): x [N, C, L], w [O, C, K]; conv2d of height 1.
-template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W>
+// F.conv1d(x, w, stride, padding, dilation, groups): x [N, C, L], w [O, C / Groups, K]; conv2d
+// of height 1.
+template <std::size_t Stride = 1, std::size_t Padding = 0, std::size_t Dilation = 1, std::size_t Groups = 1, expression X,
+          expression W>
 constexpr auto conv1d(X x, W w) {
-    static_assert(Stride >= 1, "typegrad: conv1d<stride, padding>(x, w) needs stride >= 1.");
-    TYPEGRAD_DETAIL_CHECK_CONV("conv1d(x, w)", 3, X, W);
+    TYPEGRAD_DETAIL_CHECK_CONV("conv1d(x, w)", 3, X, W, Stride, Dilation, Groups);
     if constexpr (X::shape_type::rank == 3 && W::shape_type::rank == 3) {
-        auto y = detail::make_node<detail::conv2d_op<1, Stride, 0, Padding>>(unsqueeze<2>(x), unsqueeze<2>(w));
+        static_assert(detail::conv_window_fits<decltype(unsqueeze<2>(x)), decltype(unsqueeze<2>(w)), 0, Padding, 1, Dilation>(),
+                      "typegrad: conv1d(x, w): the (dilated) kernel is larger than the padded input.");
+        auto y = detail::make_node<detail::conv2d_op<detail::conv_params{1, Stride, 0, Padding, 1, Dilation, Groups}>>(
+            unsqueeze<2>(x), unsqueeze<2>(w));
         return squeeze<2>(y);
     } else {
         return x;
     }
 }
-// conv1d with a bias b [O] added to every position (F.conv1d(x, w, b, stride, padding)).
-template <std::size_t Stride = 1, std::size_t Padding = 0, expression X, expression W, expression B>
+// conv1d with a bias b [O] added to every position (F.conv1d(x, w, b, stride, padding, dilation, groups)).
+template <std::size_t Stride = 1, std::size_t Padding = 0, std::size_t Dilation = 1, std::size_t Groups = 1, expression X,
+          expression W, expression B>
 constexpr auto conv1d(X x, W w, B b) {
     static_assert(B::shape_type::rank == 1, "typegrad: conv1d(x, w, b) takes a bias of rank 1 ([out channels]).");
-    return conv1d<Stride, Padding>(x, w) + reshape<shape<B::shape_type::extents[0], 1>>(detail::lower_precision_entry(b));
+    return conv1d<Stride, Padding, Dilation, Groups>(x, w) +
+           reshape<shape<B::shape_type::extents[0], 1>>(detail::lower_precision_entry(b));
 }
 #undef TYPEGRAD_DETAIL_CHECK_CONV
 

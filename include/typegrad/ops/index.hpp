@@ -1,7 +1,9 @@
 #pragma once
 // Indexing: embedding(ids, table) (torch.nn.functional.embedding, optional padding_idx),
 // index_select(x, ids) and gather(x, index) along an axis (torch.index_select, torch.gather),
-// concat and stack of several expressions along an axis (torch.cat, torch.stack).
+// concat and stack of several expressions along an axis (torch.cat, torch.stack), and
+// dynamic_slice<axis, length>(x, start): a slice whose start is a run-time value (torch.narrow
+// with a tensor start; jax.lax.dynamic_slice_in_dim).
 //
 // Ids are integer tensors (a tg::input of std::int32_t or std::int64_t, of any shape, or the
 // result of argmax/argmin). Every id is checked against the table's rows: an id out of range
@@ -432,6 +434,107 @@ struct gather_backward_op {
     static constexpr auto vjp(G g, Out, Gr, Index index, X);
 };
 
+// ---- dynamic_slice along Axis: Length elements from a run-time start -------------------------
+// Mode 0: (x, start) -> x with Axis cut to [start, start + Length); mode 1: (g, start, x shape
+// only) -> zeros like x with g written there (the adjoint). start is one integer (negative: from
+// the end, as torch.narrow); out of range throws tg::shape_error before anything is written (from
+// the shape pass when start is a leaf, otherwise before the kernel writes).
+template <std::size_t Axis, std::size_t Length, int Mode>
+struct dynamic_slice_op {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr const char* name = Mode == 0 ? "dynamic_slice" : "dynamic_slice_backward";
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: dynamic_slice has no device kernel yet; evaluate this step with "
+                                       "host bindings (docs/cuda.md)");
+    }
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t i) { return Mode == 1 && i == 2; }
+    template <class... Cs>
+    struct rule;
+    template <class X, class Start>
+    struct rule<X, Start> {
+        template <std::size_t... Is>
+        static auto make(std::index_sequence<Is...>) -> shape<(Is == Axis ? Length : X::shape_type::extents[Is])...>;
+        using value_type = typename X::value_type;
+        using shape_type = decltype(make(std::make_index_sequence<X::shape_type::rank>{}));
+    };
+    template <class G, class Start, class X>
+    struct rule<G, Start, X> {
+        using value_type = typename G::value_type;
+        using shape_type = typename X::shape_type;
+    };
+    // the start, checked against the axis' extent; -1 when not computed yet
+    template <class Id, class Ref>
+    static std::ptrdiff_t start_of(const Ref& start, std::size_t extent) {
+        const auto* p = static_cast<const Id*>(start.data);
+        if (p == nullptr) return -1;
+        const auto s = std::int64_t(p[0]);
+        const std::int64_t b = s < 0 ? s + std::int64_t(extent) : s;
+        if (b < 0 || std::uint64_t(b) + Length > extent)
+            throw shape_error(message("typegrad: dynamic_slice<", Axis, ", ", Length, ">(x, start): start ", s < 0 ? "-" : "",
+                                      std::uint64_t(s < 0 ? -s : s), " leaves the axis' extent ", extent));
+        return std::ptrdiff_t(b);
+    }
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        const Ref& x = in[Mode == 0 ? 0 : 2];
+        if (numel_of(in[1]) != 1)
+            throw shape_error("typegrad: dynamic_slice(x, start) takes a start of one element");
+        if (x.ext[Axis] < Length)
+            throw shape_error(message("typegrad: dynamic_slice<", Axis, ", ", Length, ">(x, start): the axis' extent ",
+                                      x.ext[Axis], " is shorter than the length"));
+        start_of<Id>(in[1], x.ext[Axis]);
+        for (std::size_t a = 0; a < x.rank; ++a) ext[a] = Mode == 0 && a == Axis ? Length : x.ext[a];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t* ext) {
+        using Src = type_at_t<0, typename N::children>;
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        using B = buffer_t<Src>;
+        const Ref& src = in[0];
+        const std::size_t extent = Mode == 0 ? src.ext[Axis] : ext[Axis];
+        const std::ptrdiff_t b = start_of<Id>(in[1], extent);
+        const auto* sp = static_cast<const B*>(src.data);
+        if constexpr (Mode == 0) {
+            const std::size_t n = numel_of(src) / extent * Length;
+            for (std::size_t e = 0; e < n; ++e) {
+                std::size_t r = e;
+                std::ptrdiff_t off = 0;
+                for (std::size_t a = src.rank; a-- > 0;) {
+                    const std::size_t i = r % ext[a];
+                    r /= ext[a];
+                    off += std::ptrdiff_t(a == Axis ? i + std::size_t(b) : i) * src.stride[a];
+                }
+                out[e] = convert_element<T, typename Src::value_type>(sp[off]);
+            }
+        } else {
+            std::size_t total = 1;
+            for (std::size_t a = 0; a < src.rank; ++a) total *= ext[a];
+            for (std::size_t i = 0; i < total; ++i) out[i] = T(0.0f);
+            const std::size_t n = numel_of(src);
+            for (std::size_t e = 0; e < n; ++e) {
+                std::size_t r = e, o = 0, scale = 1;
+                for (std::size_t a = src.rank; a-- > 0;) {
+                    const std::size_t i = r % src.ext[a];
+                    r /= src.ext[a];
+                    o += (a == Axis ? i + std::size_t(b) : i) * scale;
+                    scale *= ext[a];
+                }
+                out[o] = convert_element<T, typename Src::value_type>(sp[strided_offset(src, e)]);
+            }
+        }
+    }
+    // mode 0's operands: x, start; mode 1's: g, start, x (shape only)
+    template <std::size_t I, class G, class Out, class A, class Start, class... X>
+    static constexpr auto vjp(G g, Out, A a, Start start, X...) {
+        static_assert(I == 0, "typegrad: internal: dynamic_slice's start carries no gradient");
+        if constexpr (Mode == 0) return make_node<dynamic_slice_op<Axis, Length, 1>>(g, start, a);
+        else return make_node<dynamic_slice_op<Axis, Length, 0>>(g, start);
+    }
+};
+
 // ---- concat along Axis of up to 5 operands (longer lists are chained) -----------------------
 template <std::size_t Axis>
 struct concat_op {
@@ -595,6 +698,29 @@ constexpr auto gather(X x, Index index) {
     static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
                   "typegrad: gather<axis>(x, index) names an axis x does not have.");
     return detail::make_node<detail::gather_op<detail::normalize_axis<S>(Axis)>>(x, index);
+}
+
+// x.narrow(axis, start, Length) with a run-time start (jax.lax.dynamic_slice_in_dim): start is an
+// integer tensor of one element (a tg::input, or computed, e.g. by argmax); the length is part of
+// the type, so the result's extent along axis is static. Its gradient scatters into zeros of x.
+template <int Axis, std::size_t Length, expression X, expression Start>
+constexpr auto dynamic_slice(X x, Start start) {
+    using S = typename X::shape_type;
+    static_assert(is_index_type_v<typename Start::value_type>,
+                  "typegrad: dynamic_slice<axis, length>(x, start) takes an integer start (std::int32_t or std::int64_t).");
+    static_assert(Start::shape_type::rank <= 1 && (Start::shape_type::rank == 0 || Start::shape_type::extents[0] == 1 ||
+                                                   Start::shape_type::extents[0] == dyn),
+                  "typegrad: dynamic_slice<axis, length>(x, start) takes a start of one element.");
+    static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
+                  "typegrad: dynamic_slice<axis, length>(x, start) names an axis x does not have.");
+    if constexpr (Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)) {
+        constexpr std::size_t a = detail::normalize_axis<S>(Axis);
+        static_assert(S::extents[a] == dyn || Length <= S::extents[a],
+                      "typegrad: dynamic_slice<axis, length>(x, start): length exceeds the axis' static extent.");
+        return detail::make_node<detail::dynamic_slice_op<a, Length, 0>>(x, start);
+    } else {
+        return x;
+    }
 }
 
 // torch.cat(xs, axis): extents equal except along axis; the result has the widest dtype.

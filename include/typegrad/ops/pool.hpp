@@ -12,6 +12,11 @@
 // avg_pool2d: the mean of K * K elements, padding included as zeros (count_include_pad); its
 // backward spreads g / (K * K) over each window, and the two are each other's adjoints.
 //
+// adaptive_avg_pool2d<OH, OW>(x) (F.adaptive_avg_pool2d): output cell (i, j) is the mean of rows
+// [floor(i H / OH), ceil((i + 1) H / OH)) and the columns likewise (PyTorch's start/end rule: the
+// windows cover x, overlap when H is not a multiple of OH, and repeat rows when H < OH). Its
+// backward spreads g / (window size) over each window; the two are each other's adjoints.
+//
 // Kernel ops; the CUDA backend has no device kernels for them yet (a typegrad: static_assert names
 // the op when device buffers are bound). Autocast leaves them alone (they keep their dtype).
 #include <cmath>
@@ -214,6 +219,88 @@ private:
     static constexpr B last_of(A, B b) { return b; }
 };
 
+// ---- adaptive average pooling ------------------------------------------------------------------
+// Window [begin, end) of output cell i of `out` cells over `in` elements (PyTorch's
+// start_index / end_index).
+inline std::size_t adaptive_begin(std::size_t i, std::size_t out, std::size_t in) { return i * in / out; }
+inline std::size_t adaptive_end(std::size_t i, std::size_t out, std::size_t in) { return ((i + 1) * in + out - 1) / out; }
+
+// Mode 0: x -> [N, C, OH, OW]; mode 1: (g, x shape only) -> x-shaped, the adjoint.
+template <std::size_t OH, std::size_t OW, int Mode>
+struct adaptive_avg_pool_op : pool_kernel_base {
+    static constexpr const char* name = Mode == 0 ? "adaptive_avg_pool2d" : "adaptive_avg_pool2d_backward";
+    template <class N>
+    static void no_device_kernel() {
+        static_assert(always_false<N>, "typegrad: cuda: adaptive_avg_pool2d has no device kernel yet; evaluate this "
+                                       "step with host bindings (docs/cuda.md)");
+    }
+    static constexpr bool shape_only(std::size_t i) { return Mode == 1 && i == 1; }
+    template <class... Cs>
+    struct rule;
+    template <class X>
+    struct rule<X> {
+        using S = typename X::shape_type;
+        using value_type = typename X::value_type;
+        using shape_type = shape<S::extents[0], S::extents[1], OH, OW>;
+    };
+    template <class G, class X>
+    struct rule<G, X> {
+        using value_type = typename G::value_type;
+        using shape_type = typename X::shape_type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        const Ref& x = in[Mode == 0 ? 0 : 1];
+        if (x.ext[2] == 0 || x.ext[3] == 0)
+            throw shape_error(message("typegrad: adaptive_avg_pool2d(x): x's spatial extents (", x.ext[2], " x ", x.ext[3],
+                                      ") must not be 0"));
+        if constexpr (Mode == 1) {
+            const std::size_t* ge = in[0].ext;
+            if (ge[0] != x.ext[0] || ge[1] != x.ext[1] || ge[2] != OH || ge[3] != OW)
+                throw shape_error("typegrad: adaptive_avg_pool2d backward: the gradient's extents do not match");
+        }
+        ext[0] = x.ext[0];
+        ext[1] = x.ext[1];
+        ext[2] = Mode == 0 ? OH : x.ext[2];
+        ext[3] = Mode == 0 ? OW : x.ext[3];
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using C = compute_t<T>;
+        const Ref& xr = in[Mode == 0 ? 0 : 1];
+        const std::size_t planes = xr.ext[0] * xr.ext[1], h = xr.ext[2], w = xr.ext[3];
+        using Src = type_at_t<0, typename N::children>;  // x (mode 0) or g (mode 1)
+        const auto src = pool_dense<adaptive_avg_pool_op, Src>(in[0].data, in[0].ext, in[0].stride);
+        std::vector<C> dx;
+        if constexpr (Mode == 1) dx.assign(planes * h * w, C(0));
+        for (std::size_t p = 0; p < planes; ++p)
+            for (std::size_t i = 0; i < OH; ++i)
+                for (std::size_t j = 0; j < OW; ++j) {
+                    const std::size_t r0 = adaptive_begin(i, OH, h), r1 = adaptive_end(i, OH, h);
+                    const std::size_t c0 = adaptive_begin(j, OW, w), c1 = adaptive_end(j, OW, w);
+                    const C inv = C(1) / C((r1 - r0) * (c1 - c0));
+                    const std::size_t o = (p * OH + i) * OW + j;
+                    if constexpr (Mode == 0) {
+                        C s = 0;
+                        for (std::size_t r = r0; r < r1; ++r)
+                            for (std::size_t c = c0; c < c1; ++c) s += src[(p * h + r) * w + c];
+                        out[o] = T(s * inv);
+                    } else {
+                        for (std::size_t r = r0; r < r1; ++r)
+                            for (std::size_t c = c0; c < c1; ++c) dx[(p * h + r) * w + c] += src[o] * inv;
+                    }
+                }
+        if constexpr (Mode == 1)
+            for (std::size_t e = 0; e < dx.size(); ++e) out[e] = T(dx[e]);
+    }
+    template <std::size_t I, class G, class Out, class... Cs>
+    static constexpr auto vjp(G g, Out, Cs... cs) {
+        static_assert(I == 0, "typegrad: internal: only the first operand of adaptive_avg_pool2d carries a gradient");
+        if constexpr (Mode == 0) return make_node<adaptive_avg_pool_op<OH, OW, 1>>(g, cs...);
+        else return make_node<adaptive_avg_pool_op<OH, OW, 0>>(g);
+    }
+};
+
 }  // namespace detail
 
 #define TYPEGRAD_DETAIL_CHECK_POOL(fname, X)                                                                         \
@@ -247,5 +334,15 @@ constexpr auto avg_pool2d(X x) {
     return detail::make_node<detail::pool_op<false, 0, Kernel, Stride, Padding>>(x);
 }
 #undef TYPEGRAD_DETAIL_CHECK_POOL
+
+// F.adaptive_avg_pool2d(x, (OH, OW)): x [N, C, H, W] -> [N, C, OH, OW] for any H, W >= 1.
+template <std::size_t OH, std::size_t OW = OH, expression X>
+constexpr auto adaptive_avg_pool2d(X x) {
+    static_assert(X::shape_type::rank == 4, "typegrad: adaptive_avg_pool2d<oh, ow>(x) takes x of rank 4 (NCHW).");
+    static_assert(is_dtype_v<typename X::value_type>, "typegrad: adaptive_avg_pool2d<oh, ow>(x) takes a floating x.");
+    static_assert(OH >= 1 && OW >= 1, "typegrad: adaptive_avg_pool2d<oh, ow>(x) needs output extents >= 1.");
+    if constexpr (X::shape_type::rank == 4) return detail::make_node<detail::adaptive_avg_pool_op<OH, OW, 0>>(x);
+    else return x;
+}
 
 }  // namespace typegrad

@@ -352,6 +352,80 @@ T graph_84(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::grad_into(a, grad[0]));
 }
 
+template <class T>
+T graph_2200(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<4>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e4 = tg::concat<0>(g, g, g);
+    constexpr auto e5 = tg::mean(e4);
+    constexpr auto e7 = tg::sqrt(e5);
+    constexpr auto e8 = (e7 + e5);
+    constexpr auto step = tg::compile(e8, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2204(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 4, 3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e4 = tg::expm1(g);
+    constexpr auto e6 = tg::sin(g);
+    constexpr auto e8 = (e4 * e6);
+    constexpr auto e11 = tg::min(e8, tg::lit<-2.0>);
+    constexpr auto e12 = tg::silu(e11);
+    constexpr auto e13 = tg::mean(e12);
+    constexpr auto e14 = tg::log_sum_exp(e11);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto step = tg::compile(e15, tg::wrt(a, b, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
+template <class T>
+T graph_2208(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1, tg::dyn, 1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, tg::dyn, 4>>;
+    constexpr auto d = tg::input<"d", T, tg::shape<tg::dyn, 1, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e6 = tg::min(d);
+    constexpr auto e7 = tg::max(h);
+    constexpr auto e8 = (e7 * e7);
+    constexpr auto e9 = tg::where(tg::gt(e7, e8), e7, e6);
+    constexpr auto e10 = tg::log_sum_exp(h);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_2212(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<4>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<4>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e8 = tg::layer_norm(g, g, h);
+    constexpr auto e9 = tg::sin(e8);
+    constexpr auto e11 = tg::stack<1>(h, h);
+    constexpr auto e12 = tg::erf(e11);
+    constexpr auto e13 = tg::mean(e12);
+    constexpr auto e14 = tg::mean(e9);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = (e15 + e13);
+    constexpr auto step = tg::compile(e16, tg::wrt(a, b, c, d, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(d, in[3], {ext[3][0]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(d, grad[3]), tg::grad_into(g, grad[4]), tg::grad_into(h, grad[5]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({0, 3, true,
@@ -464,6 +538,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nsilu 1\nadd c2.0 4\nmean 5",
                 {{"a", true, 1, {3}, -2.0, 2.0}, {"b", false, 1, {3}, 0.25, 2.0}, {"c", false, 0, {}, -2.0, 2.0}, {"d", false, 1, {1}, -2.0, 2.0}},
                 &graph_84<double>, &graph_84<float>});
+    r.push_back({2200, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<4>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e4 = tg::concat<0>(g, g, g);\nconstexpr auto e5 = tg::mean(e4);\nconstexpr auto e7 = tg::sqrt(e5);\nconstexpr auto e8 = (e7 + e5);\nconstexpr auto loss = e8;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\ncat0 2 2 2\nmean 4\nsqrt 5\nadd 6 5",
+                {{"a", true, 1, {4}, -2.0, 2.0}, {"b", false, 1, {4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2200<double>, &graph_2200<float>});
+    r.push_back({2204, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e4 = tg::expm1(g);\nconstexpr auto e6 = tg::sin(g);\nconstexpr auto e8 = (e4 * e6);\nconstexpr auto e11 = tg::min(e8, tg::lit<-2.0>);\nconstexpr auto e12 = tg::silu(e11);\nconstexpr auto e13 = tg::mean(e12);\nconstexpr auto e14 = tg::log_sum_exp(e11);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto loss = e15;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nexpm1 2\nsin 2\nmul 4 5\nminimum 6 c-2.0\nsilu 7\nmean 8\nlse 7\nadd 9 10",
+                {{"a", true, 3, {-1, 4, 3}, -2.0, 2.0}, {"b", true, 3, {-1, 4, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2204<double>, &graph_2204<float>});
+    r.push_back({2208, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, tg::dyn, 1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, tg::dyn, 4>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<tg::dyn, 1, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e6 = tg::min(d);\nconstexpr auto e7 = tg::max(h);\nconstexpr auto e8 = (e7 * e7);\nconstexpr auto e9 = tg::where(tg::gt(e7, e8), e7, e6);\nconstexpr auto e10 = tg::log_sum_exp(h);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nmin 3\nmax 5\nmul 7 7\nwhere_gt 7 8 7 6\nlse 5\nadd 9 10",
+                {{"a", true, 3, {-1, -2, 4}, 0.25, 2.0}, {"b", true, 3, {1, -2, 1}, -2.0, 2.0}, {"c", true, 3, {-1, -2, 4}, -2.0, 2.0}, {"d", false, 3, {-1, 1, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2208<double>, &graph_2208<float>});
+    r.push_back({2212, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<4>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<4>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e8 = tg::layer_norm(g, g, h);\nconstexpr auto e9 = tg::sin(e8);\nconstexpr auto e11 = tg::stack<1>(h, h);\nconstexpr auto e12 = tg::erf(e11);\nconstexpr auto e13 = tg::mean(e12);\nconstexpr auto e14 = tg::mean(e9);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = (e15 + e13);\nconstexpr auto loss = e16;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nlayer_norm 4 4 5\nsin 6\nstack1 5 5\nerf 8\nmean 9\nmean 7\nadd 10 11\nadd 12 10",
+                {{"a", true, 1, {4}, -2.0, 2.0}, {"b", true, 1, {4}, 0.25, 2.0}, {"c", true, 1, {4}, -2.0, 2.0}, {"d", true, 1, {4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2212<double>, &graph_2212<float>});
     return true;
 }();
 

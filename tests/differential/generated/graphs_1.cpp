@@ -352,6 +352,81 @@ T graph_85(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::grad_into(a, grad[0]));
 }
 
+template <class T>
+T graph_2201(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e5 = tg::exp(g);
+    constexpr auto e6 = tg::rms_norm<1, 1e-06>(g, g);
+    constexpr auto e7 = tg::sin(e6);
+    constexpr auto e9 = (tg::lt(e7, tg::lit<0.5>) * e7);
+    constexpr auto e10 = tg::concat<0>(e9, a, e5);
+    constexpr auto e11 = tg::log_sum_exp(e10);
+    constexpr auto e12 = tg::mean(e7);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto e14 = (e13 + e11);
+    constexpr auto step = tg::compile(e14, tg::wrt(a, b, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
+template <class T>
+T graph_2205(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e4 = tg::concat<0>(g, g, h);
+    constexpr auto e5 = tg::gelu(e4);
+    constexpr auto e6 = tg::min(e5);
+    constexpr auto e7 = tg::concat<0>(h, g, g);
+    constexpr auto e8 = tg::gelu<tg::approximate::tanh>(e7);
+    constexpr auto e9 = tg::min(e8);
+    constexpr auto e10 = (e9 + e6);
+    constexpr auto e11 = (e10 + e6);
+    constexpr auto e12 = (e11 + e9);
+    constexpr auto step = tg::compile(e12, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2209(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, tg::dyn, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, tg::dyn, 5>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e5 = (h - h);
+    constexpr auto e6 = tg::where(tg::ge(h, h), g, h);
+    constexpr auto e8 = tg::concat<0>(e5, e6, g);
+    constexpr auto e9 = tg::leaky_relu<0.2>(e8);
+    constexpr auto e10 = tg::max(e9);
+    constexpr auto e11 = tg::log_sum_exp(c);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto e13 = (e12 + e10);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, b, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_2213(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 1, 5>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<1, 3, 5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e8 = tg::expm1(c);
+    constexpr auto e9 = tg::pow(e8, g);
+    constexpr auto e10 = tg::mean(e9);
+    constexpr auto step = tg::compile(e10, tg::wrt(a, b, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({1, 0, false,
@@ -464,6 +539,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nsilu 0\nmax 2\nadd c2.0 3\nsub 4 c2.0",
                 {{"a", true, 3, {3, -1, -2}, 0.25, 2.0}, {"b", false, 3, {3, 1, -2}, -2.0, 2.0}},
                 &graph_85<double>, &graph_85<float>});
+    r.push_back({2201, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e5 = tg::exp(g);\nconstexpr auto e6 = tg::rms_norm<1, 1e-06>(g, g);\nconstexpr auto e7 = tg::sin(e6);\nconstexpr auto e9 = (tg::lt(e7, tg::lit<0.5>) * e7);\nconstexpr auto e10 = tg::concat<0>(e9, a, e5);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e12 = tg::mean(e7);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto e14 = (e13 + e11);\nconstexpr auto loss = e14;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nexp 3\nrms_norm 3 3\nsin 6\nmask_lt 7 c0.5 7\ncat0 8 0 5\nlse 9\nmean 7\nadd 10 11\nadd 12 10",
+                {{"a", true, 1, {5}, -2.0, 2.0}, {"b", true, 1, {1}, 0.25, 2.0}, {"c", false, 1, {1}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2201<double>, &graph_2201<float>});
+    r.push_back({2205, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e4 = tg::concat<0>(g, g, h);\nconstexpr auto e5 = tg::gelu(e4);\nconstexpr auto e6 = tg::min(e5);\nconstexpr auto e7 = tg::concat<0>(h, g, g);\nconstexpr auto e8 = tg::gelu<tg::approximate::tanh>(e7);\nconstexpr auto e9 = tg::min(e8);\nconstexpr auto e10 = (e9 + e6);\nconstexpr auto e11 = (e10 + e6);\nconstexpr auto e12 = (e11 + e9);\nconstexpr auto loss = e12;",
+                "leaf 0\nleaf 1\nleaf 2\ncat0 1 1 2\ngelu 3\nmin 4\ncat0 2 1 1\ngelu_tanh 6\nmin 7\nadd 8 5\nadd 9 5\nadd 10 8",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2205<double>, &graph_2205<float>});
+    r.push_back({2209, 2, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, tg::dyn, 5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e5 = (h - h);\nconstexpr auto e6 = tg::where(tg::ge(h, h), g, h);\nconstexpr auto e8 = tg::concat<0>(e5, e6, g);\nconstexpr auto e9 = tg::leaky_relu<0.2>(e8);\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::log_sum_exp(c);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto e13 = (e12 + e10);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nsub 4 4\nwhere_ge 4 4 3 4\ncat0 5 6 3\nleaky_relu 7 0.2\nmax 8\nlse 2\nadd 9 10\nadd 11 9",
+                {{"a", true, 3, {-1, -2, 5}, -2.0, 2.0}, {"b", true, 3, {-1, -2, 5}, -2.0, 2.0}, {"c", true, 1, {5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2209<double>, &graph_2209<float>});
+    r.push_back({2213, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 1, 5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1, 3, 5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e8 = tg::expm1(c);\nconstexpr auto e9 = tg::pow(e8, g);\nconstexpr auto e10 = tg::mean(e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nexpm1 2\npow 5 3\nmean 6",
+                {{"a", true, 3, {-1, 3, 5}, 0.25, 2.0}, {"b", true, 3, {-1, 1, 5}, -2.0, 2.0}, {"c", true, 3, {1, 3, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2213<double>, &graph_2213<float>});
     return true;
 }();
 

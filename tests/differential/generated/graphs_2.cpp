@@ -350,6 +350,91 @@ T graph_86(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]));
 }
 
+template <class T>
+T graph_2202(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<5>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, 5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e5 = tg::rms_norm<1, 1e-06>(c, g);
+    constexpr auto e6 = tg::sin(e5);
+    constexpr auto e7 = tg::stack<1>(g, b);
+    constexpr auto e8 = tg::erf(e7);
+    constexpr auto e9 = tg::log_sum_exp(e8);
+    constexpr auto e10 = (tg::gt(c, e9) * e9);
+    constexpr auto e12 = tg::max(e10, e10);
+    constexpr auto e13 = tg::log_sum_exp(e12);
+    constexpr auto e14 = tg::mean(e6);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = (e15 + e9);
+    constexpr auto step = tg::compile(e16, tg::wrt(a, b, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_2206(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<3>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e5 = tg::gelu<tg::approximate::tanh>(h);
+    constexpr auto e6 = (e5 + h);
+    constexpr auto e7 = tg::rms_norm<1, 1e-06>(e6, g);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = tg::mean(e8);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_2210(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 4>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 1, 4>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<tg::dyn, 2, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e5 = tg::max(g, b);
+    constexpr auto e8 = tg::max(e5, e5);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = tg::mean(e5);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_2214(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e3 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e4 = tg::sin(e3);
+    constexpr auto e5 = tg::layer_norm(h, g, h);
+    constexpr auto e6 = tg::sin(e5);
+    constexpr auto e7 = tg::concat<0>(g, e6, e4);
+    constexpr auto e8 = tg::expm1(e7);
+    constexpr auto e9 = tg::log_sum_exp(e8);
+    constexpr auto e11 = (tg::lt(e9, e9) * e4);
+    constexpr auto e12 = tg::sum(e11);
+    constexpr auto e13 = tg::mean(e8);
+    constexpr auto e14 = (e12 + e13);
+    constexpr auto e15 = tg::mean(e4);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto e17 = tg::mean(e6);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = (e18 + e9);
+    constexpr auto step = tg::compile(e19, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2, 0, false,
@@ -462,6 +547,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nmul 0 1\nmean 2",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {-1, 2}, -2.0, 2.0}},
                 &graph_86<double>, &graph_86<float>});
+    r.push_back({2202, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, 5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e5 = tg::rms_norm<1, 1e-06>(c, g);\nconstexpr auto e6 = tg::sin(e5);\nconstexpr auto e7 = tg::stack<1>(g, b);\nconstexpr auto e8 = tg::erf(e7);\nconstexpr auto e9 = tg::log_sum_exp(e8);\nconstexpr auto e10 = (tg::gt(c, e9) * e9);\nconstexpr auto e12 = tg::max(e10, e10);\nconstexpr auto e13 = tg::log_sum_exp(e12);\nconstexpr auto e14 = tg::mean(e6);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = (e15 + e9);\nconstexpr auto loss = e16;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nrms_norm 2 3\nsin 5\nstack1 3 1\nerf 7\nlse 8\nmask_gt 2 9 9\nmaximum 10 10\nlse 11\nmean 6\nadd 12 13\nadd 14 9",
+                {{"a", true, 2, {-1, 5}, 0.25, 2.0}, {"b", true, 1, {5}, -2.0, 2.0}, {"c", true, 2, {-1, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2202<double>, &graph_2202<float>});
+    r.push_back({2206, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<3>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e5 = tg::gelu<tg::approximate::tanh>(h);\nconstexpr auto e6 = (e5 + h);\nconstexpr auto e7 = tg::rms_norm<1, 1e-06>(e6, g);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = tg::mean(e8);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\ngelu_tanh 4\nadd 5 4\nrms_norm 6 3\nsin 7\nmax 8\nmean 8\nadd 9 10",
+                {{"a", true, 1, {3}, -2.0, 2.0}, {"b", true, 1, {3}, 0.25, 2.0}, {"c", true, 1, {3}, 0.25, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2206<double>, &graph_2206<float>});
+    r.push_back({2210, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 4>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 1, 4>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<tg::dyn, 2, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e5 = tg::max(g, b);\nconstexpr auto e8 = tg::max(e5, e5);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = tg::mean(e5);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nmaximum 3 1\nmaximum 5 5\nmax 6\nmean 5\nadd 7 8",
+                {{"a", true, 3, {-1, 2, 4}, 0.25, 2.0}, {"b", true, 3, {-1, 1, 4}, -2.0, 2.0}, {"c", true, 3, {-1, 2, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2210<double>, &graph_2210<float>});
+    r.push_back({2214, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e3 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e4 = tg::sin(e3);\nconstexpr auto e5 = tg::layer_norm(h, g, h);\nconstexpr auto e6 = tg::sin(e5);\nconstexpr auto e7 = tg::concat<0>(g, e6, e4);\nconstexpr auto e8 = tg::expm1(e7);\nconstexpr auto e9 = tg::log_sum_exp(e8);\nconstexpr auto e11 = (tg::lt(e9, e9) * e4);\nconstexpr auto e12 = tg::sum(e11);\nconstexpr auto e13 = tg::mean(e8);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto e15 = tg::mean(e4);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = tg::mean(e6);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = (e18 + e9);\nconstexpr auto loss = e19;",
+                "leaf 0\nleaf 1\nleaf 2\nrms_norm 2 1\nsin 3\nlayer_norm 2 1 2\nsin 5\ncat0 1 6 4\nexpm1 7\nlse 8\nmask_lt 9 9 4\nsum 10\nmean 8\nadd 11 12\nmean 4\nadd 13 14\nmean 6\nadd 15 16\nadd 17 9",
+                {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2214<double>, &graph_2214<float>});
     return true;
 }();
 

@@ -343,6 +343,87 @@ T graph_87(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool spli
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]));
 }
 
+template <class T>
+T graph_2203(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 3>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, 4, 3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e4 = tg::layer_norm(a, g, h);
+    constexpr auto e5 = tg::sin(e4);
+    constexpr auto e6 = tg::log1p(b);
+    constexpr auto e7 = tg::layer_norm(e6, g, h);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = tg::concat<0>(e6, e6, e6);
+    constexpr auto e10 = tg::expm1(e9);
+    constexpr auto e11 = tg::sum(e10);
+    constexpr auto e12 = tg::where(tg::lt(e11, e5), e11, h);
+    constexpr auto e13 = tg::log_sum_exp(e12);
+    constexpr auto e14 = tg::mean(e5);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = tg::mean(e8);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = (e17 + e11);
+    constexpr auto step = tg::compile(e18, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2207(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e4 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e5 = tg::sin(e4);
+    constexpr auto e6 = tg::max(e5, h);
+    constexpr auto e8 = tg::cos(e6);
+    constexpr auto e10 = tg::min(tg::lit<-2.0>, e8);
+    constexpr auto e11 = tg::max(e10);
+    constexpr auto e12 = tg::mean(e5);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, b, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
+template <class T>
+T graph_2211(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e5 = tg::max(c, g);
+    constexpr auto e6 = tg::clamp(h, tg::lit<-1.0>, tg::lit<1.0>);
+    constexpr auto e7 = (e5 + e6);
+    constexpr auto e8 = tg::min(e7);
+    constexpr auto step = tg::compile(e8, tg::wrt(a, b, c, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(c, in[2], {}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
+}
+
+template <class T>
+T graph_2215(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e3 = tg::min(g, a);
+    constexpr auto e5 = (a / tg::lit<1.5>);
+    constexpr auto e7 = tg::concat<0>(a, e5, e3);
+    constexpr auto e8 = tg::gelu(e7);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = (e9 + e9);
+    constexpr auto step = tg::compile(e10, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({3, 1, false,
@@ -455,6 +536,26 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaky_relu 1 0.2\nclamp 2 0.0 2.0\nmax 3\nerf 4\nminimum 1 5\nmin 6\nsum 3\nadd 7 8",
                 {{"a", true, 1, {-1}, 0.25, 2.0}, {"b", true, 1, {-1}, -2.0, 2.0}},
                 &graph_87<double>, &graph_87<float>});
+    r.push_back({2203, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, 4, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e4 = tg::layer_norm(a, g, h);\nconstexpr auto e5 = tg::sin(e4);\nconstexpr auto e6 = tg::log1p(b);\nconstexpr auto e7 = tg::layer_norm(e6, g, h);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = tg::concat<0>(e6, e6, e6);\nconstexpr auto e10 = tg::expm1(e9);\nconstexpr auto e11 = tg::sum(e10);\nconstexpr auto e12 = tg::where(tg::lt(e11, e5), e11, h);\nconstexpr auto e13 = tg::log_sum_exp(e12);\nconstexpr auto e14 = tg::mean(e5);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = tg::mean(e8);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = (e17 + e11);\nconstexpr auto loss = e18;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nlayer_norm 0 2 3\nsin 4\nlog1p 1\nlayer_norm 6 2 3\nsin 7\ncat0 6 6 6\nexpm1 9\nsum 10\nwhere_lt 11 5 11 3\nlse 12\nmean 5\nadd 13 14\nmean 8\nadd 15 16\nadd 17 11",
+                {{"a", true, 3, {-1, 4, 3}, -2.0, 2.0}, {"b", false, 3, {-1, 4, 3}, 0.25, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2203<double>, &graph_2203<float>});
+    r.push_back({2207, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e4 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e5 = tg::sin(e4);\nconstexpr auto e6 = tg::max(e5, h);\nconstexpr auto e8 = tg::cos(e6);\nconstexpr auto e10 = tg::min(tg::lit<-2.0>, e8);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto e12 = tg::mean(e5);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nrms_norm 3 2\nsin 4\nmaximum 5 3\ncos 6\nminimum c-2.0 7\nmax 8\nmean 5\nadd 9 10",
+                {{"a", true, 3, {-1, 4, 5}, -2.0, 2.0}, {"b", true, 3, {-1, 4, 1}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2207<double>, &graph_2207<float>});
+    r.push_back({2211, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e5 = tg::max(c, g);\nconstexpr auto e6 = tg::clamp(h, tg::lit<-1.0>, tg::lit<1.0>);\nconstexpr auto e7 = (e5 + e6);\nconstexpr auto e8 = tg::min(e7);\nconstexpr auto loss = e8;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nmaximum 2 3\nclamp 4 -1.0 1.0\nadd 5 6\nmin 7",
+                {{"a", true, 1, {3}, -2.0, 2.0}, {"b", true, 1, {1}, 0.25, 2.0}, {"c", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2211<double>, &graph_2211<float>});
+    r.push_back({2215, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e3 = tg::min(g, a);\nconstexpr auto e5 = (a / tg::lit<1.5>);\nconstexpr auto e7 = tg::concat<0>(a, e5, e3);\nconstexpr auto e8 = tg::gelu(e7);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = (e9 + e9);\nconstexpr auto loss = e10;",
+                "leaf 0\nleaf 1\nleaf 2\nminimum 1 0\ndiv 0 c1.5\ncat0 0 4 3\ngelu 5\nmax 6\nadd 7 7",
+                {{"a", true, 2, {3, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2215<double>, &graph_2215<float>});
     return true;
 }();
 

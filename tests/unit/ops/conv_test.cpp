@@ -1,6 +1,7 @@
-// Convolution (ops/conv.hpp): conv2d and conv1d (stride, padding, bias) against a direct double
-// reference and finite differences in x, w and b; a strided (permuted) input; dynamic batch;
-// second order (the backward ops are each other's adjoints); float; run-time shape errors.
+// Convolution (ops/conv.hpp): conv2d and conv1d (stride, padding, dilation, groups, bias) against
+// a direct double reference and finite differences in x, w and b; a strided (permuted) input;
+// dynamic batch; second order (the backward ops are each other's adjoints); float; run-time shape
+// errors.
 #include <check_gradient.hpp>
 
 #include <cmath>
@@ -14,25 +15,29 @@ using tg::testing::values_of;
 using tg::testing::require_close;
 
 namespace {
-// direct convolution, dense NCHW, in double
+// direct convolution, dense NCHW, in double: the definition (F.conv2d's documentation), with
+// dilation dh, dw and groups (w is [o, c / groups, kh, kw])
 std::vector<double> ref_conv2d(const std::vector<double>& x, const std::vector<double>& w, std::size_t n,
                                std::size_t c, std::size_t h, std::size_t wd, std::size_t o, std::size_t kh,
                                std::size_t kw, std::size_t sh, std::size_t sw, std::size_t ph, std::size_t pw,
-                               const std::vector<double>& b = {}) {
-    const std::size_t ho = (h + 2 * ph - kh) / sh + 1, wo = (wd + 2 * pw - kw) / sw + 1;
+                               const std::vector<double>& b = {}, std::size_t dh = 1, std::size_t dw = 1,
+                               std::size_t groups = 1) {
+    const std::size_t ho = (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1, wo = (wd + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+    const std::size_t cg = c / groups, og = o / groups;
     std::vector<double> y(n * o * ho * wo);
     for (std::size_t a = 0; a < n; ++a)
         for (std::size_t oc = 0; oc < o; ++oc)
             for (std::size_t i = 0; i < ho; ++i)
                 for (std::size_t j = 0; j < wo; ++j) {
                     double s = b.empty() ? 0.0 : b[oc];
-                    for (std::size_t ic = 0; ic < c; ++ic)
+                    for (std::size_t k = 0; k < cg; ++k)
                         for (std::size_t p = 0; p < kh; ++p)
                             for (std::size_t q = 0; q < kw; ++q) {
-                                const long ih = long(i * sh + p) - long(ph), iw = long(j * sw + q) - long(pw);
+                                const std::size_t ic = oc / og * cg + k;
+                                const long ih = long(i * sh + p * dh) - long(ph), iw = long(j * sw + q * dw) - long(pw);
                                 if (ih < 0 || iw < 0 || ih >= long(h) || iw >= long(wd)) continue;
                                 s += x[((a * c + ic) * h + std::size_t(ih)) * wd + std::size_t(iw)] *
-                                     w[((oc * c + ic) * kh + p) * kw + q];
+                                     w[((oc * cg + k) * kh + p) * kw + q];
                             }
                     y[((a * o + oc) * ho + i) * wo + j] = s;
                 }
@@ -105,6 +110,69 @@ TEST_CASE("conv1d: values and gradients", "[ops][conv][gradient]") {
                             tg::bind(w, wv), tg::bind(b, bv)),
                   ref_conv2d(xv, wv, 2, 3, 1, len, 2, 1, 3, 1, 2, 0, 1, bv));
     check_gradient(tg::sum(tg::square(tg::conv1d<2, 1>(x, w, b))), at(x, xv, {2, 3, len}), at(w, wv), at(b, bv));
+}
+
+TEST_CASE("conv2d: dilation and groups (values, gradients)", "[ops][conv][gradient]") {
+    // groups 2: x has 4 channels, w [6, 2, 2, 3]; dilation 2 spans 3 x 5 pixels
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, 4, 6, 7>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<6, 2, 2, 3>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<6>>;
+    auto wv = uniform(72, -1.0, 1.0, 21), bv = uniform(6, -1.0, 1.0, 22);
+    for (std::size_t n : {1u, 2u}) {
+        auto xv = uniform(n * 168, -1.0, 1.0, 23);
+        const auto bx = tg::bind(x, xv, {n, 4, 6, 7});
+        // extents: (6 + 2 - 3) / 2 + 1 = 3, (7 + 2 - 5) / 2 + 1 = 3
+        auto y = tg::conv2d<2, 1, 2, 2>(x, w, b);
+        STATIC_REQUIRE(std::is_same_v<decltype(y)::shape_type, tg::shape<tg::dyn, 6, 3, 3>>);
+        require_close(values_of(tg::compile(y, tg::wrt(x)), bx, tg::bind(w, wv), tg::bind(b, bv)),
+                      ref_conv2d(xv, wv, n, 4, 6, 7, 6, 2, 3, 2, 2, 1, 1, bv, 2, 2, 2));
+        require_close(values_of(tg::compile(tg::conv2d<1, 0, 3, 2>(x, w), tg::wrt(x)), bx, tg::bind(w, wv)),
+                      ref_conv2d(xv, wv, n, 4, 6, 7, 6, 2, 3, 1, 1, 0, 0, {}, 3, 3, 2));
+        check_gradient(tg::sum(tg::square(tg::conv2d<2, 1, 2, 2>(x, w, b))), at(x, xv, {n, 4, 6, 7}), at(w, wv), at(b, bv));
+        check_gradient(tg::sum(tg::sin(tg::conv2d<1, 2, 3, 2>(x, w))), at(x, xv, {n, 4, 6, 7}), at(w, wv));
+    }
+    // depthwise (groups = channels), dilation 1: each channel its own 3 x 3 filter
+    constexpr auto xd = tg::param<"xd", double, tg::shape<2, 3, 5, 5>>;
+    constexpr auto wd = tg::param<"wd", double, tg::shape<3, 1, 3, 3>>;
+    auto xv = uniform(150, -1.0, 1.0, 24), wv3 = uniform(27, -1.0, 1.0, 25);
+    require_close(values_of(tg::compile(tg::conv2d<1, 1, 1, 3>(xd, wd), tg::wrt(xd)), tg::bind(xd, xv), tg::bind(wd, wv3)),
+                  ref_conv2d(xv, wv3, 2, 3, 5, 5, 3, 3, 3, 1, 1, 1, 1, {}, 1, 1, 3));
+    check_gradient(tg::sum(tg::tanh(tg::conv2d<1, 1, 1, 3>(xd, wd))), at(xd, xv), at(wd, wv3));
+    // second order through groups and dilation
+    constexpr auto k = tg::param<"k", double, tg::shape<3, 1, 2, 2>>;
+    auto kv = uniform(12, -1.0, 1.0, 26);
+    auto inner = tg::sum(tg::square(tg::conv2d<1, 0, 2, 3>(xd, k)));
+    check_gradient(tg::sum(tg::square(tg::grad(inner, k))), at(xd, xv), at(k, kv));
+}
+
+TEST_CASE("conv1d: dilation and groups", "[ops][conv][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<2, 6, tg::dyn>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<4, 3, 3>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<4>>;
+    auto wv = uniform(36, -1.0, 1.0, 27), bv = uniform(4, -1.0, 1.0, 28);
+    for (std::size_t len : {5u, 9u}) {
+        auto xv = uniform(12 * len, -1.0, 1.0, 29);
+        require_close(values_of(tg::compile(tg::conv1d<1, 2, 2, 2>(x, w, b), tg::wrt(x)), tg::bind(x, xv, {2, 6, len}),
+                                tg::bind(w, wv), tg::bind(b, bv)),
+                      ref_conv2d(xv, wv, 2, 6, 1, len, 4, 1, 3, 1, 1, 0, 2, bv, 1, 2, 2));
+        check_gradient(tg::sum(tg::square(tg::conv1d<2, 1, 2, 2>(x, w, b))), at(x, xv, {2, 6, len}), at(w, wv), at(b, bv));
+    }
+}
+
+TEST_CASE("conv: groups and dilation checked at run time", "[ops][conv]") {
+    // dynamic channels: 5 is not a multiple of 2 groups; a dilated kernel (span 5) larger than the input
+    constexpr auto x = tg::input<"x", float, tg::shape<1, tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<2, 2, 3, 3>>;
+    auto step = tg::compile(tg::sum(tg::conv2d<1, 0, 2, 2>(x, w)), tg::wrt(w));
+    std::vector<float> wv(36, 1.0f), g(36, 5.0f), xv(5 * 6 * 6, 1.0f);
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, xv, {1, 5, 6, 6}), tg::bind(w, wv), tg::grad_into(w, g)),
+                    tg::shape_error);
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, xv, {1, 4, 4, 6}), tg::bind(w, wv), tg::grad_into(w, g)),
+                    tg::shape_error);
+    CHECK(g == std::vector<float>(36, 5.0f));
+    // 4 channels, 5 x 6: output 1 x 2 per out channel (2 of them), each window 2 x 3 x 3 ones
+    std::vector<float> x4(4 * 5 * 6, 1.0f);
+    CHECK(step.value_and_grad(tg::bind(x, x4, {1, 4, 5, 6}), tg::bind(w, wv), tg::grad_into(w, g)) == 18.0f * 2 * 2);
 }
 
 TEST_CASE("conv2d shape errors at run time throw before anything is written", "[ops][conv]") {

@@ -10,6 +10,7 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::fixed;
 using tg::testing::uniform;
+using tg::testing::values_of;
 
 TEST_CASE("embedding: values, gradient by finite differences, padding_idx", "[ops][index][gradient]") {
     constexpr auto table = tg::param<"table", double, tg::shape<tg::dyn, 3>>;
@@ -158,4 +159,43 @@ TEST_CASE("gather along an axis matches finite differences and torch.gather", "[
     const std::vector<std::int32_t> w(5, 0);
     CHECK_THROWS_AS(tg::compile(tg::gather<0>(x, wide), tg::wrt(x)).forward(tg::bind(x, xv), tg::bind(wide, w, {1, 5})),
                     tg::shape_error);
+}
+
+TEST_CASE("dynamic_slice: run-time start, values, gradients, range errors", "[ops][index][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<3, tg::dyn, 2>>;
+    constexpr auto start = tg::input<"start", std::int64_t, tg::shape<1>>;
+    const std::size_t len = 6;
+    auto xv = uniform(3 * len * 2, -1.0, 1.0, 41);
+    auto y = tg::dynamic_slice<1, 4>(x, start);
+    STATIC_REQUIRE(std::is_same_v<decltype(y)::shape_type, tg::shape<3, 4, 2>>);
+    auto step = tg::compile(y, tg::wrt(x));
+    for (std::int64_t s : {0, 1, 2, -4, -6}) {
+        const std::vector<std::int64_t> sv{s};
+        const std::size_t b = std::size_t(s < 0 ? s + std::int64_t(len) : s);
+        std::vector<double> want;
+        for (std::size_t i = 0; i < 3; ++i)
+            for (std::size_t j = b; j < b + 4; ++j)
+                for (std::size_t k = 0; k < 2; ++k) want.push_back(xv[(i * len + j) * 2 + k]);
+        CHECK(values_of(step, tg::bind(x, xv, {3, len, 2}), tg::bind(start, sv)) == want);
+        check_gradient(tg::sum(tg::square(tg::dynamic_slice<1, 4>(x, start)) * tg::sin(tg::dynamic_slice<1, 4>(x, start))),
+                       fixed(tg::bind(start, sv)), at(x, xv, {3, len, 2}));
+        // second order: the backward's adjoint is the slice again
+        auto inner = tg::sum(tg::sin(tg::dynamic_slice<-2, 4>(x, start)));
+        check_gradient(tg::sum(tg::square(tg::grad(inner, x))), fixed(tg::bind(start, sv)), at(x, xv, {3, len, 2}));
+    }
+    // a start past the end (or before the beginning) throws before anything is written
+    auto loss = tg::compile(tg::sum(tg::dynamic_slice<1, 4>(x, start)), tg::wrt(x));
+    std::vector<double> g(xv.size(), 7.0);
+    for (std::int64_t s : {3, 7, -7}) {
+        const std::vector<std::int64_t> sv{s};
+        CHECK_THROWS_AS(loss.value_and_grad(tg::bind(x, xv, {3, len, 2}), tg::bind(start, sv), tg::grad_into(x, g)),
+                        tg::shape_error);
+    }
+    CHECK(g == std::vector<double>(xv.size(), 7.0));
+    // a computed start: the window of 2 columns starting at the argmax of a row
+    constexpr auto r = tg::input<"r", double, tg::shape<5>>;
+    const std::vector<double> rv{0.1, 0.3, 0.9, 0.2, 0.0};
+    auto w = tg::dynamic_slice<1, 2>(x, tg::argmax(r, tg::axes<0>, tg::keepdim));
+    CHECK(values_of(tg::compile(w, tg::wrt(x)), tg::bind(x, xv, {3, len, 2}), tg::bind(r, rv)) ==
+          values_of(tg::compile(tg::slice<1, 2, 4>(x), tg::wrt(x)), tg::bind(x, xv, {3, len, 2})));
 }

@@ -1,5 +1,5 @@
-// Pooling (ops/pool.hpp): max_pool2d and avg_pool2d (kernel, stride, padding) against a direct
-// reference and finite differences; PyTorch's rules for ties (first maximum), NaN, padding; second
+// Pooling (ops/pool.hpp): max_pool2d and avg_pool2d (kernel, stride, padding), and
+// adaptive_avg_pool2d, against a direct reference and finite differences; PyTorch's rules for ties (first maximum), NaN, padding; second
 // order through both.
 #include <check_gradient.hpp>
 
@@ -75,4 +75,45 @@ TEST_CASE("max_pool2d: ties, NaN and second order as PyTorch", "[ops][pool][grad
     check_gradient(tg::sum(tg::square(tg::grad(inner, y)) * tg::lit<0.5>), at(y, yv));
     auto inner_avg = tg::sum(tg::square(tg::avg_pool2d<2, 1>(y)));
     check_gradient(tg::sum(tg::square(tg::grad(inner_avg, y))), at(y, yv));
+}
+
+namespace {
+// F.adaptive_avg_pool2d's definition: cell (i, j) averages rows [floor(i h / oh), ceil((i + 1) h / oh))
+std::vector<double> ref_adaptive(const std::vector<double>& x, std::size_t planes, std::size_t h, std::size_t w,
+                                 std::size_t oh, std::size_t ow) {
+    std::vector<double> y;
+    for (std::size_t c = 0; c < planes; ++c)
+        for (std::size_t i = 0; i < oh; ++i)
+            for (std::size_t j = 0; j < ow; ++j) {
+                const auto r0 = std::size_t(std::floor(double(i * h) / double(oh)));
+                const auto r1 = std::size_t(std::ceil(double((i + 1) * h) / double(oh)));
+                const auto c0 = std::size_t(std::floor(double(j * w) / double(ow)));
+                const auto c1 = std::size_t(std::ceil(double((j + 1) * w) / double(ow)));
+                double s = 0;
+                for (std::size_t r = r0; r < r1; ++r)
+                    for (std::size_t q = c0; q < c1; ++q) s += x[(c * h + r) * w + q];
+                y.push_back(s / double((r1 - r0) * (c1 - c0)));
+            }
+    return y;
+}
+}  // namespace
+
+TEST_CASE("adaptive_avg_pool2d: values and gradients (divisible, overlapping, upsampling)", "[ops][pool][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<2, 3, tg::dyn, tg::dyn>>;
+    for (auto [h, w] : {std::pair<std::size_t, std::size_t>{6, 4}, {7, 5}, {2, 3}, {1, 1}}) {
+        auto xv = uniform(6 * h * w, -1.0, 1.0, 31);
+        const auto bx = tg::bind(x, xv, {2, 3, h, w});
+        auto y = tg::adaptive_avg_pool2d<3, 2>(x);
+        STATIC_REQUIRE(std::is_same_v<decltype(y)::shape_type, tg::shape<2, 3, 3, 2>>);
+        tg::testing::require_close(values_of(tg::compile(y, tg::wrt(x)), bx), ref_adaptive(xv, 6, h, w, 3, 2));
+        tg::testing::require_close(values_of(tg::compile(tg::adaptive_avg_pool2d<1>(x), tg::wrt(x)), bx),
+                                   ref_adaptive(xv, 6, h, w, 1, 1));
+        check_gradient(tg::sum(tg::square(tg::adaptive_avg_pool2d<3, 2>(x))), at(x, xv, {2, 3, h, w}));
+        check_gradient(tg::sum(tg::sin(tg::adaptive_avg_pool2d<4>(x))), at(x, xv, {2, 3, h, w}));
+    }
+    // second order: the backward is the forward's adjoint
+    constexpr auto s = tg::param<"s", double, tg::shape<1, 2, 5, 3>>;
+    auto sv = uniform(30, -1.0, 1.0, 32);
+    auto inner = tg::sum(tg::sin(tg::adaptive_avg_pool2d<2>(s)));
+    check_gradient(tg::sum(tg::square(tg::grad(inner, s))), at(s, sv));
 }
