@@ -62,7 +62,7 @@ struct node_info {
 // instantiated for a node type is named (mangled) with the node's whole subtree spelled out, at a
 // cost that grows with the subtree, and g++ names every function it instantiates.
 template <class Shape>
-constexpr std::array<std::size_t, max_rank> static_extents() {
+constexpr std::array<std::size_t, max_rank> shape_extents_of() {
     std::array<std::size_t, max_rank> e{};
     for (std::size_t i = 0; i < Shape::rank; ++i) e[i] = Shape::extents[i];
     return e;
@@ -103,7 +103,7 @@ struct node_row<leaf<Name, T, S, R>> {
     using N = leaf<Name, T, S, R>;
     static constexpr node_info value{.kind = op_kind::leaf,
                                      .rank = S::rank,
-                                     .ext = static_extents<S>(),
+                                     .ext = shape_extents_of<S>(),
                                      .is_param = R == leaf_role::param,
                                      .elem_size = sizeof(buffer_t<N>),
                                      .buffer = dtype_code_of<buffer_t<N>>(),
@@ -128,7 +128,7 @@ struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
                                      .arity = Arity,
                                      .shape_only = shape_only_flags<Op, Arity>(),
                                      .rank = Shape::rank,
-                                     .ext = static_extents<Shape>(),
+                                     .ext = shape_extents_of<Shape>(),
                                      .combine = combine_of<Op>(),
                                      .elem_size = sizeof(Buffer),
                                      .buffer = dtype_code_of<Buffer>(),
