@@ -200,13 +200,15 @@ struct node
         {&Children::desc...}};
 };
 
-// The user-facing handle. Empty: the whole expression is its type.
 namespace detail {
+// expr's requires_grad, in a base keyed by its value (not a variable named by the node type).
 template <bool RequiresGrad>
 struct grad_flag {
     static constexpr bool requires_grad = RequiresGrad;
 };
 }  // namespace detail
+// The user-facing handle. Empty: the whole expression is its type. `requires_grad`: true when the
+// expression depends on a param through differentiable ops.
 template <class Node>
 struct expr : detail::grad_flag<Node::requires_grad> {
     // The graph: a node, leaf or constant type.
