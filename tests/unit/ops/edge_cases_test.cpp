@@ -524,3 +524,23 @@ TEST_CASE("conv2d with groups and dilation: the direct loops for non-finite oper
                              tg::grad_into(w, gw_got));
     for (std::size_t i = 8; i < 32; ++i) CHECK(gw_got[i] == Approx(gw_ref[i]).epsilon(1e-12));
 }
+
+TEST_CASE("expm1 and log1p keep the sign of a zero, as C and PyTorch", "[ops][special][edge]") {
+    // Finding 20 (graph 2213): expm1(-0) was +0 (xsimd 8.1), so pow(expm1(-0), -1) was +inf.
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
+    constexpr auto xf = tg::param<"xf", float, tg::shape<tg::dyn>>;
+    std::vector<double> xd(19, -0.0);  // SIMD batches and the scalar tail
+    std::vector<float> xfd(19, -0.0f);
+    auto e = tg::compile(tg::expm1(x), tg::wrt(x));
+    auto l = tg::compile(tg::log1p(x), tg::wrt(x));
+    auto ef = tg::compile(tg::expm1(xf), tg::wrt(xf));
+    auto lf = tg::compile(tg::log1p(xf), tg::wrt(xf));
+    for (const double v : values_of(e, tg::bind(x, xd))) CHECK(std::signbit(v));
+    for (const double v : values_of(l, tg::bind(x, xd))) CHECK(std::signbit(v));
+    for (const double v : values_of(ef, tg::bind(xf, xfd))) CHECK(std::signbit(v));
+    for (const double v : values_of(lf, tg::bind(xf, xfd))) CHECK(std::signbit(v));
+    constexpr auto c = tg::param<"c", double, tg::shape<tg::dyn>>;
+    std::vector<double> cd(19, -0.0);
+    auto p = tg::compile(tg::pow(tg::expm1(c), tg::lit<-1>), tg::wrt(c));
+    for (const double v : values_of(p, tg::bind(c, cd))) CHECK(v == -std::numeric_limits<double>::infinity());
+}

@@ -156,8 +156,16 @@ inline auto erf(const xsimd::batch<T, A>& x) {
     const B one(T(1));
     return xsimd::select(xsimd::abs(x) > B(T(6)), xsimd::select(x > B(T(0)), one, -one), xsimd::erf(x));
 }
-template <class T, class A> inline auto log1p(const xsimd::batch<T, A>& x) { return xsimd::log1p(x); }
-template <class T, class A> inline auto expm1(const xsimd::batch<T, A>& x) { return xsimd::expm1(x); }
+// xsimd 8.1's expm1(-0) and log1p(-0) are +0; C's (and PyTorch's) keep the zero's sign, which
+// decides, e.g., pow(expm1(-0), -1) (-inf, not +inf): a zero is returned as is (finding 20).
+template <class T, class A>
+inline auto log1p(const xsimd::batch<T, A>& x) {
+    return xsimd::select(x == xsimd::batch<T, A>(T(0)), x, xsimd::log1p(x));
+}
+template <class T, class A>
+inline auto expm1(const xsimd::batch<T, A>& x) {
+    return xsimd::select(x == xsimd::batch<T, A>(T(0)), x, xsimd::expm1(x));
+}
 // pow with the special values of C's pow (C11 F.10.4.4), which PyTorch follows. xsimd 8.1's
 // pow gives 0 for every zero base, NaN for pow(x, 0) with infinite or NaN x, for pow(1, NaN),
 // pow(-1, +-inf) and pow(-inf, 0.5), and takes huge even exponents (1e30f) for odd ones; so
@@ -220,9 +228,9 @@ template <class T> requires std::is_floating_point_v<T> inline T abs(T x) { retu
 template <class T> requires std::is_floating_point_v<T>
 inline T erf(T x) { return through_batch(x, [](const batch<T>& b) { return simd::erf(b); }); }
 template <class T> requires std::is_floating_point_v<T>
-inline T log1p(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::log1p(b); }); }
+inline T log1p(T x) { return through_batch(x, [](const batch<T>& b) { return ::typegrad::simd::log1p(b); }); }
 template <class T> requires std::is_floating_point_v<T>
-inline T expm1(T x) { return through_batch(x, [](const batch<T>& b) { return xsimd::expm1(b); }); }
+inline T expm1(T x) { return through_batch(x, [](const batch<T>& b) { return ::typegrad::simd::expm1(b); }); }
 template <class T> requires std::is_floating_point_v<T>
 inline T pow(T x, T y) {
     return through_batch(x, [y](const batch<T>& b) { return simd::pow(b, batch<T>(y)); });
