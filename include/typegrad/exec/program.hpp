@@ -2,7 +2,9 @@
 // Lowering: a graph type becomes a flat program of integer ids (one per unique node, children
 // before parents), and every graph algorithm after this point is a constexpr function over
 // std::arrays of those ids. Only kernels go back from an id to its node type.
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <cstddef>
 #include <string_view>
@@ -271,6 +273,8 @@ struct plan_request {
     std::array<std::size_t, NG> given{};
 };
 
+inline constexpr std::size_t no_class = static_cast<std::size_t>(-1);
+
 struct planner_output {
     std::vector<loop_plan> loops;
     std::vector<std::size_t> members;
@@ -346,49 +350,102 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
     for (std::size_t i = 0; i < req.stores.size(); ++i)
         roots.push_back({req.stores[i], loop_stage[req.stores[i]], req.stores[i], 2, i});
 
-    planner_output out;
-    std::vector<char> taken(roots.size(), 0);
+    // Everything below is linear in the graph plus the plan's size (a model's joint graph has
+    // thousands of nodes, and g++ stops a constant evaluation after 2^25 operations): roots are
+    // bucketed by stage, grouped by an iteration-space class id, and each loop's closure is a
+    // search that marks nodes with the loop's number instead of clearing an M-sized array.
+    const std::size_t R = roots.size();
+    std::vector<std::size_t> space(R, 0);  // iteration-space class of each root
+    {
+        std::vector<std::size_t> rep;      // a representative iter node per class
+        const std::size_t mask = std::bit_ceil(2 * R + 2) - 1;
+        std::vector<std::size_t> bucket(mask + 1, no_class);
+        for (std::size_t i = 0; i < R; ++i) {
+            const std::size_t it = roots[i].iter;
+            std::uint64_t h = info[it].rank;
+            for (std::size_t a = 0; a < info[it].rank; ++a)
+                h = (h ^ static_cast<std::uint64_t>(sym.dims[it][a])) * 0x100000001B3ull;
+            std::size_t b = static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+            while (bucket[b] != no_class && !same_iteration_space<M>(info, sym, rep[bucket[b]], it))
+                b = (b + 1) & mask;
+            if (bucket[b] == no_class) {
+                bucket[b] = rep.size();
+                rep.push_back(it);
+            }
+            space[i] = bucket[b];
+        }
+    }
     std::size_t max_stage = 0;
     for (const root& r : roots) max_stage = r.stage > max_stage ? r.stage : max_stage;
+    std::vector<std::size_t> by_stage(max_stage + 2, 0);  // counting sort, stable
+    for (const root& r : roots) ++by_stage[r.stage + 1];
+    for (std::size_t st = 0; st <= max_stage; ++st) by_stage[st + 1] += by_stage[st];
+    std::vector<std::size_t> order(R, 0);
+    {
+        std::vector<std::size_t> fill(by_stage.begin(), by_stage.end() - 1);
+        for (std::size_t i = 0; i < R; ++i) order[fill[roots[i].stage]++] = i;
+    }
+
+    planner_output out;
+    std::vector<std::size_t> loop_of_space(R, 0), space_seen(R, 0);  // seen: stage + 1
+    std::vector<std::size_t> in_loop(M, 0), own(M, 0);                // marks: loop number + 1
+    std::vector<std::size_t> members, work;
     for (std::size_t st = 0; st <= max_stage; ++st) {
-        for (std::size_t i = 0; i < roots.size(); ++i) {
-            if (taken[i] || roots[i].stage != st) continue;
+        // this stage's loops, in the order of their first root; each loop's roots in root order
+        const std::size_t first_loop = out.loops.size();
+        std::vector<std::vector<std::size_t>> loop_roots;
+        for (std::size_t k = by_stage[st]; k < by_stage[st + 1]; ++k) {
+            const std::size_t i = order[k];
+            if (space_seen[space[i]] != st + 1) {
+                space_seen[space[i]] = st + 1;
+                loop_of_space[space[i]] = loop_roots.size();
+                loop_roots.emplace_back();
+            }
+            loop_roots[loop_of_space[space[i]]].push_back(i);
+        }
+        for (std::size_t l = 0; l < loop_roots.size(); ++l) {
+            const std::size_t mark = first_loop + l + 1;
             loop_plan lp;
-            lp.iter = roots[i].iter;
+            lp.iter = roots[loop_roots[l].front()].iter;
             lp.stage = st;
             std::vector<std::size_t> reds, mats, stores;
-            std::vector<char> in_loop(M, 0);
-            for (std::size_t j = i; j < roots.size(); ++j) {
-                if (taken[j] || roots[j].stage != st ||
-                    !same_iteration_space<M>(info, sym, roots[j].iter, lp.iter))
-                    continue;
-                taken[j] = true;
-                if (roots[j].what == 2) stores.push_back(roots[j].store_index);
-                else if (roots[j].what == 1) mats.push_back(roots[j].node);
-                else reds.push_back(roots[j].node);
-                in_loop[roots[j].iter] = true;
+            members.clear();
+            work.clear();
+            for (std::size_t i : loop_roots[l]) {
+                if (roots[i].what == 2) stores.push_back(roots[i].store_index);
+                else if (roots[i].what == 1) mats.push_back(roots[i].node);
+                else reds.push_back(roots[i].node);
+            }
+            for (std::size_t m : mats) own[m] = mark;
+            for (std::size_t i : loop_roots[l]) {
+                const std::size_t it = roots[i].iter;
+                if (in_loop[it] != mark) {
+                    in_loop[it] = mark;
+                    members.push_back(it);
+                    work.push_back(it);
+                }
             }
             // Close over value edges down to materialised nodes (a materialisation root is
             // computed in this loop, so it is not an input of it).
-            for (std::size_t n = M; n-- > 0;) {
-                if (!in_loop[n]) continue;
-                bool own_root = false;
-                for (std::size_t m : mats) own_root = own_root || m == n;
-                if (materialized[n] && !own_root) continue;
-                for (std::size_t c = 0; c < info[n].arity; ++c)
-                    if (!info[n].shape_only[c]) in_loop[info[n].child[c]] = true;
+            while (!work.empty()) {
+                const std::size_t n = work.back();
+                work.pop_back();
+                if (materialized[n] && own[n] != mark) continue;
+                for (std::size_t c = 0; c < info[n].arity; ++c) {
+                    const std::size_t ch = info[n].child[c];
+                    if (info[n].shape_only[c] || in_loop[ch] == mark) continue;
+                    in_loop[ch] = mark;
+                    members.push_back(ch);
+                    work.push_back(ch);
+                }
             }
-            auto is_own = [&](std::size_t n) {
-                for (std::size_t m : mats)
-                    if (m == n) return true;
-                return false;
-            };
+            std::sort(members.begin(), members.end());
             lp.in_begin = out.members.size();
-            for (std::size_t n = 0; n < M; ++n)
-                if (in_loop[n] && materialized[n] && !is_own(n)) out.members.push_back(n);
+            for (std::size_t n : members)
+                if (materialized[n] && own[n] != mark) out.members.push_back(n);
             lp.in_end = lp.body_begin = out.members.size();
-            for (std::size_t n = 0; n < M; ++n)
-                if (in_loop[n] && (!materialized[n] || is_own(n))) out.members.push_back(n);
+            for (std::size_t n : members)
+                if (!materialized[n] || own[n] == mark) out.members.push_back(n);
             lp.body_end = lp.red_begin = out.members.size();
             for (std::size_t r : reds) out.members.push_back(r);
             lp.red_end = lp.mat_begin = out.members.size();
