@@ -2,14 +2,13 @@
 // Lowering: a graph type becomes a flat program of integer ids (one per unique node, children
 // before parents), and every graph algorithm after this point is a constexpr function over
 // std::arrays of those ids. Only kernels go back from an id to its node type.
-#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
 #include <cstddef>
 #include <string_view>
-#include <vector>
 
+#include <typegrad/graph/cvec.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/graph/topo.hpp>
 #include <typegrad/ops/broadcast.hpp>
@@ -276,8 +275,8 @@ struct plan_request {
 inline constexpr std::size_t no_class = static_cast<std::size_t>(-1);
 
 struct planner_output {
-    std::vector<loop_plan> loops;
-    std::vector<std::size_t> members;
+    cvec<loop_plan> loops;
+    cvec<std::size_t> members;
 };
 
 // Stage semantics: ready[n] is the first stage whose loops can read n. Kernels of stage s run
@@ -341,7 +340,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
         int what;  // 0 reduction, 1 materialisation into scratch, 2 store to an output
         std::size_t store_index;
     };
-    std::vector<root> roots;
+    cvec<root> roots;
     for (std::size_t n = 0; n < M; ++n) {
         if (!needed[n] || given[n]) continue;
         if (info[n].kind == op_kind::reduce) roots.push_back({info[n].child[0], loop_stage[n], n, 0, 0});
@@ -355,11 +354,11 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
     // bucketed by stage, grouped by an iteration-space class id, and each loop's closure is a
     // search that marks nodes with the loop's number instead of clearing an M-sized array.
     const std::size_t R = roots.size();
-    std::vector<std::size_t> space(R, 0);  // iteration-space class of each root
+    cvec<std::size_t> space(R, 0);  // iteration-space class of each root
     {
-        std::vector<std::size_t> rep;      // a representative iter node per class
+        cvec<std::size_t> rep;      // a representative iter node per class
         const std::size_t mask = std::bit_ceil(2 * R + 2) - 1;
-        std::vector<std::size_t> bucket(mask + 1, no_class);
+        cvec<std::size_t> bucket(mask + 1, no_class);
         for (std::size_t i = 0; i < R; ++i) {
             const std::size_t it = roots[i].iter;
             std::uint64_t h = info[it].rank;
@@ -377,53 +376,50 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
     }
     std::size_t max_stage = 0;
     for (const root& r : roots) max_stage = r.stage > max_stage ? r.stage : max_stage;
-    std::vector<std::size_t> by_stage(max_stage + 2, 0);  // counting sort, stable
+    cvec<std::size_t> by_stage(max_stage + 2, 0);  // counting sort, stable
     for (const root& r : roots) ++by_stage[r.stage + 1];
     for (std::size_t st = 0; st <= max_stage; ++st) by_stage[st + 1] += by_stage[st];
-    std::vector<std::size_t> order(R, 0);
+    cvec<std::size_t> order(R, 0);
     {
-        std::vector<std::size_t> fill(by_stage.begin(), by_stage.end() - 1);
+        cvec<std::size_t> fill = by_stage;
         for (std::size_t i = 0; i < R; ++i) order[fill[roots[i].stage]++] = i;
     }
 
-    planner_output out;
-    std::vector<std::size_t> loop_of_space(R, 0), space_seen(R, 0);  // seen: stage + 1
-    std::vector<std::size_t> in_loop(M, 0), own(M, 0);                // marks: loop number + 1
-    std::vector<std::size_t> members, work;
+    // Each loop's roots and the nodes of its closure, unordered (a node: id * 2 + 1 if the loop
+    // reads it as an input, id * 2 if it computes it).
+    cvec<loop_plan> loops;
+    cvec<std::size_t> root_begin(1, 0), root_list, entry_begin(1, 0), entry;
+    cvec<std::size_t> loop_of_space(R, 0), space_seen(R, 0);  // seen: stage + 1
+    cvec<std::size_t> in_loop(M, 0), own(M, 0);                // marks: loop number + 1
+    cvec<std::size_t> work;
     for (std::size_t st = 0; st <= max_stage; ++st) {
         // this stage's loops, in the order of their first root; each loop's roots in root order
-        const std::size_t first_loop = out.loops.size();
-        std::vector<std::vector<std::size_t>> loop_roots;
+        cvec<cvec<std::size_t>> loop_roots;
         for (std::size_t k = by_stage[st]; k < by_stage[st + 1]; ++k) {
             const std::size_t i = order[k];
             if (space_seen[space[i]] != st + 1) {
                 space_seen[space[i]] = st + 1;
                 loop_of_space[space[i]] = loop_roots.size();
-                loop_roots.emplace_back();
+                loop_roots.push_back(cvec<std::size_t>{});
             }
             loop_roots[loop_of_space[space[i]]].push_back(i);
         }
-        for (std::size_t l = 0; l < loop_roots.size(); ++l) {
-            const std::size_t mark = first_loop + l + 1;
+        for (const cvec<std::size_t>& lr : loop_roots) {
+            const std::size_t mark = loops.size() + 1;
             loop_plan lp;
-            lp.iter = roots[loop_roots[l].front()].iter;
+            lp.iter = roots[lr.front()].iter;
             lp.stage = st;
-            std::vector<std::size_t> reds, mats, stores;
-            members.clear();
-            work.clear();
-            for (std::size_t i : loop_roots[l]) {
-                if (roots[i].what == 2) stores.push_back(roots[i].store_index);
-                else if (roots[i].what == 1) mats.push_back(roots[i].node);
-                else reds.push_back(roots[i].node);
+            for (std::size_t i : lr) {
+                root_list.push_back(i);
+                if (roots[i].what == 1) own[roots[i].node] = mark;
             }
-            for (std::size_t m : mats) own[m] = mark;
-            for (std::size_t i : loop_roots[l]) {
+            const std::size_t first = entry.size();
+            for (std::size_t i : lr) {
                 const std::size_t it = roots[i].iter;
-                if (in_loop[it] != mark) {
-                    in_loop[it] = mark;
-                    members.push_back(it);
-                    work.push_back(it);
-                }
+                if (in_loop[it] == mark) continue;
+                in_loop[it] = mark;
+                entry.push_back(it);
+                work.push_back(it);
             }
             // Close over value edges down to materialised nodes (a materialisation root is
             // computed in this loop, so it is not an input of it).
@@ -435,26 +431,52 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
                     const std::size_t ch = info[n].child[c];
                     if (info[n].shape_only[c] || in_loop[ch] == mark) continue;
                     in_loop[ch] = mark;
-                    members.push_back(ch);
+                    entry.push_back(ch);
                     work.push_back(ch);
                 }
             }
-            std::sort(members.begin(), members.end());
-            lp.in_begin = out.members.size();
-            for (std::size_t n : members)
-                if (materialized[n] && own[n] != mark) out.members.push_back(n);
-            lp.in_end = lp.body_begin = out.members.size();
-            for (std::size_t n : members)
-                if (!materialized[n] || own[n] == mark) out.members.push_back(n);
-            lp.body_end = lp.red_begin = out.members.size();
-            for (std::size_t r : reds) out.members.push_back(r);
-            lp.red_end = lp.mat_begin = out.members.size();
-            for (std::size_t m : mats) out.members.push_back(m);
-            lp.mat_end = lp.store_begin = out.members.size();
-            for (std::size_t s : stores) out.members.push_back(s);
-            lp.store_end = out.members.size();
-            out.loops.push_back(lp);
+            for (std::size_t k = first; k < entry.size(); ++k)
+                entry[k] = entry[k] * 2 + (materialized[entry[k]] && own[entry[k]] != mark ? 1 : 0);
+            root_begin.push_back(root_list.size());
+            entry_begin.push_back(entry.size());
+            loops.push_back(lp);
         }
+    }
+    // Every loop's nodes in id order, by one counting sort over all loops: a comparison sort per
+    // loop costs g++'s constant evaluator about as much as the rest of the planner together.
+    const std::size_t E = entry.size();
+    cvec<std::size_t> owner(E, 0), start(M + 1, 0), by_node(E, 0), sorted(E, 0);
+    for (std::size_t l = 0; l < loops.size(); ++l)
+        for (std::size_t k = entry_begin[l]; k < entry_begin[l + 1]; ++k) owner[k] = l;
+    for (std::size_t k = 0; k < E; ++k) ++start[entry[k] / 2 + 1];
+    for (std::size_t n = 0; n < M; ++n) start[n + 1] += start[n];
+    for (std::size_t k = 0; k < E; ++k) by_node[start[entry[k] / 2]++] = k;
+    {
+        cvec<std::size_t> fill = entry_begin;
+        for (std::size_t k : by_node) sorted[fill[owner[k]]++] = entry[k];
+    }
+
+    planner_output out;
+    for (std::size_t l = 0; l < loops.size(); ++l) {
+        loop_plan lp = loops[l];
+        const std::size_t e0 = entry_begin[l], e1 = entry_begin[l + 1];
+        lp.in_begin = out.members.size();
+        for (std::size_t k = e0; k < e1; ++k)
+            if (sorted[k] % 2 == 1) out.members.push_back(sorted[k] / 2);
+        lp.in_end = lp.body_begin = out.members.size();
+        for (std::size_t k = e0; k < e1; ++k)
+            if (sorted[k] % 2 == 0) out.members.push_back(sorted[k] / 2);
+        lp.body_end = lp.red_begin = out.members.size();
+        for (int what : {0, 1, 2}) {
+            for (std::size_t k = root_begin[l]; k < root_begin[l + 1]; ++k) {
+                const root& r = roots[root_list[k]];
+                if (r.what == what) out.members.push_back(what == 2 ? r.store_index : r.node);
+            }
+            if (what == 0) lp.red_end = lp.mat_begin = out.members.size();
+            if (what == 1) lp.mat_end = lp.store_begin = out.members.size();
+        }
+        lp.store_end = out.members.size();
+        out.loops.push_back(lp);
     }
     return out;
 }

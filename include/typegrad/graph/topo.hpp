@@ -17,8 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
-#include <vector>
 
+#include <typegrad/graph/cvec.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/graph/type_list.hpp>
 
@@ -27,10 +27,10 @@ namespace typegrad::detail {
 inline constexpr std::size_t no_parent = static_cast<std::size_t>(-1);
 
 struct topo_table {
-    std::vector<const node_desc*> order;  // post-order
-    std::vector<std::size_t> parent;      // id of the node that discovered it, or no_parent (a root)
-    std::vector<std::size_t> slot;        // its operand position there, or the root's index
-    std::vector<std::size_t> child;       // ids of the operands, max_arity per node
+    cvec<const node_desc*> order;  // post-order
+    cvec<std::size_t> parent;      // id of the node that discovered it, or no_parent (a root)
+    cvec<std::size_t> slot;        // its operand position there, or the root's index
+    cvec<std::size_t> child;       // ids of the operands, max_arity per node
 };
 
 constexpr std::size_t hash_slot(std::uint64_t h, std::size_t mask) {
@@ -41,7 +41,7 @@ constexpr std::size_t hash_slot(std::uint64_t h, std::size_t mask) {
 template <std::size_t NRoots>
 constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots) {
     topo_table t;
-    std::vector<std::size_t> table(64, no_parent);  // open addressing: id or empty
+    cvec<std::size_t> table(64, no_parent);  // open addressing: id or empty
     std::size_t mask = table.size() - 1;
     auto find = [&](const node_desc* d) -> std::size_t {
         for (std::size_t s = hash_slot(d->hash, mask);; s = (s + 1) & mask) {
@@ -69,8 +69,8 @@ constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots)
         std::size_t slot;  // its operand position in the parent frame, or the root's index
         std::size_t head;  // tree children finished so far (a list through `link`)
     };
-    std::vector<frame> stack;
-    std::vector<std::size_t> link;
+    cvec<frame> stack;
+    cvec<std::size_t> link;
     for (std::size_t r = 0; r < NRoots; ++r) {
         if (find(roots[r]) != no_parent) continue;  // reached from an earlier root
         stack.push_back({roots[r], 0, r, no_parent});
