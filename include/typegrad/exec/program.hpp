@@ -272,8 +272,6 @@ struct plan_request {
     std::array<std::size_t, NG> given{};
 };
 
-inline constexpr std::size_t no_class = static_cast<std::size_t>(-1);
-
 struct planner_output {
     cvec<loop_plan> loops;
     cvec<std::size_t> members;
@@ -358,16 +356,16 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
     {
         cvec<std::size_t> rep;      // a representative iter node per class
         const std::size_t mask = std::bit_ceil(2 * R + 2) - 1;
-        cvec<std::size_t> bucket(mask + 1, no_class);
+        cvec<std::size_t> bucket(mask + 1, no_parent);
         for (std::size_t i = 0; i < R; ++i) {
             const std::size_t it = roots[i].iter;
             std::uint64_t h = info[it].rank;
             for (std::size_t a = 0; a < info[it].rank; ++a)
-                h = (h ^ static_cast<std::uint64_t>(sym.dims[it][a])) * 0x100000001B3ull;
-            std::size_t b = static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> 17) & mask;
-            while (bucket[b] != no_class && !same_iteration_space<M>(info, sym, rep[bucket[b]], it))
+                h = hash_mix(h, static_cast<std::uint64_t>(sym.dims[it][a]));
+            std::size_t b = hash_slot(h, mask);
+            while (bucket[b] != no_parent && !same_iteration_space<M>(info, sym, rep[bucket[b]], it))
                 b = (b + 1) & mask;
-            if (bucket[b] == no_class) {
+            if (bucket[b] == no_parent) {
                 bucket[b] = rep.size();
                 rep.push_back(it);
             }
