@@ -30,9 +30,6 @@ struct reverse_state {
     using pendings = Pendings;
     using results = Results;
 };
-template <class N>
-struct visit {};
-
 // The contribution of node N = node<Op, Cs...> with adjoint G to its I-th child, summed down
 // to the child's shape where the op broadcast it. The reverse pass is written with classes and
 // type aliases only: g++ names (mangles) every function and static variable it instantiates,
@@ -115,15 +112,33 @@ template <class N, class State>
 struct reverse_step;
 template <class N, class... Ps, class Results>
 struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
-    using matched = decltype(contributions(filter_t<type_list<Ps...>, targets<N>::template test>{}));
+    using matched = decltype(detail::contributions(filter_t<type_list<Ps...>, targets<N>::template test>{}));
     using rest = filter_t<type_list<Ps...>, targets<N>::template other>;
     using type = typename std::conditional_t<matched::size == 0,
                                              std::type_identity<reverse_state<type_list<Ps...>, Results>>,
                                              reverse_visit<N, matched, rest, Results>>::type;
 };
 
-template <class N, class State>
-typename reverse_step<N, State>::type operator<<(visit<N>, State);
+// The fold's operands are member classes (of fold_node, fold_state), so that the
+// argument-dependent lookup of its operator<< does not look into the graph (see expr_holder).
+namespace reverse_fold {
+template <class N>
+struct fold_node {
+    struct type {
+        using node = N;
+    };
+};
+template <class State>
+struct fold_state {
+    struct type {
+        using state = State;
+    };
+};
+template <class V, class S>
+typename fold_state<typename reverse_step<typename V::node, typename S::state>::type>::type operator<<(V, S);
+}  // namespace reverse_fold
+template <class N>
+using visit = typename reverse_fold::fold_node<N>::type;
 
 // The nodes are visited last to first. One fold covers at most 16 of them (clang limits a fold
 // to 256 operands): the first 16 are folded over the state the rest of the list produced.
@@ -131,12 +146,12 @@ template <class Topo, class Init>
 struct run_reverse;
 template <class... Ns, class Init>
 struct run_reverse<type_list<Ns...>, Init> {
-    using type = decltype((visit<Ns>{} << ... << Init{}));
+    using type = typename decltype((visit<Ns>{} << ... << typename reverse_fold::fold_state<Init>::type{}))::state;
 };
 template <class A0, class A1, class A2, class A3, class A4, class A5, class A6, class A7, class A8, class A9, class A10, class A11, class A12, class A13, class A14, class A15, class N, class... Rest, class Init>
 struct run_reverse<type_list<A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, N, Rest...>, Init> {
-    using rest = typename run_reverse<type_list<N, Rest...>, Init>::type;
-    using type = decltype((visit<A0>{} << (visit<A1>{} << (visit<A2>{} << (visit<A3>{} << (visit<A4>{} << (visit<A5>{} << (visit<A6>{} << (visit<A7>{} << (visit<A8>{} << (visit<A9>{} << (visit<A10>{} << (visit<A11>{} << (visit<A12>{} << (visit<A13>{} << (visit<A14>{} << (visit<A15>{} << rest{})))))))))))))))));
+    using rest = typename reverse_fold::fold_state<typename run_reverse<type_list<N, Rest...>, Init>::type>::type;
+    using type = typename decltype((visit<A0>{} << (visit<A1>{} << (visit<A2>{} << (visit<A3>{} << (visit<A4>{} << (visit<A5>{} << (visit<A6>{} << (visit<A7>{} << (visit<A8>{} << (visit<A9>{} << (visit<A10>{} << (visit<A11>{} << (visit<A12>{} << (visit<A13>{} << (visit<A14>{} << (visit<A15>{} << rest{})))))))))))))))))::state;
 };
 
 // Adjoints of every leaf reached from Root when its gradient is Seed: type_list<pending<Leaf, Adj>...>.

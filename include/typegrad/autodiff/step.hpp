@@ -227,7 +227,7 @@ struct named {
 template <class... Ms>
 type_list<typename Ms::value_type...> value_types(type_list<Ms...>);
 template <fixed_string Name, class... Ns>
-auto op_dtypes(type_list<Ns...>) -> decltype(value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
+auto op_dtypes(type_list<Ns...>) -> decltype(detail::value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
 
 // Backward nodes (those not in the forward graph) rewritten under the backward's spec.
 template <class N, class Spec, class ForwardGraph>
@@ -379,8 +379,8 @@ public:
                       "typegrad: value_and_grad(...) needs a scalar loss; for a non-scalar output "
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
         using grads = grads_of<Args...>;
-        using stores = decltype(grad_nodes<grads, false>() + loss_store());
-        using nodes = detail::graph_of_t<decltype(detail::type_list<Loss>{} + stores{})>;
+        using stores = detail::concat_t<decltype(grad_nodes<grads, false>()), decltype(loss_store())>;
+        using nodes = detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, stores>>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
                                          value_type>;
         typename PP::state_type st{};
@@ -967,10 +967,10 @@ public:
         // The gradient nodes of every wrt leaf.
         using grad_stores = decltype(grad_nodes<wrt_list, false>());
         // The gradients and the loss: what value_and_grad stores.
-        using joint_stores = decltype(grad_stores{} + loss_store());
+        using joint_stores = detail::concat_t<grad_stores, decltype(loss_store())>;
         // The plan of value_and_grad.
         using joint = detail::plan_provider<
-            detail::graph_of_t<decltype(detail::type_list<Loss>{} + joint_stores{})>,
+            detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, joint_stores>>,
             joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
         // The plan of forward.
         using forward = detail::plan_provider<detail::topo<Loss>,

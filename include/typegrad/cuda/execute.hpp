@@ -137,40 +137,45 @@ inline const std::string& device_architecture() {
     return arch;
 }
 
-// Generated, compiled (NVRTC), loaded once per plan type; thread-safe (a function-local static;
-// a failure throws and the next call tries again). Modules live until the process ends.
+// Generates, compiles (NVRTC) and loads the plan's module. A named function, not a lambda
+// invoked in module_for's initializer: clang tries to evaluate a static local's initializer at
+// compile time, and the failure note of a lambda call spells the lambda's whole body.
+template <class PP>
+compiled_module load_module() {
+    compiled_module c;
+    emulator* e = active_emulator();
+    void* emulated = nullptr;
+    const driver_api* a = nullptr;
+    if (e) {
+        emulated = e->load(generate_source<PP>());
+    } else {
+        const std::string ptx = compile_to_ptx(generate_source<PP>(), device_architecture());
+        a = &api();
+        check(a->cuModuleLoadData(&c.module, ptx.c_str()), "cuModuleLoadData");
+    }
+    auto get = [&](const std::string& name) {
+        CUfunction f = nullptr;
+        if (e) f = static_cast<CUfunction>(e->function(emulated, name.c_str()));
+        else check(a->cuModuleGetFunction(&f, c.module, name.c_str()), "cuModuleGetFunction");
+        return f;
+    };
+    for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
+        c.groups.push_back(loop_groups(view_of<PP>(), L));
+        c.functions.emplace_back();
+        for (std::size_t g = 0; g < c.groups.back().size(); ++g) c.functions.back().push_back(get(kernel_name(L, g)));
+    }
+    for (std::size_t i = 0; i < prelude_fn_count; ++i) c.prelude[i] = get(prelude_names[i]);
+    const plan_view pv = view_of<PP>();
+    c.custom.assign(PP::M, nullptr);
+    for (std::size_t n = 0; n < PP::M; ++n)
+        if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) c.custom[n] = get(custom_kernel_name(n));
+    return c;
+}
+// The plan's module, loaded once per plan type; thread-safe (a function-local static; a failure
+// throws and the next call tries again). Modules live until the process ends.
 template <class PP>
 const compiled_module& module_for() {
-    static const compiled_module m = [] {
-        compiled_module c;
-        emulator* e = active_emulator();
-        void* emulated = nullptr;
-        const driver_api* a = nullptr;
-        if (e) {
-            emulated = e->load(generate_source<PP>());
-        } else {
-            const std::string ptx = compile_to_ptx(generate_source<PP>(), device_architecture());
-            a = &api();
-            check(a->cuModuleLoadData(&c.module, ptx.c_str()), "cuModuleLoadData");
-        }
-        auto get = [&](const std::string& name) {
-            CUfunction f = nullptr;
-            if (e) f = static_cast<CUfunction>(e->function(emulated, name.c_str()));
-            else check(a->cuModuleGetFunction(&f, c.module, name.c_str()), "cuModuleGetFunction");
-            return f;
-        };
-        for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
-            c.groups.push_back(loop_groups(view_of<PP>(), L));
-            c.functions.emplace_back();
-            for (std::size_t g = 0; g < c.groups.back().size(); ++g) c.functions.back().push_back(get(kernel_name(L, g)));
-        }
-        for (std::size_t i = 0; i < prelude_fn_count; ++i) c.prelude[i] = get(prelude_names[i]);
-        const plan_view pv = view_of<PP>();
-        c.custom.assign(PP::M, nullptr);
-        for (std::size_t n = 0; n < PP::M; ++n)
-            if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) c.custom[n] = get(custom_kernel_name(n));
-        return c;
-    }();
+    static const compiled_module m = load_module<PP>();
     return m;
 }
 

@@ -124,8 +124,8 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
     // The plans of each entry point (also what tg::cuda::generated_source shows).
     template <class Grads>
     using joint_plan = plan_provider<
-        graph_of_t<decltype(type_list<Loss>{} + grad_nodes<Grads, false>() + loss_store())>,
-        decltype(grad_nodes<Grads, false>() + loss_store()), decltype(loss_required()), type_list<>, T>;
+        graph_of_t<concat_t<type_list<Loss>, decltype(grad_nodes<Grads, false>()), decltype(loss_store())>>,
+        concat_t<decltype(grad_nodes<Grads, false>()), decltype(loss_store())>, decltype(loss_required()), type_list<>, T>;
     using forward_plan =
         plan_provider<topo<Loss>, decltype(loss_store()), decltype(loss_required()), type_list<>, T>;
     template <class Grads, bool Seeded, class FwdPP>

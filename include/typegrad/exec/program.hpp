@@ -154,7 +154,7 @@ template <class Topo>
 struct program {
     using nodes = typename Topo::type;
     static constexpr std::size_t size = Topo::size;
-    static constexpr std::array<node_info, size> info = make_info<Topo>(nodes{});
+    static constexpr std::array<node_info, size> info = detail::make_info<Topo>(nodes{});
     // by the topological table's parent edge, O(1) per look-up (see type_at)
     template <std::size_t I>
     using node_at = typename topo_at<Topo, I>::type;

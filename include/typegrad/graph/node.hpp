@@ -207,25 +207,41 @@ struct grad_flag {
     static constexpr bool requires_grad = RequiresGrad;
 };
 }  // namespace detail
-// The user-facing handle. Empty: the whole expression is its type. `requires_grad`: true when the
-// expression depends on a param through differentiable ops.
+// Makes expr<Node>, the user-facing handle: a local class of this function, because of what
+// compilers do with a class's template arguments, which for a graph type spell a tree whose
+// shared subexpressions repeat once per path to them (doubling with every residual connection):
+// - argument-dependent lookup (every operator and unqualified call on an expression) looks into
+//   the template arguments of a class template specialization, and clang 14 walks them as that
+//   tree (a 2-block transformer did not compile in 14 minutes); a local class is no
+//   specialization, so lookup sees its namespace and base only;
+// - clang names each class it lowers to LLVM IR with its qualified name, template arguments
+//   printed in full; a local class prints as its function's name and its own.
 template <class Node>
-struct expr : detail::grad_flag<Node::requires_grad> {
-    // The graph: a node, leaf or constant type.
-    using node_type = Node;
-    // The expression's dtype.
-    using value_type = typename Node::value_type;
-    // The expression's shape.
-    using shape_type = typename Node::shape_type;
-};
+constexpr auto expr_handle() {
+    struct expr : detail::grad_flag<Node::requires_grad> {
+        using node_type = Node;
+        using value_type = typename Node::value_type;
+        using shape_type = typename Node::shape_type;
+    };
+    return expr{};
+}
+// The user-facing handle. Empty: the whole expression is its type, `node_type` (the graph: a
+// node, leaf or constant type); `value_type` and `shape_type` are its dtype and shape;
+// `requires_grad` is true when it depends on a param through differentiable ops. Functions take
+// it as a constrained parameter (`tg::expression auto x`); `expr<N>` names it but does not
+// deduce N.
+template <class Node>
+using expr = decltype(expr_handle<Node>());
 
 // Kind tests. Concepts over class traits, not variable templates: g++ names (mangles) every
 // variable it instantiates, and a node type's name spells its whole subgraph.
 namespace detail {
-template <class T>
+// (A failed requires-expression would have clang format its message, spelling the type.)
+template <class T, class = void>
 struct is_expr_trait : std::false_type {};
-template <class N>
-struct is_expr_trait<expr<N>> : std::true_type {};
+template <class T>
+struct is_expr_trait<T, std::void_t<typename T::node_type>>
+    : std::bool_constant<__is_same(T, expr<typename T::node_type>)> {};
 template <class T>
 struct is_leaf_trait : std::false_type {};
 template <class Name, class T, class S, leaf_role R>

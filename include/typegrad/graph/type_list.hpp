@@ -90,7 +90,7 @@ indexed<I, T> select_indexed(const indexed<I, T>&);
 
 template <std::size_t I, class List>
 struct type_at {
-    using type = typename decltype(select_indexed<I>(list_indexer<List>{}))::type;
+    using type = typename decltype(detail::select_indexed<I>(list_indexer<List>{}))::type;
 };
 #if defined(__clang__) && __has_builtin(__type_pack_element)
 template <std::size_t I, class... Ts>

@@ -11,6 +11,7 @@
 // header does not include step.hpp, so step.hpp can include it for the log hook.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <charconv>
 #include <concepts>
 #include <cstddef>
@@ -139,11 +140,11 @@ struct step_tables {
     using fwd = typename plans::forward;
     using nodes = typename joint::program::nodes;
     static constexpr std::size_t m = joint::program::size;
-    static constexpr auto facts = facts_table(nodes{});
-    static constexpr auto first = id_table<nodes>(nodes{});
-    static constexpr auto fwd_ids = id_table<nodes>(typename fwd::program::nodes{});
-    static constexpr auto wrt_names = name_table(typename Step::wrt_list{});
-    static constexpr auto wrt_ids = id_table<nodes>(typename Step::wrt_list{});
+    static constexpr auto facts = detail::facts_table(nodes{});
+    static constexpr auto first = detail::id_table<nodes>(nodes{});
+    static constexpr auto fwd_ids = detail::id_table<nodes>(typename fwd::program::nodes{});
+    static constexpr auto wrt_names = detail::name_table(typename Step::wrt_list{});
+    static constexpr auto wrt_ids = detail::id_table<nodes>(typename Step::wrt_list{});
 
     static step_ref ref() {
         step_ref r;
@@ -544,21 +545,24 @@ std::string describe(const Step&) {
 
 namespace detail {
 
+template <class Step>
+void print_graphs() {
+    const std::string text = cat("typegrad: TYPEGRAD_LOG=graphs\n", describe_view(make_step_view<Step>()));
+    std::fwrite(text.data(), 1, text.size(), stderr);
+    std::fflush(stderr);
+}
 // The step hook for TYPEGRAD_LOG=graphs: prints describe() to stderr on the first call of each
-// step type (thread-safe: a function-local static). With the variable unset it costs one
-// branch and allocates nothing. Define TYPEGRAD_NO_LOG to compile it out entirely (describe()
-// is then not instantiated for every step).
+// step type (thread-safe). With the variable unset it costs one branch and allocates nothing.
+// Define TYPEGRAD_NO_LOG to compile it out entirely (describe() is then not instantiated for
+// every step). The flag is constant-initialized: clang tries to evaluate the initializer of a
+// static local at compile time, and the failure note of an immediately-invoked lambda spells the
+// lambda's body, here the whole graph type (60 s of a 2-block transformer's compile).
 template <class Step>
 void log_graphs_once() {
 #ifndef TYPEGRAD_NO_LOG
     if (!log_graphs_enabled()) return;
-    [[maybe_unused]] static const bool printed = [] {
-        const std::string text =
-            cat("typegrad: TYPEGRAD_LOG=graphs\n", describe_view(make_step_view<Step>()));
-        std::fwrite(text.data(), 1, text.size(), stderr);
-        std::fflush(stderr);
-        return true;
-    }();
+    static std::atomic<bool> printed{false};
+    if (!printed.exchange(true)) print_graphs<Step>();
 #endif
 }
 

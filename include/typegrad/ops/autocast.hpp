@@ -293,7 +293,7 @@ constexpr bool has_markers(type_list<Ns...>) {
 }
 
 // The graph compile() evaluates: markers and entries removed.
-template <class Root, bool = has_markers(topo_t<Root>{})>
+template <class Root, bool = detail::has_markers(topo_t<Root>{})>
 struct strip_autocast {
     using type = Root;  // the common case: no rewrite is instantiated
 };

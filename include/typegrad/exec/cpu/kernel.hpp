@@ -465,25 +465,31 @@ constexpr loop_totals totals_of(const std::array<loop_plan, L>& loops, std::size
     return t;
 }
 
+// A plan's loop tables, a class keyed by their sizes only: nested in loop_layout it would be
+// named with the plan's whole graph, and clang prints that name, subexpressions repeated once
+// per path to them, for the LLVM type of the constant (15 of the 20 s of a transformer block).
+template <std::size_t Count, std::size_t Ops, std::size_t Body, std::size_t Desc>
+struct loop_tables_data {
+    // per loop (count + 1 entries)
+    std::array<std::size_t, Count + 1> op_start{}, n_ops{}, body_start{}, n_body{}, desc_start{}, desc_size{},
+        iter{};
+    // per operand (n_ops + 1 per loop): its node (for types), then the run-time table
+    // ids: node ids (stores: the store index) then extent offsets, n_ops + 1 each
+    std::array<std::size_t, Ops + 1> op_node{};
+    std::array<std::size_t, 2 * Ops + 1> ids{};
+    // per body node: its id, its value operands' slots
+    std::array<std::size_t, Body + 1> body_id{}, body_nslots{};
+    std::array<std::size_t, Body * max_arity + 1> body_slots{};
+    std::array<std::size_t, Desc + 1> desc{};
+};
+
 template <class PP, class AccumulateMask, bool Check>
 struct loop_layout {
     using prog = typename PP::program;
     static constexpr bool check = Check;
     static constexpr std::size_t count = PP::plan.loop_count;
     static constexpr loop_totals totals = totals_of(PP::plan.loops, count);
-    struct tables {
-        // per loop (count + 1 entries)
-        std::array<std::size_t, count + 1> op_start{}, n_ops{}, body_start{}, n_body{}, desc_start{},
-            desc_size{}, iter{};
-        // per operand (n_ops + 1 per loop): its node (for types), then the run-time table
-        // ids: node ids (stores: the store index) then extent offsets, n_ops + 1 each
-        std::array<std::size_t, totals.ops + 1> op_node{};
-        std::array<std::size_t, 2 * totals.ops + 1> ids{};
-        // per body node: its id, its value operands' slots
-        std::array<std::size_t, totals.body + 1> body_id{}, body_nslots{};
-        std::array<std::size_t, totals.body * max_arity + 1> body_slots{};
-        std::array<std::size_t, totals.desc + 1> desc{};
-    };
+    using tables = loop_tables_data<count, totals.ops, totals.body, totals.desc>;
     static constexpr tables make() {
         constexpr auto& info = prog::info;
         constexpr auto& plan = PP::plan;
