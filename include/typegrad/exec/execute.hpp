@@ -37,9 +37,12 @@ struct plan_provider {
     static constexpr std::size_t NS = stores.size();
     using request_t = plan_request<M, NS, required.size(), given.size()>;
     static constexpr request_t request{stores, required, given};
-    static constexpr plan_sizes sizes = measure_plan<M>(program::info, request);
+    // Each a constant evaluation of its own: clang stops one after 2^20 steps (about 2,000
+    // nodes of planning), so the shape classes are not recomputed inside both planner runs.
+    static constexpr symbolic_shapes<M> sym = symbolic<M>(program::info);
+    static constexpr plan_sizes sizes = measure_plan<M>(program::info, sym, request);
     static constexpr auto plan = make_plan<M, (sizes.loops ? sizes.loops : 1),
-                                           (sizes.members ? sizes.members : 1)>(program::info, request);
+                                           (sizes.members ? sizes.members : 1)>(program::info, sym, request);
     static constexpr std::array<std::size_t, M + 1> rank_offset = [] {
         std::array<std::size_t, M + 1> r{};
         for (std::size_t i = 0; i < M; ++i) r[i + 1] = r[i] + program::info[i].rank;

@@ -281,8 +281,8 @@ struct planner_output {
 // before the loops of stage s; a loop of stage s makes its reductions and materialisations
 // ready at s + 1.
 template <std::size_t M, class Request>
-constexpr auto run_planner(const std::array<node_info, M>& info, const Request& req,
-                           std::array<bool, M>& needed, std::array<bool, M>& materialized,
+constexpr auto run_planner(const std::array<node_info, M>& info, const symbolic_shapes<M>& sym,
+                           const Request& req, std::array<bool, M>& needed, std::array<bool, M>& materialized,
                            std::array<bool, M>& computed, std::array<std::size_t, M>& stage) {
     std::array<bool, M> given{};
     for (std::size_t g : req.given) given[g] = true;
@@ -330,7 +330,6 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
             stage[n] = s;
         }
     }
-    const auto sym = symbolic<M>(info);
 
     // Loop roots: reductions (iterate over their input), materialisations and stores.
     struct root {
@@ -480,17 +479,19 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const Request& 
 }
 
 template <std::size_t M, class Request>
-constexpr plan_sizes measure_plan(const std::array<node_info, M>& info, const Request& req) {
+constexpr plan_sizes measure_plan(const std::array<node_info, M>& info, const symbolic_shapes<M>& sym,
+                                  const Request& req) {
     std::array<bool, M> a{}, b{}, c{};
     std::array<std::size_t, M> s{};
-    auto out = run_planner<M>(info, req, a, b, c, s);
+    auto out = run_planner<M>(info, sym, req, a, b, c, s);
     return {out.loops.size(), out.members.size()};
 }
 
 template <std::size_t M, std::size_t L, std::size_t K, class Request>
-constexpr plan_data<M, L, K> make_plan(const std::array<node_info, M>& info, const Request& req) {
+constexpr plan_data<M, L, K> make_plan(const std::array<node_info, M>& info, const symbolic_shapes<M>& sym,
+                                       const Request& req) {
     plan_data<M, L, K> p;
-    auto out = run_planner<M>(info, req, p.needed, p.materialized, p.computed, p.stage);
+    auto out = run_planner<M>(info, sym, req, p.needed, p.materialized, p.computed, p.stage);
     p.loop_count = out.loops.size();
     for (std::size_t i = 0; i < M; ++i)
         if (p.needed[i] && p.stage[i] > p.max_stage) p.max_stage = p.stage[i];

@@ -219,9 +219,10 @@ struct grad_flag {
 template <class Node>
 constexpr auto expr_handle() {
     struct expr : detail::grad_flag<Node::requires_grad> {
-        using node_type = Node;
-        using value_type = typename Node::value_type;
-        using shape_type = typename Node::shape_type;
+        // (maybe_unused: g++ takes a local class's member typedefs for unused local typedefs)
+        using node_type [[maybe_unused]] = Node;
+        using value_type [[maybe_unused]] = typename Node::value_type;
+        using shape_type [[maybe_unused]] = typename Node::shape_type;
     };
     return expr{};
 }
