@@ -120,7 +120,8 @@ struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
 };
 
 // The fold's operands are member classes (of fold_node, fold_state), so that the
-// argument-dependent lookup of its operator<< does not look into the graph (see expr_holder).
+// argument-dependent lookup of its operator<< does not look into the graph (see expr_handle in
+// graph/node.hpp).
 namespace reverse_fold {
 template <class N>
 struct fold_node {

@@ -21,6 +21,9 @@ struct list_size {
 template <class... Ts>
 struct type_list : list_size<sizeof...(Ts)> {};
 
+// For short lists (leaves, policies): an operator on a list of graph nodes makes clang's
+// argument-dependent lookup walk every node type as a tree (graph/node.hpp, expr_handle); graph-
+// sized lists are joined with concat_t.
 template <class... As, class... Bs>
 constexpr type_list<As..., Bs...> operator+(type_list<As...>, type_list<Bs...>) {
     return {};

@@ -562,7 +562,7 @@ void log_graphs_once() {
 #ifndef TYPEGRAD_NO_LOG
     if (!log_graphs_enabled()) return;
     static std::atomic<bool> printed{false};
-    if (!printed.exchange(true)) print_graphs<Step>();
+    if (!printed.load(std::memory_order_relaxed) && !printed.exchange(true)) print_graphs<Step>();
 #endif
 }
 
