@@ -12,7 +12,7 @@
 namespace typegrad {
 
 // A dynamic extent, known at run time: tg::shape<tg::dyn, 3>. It must equal the extent it meets
-// (it never broadcasts); tg::describe shows it as ?.
+// (it never broadcasts); tg::describe shows it as dyn.
 inline constexpr std::size_t dyn = static_cast<std::size_t>(-1);
 
 // A tensor's shape as extents, static (a number) or tg::dyn: tg::shape<4, 3>, tg::shape<tg::dyn, 3>.
@@ -99,7 +99,7 @@ constexpr extents_value broadcast_all() {
 template <class... Shapes>
 inline constexpr bool broadcastable_v = broadcast_all<Shapes...>().ok;
 
-// A shape as text, "[?, 3]" (tg::dyn as ?, as describe() writes it), for compile-time
+// A shape as text, "[dyn, 3]" (tg::dyn by its name, as describe() writes it), for compile-time
 // diagnostics: compilers list tg::dyn inside template arguments as 18446744073709551615, but
 // GCC shows a class-type template argument's characters. Only a failing check spells it out
 // (Show), so passing checks share one empty value.
@@ -118,7 +118,7 @@ inline constexpr shape_chars shape_text_v<shape<E...>, true> = [] {
         if (!first) r.text[n++] = ',', r.text[n++] = ' ';
         first = false;
         if (e == dyn) {
-            r.text[n++] = '?';
+            for (char ch : {'d', 'y', 'n'}) r.text[n++] = ch;
             continue;
         }
         char digits[20];
@@ -130,7 +130,7 @@ inline constexpr shape_chars shape_text_v<shape<E...>, true> = [] {
     return r;
 }();
 // The condition of a shape check, written so that a failing one names the operands' shapes in
-// the compiler's note: 'shapes_checked<shape_chars{"[?, 3]"}, shape_chars{"[4]"}, false>::ok'.
+// the compiler's note: 'shapes_checked<shape_chars{"[dyn, 3]"}, shape_chars{"[4]"}, false>::ok'.
 template <shape_chars A, shape_chars B, bool Ok>
 struct shapes_checked {
     static constexpr bool ok = Ok;

@@ -321,7 +321,7 @@ std::string cat(const Parts&... parts) {
     std::string s = "[";
     for (std::size_t a = 0; a < ni.rank; ++a) {
         if (a) s += ", ";
-        s += ni.ext[a] == dyn ? std::string("?") : std::to_string(ni.ext[a]);
+        s += ni.ext[a] == dyn ? std::string("dyn") : std::to_string(ni.ext[a]);
     }
     s += ']';
     return s;

@@ -163,7 +163,7 @@ constexpr auto matmul(A a, B b) {
         return squeeze<-1>(matmul(a, unsqueeze<1>(b)));
     } else {
         using rule = detail::matmul_shape<SA, SB>;
-        // GCC's note on failure names both shapes, tg::dyn as ? (detail::shapes_checked)
+        // GCC's note on failure names both shapes, tg::dyn as dyn (detail::shapes_checked)
         static_assert(detail::shapes_checked<detail::shape_text_v<SA, !rule::inner_ok>,
                                              detail::shape_text_v<SB, !rule::inner_ok>, rule::inner_ok>::ok,
                       "typegrad: matmul(a, b) needs a's last extent to equal b's second-to-last extent.");

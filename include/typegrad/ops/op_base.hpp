@@ -56,7 +56,7 @@ inline constexpr bool same_shape_v = std::is_same_v<typename A::shape_type, type
                   "type, so write it as a compile-time constant, e.g. tg::lit<2.5>, or bind a "  \
                   "run-time value through a tg::input leaf")
 
-// On failure GCC's note names both shapes, tg::dyn as ? (detail::shapes_checked).
+// On failure GCC's note names both shapes, tg::dyn as dyn (detail::shapes_checked).
 #define TYPEGRAD_DETAIL_CHECK_BROADCAST(fname, A, B)                                             \
     static_assert(::typegrad::detail::shapes_checked<                                            \
                       ::typegrad::detail::shape_text_v<typename A::shape_type,                   \

@@ -155,13 +155,13 @@ TEST_CASE("describe: log_sum_exp lists its saved reductions and loops", "[inspec
     const std::string text = tg::describe(step_t{});
     INFO(text);
 
-    CHECK(contains(section(text, "forward graph (")[0], "f64 [?]"));
+    CHECK(contains(section(text, "forward graph (")[0], "f64 [dyn]"));
     const auto bwd = section(text, "backward graph (");
     CHECK(contains(text, "from the forward graph: 2 saved"));
     CHECK(contains(line_with(bwd, "= max(%1)"), "[saved]"));
     CHECK(contains(line_with(bwd, "= sum(%6)"), "[saved]"));
     CHECK(contains(line_with(bwd, "= exp(%5)"), "[recomputed]"));
-    CHECK(contains(line_with(bwd, "[grad of x]"), "f64 [?]"));
+    CHECK(contains(line_with(bwd, "[grad of x]"), "f64 [dyn]"));
 
     // Forward: the max, the shifted sum, then the scalar tail. The joint plan is what the
     // planner says it is (its count is checked against the plan, not hard-coded).
@@ -196,7 +196,7 @@ TEST_CASE("describe: several wrt leaves, each gradient labelled", "[inspect]") {
     INFO(text);
     CHECK(contains(text, "wrt W (%0), b (%1)"));
     const auto bwd = section(text, "backward graph (");
-    CHECK(contains(line_with(bwd, "[grad of W]"), "f64 [?, 4]"));
+    CHECK(contains(line_with(bwd, "[grad of W]"), "f64 [dyn, 4]"));
     CHECK(contains(line_with(bwd, "[grad of b]"), "f64 [4]"));
     CHECK(contains(text, "constant 0.5"));
     CHECK(contains(line_with(bwd, "= inv_count(shape=%3)"), "[recomputed]"));
@@ -225,7 +225,7 @@ TEST_CASE("describe: kernels are scheduled per stage and saved for the backward"
     CHECK(contains(line_with(section(text, "backward graph ("), "= twice(%0)"), "[saved]"));
     const auto joint = section(text, "kernel plan: value_and_grad");
     CHECK(contains(text, "kernel plan: forward (1 loop, 1 kernel)"));
-    CHECK(contains(line_with(joint, "kernel %1 = twice(%0)"), "stage 0, f32 [?]"));
+    CHECK(contains(line_with(joint, "kernel %1 = twice(%0)"), "stage 0, f32 [dyn]"));
     CHECK(contains(line_with(joint, "loop 0:"), "stage 0"));
     CHECK(joint[0].rfind("  kernel %1", 0) == 0);  // a stage's kernels run before its loops
     const std::string dot = tg::to_dot(step);
@@ -245,7 +245,7 @@ TEST_CASE("to_dot: clusters, edges, highlights; Graphviz accepts it", "[inspect]
         CHECK(contains(dot, "subgraph cluster_forward {"));
         CHECK(contains(dot, "subgraph cluster_backward {"));
         CHECK(contains(dot, "subgraph cluster_plan {"));
-        CHECK(contains(dot, "label=\"x\\nf32 [?]\""));
+        CHECK(contains(dot, "label=\"x\\nf32 [dyn]\""));
         CHECK(contains(dot, "n0 -> n"));  // child -> parent: x feeds its consumers
         CHECK(contains(dot, "grad of x\""));
         CHECK(contains(dot, "peripheries=2"));
@@ -276,15 +276,15 @@ TEST_CASE("TYPEGRAD_LOG parsing", "[inspect]") {
     tg::detail::log_graphs_once<step_t>();
 }
 
-TEST_CASE("tg::dyn is written ? in compile-time shape diagnostics, as in describe()", "[inspect][shape]") {
+TEST_CASE("tg::dyn is written dyn in compile-time shape diagnostics, as in describe()", "[inspect][shape]") {
     // A failing broadcast or matmul check names the shapes through this text in GCC's note
     // (the compiler itself lists tg::dyn in template arguments as 18446744073709551615).
     using tg::detail::shape_text_v;
-    STATIC_REQUIRE(std::string_view(shape_text_v<tg::shape<tg::dyn, 3>, true>.text) == "[?, 3]");
+    STATIC_REQUIRE(std::string_view(shape_text_v<tg::shape<tg::dyn, 3>, true>.text) == "[dyn, 3]");
     STATIC_REQUIRE(std::string_view(shape_text_v<tg::shape<4>, true>.text) == "[4]");
     STATIC_REQUIRE(std::string_view(shape_text_v<tg::shape<>, true>.text) == "[]");
     STATIC_REQUIRE(std::string_view(shape_text_v<tg::shape<tg::dyn - 1, 0, tg::dyn>, true>.text) ==
-                   "[18446744073709551614, 0, ?]");
+                   "[18446744073709551614, 0, dyn]");
     // a passing check spells nothing
     STATIC_REQUIRE(std::string_view(shape_text_v<tg::shape<tg::dyn, 3>, false>.text).empty());
 }
