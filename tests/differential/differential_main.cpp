@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -108,7 +109,10 @@ struct reference {
     // sixteenth of the dtype's maximum. Whether a sum holding +inf and -inf products is NaN or
     // inf then depends on the kernel: oneDNN (LibTorch's float convolution) accumulates with FMAs,
     // fma(g, x, +inf) = +inf even where g x = -2e72 overflows, where typegrad's product -inf and
-    // the sum NaN (graph 2003). NaN and +-inf are then interchangeable; finite values are not.
+    // the sum NaN (graph 2003). NaN and +-inf are then interchangeable, and so are +-inf and a
+    // finite value: overflowing products whose sum is finite under one evaluation overflow under
+    // another (graph 2000, float: grad q 3.25e36 in LibTorch, inf in typegrad, from products
+    // of a score gradient and k = 1e36; 40000 cases). Finite values are still compared.
     bool overflow_ambiguous = false;
     // special values: an absolute allowance per leaf (attention's rounding noise, see run_torch)
     std::vector<double> grad_noise;
@@ -198,10 +202,74 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         double keys;
     };
     std::vector<attention_check> attention_checks;
-    auto top_gap = [&](const torch::Tensor& t, bool largest) {  // ties of a max/min reduction
+    // Special values: the gradient of a softmax's input is P (g - sum(P g)) (log_softmax's
+    // g - exp(out) sum(g)), rounding noise of the size u n |g| where it cancels: with g constant
+    // along a row it is 0 exactly, and both sides return noise (graph 1001, float: 7.5e-9 against
+    // 9.6e-9, the other row being NaN, so that the noise is the tensor's largest finite element).
+    // 16 times that is an absolute allowance for the gradient of a leaf fed to it, as attention's.
+    struct softmax_check {
+        torch::Tensor in, out;
+    };
+    std::vector<softmax_check> softmax_checks;
+    // Special values: the gradient of a norm's weight (and bias) sums, over the rows, g x_hat (g);
+    // where those terms cancel (x_hat of 2.236 in a row holding 709.5 and -2.236 in one holding
+    // -720, each times a gradient of 1e306: graph 2008, 1.3325282877e300 against 1.3325282884e300)
+    // its value is a few ulps of the terms, not of the sum. Ill-conditioned where that rounding,
+    // 4 u sum|terms| (a few roundings per term), could move the weight's gradient by more than
+    // half the comparison's bound (relative to its largest finite element).
+    struct weight_check {
+        torch::Tensor weight, out, x_hat;  // x_hat undefined: a bias
+    };
+    std::vector<weight_check> weight_checks;
+    // Ties of a max/min reduction: every element against the extreme, not only the runner-up. An
+    // exact tie of three elements is structural, but LibTorch's vectorised kernels and their scalar
+    // tails may round one copy of a value differently (gelu, sigmoid, pow: graph 5, 2205), so that
+    // two elements tie where typegrad's three do; such a case is within rounding of the kink.
+    auto top_gap = [&](const torch::Tensor& t, bool largest) {
         if (t.numel() < 2) return;
-        const auto top = std::get<0>(t.detach().reshape({-1}).topk(2, 0, largest));
-        note_margin(ref, top[0] - top[1], top[0], kink_tol);
+        const auto flat = t.detach().reshape({-1});
+        const auto extreme = largest ? flat.max() : flat.min();
+        note_margin(ref, flat - extreme, extreme, kink_tol);
+    };
+    const double unit_roundoff = dtype == torch::kFloat32 ? 0x1p-24 : 0x1p-53;
+    // Special values: a sum whose terms cancel (1e306 - 1e306 + 0.77 ...) is exact in no order: its
+    // rounding error, u sum|x|, is of the order of its largest term, and typegrad's order,
+    // LibTorch's and the exact sum may all differ (graph 2200: mean(concat(g, g, g)) with g =
+    // [0.77, 1e306, -1e306, 0.77] is 0.064 in typegrad's order, 0.19 in LibTorch's, 0.38 exactly,
+    // and the gradient of its square root follows). Ill-conditioned when that error exceeds 1e-3 of
+    // the sum (1e-3 absolute below 1), as log_sum_exp's rule; and when the sum lies within a few
+    // rounding errors of 0 and holds a term small enough to be absorbed by the others: its sign,
+    // and whether it is 0 at all, are then the order's (graph 2200: g = [-1.5e-323, 1, -0, -1] three
+    // times has the mean -0 in typegrad's order, +0 in LibTorch's, and sqrt's gradient -inf, +inf).
+    auto note_cancellation = [&](const torch::Tensor& t) {
+        const auto v = t.detach().to(torch::kFloat64);
+        const auto magnitudes = v.abs().masked_fill(~torch::isfinite(v), 0);
+        const double total = magnitudes.sum().item<double>();
+        const double sum = std::abs(v.sum().item<double>());
+        if (!std::isfinite(sum)) return;
+        if (unit_roundoff * total > 1e-3 * std::max(1.0, sum)) ref.ill_conditioned = true;
+        const double smallest = magnitudes.masked_fill(magnitudes == 0, INFINITY).min().item<double>();
+        if (total > 0 && sum <= 4 * unit_roundoff * total && smallest < 4 * unit_roundoff * total) ref.ill_conditioned = true;
+    };
+    // Special values: whether a sum of products (a GEMM's dot product, a convolution) is NaN can
+    // depend on how it is evaluated. With an infinite product and a finite product beyond the
+    // maximum of the other sign (or two such finite products of opposite signs), multiplying first
+    // gives inf + -inf = NaN, but an FMA keeps the finite product exact: typegrad's GEMM computes
+    // fma(1e306, 709.5, -inf) = -inf (and the order decides which product comes first). A softmax
+    // or tanh after it turns NaN against -inf into NaN against finite values (graph 2000: attention
+    // scores, grad q 0 against NaN; 2001, float: grad v finite against NaN; 2004: a convolution
+    // under tanh). `products` holds every product of each sum along its last axis, in the dtype
+    // (those that overflow are +-inf: the NaN-ness of a sum that multiplies first, which no order
+    // changes), `exact` the same products of the operands with their finite nonzero magnitudes
+    // clamped to [1e-150, 1e150] (signs, zeros, infinities and NaN kept: the NaN-ness of the exact
+    // sum). Where they disagree on an element that counts (`keep`), the case is ill-conditioned.
+    auto clamp_magnitudes = [](const torch::Tensor& t) {
+        const auto d = t.detach().to(torch::kFloat64);
+        return torch::where(torch::isfinite(d) & (d != 0), d.sign() * d.abs().clamp(1e-150, 1e150), d);
+    };
+    auto note_product_sums = [&](const torch::Tensor& products, const torch::Tensor& exact, const torch::Tensor& keep) {
+        const auto ambiguous = torch::isnan(products.sum(-1)) & ~torch::isnan(exact.sum(-1)) & keep;
+        if (ambiguous.any().item<bool>()) ref.ill_conditioned = true;
     };
     std::istringstream lines(g.program);
     std::string line;
@@ -256,10 +324,16 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             // (elu(-1e-10f) = 0, and pow(a, elu(c))'s gradient then takes its y == 0 branch);
             // PyTorch since uses expm1, as typegrad does: the value is corrected to expm1's,
             // the gradient is torch's elu_backward
+            // At a NaN x, LibTorch 1.13's vectorised elu_backward takes the negative branch (its
+            // test is x > 0) and gives NaN even for a zero gradient, where its scalar loop and
+            // its CUDA kernel (x <= 0 ? ... : grad) pass the gradient, as typegrad does (graph
+            // 78: pow(1, elu(NaN)) has exponent gradient 0, and elu's was NaN in the SIMD body,
+            // 0 in the tail): a NaN x takes the identity here, and elu sees 0 in its place
             const double alpha = std::stod(b);
-            const auto e = torch::elu(node(a), alpha);
             const auto v = node(a).detach();
-            r = e + torch::where(v <= 0, alpha * torch::expm1(v) - e.detach(), torch::zeros({}, opts));
+            const auto nan = torch::isnan(v);
+            const auto e = torch::elu(torch::where(nan, torch::zeros({}, opts), node(a)), alpha);
+            r = torch::where(nan, node(a), e + torch::where(v <= 0, alpha * torch::expm1(v) - e.detach(), torch::zeros({}, opts)));
         } else if (op == "clamp") {
             ts >> b >> x;
             const double lo = std::stod(b), hi = std::stod(x);
@@ -268,8 +342,10 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             r = torch::clamp(node(a), lo, hi);
         }
         else if (op == "powc") { ts >> b; r = torch::pow(node(a), torch::scalar_tensor(std::stod(b), opts)); }
-        else if (op == "sum") r = node(a).sum();
-        else if (op == "mean") r = node(a).mean();
+        else if (op == "sum" || op == "mean") {
+            note_cancellation(node(a));
+            r = op == "sum" ? node(a).sum() : node(a).mean();
+        }
         else if (op == "max") { top_gap(node(a), true); r = node(a).max(); }
         else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
         else if (op == "lse") {
@@ -300,10 +376,33 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         else if (op == "sdpa") {  // q k v causal: softmax(q k^T / sqrt(d), masked) v, written out
             ts >> b >> x >> y;
             const auto q = node(a), k = node(b), v = node(x);
+            const double scale = 1 / std::sqrt(double(q.size(-1)));
             auto s = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+            auto keep = torch::ones({s.size(-2), s.size(-1)}, torch::TensorOptions().dtype(torch::kBool));
             if (std::stoi(y) != 0) {
-                const auto keep = torch::ones({s.size(-2), s.size(-1)}, torch::TensorOptions().dtype(torch::kBool)).tril();
+                keep = keep.tril();
                 s = s.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+            }
+            note_product_sums(q.detach().unsqueeze(-2) * k.detach().unsqueeze(-3),
+                              clamp_magnitudes(q).unsqueeze(-2) * clamp_magnitudes(k).unsqueeze(-3), keep);
+            {
+                // Special values: a score whose rounding error u sum|q_c k_c| / sqrt(d) exceeds 1e-3
+                // while its weight in the softmax is not negligible (within 40, plus both errors, of
+                // the row's largest score) in a row with another such score: which of them
+                // dominates is the rounding's choice (graph 2000, float: q k = 1.56e35 + 0.068 -
+                // 1.56e35 is 0.068, 3.5e-43 in LibTorch, -1.5e27 in typegrad, whose FMA keeps the
+                // rounding error of the first product). Ill-conditioned, as log_sum_exp's rule.
+                auto finite_abs = [](const torch::Tensor& t) {
+                    const auto d = t.detach().to(torch::kFloat64).abs();
+                    return d.masked_fill(~torch::isfinite(d), 0);
+                };
+                const auto err = unit_roundoff * scale * torch::matmul(finite_abs(q), finite_abs(k).transpose(-2, -1));
+                const auto sd = s.detach().to(torch::kFloat64);
+                const auto ok = torch::isfinite(sd) & keep;
+                const auto [top, at] = sd.masked_fill(~ok, -std::numeric_limits<double>::infinity()).max(-1, true);
+                const auto near = ok & (sd + err >= top - err.gather(-1, at) - 40);
+                const auto rows = (near.sum(-1) >= 2) & (err.masked_fill(~near, 0).amax(-1) > 1e-3);
+                if (rows.any().item<bool>()) ref.ill_conditioned = true;
             }
             r = torch::matmul(torch::softmax(s, -1), v);
             note_products(finite_abs_max(q), finite_abs_max(k));
@@ -318,6 +417,42 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             ts >> b >> x;
             note_squares(2 * finite_abs_max(node(a)));  // (x - mean)^2
             r = torch::layer_norm(node(a), {node(a).size(-1)}, node(b), node(x), 1e-5);
+            {
+                const auto xd = node(a).detach().to(torch::kFloat64);
+                const auto centred = xd - xd.mean(-1, true);
+                const auto rstd = 1 / torch::sqrt((centred * centred).mean(-1, true) + 1e-5);
+                weight_checks.push_back({node(b), r, centred * rstd});
+                weight_checks.push_back({node(x), r, torch::Tensor()});
+                // Special values, double: LibTorch computes fma(x, rstd, -rstd mean) (finding 22),
+                // whose error u |x| rstd is not small against the normalised value when the row is
+                // (nearly) constant: [-720] x 4 with gain -720 gives 1.8e-8 where the result is the
+                // bias exactly (graph 2212, grad g 1.8e-8 apart). Float cases compare against the
+                // double run instead; a double case whose LibTorch error, times the gain, exceeds
+                // 1e-13 of the output's largest finite element is ill-conditioned.
+                // Special values: a row whose centred values are a few subnormal ulps (-4.2e-45
+                // and three zeros, float: its mean rounds by a third) carries that rounding,
+                // amplified by rstd = 316, into every output and gradient (graph 2212, grad g
+                // -2.1e-43 against -3.5e-43): ill-conditioned where the subnormal ulp exceeds the
+                // bound's share of the row's largest centred value.
+                const double denorm = dtype == torch::kFloat32 ? double(std::numeric_limits<float>::denorm_min())
+                                                               : std::numeric_limits<double>::denorm_min();
+                const double rtol = dtype == torch::kFloat32 ? rtol_f32 : rtol_f64;
+                const auto width = centred.abs().masked_fill(~torch::isfinite(centred), 0).amax(-1);
+                if (((width > 0) & (width < denorm / rtol)).any().item<bool>()) ref.ill_conditioned = true;
+                // Special values: its backward forms dY x gamma and db mean (db = sum(dY gamma));
+                // beyond a sixteenth of the maximum, whether they overflow depends on FMA (LibTorch
+                // computes fma(db, mean, -ds): -1e306 x -240 - inf = -inf, typegrad's rounded
+                // product inf - inf = NaN; graph 2002, grad x -inf against NaN), as for convolutions
+                if (r.requires_grad())
+                    product_outputs.emplace_back(r, finite_abs_max(node(a)) * std::max(1.0, finite_abs_max(node(b))) *
+                                                        double(node(a).size(-1)));
+                if (dtype == torch::kFloat64) {
+                    const auto spread = xd.abs().amax(-1, true) * rstd;
+                    const double noise = unit_roundoff * spread.masked_fill(~torch::isfinite(spread), 0).max().item<double>() *
+                                         std::max(1.0, finite_abs_max(node(b)));
+                    if (noise > 1e-13 * finite_abs_max(r)) ref.ill_conditioned = true;
+                }
+            }
             if (r.requires_grad()) {
                 r.retain_grad();
                 cancelling_outputs.push_back(r);  // its backward sums g and g x
@@ -352,6 +487,25 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
                                    : torch::conv2d(node(a), node(b), bt, stride, pad);
             }
             note_products(finite_abs_max(node(a)), finite_abs_max(node(b)));
+            {  // the NaN-ness of each output's sum of products (note_product_sums), padding excluded
+                namespace F = torch::nn::functional;
+                const bool one = op == "conv1d";
+                const auto x4 = one ? node(a).detach().unsqueeze(2) : node(a).detach();
+                const auto w4 = one ? node(b).detach().unsqueeze(2) : node(b).detach();
+                const auto unfold = F::UnfoldFuncOptions({w4.size(2), w4.size(3)})
+                                        .padding({one ? 0 : pad, pad})
+                                        .stride({one ? 1 : stride, stride});
+                const auto valid = F::unfold(torch::ones_like(x4), unfold) > 0.5;  // [N, C KH KW, L]
+                auto products = [&](const torch::Tensor& xs, const torch::Tensor& ws, const torch::Tensor& bias) {
+                    auto p = F::unfold(xs, unfold).unsqueeze(1) * ws.reshape({ws.size(0), -1}).unsqueeze(0).unsqueeze(-1);
+                    p = p.masked_fill(~valid.unsqueeze(1), 0).transpose(-1, -2);  // [N, O, L, C KH KW]
+                    if (!bias.defined()) return p;
+                    return torch::cat({p, bias.to(p.scalar_type()).reshape({1, -1, 1, 1}).expand({p.size(0), p.size(1), p.size(2), 1})}, -1);
+                };
+                note_product_sums(products(x4, w4, bt.defined() ? bt.detach() : bt),
+                                  products(clamp_magnitudes(x4), clamp_magnitudes(w4), bt.defined() ? clamp_magnitudes(bt) : bt),
+                                  torch::ones({}, torch::TensorOptions().dtype(torch::kBool)));
+            }
             if (dtype == torch::kFloat32) {
                 // oneDNN reads subnormal operands as 0 (DAZ): a subnormal times a huge weight
                 // (1.4e-42 * 1e36 = 1.4e-6) is lost in LibTorch's float convolution and not in
@@ -372,7 +526,10 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             // x / sqrt(...), whose rounding and overflow differ: 1 / sqrt(4e-320) is inf)
             ts >> b;
             const auto v = node(a);
-            r = v * torch::rsqrt(v.pow(2).mean(-1, true) + 1e-6) * node(b);
+            const auto x_hat = v * torch::rsqrt(v.pow(2).mean(-1, true) + 1e-6);
+            r = x_hat * node(b);
+            if (r.requires_grad()) r.retain_grad();
+            weight_checks.push_back({node(b), r, x_hat.detach()});
         } else if (op == "cat0") {
             ts >> b >> x;
             r = torch::cat({node(a), node(b), node(x)}, 0);
@@ -384,6 +541,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             if (r.requires_grad()) {
                 r.retain_grad();
                 cancelling_outputs.push_back(r);
+                softmax_checks.push_back({node(a), r});
             }
         } else if (op == "max_pool2d" || op == "avg_pool2d") {
             std::int64_t k, stride, pad;
@@ -426,6 +584,30 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             if (leaves[i].unsafeGetTensorImpl() == at.q.unsafeGetTensorImpl()) ref.grad_noise[i] = std::max(ref.grad_noise[i], 16 * noise_q);
             if (leaves[i].unsafeGetTensorImpl() == at.k.unsafeGetTensorImpl()) ref.grad_noise[i] = std::max(ref.grad_noise[i], 16 * noise_k);
         }
+    }
+    auto leaf_index = [&](const torch::Tensor& t) {
+        for (std::size_t i = 0; i < leaves.size(); ++i)
+            if (leaves[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return i;
+        return leaves.size();
+    };
+    for (const auto& sc : softmax_checks) {
+        const std::size_t i = leaf_index(sc.in);
+        if (i == leaves.size() || !sc.out.grad().defined()) continue;
+        ref.grad_noise.resize(leaves.size(), 0.0);
+        const double noise = unit_roundoff * double(sc.out.size(-1)) * finite_abs_max(sc.out.grad());
+        ref.grad_noise[i] = std::max(ref.grad_noise[i], 16 * noise);
+    }
+    for (const auto& wc : weight_checks) {
+        if (!wc.out.requires_grad() || !wc.out.grad().defined() || !wc.weight.is_leaf() || !wc.weight.requires_grad() ||
+            !wc.weight.grad().defined())
+            continue;
+        auto terms = wc.out.grad().detach().to(torch::kFloat64);
+        if (wc.x_hat.defined()) terms = terms * wc.x_hat.to(torch::kFloat64);
+        terms = terms.abs().masked_fill(~torch::isfinite(terms), 0).reshape({-1, terms.size(-1)}).sum(0);
+        const double rtol = dtype == torch::kFloat32 ? rtol_f32 : rtol_f64;
+        const auto finite = torch::isfinite(wc.weight.grad().detach()).reshape({-1});  // NaN and inf are compared exactly
+        if ((finite & (2 * 4 * unit_roundoff * terms > rtol * finite_abs_max(wc.weight.grad()))).any().item<bool>())
+            ref.ill_conditioned = true;
     }
     for (const auto& out : cancelling_outputs)
         if (out.grad().defined() && finite_abs_max(out.grad()) * (dtype == torch::kFloat32 ? 0x1p-24 : 0x1p-53) > 1e-3)
@@ -482,7 +664,58 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
     const double rtol = std::is_same_v<T, double> ? rtol_f64 : rtol_f32;
     // subnormal results carry few bits: a few of their ulps are not an error (graph 47)
     const double subnormal_floor = special ? 4 * double(std::numeric_limits<T>::denorm_min()) : 0.0;
-    auto check = [&](const char* what, const std::vector<double>& want, auto&& got_at, double floor = 0,
+    // Float: a finite element that misses the bound also passes when it is within the bound of
+    // the program run by LibTorch in double (the exact value, up to double rounding; for special
+    // values the reference is LibTorch's float run), relative to the same scale, or no farther from
+    // the exact value than twice LibTorch's float result. LibTorch's float kernels round too, and
+    // not always as closely as typegrad's: its sin is 1 ulp off where typegrad's is correctly
+    // rounded, and 1 - sin(b) at b = 1.5677 (4.682e-6) is 4.709e-6 in typegrad, the best
+    // 1 - fl(sin(b)) can do, and 4.649e-6 in LibTorch (graph 21); its layer_norm computes
+    // fma(x, rstd, -rstd mean), 6e-4 for a constant row of 88.5 whose result is 0 (graph 2212); both
+    // sides are 3 subnormal ulps from the exact value, on opposite sides, in graph 2206. NaN and
+    // infinities must still agree with the reference exactly.
+    std::optional<reference> exact, single;
+    auto exact_value = [&](int tensor, std::size_t i) {
+        if (!special) return tensor < 0 ? ref.loss : ref.grads[std::size_t(tensor)][i];
+        if (!exact) exact = run_torch(g, c, 1e-3, torch::kFloat64);
+        return tensor < 0 ? exact->loss : exact->grads[std::size_t(tensor)][i];
+    };
+    auto float_value = [&](int tensor, std::size_t i) {
+        if (special) return tensor < 0 ? ref.loss : ref.grads[std::size_t(tensor)][i];
+        if (!single) single = run_torch(g, c, 1e-3, torch::kFloat32);
+        return tensor < 0 ? single->loss : single->grads[std::size_t(tensor)][i];
+    };
+    // ... or within twice the spread of the exact values of inputs 4 float ulps away (each element
+    // times 1 +- 4 u, four draws): the float result of a backward-stable computation is the exact
+    // result of nearby inputs, and where that spread is large the case is ill-conditioned. A
+    // layer_norm of the nearly constant row [0.8443, 0.8443, 1] with gain -90 is 64.4249 exactly,
+    // 64.42500 in typegrad's float (the mean's rounding, amplified by rstd 13.6 and the gain), and
+    // its cosine (-0.022, near a zero) carries that into the gradient: 37.069 against 37.027 exactly
+    // (graph 2214; LibTorch's 37.022). An rms_norm backward that cancels exactly for the row
+    // [-90, -90, -0] returns 2.3e-10, half an ulp of its terms (graph 2206). gelu_tanh's derivative
+    // near its zero (x = -0.7524: -4.0300706e-5, a sum of terms of 0.2) is -4.0248e-5 in float
+    // (graph 83, without special values: 1 case in 96325).
+    std::vector<reference> nearby;
+    auto spread = [&](int tensor, std::size_t i) {
+        if (nearby.empty()) {
+            std::mt19937_64 rng(0x9e3779b97f4a7c15ull);
+            for (int k = 0; k < 4; ++k) {
+                case_data moved = c;
+                for (auto& xs : moved.in)
+                    for (double& x : xs) x *= 1 + ((rng() & 1) ? 4 : -4) * 0x1p-24;
+                nearby.push_back(run_torch(g, moved, 1e-3, torch::kFloat64));
+            }
+        }
+        const double e = exact_value(tensor, i);
+        double d = 0;
+        for (const reference& r : nearby) {
+            const double v = tensor < 0 ? r.loss : r.grads[std::size_t(tensor)][i];
+            if (!std::isfinite(v)) return 0.0;  // no allowance at an overflow's edge
+            d = std::max(d, std::abs(v - e));
+        }
+        return d;
+    };
+    auto check = [&](const char* what, int tensor, const std::vector<double>& want, auto&& got_at, double floor = 0,
                      double noise = 0) {
         double scale = floor / rtol;
         for (double w : want)
@@ -491,12 +724,23 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
             const double got = double(got_at(i));
             // NaN-ness and infinities exactly; finite values relative to the largest finite one
             const bool interchangeable = ref.overflow_ambiguous && ((std::isnan(want[i]) && std::isinf(got)) ||
-                                                                    (std::isinf(want[i]) && std::isnan(got)));
-            const double err = interchangeable       ? 0.0
-                               : std::isnan(want[i]) ? (std::isnan(got) ? 0.0 : INFINITY)
-                               : std::isinf(want[i]) ? (got == want[i] ? 0.0 : INFINITY)
-                               : std::isfinite(got)  ? std::max(0.0, std::abs(got - want[i]) - subnormal_floor - noise) / (scale + 1e-300)
-                                                     : INFINITY;
+                                                                    (std::isinf(want[i]) && std::isnan(got)) ||
+                                                                    (std::isinf(want[i]) && std::isfinite(got)) ||
+                                                                    (std::isfinite(want[i]) && std::isinf(got)));
+            double err = interchangeable       ? 0.0
+                         : std::isnan(want[i]) ? (std::isnan(got) ? 0.0 : INFINITY)
+                         : std::isinf(want[i]) ? (got == want[i] ? 0.0 : INFINITY)
+                         : std::isfinite(got)  ? std::max(0.0, std::abs(got - want[i]) - subnormal_floor - noise) / (scale + 1e-300)
+                                               : INFINITY;
+            if (!(err <= rtol) && std::is_same_v<T, float> && std::isfinite(want[i]) && std::isfinite(got)) {
+                const double e = exact_value(tensor, i);
+                if (std::isfinite(e)) {
+                    err = std::min(err, std::max(0.0, std::abs(got - e) - subnormal_floor - noise) / (scale + 1e-300));
+                    const double f = float_value(tensor, i);
+                    if (std::isfinite(f) && std::abs(got - e) <= 2 * std::abs(f - e)) err = 0;  // as close as LibTorch's float run
+                    if (!(err <= rtol) && std::abs(got - e) <= 2 * spread(tensor, i)) err = 0;
+                }
+            }
             v.worst = std::max(v.worst, scale == 0 && got == 0 ? 0.0 : err);
             if (!(err <= rtol) && !(scale == 0 && got == 0)) {
                 if (v.ok) {
@@ -513,12 +757,12 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
     // its error is then set by their rounding, so the loss gets an absolute floor from them.
     // With special values (1e306 next to 1) a double loss may cancel the same way.
     const double floor = std::is_same_v<T, float> ? 16 * 0x1p-24 * ref.magnitude : special ? 16 * 0x1p-53 * ref.magnitude : 0;
-    check("loss", {ref.loss}, [&](std::size_t) { return loss; }, floor);
+    check("loss", -1, {ref.loss}, [&](std::size_t) { return loss; }, floor);
     std::size_t k = 0;
     for (std::size_t i = 0; i < g.leaves.size(); ++i) {
         if (!g.leaves[i].param) continue;
         const std::string what = std::string("grad ") + g.leaves[i].name;
-        check(what.c_str(), ref.grads[k], [&](std::size_t j) { return grads[k][j]; }, 0,
+        check(what.c_str(), int(k), ref.grads[k], [&](std::size_t j) { return grads[k][j]; }, 0,
               special && i < ref.grad_noise.size() ? ref.grad_noise[i] : 0.0);
         ++k;
     }
@@ -641,11 +885,6 @@ int main() {
     for (const auto& g : graphs) {
         run_graph<double>(g, per_graph, false, t);
         run_graph<float>(g, per_graph, false, t);
-        // Special values skip the norm/concat graphs drawn from 2200 on, until finding 20 is fixed
-        // (docs/reliability.md: expm1(-0) and log1p(-0) are +0 in xsimd 8.1, graph 2213) and their
-        // other special-value failures are analysed (8 of 489 cases when first run: norms of inf or
-        // 1e306 finite where LibTorch gives NaN, and a min reduction's split among -inf/NaN ties).
-        if (g.id >= 2200) continue;
         run_graph<double>(g, per_graph_special, true, t);
         run_graph<float>(g, per_graph_special, true, t);
     }
