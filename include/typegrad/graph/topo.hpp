@@ -125,12 +125,11 @@ template <std::size_t M, std::size_t NRoots>
 constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& roots) {
     const topo_table t = run_topo(roots);
     topo_arrays<M> r;
-    for (std::size_t i = 0; i < M; ++i) {
-        r.order[i] = t.order[i];
-        r.parent[i] = t.parent[i];
-        r.slot[i] = t.slot[i];
-        for (std::size_t k = 0; k < max_arity; ++k) r.child[i * max_arity + k] = t.child[i * max_arity + k];
-    }
+    // flat loops: clang charges a step per statement evaluated, and allows 2^20 per evaluation
+    for (std::size_t i = 0; i < M; ++i) r.order[i] = t.order[i];
+    for (std::size_t i = 0; i < M; ++i) r.parent[i] = t.parent[i];
+    for (std::size_t i = 0; i < M; ++i) r.slot[i] = t.slot[i];
+    for (std::size_t i = 0; i < M * max_arity; ++i) r.child[i] = t.child[i];
     for (std::size_t& b : r.table) b = no_parent;
     for (std::size_t i = 0; i < M; ++i) {
         std::size_t s = hash_slot(t.order[i]->hash, r.buckets - 1);
