@@ -490,56 +490,65 @@ struct loop_layout {
     static constexpr std::size_t count = PP::plan.loop_count;
     static constexpr loop_totals totals = totals_of(PP::plan.loops, count);
     using tables = loop_tables_data<count, totals.ops, totals.body, totals.desc>;
+    // Over raw pointers, as the planner (exec/program.hpp): clang charges every std::array
+    // subscript's statements against its 2^20 steps per constant evaluation.
     static constexpr tables make() {
-        constexpr auto& info = prog::info;
-        constexpr auto& plan = PP::plan;
+        const node_info* const info = prog::info.data();
+        const loop_plan* const loops = PP::plan.loops.data();
+        const std::size_t* const members = PP::plan.members.data();
+        const std::size_t* const stores = PP::stores.data();
+        const std::size_t* const rank_offset = PP::rank_offset.data();
         tables t;
+        std::size_t *const op_start = t.op_start.data(), *const n_ops_of = t.n_ops.data(),
+                           *const body_start = t.body_start.data(), *const n_body = t.n_body.data(),
+                           *const desc_start = t.desc_start.data(), *const desc_size = t.desc_size.data(),
+                           *const iter = t.iter.data(), *const op_node = t.op_node.data(), *const ids = t.ids.data(),
+                           *const body_id = t.body_id.data(), *const body_nslots = t.body_nslots.data(),
+                           *const body_slots = t.body_slots.data(), *const descs = t.desc.data();
+        // each node's slot in the current loop, valid where its stamp is the loop's number + 1
+        // (a search per operand was quadratic in a loop's size)
+        std::array<std::size_t, prog::size> slot_at_{}, stamp_{};
+        std::size_t *const slot_at = slot_at_.data(), *const stamp = stamp_.data();
         std::size_t op = 0, body = 0, desc = 0;
         for (std::size_t l = 0; l < count; ++l) {
-            const loop_plan& lp = plan.loops[l];
+            const loop_plan& lp = loops[l];
             const loop_counts c = counts_of(lp);
             const std::size_t n_ops = c.n_ops(), n_slots = c.n_in + c.n_body;
-            auto slot_id = [&](std::size_t s) {
-                return plan.members[s < c.n_in ? lp.in_begin + s : lp.body_begin + (s - c.n_in)];
-            };
-            auto slot_of = [&](std::size_t id) {
-                for (std::size_t s = 0; s < n_slots; ++s)
-                    if (slot_id(s) == id) return s;
-                return n_slots;  // unreachable for a valid plan
-            };
+            // slots: the inputs, then the body (contiguous in members when the body follows)
+            for (std::size_t s = 0; s < c.n_in; ++s) slot_at[members[lp.in_begin + s]] = s, stamp[members[lp.in_begin + s]] = l + 1;
+            for (std::size_t s = 0; s < c.n_body; ++s)
+                slot_at[members[lp.body_begin + s]] = c.n_in + s, stamp[members[lp.body_begin + s]] = l + 1;
+            auto slot_of = [&](std::size_t id) { return stamp[id] == l + 1 ? slot_at[id] : n_slots; };
+            // operands: inputs, reductions, materialisations, stores (their node and table id)
+            const std::size_t o_red = c.n_in, o_mat = o_red + c.n_red, o_store = o_mat + c.n_mat;
             auto operand_node = [&](std::size_t o) -> std::size_t {
-                if (o < c.n_in) return plan.members[lp.in_begin + o];
-                if (o < c.n_in + c.n_red) return plan.members[lp.red_begin + (o - c.n_in)];
-                if (o < c.n_in + c.n_red + c.n_mat) return plan.members[lp.mat_begin + (o - c.n_in - c.n_red)];
-                return PP::stores[plan.members[lp.store_begin + (o - c.n_in - c.n_red - c.n_mat)]];
+                if (o < o_red) return members[lp.in_begin + o];
+                if (o < o_mat) return members[lp.red_begin + (o - o_red)];
+                if (o < o_store) return members[lp.mat_begin + (o - o_mat)];
+                return stores[members[lp.store_begin + (o - o_store)]];
             };
-            t.op_start[l] = op;
-            t.n_ops[l] = n_ops;
-            t.body_start[l] = body;
-            t.n_body[l] = c.n_body;
-            t.desc_start[l] = desc;
-            t.desc_size[l] = c.desc_size();
-            t.iter[l] = lp.iter;
+            op_start[l] = op, n_ops_of[l] = n_ops, body_start[l] = body, n_body[l] = c.n_body;
+            desc_start[l] = desc, desc_size[l] = c.desc_size(), iter[l] = lp.iter;
             // operands: node ids for the types and the run-time table
             for (std::size_t o = 0; o < n_ops; ++o) {
-                t.op_node[op + o] = operand_node(o);
-                t.ids[2 * op + o] = o < c.n_in + c.n_red + c.n_mat
-                                        ? operand_node(o)
-                                        : plan.members[lp.store_begin + (o - c.n_in - c.n_red - c.n_mat)];
-                t.ids[2 * op + (n_ops + 1) + o] = PP::rank_offset[operand_node(o)];
+                const std::size_t node = operand_node(o);
+                op_node[op + o] = node;
+                ids[2 * op + o] = o < o_store ? node : members[lp.store_begin + (o - o_store)];
+                ids[2 * op + (n_ops + 1) + o] = rank_offset[node];
             }
-            t.ids[2 * op + (n_ops + 1) + n_ops] = PP::rank_offset[lp.iter];
+            ids[2 * op + (n_ops + 1) + n_ops] = rank_offset[lp.iter];
             // body nodes: their value children (shape-only children are not evaluated) as slots
             for (std::size_t b = 0; b < c.n_body; ++b) {
-                const std::size_t id = slot_id(c.n_in + b);
-                t.body_id[body + b] = id;
+                const std::size_t id = members[lp.body_begin + b];
+                const node_info& ni = info[id];
+                body_id[body + b] = id;
                 std::size_t n = 0;
-                for (std::size_t i = 0; i < info[id].arity; ++i)
-                    if (!info[id].shape_only[i]) t.body_slots[(body + b) * max_arity + n++] = slot_of(info[id].child[i]);
-                t.body_nslots[body + b] = n;
+                for (std::size_t i = 0; i < ni.arity; ++i)
+                    if (!ni.shape_only[i]) body_slots[(body + b) * max_arity + n++] = slot_of(ni.child[i]);
+                body_nslots[body + b] = n;
             }
             // the descriptor (loop_desc's layout)
-            std::size_t* r = t.desc.data() + desc;
+            std::size_t* r = descs + desc;
             const node_info& f = info[lp.iter];
             r[loop_desc::iter_rank] = f.rank;
             r[loop_desc::n_in] = c.n_in;
@@ -561,21 +570,21 @@ struct loop_layout {
                 r[k++] = ni.kind == op_kind::constant ? ni.constant_bits : 0;
             }
             for (std::size_t i = 0; i < c.n_red; ++i) {
-                const std::size_t node = plan.members[lp.red_begin + i];
+                const std::size_t node = members[lp.red_begin + i];
                 r[k++] = static_cast<std::size_t>(info[node].combine);
                 r[k++] = slot_of(info[node].child[0]);
             }
-            for (std::size_t i = 0; i < c.n_mat; ++i) r[k++] = slot_of(plan.members[lp.mat_begin + i]);
+            for (std::size_t i = 0; i < c.n_mat; ++i) r[k++] = slot_of(members[lp.mat_begin + i]);
             for (std::size_t i = 0; i < c.n_store; ++i) {
-                const std::size_t store_index = plan.members[lp.store_begin + i];
-                r[k++] = slot_of(PP::stores[store_index]);
+                const std::size_t store_index = members[lp.store_begin + i];
+                r[k++] = slot_of(stores[store_index]);
                 r[k++] = AccumulateMask::test(store_index) ? 1 : 0;
             }
             op += n_ops + 1;
             body += c.n_body;
             desc += c.desc_size();
         }
-        t.op_start[count] = op;
+        op_start[count] = op;
         return t;
     }
     static constexpr tables table = make();
