@@ -81,13 +81,26 @@ inline void note_nonfinite(const V& v, std::size_t node) {
     if (bad && anomaly_node() == no_anomaly) anomaly_node() = node;
 }
 
+// Body node: its op, storage dtype, node id (anomaly mode only, for the report) and value slots.
+template <class Op, class D, std::size_t Id, class Slots>
+struct loop_instr {};
+
 // One fused-loop node: v[Out] = Op(v[Cs]...), rounded to the node's storage dtype when that is
-// bf16/f16. A free function whose name holds only the op and the slot numbers.
-template <class Op, class D, bool Check, std::size_t Out, std::size_t Id, class Values, std::size_t... Cs>
-inline void eval_node(Values& v, std::index_sequence<Cs...>) {
+// bf16/f16. This and the other per-operand steps below are free functions whose names hold only
+// what they depend on (op, dtypes, slot numbers), never the loop's signature: g++ mangles every
+// function it instantiates, and as members of loop_kernel these were thousands of names of 1-7 KB
+// each (a 4-block model: 4,000 names, 4.3 MB, most of its callgraph time).
+template <std::size_t Out, bool Check, class Values, class Op, class D, std::size_t Id, std::size_t... Cs>
+[[gnu::always_inline]] inline void eval_instr(Values& v, loop_instr<Op, D, Id, std::index_sequence<Cs...>>) {
     if constexpr (is_reduced_precision_v<D>) v[Out] = simd::round_as<D>(Op::apply(v[Cs]...));
     else v[Out] = Op::apply(v[Cs]...);
     if constexpr (Check) note_nonfinite(v[Out], Id);
+}
+// A bf16/f16 value held in a float buffer (a reduction) is rounded when read.
+template <class Val, class Buf, class V>
+[[gnu::always_inline]] inline V loop_loaded(const V& x) {
+    if constexpr (is_reduced_precision_v<Val> && !std::is_same_v<Val, Buf>) return simd::round_as<Val>(x);
+    else return x;
 }
 
 // ---- a loop's signature ---------------------------------------------------------------------
@@ -99,9 +112,6 @@ inline void eval_node(Values& v, std::index_sequence<Cs...>) {
 // and equal loops of different blocks or graphs now share one function. The node ids it reads
 // and writes come at run time (loop_args).
 
-// Body node: its op, storage dtype, node id (anomaly mode only, for the report) and value slots.
-template <class Op, class D, std::size_t Id, class Slots>
-struct loop_instr {};
 
 // Where a loop's operands live at run time.
 struct loop_args {
@@ -158,18 +168,6 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     using buf_t = type_at_t<O, type_list<Bufs...>>;
     template <std::size_t O>
     using val_t = type_at_t<O, type_list<Vals...>>;
-    // A bf16/f16 value held in a float buffer (a reduction) is rounded when read.
-    template <std::size_t O>
-    static constexpr bool round_on_load = is_reduced_precision_v<val_t<O>> && !std::is_same_v<val_t<O>, buf_t<O>>;
-    template <std::size_t O, class V>
-    static V loaded(const V& x) {
-        if constexpr (round_on_load<O>) return simd::round_as<val_t<O>>(x);
-        else return x;
-    }
-    template <std::size_t O>
-    static const buf_t<O>* in_data(const void* p) { return static_cast<const buf_t<O>*>(p); }
-    template <std::size_t O>
-    static buf_t<O>* out_data(void* p) { return static_cast<buf_t<O>*>(p); }
 
     // Coalesced axis groups: group g covers iteration axes [first[g], last[g]].
     struct groups_t {
@@ -206,17 +204,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     template <class Values>
     static void eval_body(Values& v) {
         [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
-            [[maybe_unused]] const int in_order[] = {0, (eval_one<n_in + Bs>(v, type_at_t<Bs, type_list<Body...>>{}), 0)...};
+            [[maybe_unused]] const int in_order[] = {0, (eval_instr<n_in + Bs, Check>(v, Body{}), 0)...};
         }(std::make_index_sequence<n_body>{});
-    }
-    template <std::size_t Out, class Values, class Op, class D, std::size_t Id, class Slots>
-    [[gnu::always_inline]] static void eval_one(Values& v, loop_instr<Op, D, Id, Slots>) {
-        eval_node<Op, D, Check, Out, Id>(v, Slots{});
-    }
-
-    template <std::size_t O>
-    static T const_value() {
-        return static_cast<T>(std::bit_cast<double>(d[op_base + 4 * O + 3]));
     }
 
     [[gnu::noinline]] static void run(const loop_args& a) {  // see run_kernel (execute.hpp)
@@ -334,10 +323,11 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     template <std::size_t I, class VB, class VS, class InPtr, class Off>
     static void load_row_constant(VB& v, VS& s, const InPtr& in_ptr, const Off& off) {
         if constexpr (is_constant_input<I>()) {
-            v[I] = batch_t(const_value<I>());
-            s[I] = const_value<I>();
+            constexpr T c = static_cast<T>(std::bit_cast<double>(d[op_base + 4 * I + 3]));
+            v[I] = batch_t(c);
+            s[I] = c;
         } else if constexpr (inner_broadcast(I)) {
-            const T x = loaded<I>(simd::scalar_as<T>(in_data<I>(in_ptr[I])[off[I]]));
+            const T x = loop_loaded<val_t<I>, buf_t<I>>(simd::scalar_as<T>(static_cast<const buf_t<I>*>(in_ptr[I])[off[I]]));
             v[I] = batch_t(x);
             s[I] = x;
         }
@@ -348,16 +338,16 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         using S = buf_t<I>;
         if constexpr (is_view_input(I) && !inner_broadcast(I)) {
             const std::ptrdiff_t st = inner_stride[I];
-            const S* p = in_data<I>(in_ptr[I]) + off[I];
+            const S* p = static_cast<const buf_t<I>*>(in_ptr[I]) + off[I];
             if (st == 1) {
-                v[I] = loaded<I>(simd::load_as<T>(p + j));
+                v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(p + j));
             } else {
                 alignas(64) S lanes[W];
                 for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(j + l) * st];
-                v[I] = loaded<I>(simd::load_as<T>(lanes));
+                v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(lanes));
             }
         } else if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
-            v[I] = loaded<I>(simd::load_as<T>(in_data<I>(in_ptr[I]) + off[I] + j));
+            v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(static_cast<const buf_t<I>*>(in_ptr[I]) + off[I] + j));
         }
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], a.node[I]);
     }
@@ -365,7 +355,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     static void load_scalar([[maybe_unused]] const loop_args& a, VS& s, const InPtr& in_ptr, const Off& off,
                             std::size_t j, const InnerStride& inner_stride) {
         if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
-            s[I] = loaded<I>(simd::scalar_as<T>(in_data<I>(in_ptr[I])[off[I] + std::ptrdiff_t(j) * inner_stride[I]]));
+            s[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::scalar_as<T>(static_cast<const buf_t<I>*>(in_ptr[I])[off[I] + std::ptrdiff_t(j) * inner_stride[I]]));
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], a.node[I]);
     }
 
@@ -385,7 +375,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     static void mat_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
         constexpr std::size_t src = d[mat_base + M_];
         using S = buf_t<n_in + n_red + M_>;
-        S* p = out_data<n_in + n_red + M_>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j;
+        S* p = static_cast<buf_t<n_in + n_red + M_>*>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j;
         if constexpr (simd::is_batch_v<V>) simd::store_as(p, v[src]);
         else *p = static_cast<S>(v[src]);
     }
@@ -397,7 +387,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
             acc[R_] = reduce_combine<K>(acc[R_], v[src]);
         } else {
             static_assert(std::is_same_v<buf_t<n_in + R_>, T>, "typegrad: internal: a reduction buffer is not in the loop's type");
-            T* p = out_data<n_in + R_>(out_ptr[R_]) + off[n_in + R_] + j;
+            T* p = static_cast<buf_t<n_in + R_>*>(out_ptr[R_]) + off[n_in + R_] + j;
             if constexpr (simd::is_batch_v<V>) simd::store(p, reduce_combine<K>(simd::load(p), v[src]));
             else *p = reduce_combine<K>(*p, v[src]);
         }
@@ -406,7 +396,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     static void close_reduction(const Acc& acc, const AccS& acc_s, const OutPtr& out_ptr, const Off& off) {
         if constexpr (inner_broadcast(n_in + R_)) {
             constexpr reduce_kind K = red_kind<R_>();
-            T* p = out_data<n_in + R_>(out_ptr[R_]) + off[n_in + R_];
+            T* p = static_cast<buf_t<n_in + R_>*>(out_ptr[R_]) + off[n_in + R_];
             *p = reduce_combine<K>(*p, reduce_combine<K>(reduce_lanes<K>(acc[R_]), acc_s[R_]));
         }
     }
@@ -416,7 +406,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         constexpr bool accumulate = d[store_base + 2 * S_ + 1] != 0;
         constexpr std::size_t o = n_in + n_red + n_mat + S_;
         using S = buf_t<o>;
-        S* p = out_data<o>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
+        S* p = static_cast<buf_t<o>*>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
         if constexpr (simd::is_batch_v<V>) {
             if constexpr (accumulate) simd::store_as(p, simd::load_as<T>(p) + v[src]);
             else simd::store_as(p, v[src]);
