@@ -205,7 +205,7 @@ using sym_extent = long long;
 
 template <std::size_t M>
 struct symbolic_shapes {
-    sym_extent dims[M][max_rank]{};  // built-in arrays: see node_info
+    sym_extent dims[M ? M : 1][max_rank]{};  // built-in arrays (see node_info); an empty plan has M = 0
 };
 
 constexpr std::size_t uf_find(std::size_t* parent, std::size_t a) {
