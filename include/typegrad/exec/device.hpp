@@ -5,13 +5,16 @@
 // (typegrad/cuda.hpp) defines. Nothing here depends on CUDA.
 #include <type_traits>
 
+#include <typegrad/graph/type_list.hpp>
+
 namespace typegrad::detail {
 
 template <class T>
 concept device_argument = requires { std::remove_cvref_t<T>::typegrad_device_argument; };
 
+// not a fold: clang refuses one over more than 256 operands (a 12-block model's call binds 289)
 template <class... Ts>
-inline constexpr bool any_device_argument = (device_argument<Ts> || ...);
+inline constexpr bool any_device_argument = any_true({device_argument<Ts>...});
 
 // Defined by a device backend (typegrad/cuda.hpp defines it; device arguments exist only there).
 template <class Step>

@@ -409,17 +409,27 @@ constexpr std::size_t schedule_size() {
         if (PP::plan.computed[i] && PP::program::info[i].kind == op_kind::kernel) ++n;
     return n;
 }
+// One counting sort by (stage, kernel before loop), ids ascending within each: a scan of every
+// node and loop per stage was quadratic, and crossed clang's limit of 2^20 steps per constant
+// evaluation at 6 GPT blocks.
 template <class PP>
 constexpr auto schedule() {
+    constexpr auto& plan = PP::plan;
+    constexpr std::size_t keys = 2 * (plan.max_stage + 1);  // kernels of stage s: 2s, loops: 2s + 1
+    auto is_kernel = [](std::size_t i) {
+        return plan.computed[i] && PP::program::info[i].kind == op_kind::kernel && plan.stage[i] <= plan.max_stage;
+    };
+    std::array<std::size_t, keys + 1> start{};
+    for (std::size_t i = 0; i < PP::M; ++i)
+        if (is_kernel(i)) ++start[2 * plan.stage[i] + 1];
+    for (std::size_t l = 0; l < plan.loop_count; ++l)
+        if (plan.loops[l].stage <= plan.max_stage) ++start[2 * plan.loops[l].stage + 2];
+    for (std::size_t k = 0; k < keys; ++k) start[k + 1] += start[k];
     std::array<step_item, schedule_size<PP>() + 1> r{};
-    std::size_t k = 0;
-    for (std::size_t s = 0; s <= PP::plan.max_stage; ++s) {
-        for (std::size_t i = 0; i < PP::M; ++i)
-            if (PP::plan.computed[i] && PP::program::info[i].kind == op_kind::kernel && PP::plan.stage[i] == s)
-                r[k++] = {false, i};
-        for (std::size_t l = 0; l < PP::plan.loop_count; ++l)
-            if (PP::plan.loops[l].stage == s) r[k++] = {true, l};
-    }
+    for (std::size_t i = 0; i < PP::M; ++i)
+        if (is_kernel(i)) r[start[2 * plan.stage[i]]++] = {false, i};
+    for (std::size_t l = 0; l < plan.loop_count; ++l)
+        if (plan.loops[l].stage <= plan.max_stage) r[start[2 * plan.loops[l].stage + 1]++] = {true, l};
     return r;
 }
 

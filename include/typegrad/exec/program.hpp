@@ -45,10 +45,13 @@ constexpr dtype_code dtype_code_of() {
 struct node_info {
     op_kind kind = op_kind::leaf;
     std::size_t arity = 0;
-    std::array<std::size_t, max_arity> child{};
-    std::array<bool, max_arity> shape_only{};
+    // Built-in arrays, not std::array: the planner's constant evaluations index them in every
+    // step, and a call to std::array::operator[] costs clang about five of the 2^20 steps it
+    // allows per evaluation (a built-in subscript costs none).
+    std::size_t child[max_arity]{};
+    bool shape_only[max_arity]{};
     std::size_t rank = 0;
-    std::array<std::size_t, max_rank> ext{};  // static extents, `dyn` where dynamic
+    std::size_t ext[max_rank]{};  // static extents, `dyn` where dynamic
     reduce_kind combine = reduce_kind::sum;
     bool is_param = false;
     std::size_t elem_size = 0;  // bytes per element as stored
@@ -63,16 +66,14 @@ struct node_info {
 // instantiated for a node type is named (mangled) with the node's whole subtree spelled out, at a
 // cost that grows with the subtree, and g++ names every function it instantiates.
 template <class Shape>
-constexpr std::array<std::size_t, max_rank> shape_extents_of() {
-    std::array<std::size_t, max_rank> e{};
-    for (std::size_t i = 0; i < Shape::rank; ++i) e[i] = Shape::extents[i];
-    return e;
+constexpr node_info with_extents(node_info r) {
+    for (std::size_t i = 0; i < Shape::rank; ++i) r.ext[i] = Shape::extents[i];
+    return r;
 }
 template <class Op, std::size_t Arity>
-constexpr std::array<bool, max_arity> shape_only_flags() {
-    std::array<bool, max_arity> f{};
-    for (std::size_t i = 0; i < Arity; ++i) f[i] = Op::shape_only(i);
-    return f;
+constexpr node_info with_shape_only(node_info r) {
+    for (std::size_t i = 0; i < Arity; ++i) r.shape_only[i] = Op::shape_only(i);
+    return r;
 }
 template <class Op>
 constexpr reduce_kind combine_of() {
@@ -102,14 +103,13 @@ struct node_row;
 template <class Name, class T, class S, leaf_role R>
 struct node_row<leaf<Name, T, S, R>> {
     using N = leaf<Name, T, S, R>;
-    static constexpr node_info value{.kind = op_kind::leaf,
-                                     .rank = S::rank,
-                                     .ext = shape_extents_of<S>(),
-                                     .is_param = R == leaf_role::param,
-                                     .elem_size = sizeof(buffer_t<N>),
-                                     .buffer = dtype_code_of<buffer_t<N>>(),
-                                     .value = dtype_code_of<storage_t<T>>(),
-                                     .name = N::name()};
+    static constexpr node_info value = with_extents<S>({.kind = op_kind::leaf,
+                                                        .rank = S::rank,
+                                                        .is_param = R == leaf_role::param,
+                                                        .elem_size = sizeof(buffer_t<N>),
+                                                        .buffer = dtype_code_of<buffer_t<N>>(),
+                                                        .value = dtype_code_of<storage_t<T>>(),
+                                                        .name = N::name()});
 };
 template <std::uint64_t V>
 struct node_row<constant<V>> {
@@ -125,17 +125,16 @@ struct node_row<constant<V>> {
 template <class Op, std::size_t Arity, class Shape, class Value, class Buffer>
 struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
     static_assert(Arity <= max_arity, "typegrad: internal: an op has more operands than max_arity");
-    static constexpr node_info value{.kind = Op::kind,
-                                     .arity = Arity,
-                                     .shape_only = shape_only_flags<Op, Arity>(),
-                                     .rank = Shape::rank,
-                                     .ext = shape_extents_of<Shape>(),
-                                     .combine = combine_of<Op>(),
-                                     .elem_size = sizeof(Buffer),
-                                     .buffer = dtype_code_of<Buffer>(),
-                                     .value = dtype_code_of<storage_t<Value>>(),
-                                     .extra_bytes = extra_bytes_of<Op>(),
-                                     .name = Op::name};
+    static constexpr node_info value =
+        with_shape_only<Op, Arity>(with_extents<Shape>({.kind = Op::kind,
+                                                        .arity = Arity,
+                                                        .rank = Shape::rank,
+                                                        .combine = combine_of<Op>(),
+                                                        .elem_size = sizeof(Buffer),
+                                                        .buffer = dtype_code_of<Buffer>(),
+                                                        .value = dtype_code_of<storage_t<Value>>(),
+                                                        .extra_bytes = extra_bytes_of<Op>(),
+                                                        .name = Op::name}));
 };
 
 // The flat program of a graph (a topo<Roots...>): its nodes in topological order and one
@@ -144,8 +143,10 @@ struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
 template <class Topo, class... Ns>
 constexpr std::array<node_info, sizeof...(Ns)> make_info(type_list<Ns...>) {
     std::array<node_info, sizeof...(Ns)> r{node_row<typename row_key<Ns>::type>::value...};
+    node_info* const p = r.data();
+    const std::size_t* const child = Topo::table.child.data();
     for (std::size_t i = 0; i < sizeof...(Ns); ++i)
-        for (std::size_t k = 0; k < r[i].arity; ++k) r[i].child[k] = Topo::table.child[i * max_arity + k];
+        for (std::size_t k = 0; k < p[i].arity; ++k) p[i].child[k] = child[i * max_arity + k];
     return r;
 }
 // Not a partial specialisation over the node pack: the member templates of one carry the whole
@@ -204,27 +205,30 @@ using sym_extent = long long;
 
 template <std::size_t M>
 struct symbolic_shapes {
-    std::array<std::array<sym_extent, max_rank>, M> dims{};
+    sym_extent dims[M ? M : 1][max_rank]{};  // built-in arrays (see node_info); an empty plan has M = 0
 };
 
-template <std::size_t M>
-constexpr std::size_t uf_find(std::array<std::size_t, M * max_rank>& parent, std::size_t a) {
+constexpr std::size_t uf_find(std::size_t* parent, std::size_t a) {
     while (parent[a] != a) a = parent[a] = parent[parent[a]];
     return a;
 }
 
+// The constant evaluations below index built-in arrays and raw pointers, not std::array or cvec:
+// clang allows 2^20 steps per evaluation and charges the statements of every function called,
+// about five for a std::array subscript, so a 12-block model's planner went past the limit.
 template <std::size_t M>
-constexpr symbolic_shapes<M> symbolic(const std::array<node_info, M>& info) {
+constexpr symbolic_shapes<M> symbolic(const std::array<node_info, M>& info_) {
     // Every (node, axis) starts as its own class; elementwise ops, expand and reductions unite
     // the dynamic axes that the run-time checks force to be equal.
-    std::array<std::size_t, M * max_rank> parent{};
-    for (std::size_t i = 0; i < parent.size(); ++i) parent[i] = i;
+    const node_info* const info = info_.data();
+    std::array<std::size_t, M * max_rank> parent_{};
+    std::size_t* const parent = parent_.data();
+    for (std::size_t i = 0; i < M * max_rank; ++i) parent[i] = i;
     auto unite = [&](std::size_t a, std::size_t b) {
-        a = uf_find<M>(parent, a);
-        b = uf_find<M>(parent, b);
+        a = uf_find(parent, a);
+        b = uf_find(parent, b);
         if (a != b) parent[a < b ? b : a] = a < b ? a : b;
     };
-    auto key = [](std::size_t n, std::size_t axis) { return n * max_rank + axis; };
     for (std::size_t n = 0; n < M; ++n) {
         const node_info& ni = info[n];
         if (ni.kind != op_kind::elementwise && ni.kind != op_kind::reduce) continue;
@@ -236,12 +240,13 @@ constexpr symbolic_shapes<M> symbolic(const std::array<node_info, M>& info) {
                 // target axes that are kept line up with the input's trailing axes
                 const std::size_t lead = ci.rank - ni.rank;
                 for (std::size_t a = 0; a < ni.rank; ++a)
-                    if (ni.ext[a] == dyn) unite(key(n, a), key(ni.child[c], a + lead));
+                    if (ni.ext[a] == dyn) unite(n * max_rank + a, ni.child[c] * max_rank + a + lead);
                 continue;
             }
             const std::size_t lead = ni.rank - ci.rank;
             for (std::size_t a = 0; a < ci.rank; ++a)
-                if (ci.ext[a] == dyn && ni.ext[a + lead] == dyn) unite(key(n, a + lead), key(ni.child[c], a));
+                if (ci.ext[a] == dyn && ni.ext[a + lead] == dyn)
+                    unite(n * max_rank + a + lead, ni.child[c] * max_rank + a);
         }
     }
     symbolic_shapes<M> s;
@@ -249,13 +254,13 @@ constexpr symbolic_shapes<M> symbolic(const std::array<node_info, M>& info) {
         for (std::size_t a = 0; a < info[n].rank; ++a)
             s.dims[n][a] = info[n].ext[a] != dyn
                                ? static_cast<sym_extent>(info[n].ext[a])
-                               : -1 - static_cast<sym_extent>(uf_find<M>(parent, key(n, a)));
+                               : -1 - static_cast<sym_extent>(uf_find(parent, n * max_rank + a));
     return s;
 }
 
 template <std::size_t M>
-constexpr bool same_iteration_space(const std::array<node_info, M>& info,
-                                    const symbolic_shapes<M>& s, std::size_t a, std::size_t b) {
+constexpr bool same_iteration_space(const node_info* info, const symbolic_shapes<M>& s, std::size_t a,
+                                    std::size_t b) {
     if (info[a].rank != info[b].rank) return false;
     for (std::size_t i = 0; i < info[a].rank; ++i)
         if (s.dims[a][i] != s.dims[b][i]) return false;
@@ -281,10 +286,19 @@ struct planner_output {
 // before the loops of stage s; a loop of stage s makes its reductions and materialisations
 // ready at s + 1.
 template <std::size_t M, class Request>
-constexpr auto run_planner(const std::array<node_info, M>& info, const symbolic_shapes<M>& sym,
-                           const Request& req, std::array<bool, M>& needed, std::array<bool, M>& materialized,
-                           std::array<bool, M>& computed, std::array<std::size_t, M>& stage) {
-    std::array<bool, M> given{};
+constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic_shapes<M>& sym,
+                           const Request& req, std::array<bool, M>& needed_, std::array<bool, M>& materialized_,
+                           std::array<bool, M>& computed_, std::array<std::size_t, M>& stage_) {
+    const node_info* const info = info_.data();
+    bool* const needed = needed_.data();
+    bool* const materialized = materialized_.data();
+    bool* const computed = computed_.data();
+    std::size_t* const stage = stage_.data();
+    std::array<bool, M> given_{}, store_in_scratch_{};
+    std::array<std::size_t, M> loop_stage_{};
+    bool* const given = given_.data();
+    bool* const store_in_scratch = store_in_scratch_.data();
+    std::size_t* const loop_stage = loop_stage_.data();
     for (std::size_t g : req.given) given[g] = true;
 
     // Which nodes are evaluated: one reverse sweep over the id order (children come first).
@@ -294,22 +308,16 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const symbolic_
         if (!needed[n] || given[n]) continue;
         const node_info& ni = info[n];
         if (ni.kind == op_kind::meta) continue;  // reads shapes only
-        for (std::size_t c = 0; c < ni.arity; ++c)
-            if (!ni.shape_only[c]) needed[ni.child[c]] = true;
+        for (std::size_t c = 0; c < ni.arity; ++c) needed[ni.child[c]] |= !ni.shape_only[c];
     }
     // Views and kernels read buffers: their elementwise inputs are materialised.
-    std::array<bool, M> store_in_scratch{};
     for (std::size_t n = 0; n < M; ++n) {
-        if (!needed[n] || given[n]) continue;
-        const op_kind k = info[n].kind;
-        if (k != op_kind::view && k != op_kind::kernel) continue;
-        for (std::size_t c = 0; c < info[n].arity; ++c) {
-            const std::size_t ch = info[n].child[c];
-            if (!info[n].shape_only[c] && !given[ch] && info[ch].kind == op_kind::elementwise)
-                store_in_scratch[ch] = true;
-        }
+        const node_info& ni = info[n];
+        if (!needed[n] || given[n] || (ni.kind != op_kind::view && ni.kind != op_kind::kernel)) continue;
+        for (std::size_t c = 0; c < ni.arity; ++c)
+            store_in_scratch[ni.child[c]] |=
+                !ni.shape_only[c] && !given[ni.child[c]] && info[ni.child[c]].kind == op_kind::elementwise;
     }
-    std::array<std::size_t, M> loop_stage{};
     for (std::size_t n = 0; n < M; ++n) {
         if (!needed[n]) continue;
         const node_info& ni = info[n];
@@ -319,7 +327,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const symbolic_
                                     store_in_scratch[n]);
         std::size_t s = 0;
         for (std::size_t c = 0; c < ni.arity; ++c)
-            if (!ni.shape_only[c] && stage[ni.child[c]] > s) s = stage[ni.child[c]];
+            s = !ni.shape_only[c] && stage[ni.child[c]] > s ? stage[ni.child[c]] : s;
         if (given[n] || k == op_kind::leaf || k == op_kind::constant || k == op_kind::meta) {
             stage[n] = 0;
         } else if (k == op_kind::reduce || store_in_scratch[n]) {
@@ -337,143 +345,172 @@ constexpr auto run_planner(const std::array<node_info, M>& info, const symbolic_
         int what;  // 0 reduction, 1 materialisation into scratch, 2 store to an output
         std::size_t store_index;
     };
-    cvec<root> roots;
+    cvec<root> roots_;
     for (std::size_t n = 0; n < M; ++n) {
         if (!needed[n] || given[n]) continue;
-        if (info[n].kind == op_kind::reduce) roots.push_back({info[n].child[0], loop_stage[n], n, 0, 0});
-        else if (store_in_scratch[n]) roots.push_back({n, loop_stage[n], n, 1, 0});
+        if (info[n].kind == op_kind::reduce) roots_.push_back({info[n].child[0], loop_stage[n], n, 0, 0});
+        else if (store_in_scratch[n]) roots_.push_back({n, loop_stage[n], n, 1, 0});
     }
     for (std::size_t i = 0; i < req.stores.size(); ++i)
-        roots.push_back({req.stores[i], loop_stage[req.stores[i]], req.stores[i], 2, i});
+        roots_.push_back({req.stores[i], loop_stage[req.stores[i]], req.stores[i], 2, i});
+    const root* const roots = roots_.data();
 
     // Everything below is linear in the graph plus the plan's size (a model's joint graph has
     // thousands of nodes, and g++ stops a constant evaluation after 2^25 operations): roots are
     // bucketed by stage, grouped by an iteration-space class id, and each loop's closure is a
     // search that marks nodes with the loop's number instead of clearing an M-sized array.
-    const std::size_t R = roots.size();
-    cvec<std::size_t> space(R, 0);  // iteration-space class of each root
+    const std::size_t R = roots_.size();
+    cvec<std::size_t> space_(R, 0);  // iteration-space class of each root
+    std::size_t* const space = space_.data();
     {
-        cvec<std::size_t> rep;      // a representative iter node per class
+        cvec<std::size_t> rep(R, 0);  // a representative iter node per class
+        std::size_t classes = 0;
         const std::size_t mask = std::bit_ceil(2 * R + 2) - 1;
-        cvec<std::size_t> bucket(mask + 1, no_parent);
+        cvec<std::size_t> bucket_(mask + 1, no_parent);
+        std::size_t* const bucket = bucket_.data();
         for (std::size_t i = 0; i < R; ++i) {
             const std::size_t it = roots[i].iter;
             std::uint64_t h = info[it].rank;
             for (std::size_t a = 0; a < info[it].rank; ++a)
                 h = hash_mix(h, static_cast<std::uint64_t>(sym.dims[it][a]));
             std::size_t b = hash_slot(h, mask);
-            while (bucket[b] != no_parent && !same_iteration_space<M>(info, sym, rep[bucket[b]], it))
+            while (bucket[b] != no_parent && !same_iteration_space<M>(info, sym, rep.data()[bucket[b]], it))
                 b = (b + 1) & mask;
             if (bucket[b] == no_parent) {
-                bucket[b] = rep.size();
-                rep.push_back(it);
+                bucket[b] = classes;
+                rep.data()[classes++] = it;
             }
             space[i] = bucket[b];
         }
     }
     std::size_t max_stage = 0;
-    for (const root& r : roots) max_stage = r.stage > max_stage ? r.stage : max_stage;
-    cvec<std::size_t> by_stage(max_stage + 2, 0);  // counting sort, stable
-    for (const root& r : roots) ++by_stage[r.stage + 1];
+    for (std::size_t i = 0; i < R; ++i) max_stage = roots[i].stage > max_stage ? roots[i].stage : max_stage;
+    cvec<std::size_t> by_stage_(max_stage + 2, 0), fill_(max_stage + 2, 0), order_(R, 0);  // counting sort, stable
+    std::size_t *const by_stage = by_stage_.data(), *const fill = fill_.data(), *const order = order_.data();
+    for (std::size_t i = 0; i < R; ++i) ++by_stage[roots[i].stage + 1];
     for (std::size_t st = 0; st <= max_stage; ++st) by_stage[st + 1] += by_stage[st];
-    cvec<std::size_t> order(R, 0);
-    {
-        cvec<std::size_t> fill = by_stage;
-        for (std::size_t i = 0; i < R; ++i) order[fill[roots[i].stage]++] = i;
-    }
+    for (std::size_t st = 0; st <= max_stage + 1; ++st) fill[st] = by_stage[st];
+    for (std::size_t i = 0; i < R; ++i) order[fill[roots[i].stage]++] = i;
 
     // Each loop's roots and the nodes of its closure, unordered (a node: id * 2 + 1 if the loop
-    // reads it as an input, id * 2 if it computes it).
-    cvec<loop_plan> loops;
-    cvec<std::size_t> root_begin(1, 0), root_list, entry_begin(1, 0), entry;
-    cvec<std::size_t> loop_of_space(R, 0), space_seen(R, 0);  // seen: stage + 1
-    cvec<std::size_t> in_loop(M, 0), own(M, 0);                // marks: loop number + 1
-    cvec<std::size_t> work;
+    // reads it as an input, id * 2 if it computes it). Loops, roots and entries go into arrays
+    // grown ahead of use (a loop has at least one root; its entries are at most M).
+    cvec<loop_plan> loops_(R + 1, loop_plan{});
+    cvec<std::size_t> root_begin_(R + 2, 0), root_list_(R, 0), entry_begin_(R + 2, 0), entry_;
+    cvec<std::size_t> loop_of_space_(R, 0), space_seen_(R, 0), loop_first_(R + 1, 0), loop_next_(R, 0);
+    cvec<std::size_t> in_loop_(M, 0), own_(M, 0), work_(M, 0);  // marks: loop number + 1
+    loop_plan* const loops = loops_.data();
+    std::size_t *const root_begin = root_begin_.data(), *const root_list = root_list_.data(),
+                       *const entry_begin = entry_begin_.data(), *const loop_of_space = loop_of_space_.data(),
+                       *const space_seen = space_seen_.data(), *const loop_first = loop_first_.data(),
+                       *const loop_next = loop_next_.data(), *const in_loop = in_loop_.data(),
+                       *const own = own_.data(), *const work = work_.data();
+    std::size_t n_loops = 0, n_entries = 0, n_roots = 0;
+    entry_.resize(M);
+    std::size_t* entry = entry_.data();
     for (std::size_t st = 0; st <= max_stage; ++st) {
         // this stage's loops, in the order of their first root; each loop's roots in root order
-        cvec<cvec<std::size_t>> loop_roots;
+        // (a list per loop through loop_next, kept in order by its tail in loop_first's slot)
+        const std::size_t first_loop = n_loops;
+        cvec<std::size_t> tail_(0);
         for (std::size_t k = by_stage[st]; k < by_stage[st + 1]; ++k) {
             const std::size_t i = order[k];
             if (space_seen[space[i]] != st + 1) {
                 space_seen[space[i]] = st + 1;
-                loop_of_space[space[i]] = loop_roots.size();
-                loop_roots.push_back(cvec<std::size_t>{});
+                loop_of_space[space[i]] = n_loops;
+                loop_first[n_loops++] = i;
+                tail_.push_back(i);
+            } else {
+                std::size_t& tail = tail_.data()[loop_of_space[space[i]] - first_loop];
+                loop_next[tail] = i;
+                tail = i;
             }
-            loop_roots[loop_of_space[space[i]]].push_back(i);
+            loop_next[i] = no_parent;
         }
-        for (const cvec<std::size_t>& lr : loop_roots) {
-            const std::size_t mark = loops.size() + 1;
+        for (std::size_t l = first_loop; l < n_loops; ++l) {
+            const std::size_t mark = l + 1;
             loop_plan lp;
-            lp.iter = roots[lr.front()].iter;
+            lp.iter = roots[loop_first[l]].iter;
             lp.stage = st;
-            for (std::size_t i : lr) {
-                root_list.push_back(i);
+            for (std::size_t i = loop_first[l]; i != no_parent; i = loop_next[i]) {
+                root_list[n_roots++] = i;
                 if (roots[i].what == 1) own[roots[i].node] = mark;
             }
-            const std::size_t first = entry.size();
-            for (std::size_t i : lr) {
+            // at most M entries more
+            if (entry_.size() < n_entries + M) {
+                entry_.resize(n_entries + n_entries / 2 + M);
+                entry = entry_.data();
+            }
+            const std::size_t first = n_entries;
+            std::size_t top = 0;
+            for (std::size_t i = loop_first[l]; i != no_parent; i = loop_next[i]) {
                 const std::size_t it = roots[i].iter;
                 if (in_loop[it] == mark) continue;
                 in_loop[it] = mark;
-                entry.push_back(it);
-                work.push_back(it);
+                entry[n_entries++] = it;
+                work[top++] = it;
             }
             // Close over value edges down to materialised nodes (a materialisation root is
             // computed in this loop, so it is not an input of it).
-            while (!work.empty()) {
-                const std::size_t n = work.back();
-                work.pop_back();
-                if (materialized[n] && own[n] != mark) continue;
-                for (std::size_t c = 0; c < info[n].arity; ++c) {
-                    const std::size_t ch = info[n].child[c];
-                    if (info[n].shape_only[c] || in_loop[ch] == mark) continue;
+            while (top) {
+                const node_info& ni = info[work[--top]];
+                if (materialized[work[top]] && own[work[top]] != mark) continue;
+                for (std::size_t c = 0; c < ni.arity; ++c) {
+                    const std::size_t ch = ni.child[c];
+                    if (ni.shape_only[c] || in_loop[ch] == mark) continue;
                     in_loop[ch] = mark;
-                    entry.push_back(ch);
-                    work.push_back(ch);
+                    entry[n_entries++] = ch;
+                    work[top++] = ch;
                 }
             }
-            for (std::size_t k = first; k < entry.size(); ++k)
+            for (std::size_t k = first; k < n_entries; ++k)
                 entry[k] = entry[k] * 2 + (materialized[entry[k]] && own[entry[k]] != mark ? 1 : 0);
-            root_begin.push_back(root_list.size());
-            entry_begin.push_back(entry.size());
-            loops.push_back(lp);
+            root_begin[l + 1] = n_roots;
+            entry_begin[l + 1] = n_entries;
+            loops[l] = lp;
         }
     }
     // Every loop's nodes in id order, by one counting sort over all loops: a comparison sort per
     // loop costs g++'s constant evaluator about as much as the rest of the planner together.
-    const std::size_t E = entry.size();
-    cvec<std::size_t> owner(E, 0), start(M + 1, 0), by_node(E, 0), sorted(E, 0);
-    for (std::size_t l = 0; l < loops.size(); ++l)
+    const std::size_t E = n_entries;
+    cvec<std::size_t> owner_(E, 0), start_(M + 1, 0), by_node_(E, 0), sorted_(E, 0), efill_(n_loops + 1, 0);
+    std::size_t *const owner = owner_.data(), *const start = start_.data(), *const by_node = by_node_.data(),
+                       *const sorted = sorted_.data(), *const efill = efill_.data();
+    for (std::size_t l = 0; l < n_loops; ++l)
         for (std::size_t k = entry_begin[l]; k < entry_begin[l + 1]; ++k) owner[k] = l;
     for (std::size_t k = 0; k < E; ++k) ++start[entry[k] / 2 + 1];
     for (std::size_t n = 0; n < M; ++n) start[n + 1] += start[n];
     for (std::size_t k = 0; k < E; ++k) by_node[start[entry[k] / 2]++] = k;
-    {
-        cvec<std::size_t> fill = entry_begin;
-        for (std::size_t k : by_node) sorted[fill[owner[k]]++] = entry[k];
-    }
+    for (std::size_t l = 0; l <= n_loops; ++l) efill[l] = entry_begin[l];
+    for (std::size_t j = 0; j < E; ++j) sorted[efill[owner[by_node[j]]]++] = entry[by_node[j]];
 
+    // members: per loop, inputs, body, then its reductions, materialisations and stores
     planner_output out;
-    for (std::size_t l = 0; l < loops.size(); ++l) {
+    out.loops.resize(n_loops);
+    out.members.resize(E + n_roots);
+    loop_plan* const out_loops = out.loops.data();
+    std::size_t* const members = out.members.data();
+    std::size_t k_out = 0;
+    for (std::size_t l = 0; l < n_loops; ++l) {
         loop_plan lp = loops[l];
         const std::size_t e0 = entry_begin[l], e1 = entry_begin[l + 1];
-        lp.in_begin = out.members.size();
+        lp.in_begin = k_out;
         for (std::size_t k = e0; k < e1; ++k)
-            if (sorted[k] % 2 == 1) out.members.push_back(sorted[k] / 2);
-        lp.in_end = lp.body_begin = out.members.size();
+            if (sorted[k] % 2 == 1) members[k_out++] = sorted[k] / 2;
+        lp.in_end = lp.body_begin = k_out;
         for (std::size_t k = e0; k < e1; ++k)
-            if (sorted[k] % 2 == 0) out.members.push_back(sorted[k] / 2);
-        lp.body_end = lp.red_begin = out.members.size();
-        for (int what : {0, 1, 2}) {
+            if (sorted[k] % 2 == 0) members[k_out++] = sorted[k] / 2;
+        lp.body_end = lp.red_begin = k_out;
+        for (int what = 0; what < 3; ++what) {
             for (std::size_t k = root_begin[l]; k < root_begin[l + 1]; ++k) {
                 const root& r = roots[root_list[k]];
-                if (r.what == what) out.members.push_back(what == 2 ? r.store_index : r.node);
+                if (r.what == what) members[k_out++] = what == 2 ? r.store_index : r.node;
             }
-            if (what == 0) lp.red_end = lp.mat_begin = out.members.size();
-            if (what == 1) lp.mat_end = lp.store_begin = out.members.size();
+            if (what == 0) lp.red_end = lp.mat_begin = k_out;
+            if (what == 1) lp.mat_end = lp.store_begin = k_out;
         }
-        lp.store_end = out.members.size();
-        out.loops.push_back(lp);
+        lp.store_end = k_out;
+        out_loops[l] = lp;
     }
     return out;
 }
@@ -491,12 +528,17 @@ template <std::size_t M, std::size_t L, std::size_t K, class Request>
 constexpr plan_data<M, L, K> make_plan(const std::array<node_info, M>& info, const symbolic_shapes<M>& sym,
                                        const Request& req) {
     plan_data<M, L, K> p;
-    auto out = run_planner<M>(info, sym, req, p.needed, p.materialized, p.computed, p.stage);
+    const planner_output out = run_planner<M>(info, sym, req, p.needed, p.materialized, p.computed, p.stage);
     p.loop_count = out.loops.size();
-    for (std::size_t i = 0; i < M; ++i)
-        if (p.needed[i] && p.stage[i] > p.max_stage) p.max_stage = p.stage[i];
-    for (std::size_t i = 0; i < out.loops.size(); ++i) p.loops[i] = out.loops[i];
-    for (std::size_t i = 0; i < out.members.size(); ++i) p.members[i] = out.members[i];
+    const bool* const needed = p.needed.data();
+    const std::size_t* const stage = p.stage.data();
+    for (std::size_t i = 0; i < M; ++i) p.max_stage = needed[i] && stage[i] > p.max_stage ? stage[i] : p.max_stage;
+    loop_plan* const loops = p.loops.data();
+    std::size_t* const members = p.members.data();
+    const loop_plan* const out_loops = out.loops.data();
+    const std::size_t* const out_members = out.members.data();
+    for (std::size_t i = 0; i < out.loops.size(); ++i) loops[i] = out_loops[i];
+    for (std::size_t i = 0; i < out.members.size(); ++i) members[i] = out_members[i];
     return p;
 }
 

@@ -40,6 +40,10 @@ public:
     }
     constexpr ~cvec() { delete[] data_; }
 
+    // Loops that run once per node take data() and index the pointer: every call costs clang
+    // steps of its 2^20 per constant evaluation (two for operator[]), a built-in subscript none.
+    constexpr T* data() { return data_; }
+    constexpr const T* data() const { return data_; }
     constexpr T& operator[](std::size_t i) { return data_[i]; }
     constexpr const T& operator[](std::size_t i) const { return data_[i]; }
     constexpr std::size_t size() const { return size_; }
@@ -67,9 +71,14 @@ public:
         for (std::size_t i = 0; i < n; ++i) data_[i] = v;
         size_ = n;
     }
+    // n elements, the first min(n, size()) kept (new storage is value-initialized)
+    constexpr void resize(std::size_t n) {
+        reserve(n);
+        size_ = n;
+    }
     constexpr void reserve(std::size_t c) {
         if (c <= cap_) return;
-        T* d = new T[c];
+        T* d = new T[c]{};  // value-initialized: resize() may copy elements never written
         for (std::size_t i = 0; i < size_; ++i) d[i] = static_cast<T&&>(data_[i]);
         delete[] data_;
         data_ = d;

@@ -31,7 +31,7 @@ namespace detail {
 struct node_desc {
     std::size_t arity;
     std::uint64_t hash;
-    std::array<const node_desc*, max_arity> child{};
+    const node_desc* child[max_arity]{};  // built-in: see node_info in exec/program.hpp
 };
 constexpr std::uint64_t hash_mix(std::uint64_t h, std::uint64_t v) {
     h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);

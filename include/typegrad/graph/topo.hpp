@@ -37,70 +37,80 @@ constexpr std::size_t hash_slot(std::uint64_t h, std::size_t mask) {
     return static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> 17) & mask;
 }
 
-// Iterative depth-first search (no recursion: a 1000-op chain is 1000 levels deep).
+// Iterative depth-first search (no recursion: a 1000-op chain is 1000 levels deep), written
+// over raw pointers: clang allows 2^20 steps per constant evaluation and charges every statement
+// evaluated, those of each operator[] called included (see cvec), so an 8-block model's search
+// through cvec and std::array subscripts went past the limit.
 template <std::size_t NRoots>
 constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots) {
-    topo_table t;
-    cvec<std::size_t> table(64, no_parent);  // open addressing: id or empty
-    std::size_t mask = table.size() - 1;
-    auto find = [&](const node_desc* d) -> std::size_t {
-        for (std::size_t s = hash_slot(d->hash, mask);; s = (s + 1) & mask) {
-            if (table[s] == no_parent) return no_parent;
-            if (t.order[table[s]] == d) return table[s];
-        }
-    };
-    auto insert = [&](const node_desc* d, std::size_t id) {
-        if (2 * (id + 1) > table.size()) {
-            table.assign(table.size() * 2, no_parent);
-            mask = table.size() - 1;
-            for (std::size_t i = 0; i < id; ++i) {
-                std::size_t s = hash_slot(t.order[i]->hash, mask);
-                while (table[s] != no_parent) s = (s + 1) & mask;
-                table[s] = i;
-            }
-        }
-        std::size_t s = hash_slot(d->hash, mask);
-        while (table[s] != no_parent) s = (s + 1) & mask;
-        table[s] = id;
-    };
     struct frame {
         const node_desc* d;
         std::size_t next;  // the next operand to look at
         std::size_t slot;  // its operand position in the parent frame, or the root's index
         std::size_t head;  // tree children finished so far (a list through `link`)
     };
+    topo_table t;
+    cvec<std::size_t> table, link;  // table: open addressing, id or empty
     cvec<frame> stack;
-    cvec<std::size_t> link;
+    // Finished nodes and the stack's are distinct (a graph has no cycles), so `cap` entries hold
+    // both; the hash table has 2 cap buckets.
+    std::size_t cap = 0, m = 0, depth = 0, mask = 0;
+    const node_desc** order = nullptr;
+    std::size_t *parent = nullptr, *slot = nullptr, *lk = nullptr, *tb = nullptr;
+    frame* st = nullptr;
+    auto grow = [&] {
+        cap = cap ? 2 * cap : 64;
+        t.order.resize(cap), t.parent.resize(cap), t.slot.resize(cap), link.resize(cap), stack.resize(cap);
+        order = t.order.data(), parent = t.parent.data(), slot = t.slot.data(), lk = link.data();
+        st = stack.data();
+        table.assign(2 * cap, no_parent);
+        tb = table.data();
+        mask = 2 * cap - 1;
+        for (std::size_t i = 0; i < m; ++i) {
+            std::size_t s = hash_slot(order[i]->hash, mask);
+            while (tb[s] != no_parent) s = (s + 1) & mask;
+            tb[s] = i;
+        }
+    };
+    auto find = [&](const node_desc* d) {
+        std::size_t s = hash_slot(d->hash, mask);
+        while (tb[s] != no_parent && order[tb[s]] != d) s = (s + 1) & mask;
+        return tb[s];
+    };
+    grow();
     for (std::size_t r = 0; r < NRoots; ++r) {
         if (find(roots[r]) != no_parent) continue;  // reached from an earlier root
-        stack.push_back({roots[r], 0, r, no_parent});
-        while (!stack.empty()) {
-            frame& f = stack.back();
+        if (m + depth == cap) grow();
+        st[depth++] = {roots[r], 0, r, no_parent};
+        while (depth) {
+            frame& f = st[depth - 1];
             if (f.next < f.d->arity) {
                 const node_desc* c = f.d->child[f.next];
-                const std::size_t slot = f.next++;
+                const std::size_t s = f.next++;
                 // a graph type has no cycles: an unfinished node is never reached again
-                if (find(c) == no_parent) stack.push_back({c, 0, slot, no_parent});
+                if (find(c) == no_parent) {
+                    if (m + depth == cap) grow();
+                    st[depth++] = {c, 0, s, no_parent};
+                }
                 continue;
             }
-            const std::size_t id = t.order.size();
-            t.order.push_back(f.d);
-            t.slot.push_back(f.slot);
-            t.parent.push_back(no_parent);
-            link.push_back(no_parent);
-            insert(f.d, id);
-            for (std::size_t c = f.head; c != no_parent; c = link[c]) t.parent[c] = id;
-            stack.pop_back();
-            if (!stack.empty()) {
-                link[id] = stack.back().head;
-                stack.back().head = id;
+            const std::size_t id = m++;
+            order[id] = f.d, slot[id] = f.slot, parent[id] = no_parent;
+            std::size_t h = hash_slot(f.d->hash, mask);
+            while (tb[h] != no_parent) h = (h + 1) & mask;
+            tb[h] = id;
+            for (std::size_t c = f.head; c != no_parent; c = lk[c]) parent[c] = id;
+            if (--depth) {
+                lk[id] = st[depth - 1].head;
+                st[depth - 1].head = id;
             }
         }
     }
-    const std::size_t m = t.order.size();
+    t.order.resize(m), t.parent.resize(m), t.slot.resize(m);
     t.child.assign(m * max_arity, no_parent);
+    std::size_t* child = t.child.data();
     for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t k = 0; k < t.order[i]->arity; ++k) t.child[i * max_arity + k] = find(t.order[i]->child[k]);
+        for (std::size_t k = 0; k < order[i]->arity; ++k) child[i * max_arity + k] = find(order[i]->child[k]);
     return t;
 }
 
@@ -125,17 +135,17 @@ template <std::size_t M, std::size_t NRoots>
 constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& roots) {
     const topo_table t = run_topo(roots);
     topo_arrays<M> r;
+    const node_desc** order = r.order.data();
+    std::size_t *parent = r.parent.data(), *slot = r.slot.data(), *child = r.child.data(), *tb = r.table.data();
+    const node_desc* const* t_order = t.order.data();
+    const std::size_t *t_parent = t.parent.data(), *t_slot = t.slot.data(), *t_child = t.child.data();
+    for (std::size_t i = 0; i < M; ++i) order[i] = t_order[i], parent[i] = t_parent[i], slot[i] = t_slot[i];
+    for (std::size_t i = 0; i < M * max_arity; ++i) child[i] = t_child[i];
+    for (std::size_t i = 0; i < r.buckets; ++i) tb[i] = no_parent;
     for (std::size_t i = 0; i < M; ++i) {
-        r.order[i] = t.order[i];
-        r.parent[i] = t.parent[i];
-        r.slot[i] = t.slot[i];
-        for (std::size_t k = 0; k < max_arity; ++k) r.child[i * max_arity + k] = t.child[i * max_arity + k];
-    }
-    for (std::size_t& b : r.table) b = no_parent;
-    for (std::size_t i = 0; i < M; ++i) {
-        std::size_t s = hash_slot(t.order[i]->hash, r.buckets - 1);
-        while (r.table[s] != no_parent) s = (s + 1) & (r.buckets - 1);
-        r.table[s] = i;
+        std::size_t s = hash_slot(t_order[i]->hash, r.buckets - 1);
+        while (tb[s] != no_parent) s = (s + 1) & (r.buckets - 1);
+        tb[s] = i;
     }
     return r;
 }

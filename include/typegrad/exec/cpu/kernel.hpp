@@ -81,13 +81,26 @@ inline void note_nonfinite(const V& v, std::size_t node) {
     if (bad && anomaly_node() == no_anomaly) anomaly_node() = node;
 }
 
+// Body node: its op, storage dtype, node id (anomaly mode only, for the report) and value slots.
+template <class Op, class D, std::size_t Id, class Slots>
+struct loop_instr {};
+
 // One fused-loop node: v[Out] = Op(v[Cs]...), rounded to the node's storage dtype when that is
-// bf16/f16. A free function whose name holds only the op and the slot numbers.
-template <class Op, class D, bool Check, std::size_t Out, std::size_t Id, class Values, std::size_t... Cs>
-inline void eval_node(Values& v, std::index_sequence<Cs...>) {
+// bf16/f16. This and the other per-operand steps below are free functions whose names hold only
+// what they depend on (op, dtypes, slot numbers), never the loop's signature: g++ mangles every
+// function it instantiates, and as members of loop_kernel these were thousands of names of 1-7 KB
+// each (a 4-block model: 4,000 names, 4.3 MB, most of its callgraph time).
+template <std::size_t Out, bool Check, class Values, class Op, class D, std::size_t Id, std::size_t... Cs>
+[[gnu::always_inline]] inline void eval_instr(Values& v, loop_instr<Op, D, Id, std::index_sequence<Cs...>>) {
     if constexpr (is_reduced_precision_v<D>) v[Out] = simd::round_as<D>(Op::apply(v[Cs]...));
     else v[Out] = Op::apply(v[Cs]...);
     if constexpr (Check) note_nonfinite(v[Out], Id);
+}
+// A bf16/f16 value held in a float buffer (a reduction) is rounded when read.
+template <class Val, class Buf, class V>
+[[gnu::always_inline]] inline V loop_loaded(const V& x) {
+    if constexpr (is_reduced_precision_v<Val> && !std::is_same_v<Val, Buf>) return simd::round_as<Val>(x);
+    else return x;
 }
 
 // ---- a loop's signature ---------------------------------------------------------------------
@@ -99,9 +112,6 @@ inline void eval_node(Values& v, std::index_sequence<Cs...>) {
 // and equal loops of different blocks or graphs now share one function. The node ids it reads
 // and writes come at run time (loop_args).
 
-// Body node: its op, storage dtype, node id (anomaly mode only, for the report) and value slots.
-template <class Op, class D, std::size_t Id, class Slots>
-struct loop_instr {};
 
 // Where a loop's operands live at run time.
 struct loop_args {
@@ -158,18 +168,6 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     using buf_t = type_at_t<O, type_list<Bufs...>>;
     template <std::size_t O>
     using val_t = type_at_t<O, type_list<Vals...>>;
-    // A bf16/f16 value held in a float buffer (a reduction) is rounded when read.
-    template <std::size_t O>
-    static constexpr bool round_on_load = is_reduced_precision_v<val_t<O>> && !std::is_same_v<val_t<O>, buf_t<O>>;
-    template <std::size_t O, class V>
-    static V loaded(const V& x) {
-        if constexpr (round_on_load<O>) return simd::round_as<val_t<O>>(x);
-        else return x;
-    }
-    template <std::size_t O>
-    static const buf_t<O>* in_data(const void* p) { return static_cast<const buf_t<O>*>(p); }
-    template <std::size_t O>
-    static buf_t<O>* out_data(void* p) { return static_cast<buf_t<O>*>(p); }
 
     // Coalesced axis groups: group g covers iteration axes [first[g], last[g]].
     struct groups_t {
@@ -206,17 +204,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     template <class Values>
     static void eval_body(Values& v) {
         [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
-            [[maybe_unused]] const int in_order[] = {0, (eval_one<n_in + Bs>(v, type_at_t<Bs, type_list<Body...>>{}), 0)...};
+            [[maybe_unused]] const int in_order[] = {0, (eval_instr<n_in + Bs, Check>(v, Body{}), 0)...};
         }(std::make_index_sequence<n_body>{});
-    }
-    template <std::size_t Out, class Values, class Op, class D, std::size_t Id, class Slots>
-    [[gnu::always_inline]] static void eval_one(Values& v, loop_instr<Op, D, Id, Slots>) {
-        eval_node<Op, D, Check, Out, Id>(v, Slots{});
-    }
-
-    template <std::size_t O>
-    static T const_value() {
-        return static_cast<T>(std::bit_cast<double>(d[op_base + 4 * O + 3]));
     }
 
     [[gnu::noinline]] static void run(const loop_args& a) {  // see run_kernel (execute.hpp)
@@ -334,10 +323,11 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     template <std::size_t I, class VB, class VS, class InPtr, class Off>
     static void load_row_constant(VB& v, VS& s, const InPtr& in_ptr, const Off& off) {
         if constexpr (is_constant_input<I>()) {
-            v[I] = batch_t(const_value<I>());
-            s[I] = const_value<I>();
+            constexpr T c = static_cast<T>(std::bit_cast<double>(d[op_base + 4 * I + 3]));
+            v[I] = batch_t(c);
+            s[I] = c;
         } else if constexpr (inner_broadcast(I)) {
-            const T x = loaded<I>(simd::scalar_as<T>(in_data<I>(in_ptr[I])[off[I]]));
+            const T x = loop_loaded<val_t<I>, buf_t<I>>(simd::scalar_as<T>(static_cast<const buf_t<I>*>(in_ptr[I])[off[I]]));
             v[I] = batch_t(x);
             s[I] = x;
         }
@@ -348,16 +338,16 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         using S = buf_t<I>;
         if constexpr (is_view_input(I) && !inner_broadcast(I)) {
             const std::ptrdiff_t st = inner_stride[I];
-            const S* p = in_data<I>(in_ptr[I]) + off[I];
+            const S* p = static_cast<const buf_t<I>*>(in_ptr[I]) + off[I];
             if (st == 1) {
-                v[I] = loaded<I>(simd::load_as<T>(p + j));
+                v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(p + j));
             } else {
                 alignas(64) S lanes[W];
                 for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(j + l) * st];
-                v[I] = loaded<I>(simd::load_as<T>(lanes));
+                v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(lanes));
             }
         } else if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
-            v[I] = loaded<I>(simd::load_as<T>(in_data<I>(in_ptr[I]) + off[I] + j));
+            v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(static_cast<const buf_t<I>*>(in_ptr[I]) + off[I] + j));
         }
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], a.node[I]);
     }
@@ -365,7 +355,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     static void load_scalar([[maybe_unused]] const loop_args& a, VS& s, const InPtr& in_ptr, const Off& off,
                             std::size_t j, const InnerStride& inner_stride) {
         if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
-            s[I] = loaded<I>(simd::scalar_as<T>(in_data<I>(in_ptr[I])[off[I] + std::ptrdiff_t(j) * inner_stride[I]]));
+            s[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::scalar_as<T>(static_cast<const buf_t<I>*>(in_ptr[I])[off[I] + std::ptrdiff_t(j) * inner_stride[I]]));
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], a.node[I]);
     }
 
@@ -385,7 +375,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     static void mat_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
         constexpr std::size_t src = d[mat_base + M_];
         using S = buf_t<n_in + n_red + M_>;
-        S* p = out_data<n_in + n_red + M_>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j;
+        S* p = static_cast<buf_t<n_in + n_red + M_>*>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j;
         if constexpr (simd::is_batch_v<V>) simd::store_as(p, v[src]);
         else *p = static_cast<S>(v[src]);
     }
@@ -397,7 +387,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
             acc[R_] = reduce_combine<K>(acc[R_], v[src]);
         } else {
             static_assert(std::is_same_v<buf_t<n_in + R_>, T>, "typegrad: internal: a reduction buffer is not in the loop's type");
-            T* p = out_data<n_in + R_>(out_ptr[R_]) + off[n_in + R_] + j;
+            T* p = static_cast<buf_t<n_in + R_>*>(out_ptr[R_]) + off[n_in + R_] + j;
             if constexpr (simd::is_batch_v<V>) simd::store(p, reduce_combine<K>(simd::load(p), v[src]));
             else *p = reduce_combine<K>(*p, v[src]);
         }
@@ -406,7 +396,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     static void close_reduction(const Acc& acc, const AccS& acc_s, const OutPtr& out_ptr, const Off& off) {
         if constexpr (inner_broadcast(n_in + R_)) {
             constexpr reduce_kind K = red_kind<R_>();
-            T* p = out_data<n_in + R_>(out_ptr[R_]) + off[n_in + R_];
+            T* p = static_cast<buf_t<n_in + R_>*>(out_ptr[R_]) + off[n_in + R_];
             *p = reduce_combine<K>(*p, reduce_combine<K>(reduce_lanes<K>(acc[R_]), acc_s[R_]));
         }
     }
@@ -416,7 +406,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         constexpr bool accumulate = d[store_base + 2 * S_ + 1] != 0;
         constexpr std::size_t o = n_in + n_red + n_mat + S_;
         using S = buf_t<o>;
-        S* p = out_data<o>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
+        S* p = static_cast<buf_t<o>*>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
         if constexpr (simd::is_batch_v<V>) {
             if constexpr (accumulate) simd::store_as(p, simd::load_as<T>(p) + v[src]);
             else simd::store_as(p, v[src]);
@@ -490,56 +480,65 @@ struct loop_layout {
     static constexpr std::size_t count = PP::plan.loop_count;
     static constexpr loop_totals totals = totals_of(PP::plan.loops, count);
     using tables = loop_tables_data<count, totals.ops, totals.body, totals.desc>;
+    // Over raw pointers, as the planner (exec/program.hpp): clang charges every std::array
+    // subscript's statements against its 2^20 steps per constant evaluation.
     static constexpr tables make() {
-        constexpr auto& info = prog::info;
-        constexpr auto& plan = PP::plan;
+        const node_info* const info = prog::info.data();
+        const loop_plan* const loops = PP::plan.loops.data();
+        const std::size_t* const members = PP::plan.members.data();
+        const std::size_t* const stores = PP::stores.data();
+        const std::size_t* const rank_offset = PP::rank_offset.data();
         tables t;
+        std::size_t *const op_start = t.op_start.data(), *const n_ops_of = t.n_ops.data(),
+                           *const body_start = t.body_start.data(), *const n_body = t.n_body.data(),
+                           *const desc_start = t.desc_start.data(), *const desc_size = t.desc_size.data(),
+                           *const iter = t.iter.data(), *const op_node = t.op_node.data(), *const ids = t.ids.data(),
+                           *const body_id = t.body_id.data(), *const body_nslots = t.body_nslots.data(),
+                           *const body_slots = t.body_slots.data(), *const descs = t.desc.data();
+        // each node's slot in the current loop, valid where its stamp is the loop's number + 1
+        // (a search per operand was quadratic in a loop's size)
+        std::array<std::size_t, prog::size> slot_at_{}, stamp_{};
+        std::size_t *const slot_at = slot_at_.data(), *const stamp = stamp_.data();
         std::size_t op = 0, body = 0, desc = 0;
         for (std::size_t l = 0; l < count; ++l) {
-            const loop_plan& lp = plan.loops[l];
+            const loop_plan& lp = loops[l];
             const loop_counts c = counts_of(lp);
             const std::size_t n_ops = c.n_ops(), n_slots = c.n_in + c.n_body;
-            auto slot_id = [&](std::size_t s) {
-                return plan.members[s < c.n_in ? lp.in_begin + s : lp.body_begin + (s - c.n_in)];
-            };
-            auto slot_of = [&](std::size_t id) {
-                for (std::size_t s = 0; s < n_slots; ++s)
-                    if (slot_id(s) == id) return s;
-                return n_slots;  // unreachable for a valid plan
-            };
+            // slots: the inputs, then the body (contiguous in members when the body follows)
+            for (std::size_t s = 0; s < c.n_in; ++s) slot_at[members[lp.in_begin + s]] = s, stamp[members[lp.in_begin + s]] = l + 1;
+            for (std::size_t s = 0; s < c.n_body; ++s)
+                slot_at[members[lp.body_begin + s]] = c.n_in + s, stamp[members[lp.body_begin + s]] = l + 1;
+            auto slot_of = [&](std::size_t id) { return stamp[id] == l + 1 ? slot_at[id] : n_slots; };
+            // operands: inputs, reductions, materialisations, stores (their node and table id)
+            const std::size_t o_red = c.n_in, o_mat = o_red + c.n_red, o_store = o_mat + c.n_mat;
             auto operand_node = [&](std::size_t o) -> std::size_t {
-                if (o < c.n_in) return plan.members[lp.in_begin + o];
-                if (o < c.n_in + c.n_red) return plan.members[lp.red_begin + (o - c.n_in)];
-                if (o < c.n_in + c.n_red + c.n_mat) return plan.members[lp.mat_begin + (o - c.n_in - c.n_red)];
-                return PP::stores[plan.members[lp.store_begin + (o - c.n_in - c.n_red - c.n_mat)]];
+                if (o < o_red) return members[lp.in_begin + o];
+                if (o < o_mat) return members[lp.red_begin + (o - o_red)];
+                if (o < o_store) return members[lp.mat_begin + (o - o_mat)];
+                return stores[members[lp.store_begin + (o - o_store)]];
             };
-            t.op_start[l] = op;
-            t.n_ops[l] = n_ops;
-            t.body_start[l] = body;
-            t.n_body[l] = c.n_body;
-            t.desc_start[l] = desc;
-            t.desc_size[l] = c.desc_size();
-            t.iter[l] = lp.iter;
+            op_start[l] = op, n_ops_of[l] = n_ops, body_start[l] = body, n_body[l] = c.n_body;
+            desc_start[l] = desc, desc_size[l] = c.desc_size(), iter[l] = lp.iter;
             // operands: node ids for the types and the run-time table
             for (std::size_t o = 0; o < n_ops; ++o) {
-                t.op_node[op + o] = operand_node(o);
-                t.ids[2 * op + o] = o < c.n_in + c.n_red + c.n_mat
-                                        ? operand_node(o)
-                                        : plan.members[lp.store_begin + (o - c.n_in - c.n_red - c.n_mat)];
-                t.ids[2 * op + (n_ops + 1) + o] = PP::rank_offset[operand_node(o)];
+                const std::size_t node = operand_node(o);
+                op_node[op + o] = node;
+                ids[2 * op + o] = o < o_store ? node : members[lp.store_begin + (o - o_store)];
+                ids[2 * op + (n_ops + 1) + o] = rank_offset[node];
             }
-            t.ids[2 * op + (n_ops + 1) + n_ops] = PP::rank_offset[lp.iter];
+            ids[2 * op + (n_ops + 1) + n_ops] = rank_offset[lp.iter];
             // body nodes: their value children (shape-only children are not evaluated) as slots
             for (std::size_t b = 0; b < c.n_body; ++b) {
-                const std::size_t id = slot_id(c.n_in + b);
-                t.body_id[body + b] = id;
+                const std::size_t id = members[lp.body_begin + b];
+                const node_info& ni = info[id];
+                body_id[body + b] = id;
                 std::size_t n = 0;
-                for (std::size_t i = 0; i < info[id].arity; ++i)
-                    if (!info[id].shape_only[i]) t.body_slots[(body + b) * max_arity + n++] = slot_of(info[id].child[i]);
-                t.body_nslots[body + b] = n;
+                for (std::size_t i = 0; i < ni.arity; ++i)
+                    if (!ni.shape_only[i]) body_slots[(body + b) * max_arity + n++] = slot_of(ni.child[i]);
+                body_nslots[body + b] = n;
             }
             // the descriptor (loop_desc's layout)
-            std::size_t* r = t.desc.data() + desc;
+            std::size_t* r = descs + desc;
             const node_info& f = info[lp.iter];
             r[loop_desc::iter_rank] = f.rank;
             r[loop_desc::n_in] = c.n_in;
@@ -561,21 +560,21 @@ struct loop_layout {
                 r[k++] = ni.kind == op_kind::constant ? ni.constant_bits : 0;
             }
             for (std::size_t i = 0; i < c.n_red; ++i) {
-                const std::size_t node = plan.members[lp.red_begin + i];
+                const std::size_t node = members[lp.red_begin + i];
                 r[k++] = static_cast<std::size_t>(info[node].combine);
                 r[k++] = slot_of(info[node].child[0]);
             }
-            for (std::size_t i = 0; i < c.n_mat; ++i) r[k++] = slot_of(plan.members[lp.mat_begin + i]);
+            for (std::size_t i = 0; i < c.n_mat; ++i) r[k++] = slot_of(members[lp.mat_begin + i]);
             for (std::size_t i = 0; i < c.n_store; ++i) {
-                const std::size_t store_index = plan.members[lp.store_begin + i];
-                r[k++] = slot_of(PP::stores[store_index]);
+                const std::size_t store_index = members[lp.store_begin + i];
+                r[k++] = slot_of(stores[store_index]);
                 r[k++] = AccumulateMask::test(store_index) ? 1 : 0;
             }
             op += n_ops + 1;
             body += c.n_body;
             desc += c.desc_size();
         }
-        t.op_start[count] = op;
+        op_start[count] = op;
         return t;
     }
     static constexpr tables table = make();
