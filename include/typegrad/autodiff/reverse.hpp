@@ -174,19 +174,24 @@ struct find_adjoint<Leaf, type_list<Rs...>> {
                                     type_list<Rs..., pending<void, void>>>::contribution;
 };
 
-// The gradient of Leaf in canonical form: an elementwise node of the leaf's shape and dtype
-// (zeros when the leaf does not reach the root).
+// The gradient of Leaf in canonical form (`type`, a node): an elementwise node of the leaf's shape
+// and dtype (zeros when the leaf does not reach the root). Classes, as the pass above: a function
+// per gradient would be named with the gradient's graph.
+template <class Adjoint, class Leaf>
+struct expanded_to_leaf {
+    using type = typename decltype(make_node<expand_op>(expr<Adjoint>{}, expr<Leaf>{}))::node_type;
+};
+template <class Leaf, class Adjoint,
+          bool NeedsCast = is_dtype_v<typename Adjoint::value_type> &&
+                           !__is_same(typename Adjoint::value_type, typename Leaf::value_type)>
+struct canonical_gradient {
+    using type = typename std::conditional_t<Adjoint::kind == op_kind::elementwise &&
+                                                 __is_same(typename Adjoint::shape_type, typename Leaf::shape_type),
+                                             std::type_identity<Adjoint>, expanded_to_leaf<Adjoint, Leaf>>::type;
+};
 template <class Leaf, class Adjoint>
-constexpr auto canonical_gradient() {
-    if constexpr (is_dtype_v<typename Adjoint::value_type> &&
-                  !std::is_same_v<typename Adjoint::value_type, typename Leaf::value_type>)
-        return canonical_gradient<Leaf, typename decltype(cast<typename Leaf::value_type>(expr<Adjoint>{}))::node_type>();
-    else if constexpr (Adjoint::kind == op_kind::elementwise &&
-                       std::is_same_v<typename Adjoint::shape_type, typename Leaf::shape_type> &&
-                       std::is_same_v<typename Adjoint::value_type, typename Leaf::value_type>)
-        return expr<Adjoint>{};
-    else return make_node<expand_op>(expr<Adjoint>{}, expr<Leaf>{});
-}
+struct canonical_gradient<Leaf, Adjoint, true>
+    : canonical_gradient<Leaf, typename decltype(cast<typename Leaf::value_type>(expr<Adjoint>{}))::node_type> {};
 // A unit seed has the output's shape (a [1, 1] loss is scalar too).
 template <class Root, class Seed>
 struct shaped_seed {
@@ -197,12 +202,14 @@ template <class Root, std::uint64_t V>
 struct shaped_seed<Root, constant<V>> {
     using type = node<expand_op, constant<V>, Root>;
 };
+template <class Adjoint, class Leaf>
+struct gradient_of_adjoint : canonical_gradient<Leaf, Adjoint> {};
+template <class Leaf>
+struct gradient_of_adjoint<void, Leaf> : expanded_to_leaf<typename std::remove_cvref_t<decltype(lit<0>)>::node_type, Leaf> {};
+// The gradient node of Leaf for the root Root with adjoint Seed.
 template <class Root, class Seed, class Leaf>
-constexpr auto gradient_expr() {
-    using adjoint = typename find_adjoint<Leaf, leaf_adjoints_t<Root, typename shaped_seed<Root, Seed>::type>>::type;
-    if constexpr (__is_same(adjoint, void)) return make_node<expand_op>(lit<0>, expr<Leaf>{});
-    else return canonical_gradient<Leaf, adjoint>();
-}
+using gradient_node_t = typename gradient_of_adjoint<
+    typename find_adjoint<Leaf, leaf_adjoints_t<Root, typename shaped_seed<Root, Seed>::type>>::type, Leaf>::type;
 
 template <class E>
 using node_of_t = typename std::remove_cvref_t<E>::node_type;
@@ -225,7 +232,7 @@ constexpr auto grad(Loss, Leaf) {
                   "output needs a seed: use grad(output, leaf, seed)");
     static_assert(is_leaf_v<W>, "typegrad: grad(loss, leaf) differentiates with respect to a leaf "
                                 "(a tg::param), not an expression.");
-    return detail::gradient_expr<L, detail::node_of_t<decltype(lit<1>)>, W>();
+    return expr<detail::gradient_node_t<L, detail::node_of_t<decltype(lit<1>)>, W>>{};
 }
 // The gradient of a non-scalar output with respect to a leaf for the output gradient `seed` (an
 // expression of the output's shape), as an expression (torch.autograd.grad(out, leaf, seed);
@@ -239,7 +246,7 @@ constexpr auto grad(Out, Leaf, Seed) {
                   "typegrad: grad(output, leaf, seed) needs the seed to have the output's shape.");
     static_assert(is_leaf_v<W>, "typegrad: grad(output, leaf, seed) differentiates with respect "
                                 "to a leaf (a tg::param), not an expression.");
-    return detail::gradient_expr<O, S, W>();
+    return expr<detail::gradient_node_t<O, S, W>>{};
 }
 
 // The type of grad(loss, leaf): the gradient graph itself, differentiable again (higher order).

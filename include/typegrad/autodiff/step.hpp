@@ -79,11 +79,6 @@ template <class Leaf, bool A>
 inline constexpr bool grads_leaf_v<grad_binding<Leaf, A>, Leaf> = true;
 
 template <class Leaf, class... Bs>
-constexpr std::size_t count_leaf_bindings() { return count_true({binds_leaf_v<Bs, Leaf>...}); }
-template <class Leaf, class... Bs>
-constexpr std::size_t count_grad_bindings() { return count_true({grads_leaf_v<Bs, Leaf>...}); }
-
-template <class Leaf, class... Bs>
 constexpr std::size_t leaf_binding_index() {
     constexpr bool hit[] = {binds_leaf_v<Bs, Leaf>..., true};
     std::size_t i = 0;
@@ -95,33 +90,67 @@ template <class B> struct binding_leaf { using type = void; };
 template <class L> struct binding_leaf<leaf_binding<L>> { using type = L; };
 template <class L, bool A> struct binding_leaf<grad_binding<L, A>> { using type = L; };
 
+// Compile-time checks of a call's arguments are class templates with static_asserts, forced by
+// sizeof: g++ gives every function and variable it instantiates a mangled name, and these are
+// named with the graph (or with every argument): for each such name g++ makes a large allocation,
+// and past a few blocks each one walks its whole list of free pages (about 10 ms a name at 8 GPT
+// blocks). A class with only static_asserts is never named. Counts are builtin comparisons in a
+// braced list (a fold over 256 operands is rejected by clang; a variable per pair is named).
 template <class Leaf, class Nodes>
-constexpr void check_leaf_binding_usable() {
+struct check_leaf_binding_usable {
     static_assert(contains_v<Leaf, Nodes>,
                   "typegrad: a tg::bind(...) names a leaf that the compiled graph does not use.");
-}
+};
 template <class Leaf, std::size_t Count>
-constexpr void check_bound_once() {
+struct check_bound_once {
     static_assert(Count <= 1, "typegrad: a leaf is bound twice in one call; bind each leaf once.");
-}
+};
 template <class Leaf, bool Bound, bool Needed>
-constexpr void check_has_binding() {
+struct check_has_binding {
     static_assert(Bound || !Needed,
                   "typegrad: the call has no tg::bind(...) for a leaf that the graph reads (the "
                   "leaf is named in the instantiation below); bind every leaf of the loss.");
-}
+};
 template <class Leaf, bool Bound, bool DynamicShape>
-constexpr void check_shape_known() {
+struct check_shape_known {
     static_assert(Bound || !DynamicShape,
                   "typegrad: a leaf with a dynamic extent has no binding, so its size is unknown; "
                   "bind it (tg::bind) in this call.");
-}
+};
 template <class Leaf, class WrtList, class LossGraph>
-constexpr void check_grad_target() {
-    static_assert(contains_v<Leaf, WrtList> || (retained_node_v<Leaf> && LossGraph::template id_of<Leaf> != no_parent),
+struct check_grad_target {
+    static_assert(contains_v<Leaf, WrtList> ||
+                      (retained_node_v<Leaf> && LossGraph::template id_of<Leaf>::value != no_parent),
                   "typegrad: grad_into(leaf, buffer) names a leaf that is not in the step's "
                   "tg::wrt(...) list.");
-}
+};
+// One argument of a call (Args: all of them, for the counts).
+template <class Nodes, class WrtList, class LossGraph, class Arg, class... Args>
+struct arg_check {
+    static_assert(is_seed_binding_v<Arg> || __is_same(Arg, create_graph_t),
+                  "typegrad: arguments of value_and_grad/forward/backward are tg::bind(...), "
+                  "tg::grad_into(...) and tg::seed(...).");
+};
+template <class Nodes, class WrtList, class LossGraph, class L, class... Args>
+struct arg_check<Nodes, WrtList, LossGraph, leaf_binding<L>, Args...> {
+    static_assert(sizeof(check_leaf_binding_usable<L, Nodes>) &&
+                  sizeof(check_bound_once<L, count_true({__is_same(Args, leaf_binding<L>)...})>));
+};
+template <class Nodes, class WrtList, class LossGraph, class L, bool A, class... Args>
+struct arg_check<Nodes, WrtList, LossGraph, grad_binding<L, A>, Args...> {
+    static_assert(sizeof(check_grad_target<L, WrtList, LossGraph>));
+    static_assert(count_true({(__is_same(Args, grad_binding<L, true>) || __is_same(Args, grad_binding<L, false>))...}) <= 1,
+                  "typegrad: grad_into names the same leaf twice in one call.");
+};
+// A leaf node of the plan: bound when needed, and when its shape is dynamic.
+template <class Node, bool BoundLeaf, bool Needed, class... Args>
+struct leaf_node_check {};
+template <class Node, bool Needed, class... Args>
+struct leaf_node_check<Node, true, Needed, Args...> {
+    static_assert(sizeof(check_has_binding<Node, any_true({__is_same(Args, leaf_binding<Node>)...}), Needed>) &&
+                  sizeof(check_shape_known<Node, any_true({__is_same(Args, leaf_binding<Node>)...}),
+                                           !Node::shape_type::is_static>));
+};
 
 template <class T>
 struct span_c {
@@ -252,11 +281,12 @@ template <class... Ts>
 using type_list = detail::type_list<Ts...>;
 
 namespace detail {
-// The id of the leaf an argument binds (PP::M for other arguments).
+// The id of the leaf an argument binds (PP::M for other arguments); a type, not a variable (see
+// arg_check).
 template <class PP, class Arg>
-inline constexpr std::size_t bound_leaf_id = PP::M;
+struct bound_leaf_id : std::integral_constant<std::size_t, PP::M> {};
 template <class PP, class Leaf>
-inline constexpr std::size_t bound_leaf_id<PP, leaf_binding<Leaf>> = PP::program::template id_of<Leaf>;
+struct bound_leaf_id<PP, leaf_binding<Leaf>> : PP::program::template id_of<Leaf> {};
 
 template <class Arg>
 void check_leaf_size(const Arg& b, [[maybe_unused]] std::size_t need, [[maybe_unused]] const std::size_t* ext) {
@@ -360,10 +390,10 @@ public:
     // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf, with the
     // backward ops under the backward's autocast spec.
     template <class Leaf, bool Seeded>
-    using grad_node = typename decltype(detail::canonical_gradient<Leaf, typename detail::backward_autocast_rewrite<
-        typename decltype(detail::gradient_expr<Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>,
-                                                Leaf>())::node_type,
-        backward_autocast_spec, detail::topo<Loss>>::type>())::node_type;
+    using grad_node = typename detail::canonical_gradient<
+        Leaf, typename detail::backward_autocast_rewrite<
+                  detail::gradient_node_t<Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>, Leaf>,
+                  backward_autocast_spec, detail::topo<Loss>>::type>::type;
 
     // The loss and the gradients in one fused call: returns the scalar loss and writes the gradient
     // of every leaf named in a tg::grad_into / tg::grads_into argument (others are not computed).
@@ -421,7 +451,7 @@ public:
         check_leaf_sizes<PP>(ctx.state_, args...);
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t n = detail::scratch_layout<PP>(ctx.state_, offset);
-        const std::size_t loss_n = detail::node_numel<PP>(ctx.state_, PP::program::template id_of<Loss>);
+        const std::size_t loss_n = detail::node_numel<PP>(ctx.state_, PP::program::template id_of<Loss>::value);
         ctx.storage_.assign(n + loss_n + 8, detail::scratch_unit{});
         value_type* loss_buf = reinterpret_cast<value_type*>(ctx.storage_.data() + n);
         if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[PP::NS - 1] = loss_buf;
@@ -534,8 +564,8 @@ private:
         // reductions and kernels (matmul, custom ops): never recomputed, and a custom op's
         // forward mutations must not run twice
         if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
-        else if constexpr (!FwdPP::program::template contains<N>) return false;
-        else return FwdPP::plan.computed[FwdPP::program::template id_of<N>];
+        else if constexpr (!FwdPP::program::template contains<N>::value) return false;
+        else return FwdPP::plan.computed[FwdPP::program::template id_of<N>::value];
     }
     template <class FwdPP>
     struct saved_in {
@@ -578,9 +608,11 @@ private:
     template <class PP, class Grads, bool LeavesFromArgs = true, class... Args>
     static void check_calls(const Args&...) {
         detail::log_graphs_once<step>();  // TYPEGRAD_LOG=graphs: describe() on the first call
-        // Compile-time checks, evaluated as constants: no function per argument or per leaf is
-        // emitted (each would spell the plan in its name).
-        static_assert(check_args<typename PP::program::nodes, Args...>());
+        // Compile-time checks, class templates forced by sizeof (see arg_check): no function or
+        // variable per argument or per leaf is instantiated (each would spell the plan in its name).
+        static_assert(detail::all_true(
+            {(sizeof(detail::arg_check<typename PP::program::nodes, wrt_list, detail::topo<Loss>, Args, Args...>) >
+              0)...}));
         if constexpr (!LeavesFromArgs) {
             static_assert(!detail::any_true({detail::is_leaf_binding_v<Args>...}),
                           "typegrad: backward(ctx, ...) reads the inputs bound in forward(...); it "
@@ -588,52 +620,26 @@ private:
         } else {
             // every leaf the plan reads must be bound; dynamic leaves needed for shapes too
             // (leaves only: see exec/node_filter.hpp)
-            static_assert(check_leaf_nodes<PP, Args...>());
+            static_assert(sizeof(leaf_nodes_check<PP, std::make_index_sequence<
+                                                          detail::node_ids_of_kind<typename PP::program, op_kind::leaf>.size()>,
+                                                  Args...>));
         }
     }
-    template <class Nodes, class... Args>
-    static constexpr bool check_args() {
-        [[maybe_unused]] const int in_order[] = {0, (check_arg<Nodes, Args, Args...>(), 0)...};
-        return true;
-    }
-    template <class PP, class... Args>
-    static constexpr bool check_leaf_nodes() {
-        constexpr auto& ids = detail::node_ids_of_kind<typename PP::program, op_kind::leaf>;
-        return []<std::size_t... Is>(std::index_sequence<Is...>) {
-            [[maybe_unused]] const int in_order[] = {0, (check_leaf_node<PP, ids[Is], Args...>(), 0)...};
-            return true;
-        }(std::make_index_sequence<ids.size()>{});
-    }
-    template <class Nodes, class Arg, class... Args>
-    static constexpr void check_arg() {
-        static_assert(detail::is_leaf_binding_v<Arg> || detail::is_grad_binding_v<Arg> ||
-                          detail::is_seed_binding_v<Arg> || std::is_same_v<Arg, create_graph_t>,
-                      "typegrad: arguments of value_and_grad/forward/backward are tg::bind(...), "
-                      "tg::grad_into(...) and tg::seed(...).");
-        if constexpr (detail::is_leaf_binding_v<Arg>) {
-            using L = typename Arg::leaf_type;
-            detail::check_leaf_binding_usable<L, Nodes>();
-            detail::check_bound_once<L, detail::count_leaf_bindings<L, Args...>()>();
-        } else if constexpr (detail::is_grad_binding_v<Arg>) {
-            using L = typename Arg::leaf_type;
-            detail::check_grad_target<L, wrt_list, detail::topo<Loss>>();
-            static_assert(detail::count_grad_bindings<L, Args...>() <= 1,
-                          "typegrad: grad_into names the same leaf twice in one call.");
-        }
-    }
-    template <class PP, std::size_t N, class... Args>
-    static constexpr void check_leaf_node() {
-        using node = typename PP::program::template node_at<N>;
-        if constexpr (detail::is_bound_leaf<node>()) {
-            constexpr bool bound = detail::count_leaf_bindings<node, Args...>() > 0;
-            detail::check_has_binding<node, bound, PP::plan.needed[N]>();
-            detail::check_shape_known<node, bound, !node::shape_type::is_static>();
-        }
-    }
+    template <class PP, class Seq, class... Args>
+    struct leaf_nodes_check;
+    template <class PP, std::size_t... Is, class... Args>
+    struct leaf_nodes_check<PP, std::index_sequence<Is...>, Args...> {
+        template <std::size_t I>
+        using node = typename PP::program::template node_at<detail::node_ids_of_kind<typename PP::program, op_kind::leaf>[I]>;
+        static_assert(detail::all_true(
+            {(sizeof(detail::leaf_node_check<node<Is>, detail::is_bound_leaf<node<Is>>(),
+                                             PP::plan.needed[detail::node_ids_of_kind<typename PP::program, op_kind::leaf>[Is]],
+                                             Args...>) > 0)...}));
+    };
 
     template <class PP, class... Args>
     static void bind_leaves(typename PP::state_type& st, const Args&... args) {
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>..., PP::M};
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>::value..., PP::M};
         // Leaves no argument binds have static shapes (check_calls): their extents.
         constexpr std::array<bool, PP::M + 1> unbound = [&] {
             std::array<bool, PP::M + 1> r{};
@@ -660,7 +666,7 @@ private:
     // (a function per argument named by the plan would make symbol text quadratic).
     template <class PP, class... Args>
     static void check_leaf_sizes(const typename PP::state_type& st, const Args&... args) {
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>..., PP::M};
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>::value..., PP::M};
         std::array<std::size_t, sizeof...(Args) + 1> need{};
         for (std::size_t i = 0; i < sizeof...(Args); ++i)
             if (ids[i] != PP::M) need[i] = detail::checked_numel<PP>(st, ids[i]);
@@ -675,7 +681,7 @@ private:
         std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> in_ranges{};
         std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> out_ranges{};
         std::size_t n_in = 0, n_out = 0;
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>..., PP::M};
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>::value..., PP::M};
         std::size_t arg = 0;
         [[maybe_unused]] const int ranges_in_order[] = {
             0, (detail::note_range(args, ids[arg] < PP::M ? detail::node_numel<PP>(st, ids[arg]) : 0, in_ranges.data(),
@@ -715,7 +721,7 @@ private:
             auto one = [&]<class H>(std::type_identity<H>) {
                 using L = typename detail::underlying_leaf<detail::type_at_t<0, typename H::children>>::type;
                 if constexpr (detail::any_true({detail::grads_leaf_v<Args, L>...})) {
-                    if (st.mut[PP::program::template id_of<L>] == nullptr)
+                    if (st.mut[PP::program::template id_of<L>::value] == nullptr)
                         throw binding_error(detail::message("typegrad: post_accumulate_grad_hook on ", L::name(),
                                                             " writes the param, but it was bound read-only; bind "
                                                             "a writable buffer"));
@@ -739,7 +745,7 @@ private:
                 value_type* g = nullptr;
                 detail::for_each_arg([&](const auto& a) { g = g ? g : grad_ptr(a); }, args...);
                 if (!g) return;
-                constexpr std::size_t id = PP::program::template id_of<L>;
+                constexpr std::size_t id = PP::program::template id_of<L>::value;
                 std::span<const std::size_t> ext(st.ext.data() + PP::rank_offset[id], L::shape_type::rank);
                 F{}(grad_view<value_type>{static_cast<value_type*>(st.mut[id]), ext}, grad_view<value_type>{g, ext});
             };
@@ -822,7 +828,7 @@ private:
         const std::size_t n = detail::anomaly_node();
         if (n == detail::no_anomaly) return;
         constexpr auto forward_nodes = []<class... Ns>(detail::type_list<Ns...>) {
-            return std::array<bool, PP::M>{(detail::topo<Loss>::template id_of<Ns> != detail::no_parent)...};
+            return std::array<bool, PP::M>{(detail::topo<Loss>::template id_of<Ns>::value != detail::no_parent)...};
         }(typename PP::program::nodes{});
         throw anomaly_error(detail::message("typegrad: anomaly: node %", n, " '", PP::program::info[n].name, "' (",
                                             forward_nodes[n] ? "forward" : "backward",
@@ -853,7 +859,7 @@ private:
     static value_type read_loss(const typename PP::state_type& st, value_type slot) {
         if constexpr (Loss::kind == op_kind::elementwise) return slot;
         else if constexpr (Loss::kind == op_kind::constant) return static_cast<value_type>(Loss::value);
-        else return value_from(*static_cast<const detail::buffer_t<Loss>*>(st.ptr[PP::program::template id_of<Loss>]));
+        else return value_from(*static_cast<const detail::buffer_t<Loss>*>(st.ptr[PP::program::template id_of<Loss>::value]));
     }
     template <class PP, class N>
     static void copy_node_value(const typename PP::state_type& st, value_type* dst, std::size_t n) {
@@ -861,7 +867,7 @@ private:
             std::fill(dst, dst + n, static_cast<value_type>(N::value));
         } else {
             // the output may be a strided view: walk it in row-major order
-            constexpr std::size_t id = PP::program::template id_of<N>;
+            constexpr std::size_t id = PP::program::template id_of<N>::value;
             constexpr std::size_t rank = N::shape_type::rank;
             const auto* src = static_cast<const detail::buffer_t<N>*>(st.ptr[id]);
             for (std::size_t e = 0; e < n; ++e) {
@@ -881,14 +887,14 @@ private:
     // each of O(N) symbol names).
     template <class PP, class FwdPP, std::size_t... Ns>
     static constexpr std::array<std::size_t, PP::M + 1> forward_ids(std::index_sequence<Ns...>) {
-        return {FwdPP::program::template id_of<typename PP::program::template node_at<Ns>>..., FwdPP::M};
+        return {FwdPP::program::template id_of<typename PP::program::template node_at<Ns>>::value..., FwdPP::M};
     }
     template <class N, bool InForward>
     static constexpr bool restorable = InForward || !detail::is_bound_leaf<N>() || N::shape_type::is_static;
     template <class PP, class FwdPP, std::size_t... Ns>
     static constexpr bool all_restorable(std::index_sequence<Ns...>) {
         return detail::all_true({restorable<typename PP::program::template node_at<Ns>,
-                                            FwdPP::program::template contains<typename PP::program::template node_at<Ns>>>...});
+                                            FwdPP::program::template contains<typename PP::program::template node_at<Ns>>::value>...});
     }
     template <class PP, class FwdPP, class FwdState>
     static void restore_nodes(typename PP::state_type& st, const FwdState& fst) {
@@ -896,7 +902,7 @@ private:
                       "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
                       "forward pass did not bind; bind it in forward(...).");
         constexpr auto fwd = forward_ids<PP, FwdPP>(std::make_index_sequence<PP::M>{});
-        constexpr std::size_t seed = PP::program::template id_of<seed_leaf>;
+        constexpr std::size_t seed = PP::program::template id_of<seed_leaf>::value;
         constexpr auto& info = PP::program::info;
         for (std::size_t n = 0; n < PP::M; ++n) {
             const std::size_t f = fwd[n];
@@ -916,10 +922,10 @@ private:
     }
     template <class PP, class FwdPP, class FwdState, class... Args>
     static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
-        if constexpr (!PP::program::template contains<seed_leaf>) {
+        if constexpr (!PP::program::template contains<seed_leaf>::value) {
             return;  // no gradient requested: nothing reads the seed
         } else {
-        constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
+        constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
         static_assert(detail::count_true({detail::is_seed_binding_v<Args>...}) == 1,
                       "typegrad: backward(ctx, ...) takes one tg::seed(...).");
         auto set = [&](const auto& b) {
@@ -934,13 +940,13 @@ private:
         using S = typename seed_leaf::shape_type;
         for (std::size_t a = 0; a < S::rank; ++a)
             st.ext[PP::rank_offset[id] + a] =
-                fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>] + a];
+                fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
         }
     }
     template <class PP, class... Args>
     static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
-        if constexpr (PP::program::template contains<seed_leaf>) {
-            constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
+        if constexpr (PP::program::template contains<seed_leaf>::value) {
+            constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
             auto check = [&](const auto& b) {
                 using B = std::remove_cvref_t<decltype(b)>;
                 if constexpr (detail::is_seed_binding_v<B>) {
@@ -1023,7 +1029,7 @@ namespace detail {
 template <class Loss>
 struct not_in_forward {
     template <class N>
-    struct test : std::bool_constant<topo<Loss>::template id_of<N> == no_parent> {};
+    struct test : std::bool_constant<topo<Loss>::template id_of<N>::value == no_parent> {};
 };
 template <class Step, class... Ls>
 auto backward_nodes_of(type_list<Ls...>)

@@ -107,8 +107,8 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
     template <class N, class FwdPP>
     static constexpr bool is_saved() {
         if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
-        else if constexpr (!FwdPP::program::template contains<N>) return false;
-        else return FwdPP::plan.computed[FwdPP::program::template id_of<N>];
+        else if constexpr (!FwdPP::program::template contains<N>::value) return false;
+        else return FwdPP::plan.computed[FwdPP::program::template id_of<N>::value];
     }
     template <class FwdPP>
     struct saved_in {
@@ -192,7 +192,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                 static_assert(count_leaf<L, Args...>() <= 1, "typegrad: a leaf is bound twice in one call; bind each leaf once.");
             } else if constexpr (is_grad_arg<Arg>) {
                 using L = typename Arg::leaf_type;
-                check_grad_target<L, typename step_type::wrt_list, topo<Loss>>();
+                static_assert(sizeof(check_grad_target<L, typename step_type::wrt_list, topo<Loss>>));
                 static_assert(count_grad<L, Args...>() <= 1, "typegrad: grad_into names the same leaf twice in one call.");
             }
         };
@@ -213,8 +213,8 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
         using node = typename PP::program::template node_at<N>;
         if constexpr (is_bound_leaf<node>()) {
             constexpr bool bound = count_leaf<node, Args...>() > 0;
-            check_has_binding<node, bound, PP::plan.needed[N]>();
-            check_shape_known<node, bound, !node::shape_type::is_static>();
+            static_assert(sizeof(check_has_binding<node, bound, PP::plan.needed[N]>) &&
+                          sizeof(check_shape_known<node, bound, !node::shape_type::is_static>));
         }
     }
 
@@ -256,7 +256,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
             using B = std::remove_cvref_t<decltype(b)>;
             if constexpr (is_leaf_arg<B>) {
                 using L = typename B::leaf_type;
-                constexpr std::size_t id = PP::program::template id_of<L>;
+                constexpr std::size_t id = PP::program::template id_of<L>::value;
                 const std::size_t need = checked_numel<PP>(st, id);
                 if (b.size != unknown_size && b.size != need)
                     throw shape_error(message("typegrad: bind(", L::name(), ", ...): the device buffer has ", b.size,
@@ -372,7 +372,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
             compute_shapes<PP>(st);
             check_leaf_sizes<PP>(st, args...);
             const cuda::detail::compiled_module& m = cuda::detail::module_for<PP>();
-            constexpr std::size_t loss_id = PP::program::template id_of<Loss>;
+            constexpr std::size_t loss_id = PP::program::template id_of<Loss>::value;
             const std::size_t loss_n = node_numel<PP>(st, loss_id);
             cuda::detail::device_run<PP> run;
             run.layout(st, loss_n * sizeof(T));
@@ -439,7 +439,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
         T v{};
         if constexpr (Loss::kind == op_kind::constant) return static_cast<T>(Loss::value);
         else if constexpr (Loss::kind == op_kind::elementwise) cuda::detail::copy_to_host(&v, slot, sizeof v);
-        else cuda::detail::copy_to_host(&v, st.ptr[PP::program::template id_of<Loss>], sizeof v);
+        else cuda::detail::copy_to_host(&v, st.ptr[PP::program::template id_of<Loss>::value], sizeof v);
         return v;
     }
 
@@ -447,7 +447,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
     static void restore_node(typename PP::state_type& st, const FwdState& fst) {
         using node = typename PP::program::template node_at<N>;
         if constexpr (contains_v<node, typename FwdPP::program::nodes>) {
-            constexpr std::size_t f = FwdPP::program::template id_of<node>;
+            constexpr std::size_t f = FwdPP::program::template id_of<node>::value;
             if constexpr (node::kind == op_kind::leaf) {
                 for (std::size_t a = 0; a < node::shape_type::rank; ++a)
                     st.ext[PP::rank_offset[N] + a] = fst.ext[FwdPP::rank_offset[f] + a];
@@ -466,7 +466,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
     template <class PP, class FwdPP, class FwdState, class... Args>
     static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
         if constexpr (contains_v<seed_leaf, typename PP::program::nodes>) {
-            constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
+            constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
             static_assert((std::size_t(is_seed_arg<Args>) + ... + 0) == 1, "typegrad: backward(ctx, ...) takes one tg::seed(...).");
             auto set = [&](const auto& b) {
                 using B = std::remove_cvref_t<decltype(b)>;
@@ -478,13 +478,13 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
             (set(args), ...);
             using S = typename seed_leaf::shape_type;
             for (std::size_t a = 0; a < S::rank; ++a)
-                st.ext[PP::rank_offset[id] + a] = fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>] + a];
+                st.ext[PP::rank_offset[id] + a] = fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
         }
     }
     template <class PP, class... Args>
     static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
         if constexpr (contains_v<seed_leaf, typename PP::program::nodes>) {
-            constexpr std::size_t id = PP::program::template id_of<seed_leaf>;
+            constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
             auto check = [&](const auto& b) {
                 using B = std::remove_cvref_t<decltype(b)>;
                 if constexpr (is_seed_arg<B>) {

@@ -20,7 +20,7 @@ template <class List, class T>
 struct list_ids;
 template <class... Ss, class Prog>
 struct list_ids<type_list<Ss...>, Prog> {
-    static constexpr std::array<std::size_t, sizeof...(Ss)> value{Prog::template id_of<Ss>...};
+    static constexpr std::array<std::size_t, sizeof...(Ss)> value{Prog::template id_of<Ss>::value...};
 };
 
 // Everything the planner and kernels need about one (program, outputs) pair.

@@ -159,11 +159,13 @@ struct program {
     // by the topological table's parent edge, O(1) per look-up (see type_at)
     template <std::size_t I>
     using node_at = typename topo_at<Topo, I>::type;
-    // A node's id; `size` when the graph does not hold it.
+    // A node's id (`::value`; `size` when the graph does not hold it), as a type (see topo).
     template <class N>
-    static constexpr std::size_t id_of = Topo::template id_of<N> == no_parent ? size : Topo::template id_of<N>;
+    using id_of = std::integral_constant<std::size_t, Topo::template id_of<N>::value == no_parent
+                                                          ? size
+                                                          : Topo::template id_of<N>::value>;
     template <class N>
-    static constexpr bool contains = Topo::template id_of<N> != no_parent;
+    using contains = std::bool_constant<Topo::template id_of<N>::value != no_parent>;
 };
 
 // ---- planning ------------------------------------------------------------------------------

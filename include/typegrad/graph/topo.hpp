@@ -16,6 +16,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include <typegrad/graph/cvec.hpp>
@@ -170,7 +171,10 @@ struct topo_list<Topo, std::index_sequence<Is...>> {
 };
 
 // The graph reached from Roots: `type` (a type_list in topological order), `size`, `table`
-// (operand ids per node), `id_of<N>`.
+// (operand ids per node), `id_of<N>::value`. A node's id is a type (an integral_constant), not a
+// variable template: g++ names every variable it instantiates, and a name spelling the graph and
+// the node costs it a large allocation (and, past a few blocks, a walk of its free page list:
+// about 10 ms each at 8 GPT blocks, for hundreds of look-ups).
 template <class... Roots>
 struct topo {
     using roots = type_list<Roots...>;
@@ -179,7 +183,7 @@ struct topo {
     static constexpr topo_arrays<size> table = topo_fixed<size>(root_descs);
     using type = typename topo_list<topo>::type;
     template <class N>
-    static constexpr std::size_t id_of = table.find(&N::desc);  // no_parent when absent
+    using id_of = std::integral_constant<std::size_t, table.find(&N::desc)>;  // no_parent when absent
 };
 
 // The nodes reached from Roots, each once, children before parents.

@@ -234,7 +234,7 @@ struct rewrite_node<Spec, node<Op, Cs...>, type_list<Ns...>> {
 
 // Whether N is in the graph Fixed (a topo struct; void: none).
 template <class Fixed, class N>
-struct is_fixed_trait : std::bool_constant<Fixed::template id_of<N> != no_parent> {};
+struct is_fixed_trait : std::bool_constant<Fixed::template id_of<N>::value != no_parent> {};
 template <class N>
 struct is_fixed_trait<void, N> : std::false_type {};
 template <class Fixed, class N>

@@ -527,34 +527,63 @@ struct custom_kernel_info<node<custom_backward_op<Op>, Cs...>> {
     using op = Op;
 };
 
+// A custom kernel's inputs that it declares mutated must be writable leaves: checked by a routine
+// keyed by the op and its arity (a function per node of the plan would be named with the plan).
+template <class Op, bool Backward, std::size_t Arity>
+void check_custom_node(const node_info* info, std::size_t n, void* const* mut) {
+    [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
+        auto child = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+            if constexpr (declares_mutation<Op, Backward, K>()) {
+                const std::size_t c = info[n].child[K];
+                if (info[c].kind == op_kind::leaf) {
+                    if (mut[c] == nullptr)
+                        throw binding_error(message("typegrad: custom op input ", K - (Backward ? 2 : 0), " ('",
+                                                    info[c].name,
+                                                    "') is mutated but was bound read-only; bind a writable buffer"));
+                } else if (info[c].kind == op_kind::view) {
+                    throw binding_error(message("typegrad: custom op input ", K - (Backward ? 2 : 0),
+                                                " is mutated but is a view; pass tg::contiguous(x)"));
+                }
+            }
+        };
+        (child(std::integral_constant<std::size_t, Ks>{}), ...);
+    }(std::make_index_sequence<Arity>{});
+}
+using custom_check_fn = void (*)(const node_info*, std::size_t, void* const*);
+template <class Key>
+struct custom_check {
+    static constexpr custom_check_fn fn = nullptr;
+};
+template <class Op, std::size_t Arity, class Shape, class Value, class Buffer>
+struct custom_check<op_row_key<custom_forward_op<Op>, Arity, Shape, Value, Buffer>> {
+    static constexpr custom_check_fn fn = &check_custom_node<Op, false, Arity>;
+};
+template <class Op, std::size_t Arity, class Shape, class Value, class Buffer>
+struct custom_check<op_row_key<custom_backward_op<Op>, Arity, Shape, Value, Buffer>> {
+    static constexpr custom_check_fn fn = &check_custom_node<Op, true, Arity>;
+};
+// The routine of each kernel node of a program (null for other kernels), by position in
+// node_ids_of_kind<Prog, kernel>.
+template <class Prog, class Seq = std::make_index_sequence<node_ids_of_kind<Prog, op_kind::kernel>.size()>>
+struct custom_checks;
+template <class Prog, std::size_t... Is>
+struct custom_checks<Prog, std::index_sequence<Is...>> {
+    static constexpr std::array<custom_check_fn, sizeof...(Is) + 1> fns{
+        custom_check<typename row_key<typename Prog::template node_at<
+            node_ids_of_kind<Prog, op_kind::kernel>[Is]>>::type>::fn...,
+        nullptr};
+};
+
 template <class PP, class State>
 void check_custom_mutations(const State& st) {
-    // Custom ops are kernel nodes: only those are instantiated (see exec/node_filter.hpp).
-    for_each_node_of_kind<typename PP::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-        using node = typename PP::program::template node_at<N>;
-        using ci = custom_kernel_info<node>;
-        if constexpr (ci::is_custom) {
-            if (!PP::plan.needed[N] || !PP::plan.computed[N]) return;
-            [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
-                auto child = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
-                    if constexpr (declares_mutation<typename ci::op, ci::backward, K>()) {
-                        constexpr std::size_t c = PP::program::info[N].child[K];
-                        constexpr op_kind k = PP::program::info[c].kind;
-                        if constexpr (k == op_kind::leaf) {
-                            if (st.mut[c] == nullptr)
-                                throw binding_error(message("typegrad: custom op input ", K - (ci::backward ? 2 : 0),
-                                                            " ('", PP::program::info[c].name,
-                                                            "') is mutated but was bound read-only; bind a writable buffer"));
-                        } else if constexpr (k == op_kind::view) {
-                            throw binding_error(message("typegrad: custom op input ", K - (ci::backward ? 2 : 0),
-                                                        " is mutated but is a view; pass tg::contiguous(x)"));
-                        }
-                    }
-                };
-                (child(std::integral_constant<std::size_t, Ks>{}), ...);
-            }(std::make_index_sequence<node::children::size>{});
-        }
-    });
+    // Custom ops are kernel nodes (see exec/node_filter.hpp).
+    constexpr auto& ids = node_ids_of_kind<typename PP::program, op_kind::kernel>;
+    constexpr auto& fns = custom_checks<typename PP::program>::fns;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::size_t n = ids[i];
+        if (fns[i] != nullptr && PP::plan.needed[n] && PP::plan.computed[n])
+            fns[i](PP::program::info.data(), n, st.mut.data());
+    }
 }
 
 // (node, input) pairs of custom backward kernels that mutate an input requiring grad: only
