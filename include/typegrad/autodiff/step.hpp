@@ -70,21 +70,9 @@ struct detect_anomaly {};
 namespace detail {
 
 template <class Binding, class Leaf>
-inline constexpr bool binds_leaf_v = false;
-template <class Leaf>
-inline constexpr bool binds_leaf_v<leaf_binding<Leaf>, Leaf> = true;
-template <class Binding, class Leaf>
 inline constexpr bool grads_leaf_v = false;
 template <class Leaf, bool A>
 inline constexpr bool grads_leaf_v<grad_binding<Leaf, A>, Leaf> = true;
-
-template <class Leaf, class... Bs>
-constexpr std::size_t leaf_binding_index() {
-    constexpr bool hit[] = {binds_leaf_v<Bs, Leaf>..., true};
-    std::size_t i = 0;
-    while (!hit[i]) ++i;
-    return i;
-}
 
 template <class B> struct binding_leaf { using type = void; };
 template <class L> struct binding_leaf<leaf_binding<L>> { using type = L; };
