@@ -37,6 +37,19 @@ struct topo_table {
 constexpr std::size_t hash_slot(std::uint64_t h, std::size_t mask) {
     return static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> 17) & mask;
 }
+// The id table of the search and of topo_arrays: open addressing over node ids (no_parent marks
+// an empty bucket), keyed by the descriptor's hash, over raw pointers (see run_topo).
+constexpr void hash_insert(std::size_t* table, std::size_t mask, std::uint64_t hash, std::size_t id) {
+    std::size_t s = hash_slot(hash, mask);
+    while (table[s] != no_parent) s = (s + 1) & mask;
+    table[s] = id;
+}
+constexpr std::size_t hash_find(const std::size_t* table, std::size_t mask, const node_desc* const* order,
+                                const node_desc* d) {
+    std::size_t s = hash_slot(d->hash, mask);
+    while (table[s] != no_parent && order[table[s]] != d) s = (s + 1) & mask;
+    return table[s];  // no_parent when absent
+}
 
 // Iterative depth-first search (no recursion: a 1000-op chain is 1000 levels deep), written
 // over raw pointers: clang allows 2^20 steps per constant evaluation and charges every statement
@@ -67,17 +80,9 @@ constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots)
         table.assign(2 * cap, no_parent);
         tb = table.data();
         mask = 2 * cap - 1;
-        for (std::size_t i = 0; i < m; ++i) {
-            std::size_t s = hash_slot(order[i]->hash, mask);
-            while (tb[s] != no_parent) s = (s + 1) & mask;
-            tb[s] = i;
-        }
+        for (std::size_t i = 0; i < m; ++i) hash_insert(tb, mask, order[i]->hash, i);
     };
-    auto find = [&](const node_desc* d) {
-        std::size_t s = hash_slot(d->hash, mask);
-        while (tb[s] != no_parent && order[tb[s]] != d) s = (s + 1) & mask;
-        return tb[s];
-    };
+    auto find = [&](const node_desc* d) { return hash_find(tb, mask, order, d); };
     grow();
     for (std::size_t r = 0; r < NRoots; ++r) {
         if (find(roots[r]) != no_parent) continue;  // reached from an earlier root
@@ -97,9 +102,7 @@ constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots)
             }
             const std::size_t id = m++;
             order[id] = f.d, slot[id] = f.slot, parent[id] = no_parent;
-            std::size_t h = hash_slot(f.d->hash, mask);
-            while (tb[h] != no_parent) h = (h + 1) & mask;
-            tb[h] = id;
+            hash_insert(tb, mask, f.d->hash, id);
             for (std::size_t c = f.head; c != no_parent; c = lk[c]) parent[c] = id;
             if (--depth) {
                 lk[id] = st[depth - 1].head;
@@ -126,9 +129,7 @@ struct topo_arrays {
     std::array<std::size_t, buckets> table{};
 
     constexpr std::size_t find(const node_desc* d) const {
-        for (std::size_t s = hash_slot(d->hash, buckets - 1);; s = (s + 1) & (buckets - 1)) {
-            if (table[s] == no_parent || order[table[s]] == d) return table[s];
-        }
+        return hash_find(table.data(), buckets - 1, order.data(), d);
     }
 };
 
@@ -143,11 +144,7 @@ constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& 
     for (std::size_t i = 0; i < M; ++i) order[i] = t_order[i], parent[i] = t_parent[i], slot[i] = t_slot[i];
     for (std::size_t i = 0; i < M * max_arity; ++i) child[i] = t_child[i];
     for (std::size_t i = 0; i < r.buckets; ++i) tb[i] = no_parent;
-    for (std::size_t i = 0; i < M; ++i) {
-        std::size_t s = hash_slot(t_order[i]->hash, r.buckets - 1);
-        while (tb[s] != no_parent) s = (s + 1) & (r.buckets - 1);
-        tb[s] = i;
-    }
+    for (std::size_t i = 0; i < M; ++i) hash_insert(tb, r.buckets - 1, t_order[i]->hash, i);
     return r;
 }
 
