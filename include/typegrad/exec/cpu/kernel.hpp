@@ -112,7 +112,6 @@ template <class Val, class Buf, class V>
 // and equal loops of different blocks or graphs now share one function. The node ids it reads
 // and writes come at run time (loop_args).
 
-
 // Where a loop's operands live at run time.
 struct loop_args {
     const void* const* ptr;         // materialised node buffers, by node id
