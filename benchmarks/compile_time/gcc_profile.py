@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where g++'s time goes on one program: sampled call stacks of cc1plus, classified.
 
-usage: gcc_profile.py FILE.cpp [--include DIR] [--freq 40] [--keep-data]
+usage: gcc_profile.py FILE.cpp [--include DIR] [--freq 40] [--keep-data] [--callers N]
 
 Runs `perf record --call-graph dwarf` on the cc1plus that `g++ -std=c++20 -O2 -march=native -c`
 starts for FILE.cpp, then counts the samples whose stack holds:
@@ -12,7 +12,9 @@ starts for FILE.cpp, then counts the samples whose stack holds:
     hot loop is the search of the free-page list for a page of the requested size),
   - constant evaluation (`cxx_eval_*`), template instantiation (`instantiate_*`, `tsubst*`),
     the middle end (`execute_one_pass`), and `symbol_table::finalize_compilation_unit`.
-The same sample can count in several rows (they are inclusive). Needs perf (linux-perf) and
+The same sample can count in several rows (they are inclusive). --callers N lists, for the
+free-page walk and for the mangler, the N most frequent named frames that led there (the first
+dynamic symbols above the allocator or outside the mangler: who allocates, who asks for names). Needs perf (linux-perf) and
 permission to profile (perf_event_paranoid <= 1, or root). benchmarks/README.md, "Seventh round",
 used it on 8 GPT blocks.
 """
@@ -75,6 +77,7 @@ def main():
     ap.add_argument('--include', default=os.path.join(os.path.dirname(__file__), '..', '..', 'include'))
     ap.add_argument('--freq', type=int, default=40)
     ap.add_argument('--keep-data', action='store_true')
+    ap.add_argument('--callers', type=int, default=0)
     args = ap.parse_args()
     if not shutil.which('perf'):
         sys.exit('gcc_profile: perf not found (apt-get install linux-perf)')
@@ -113,6 +116,20 @@ def main():
     for name, test in rows.items():
         k = sum(1 for s in samples if test(s))
         print(f'{100.0 * k / max(n, 1):5.1f}%  {name}')
+    if args.callers:
+        skip = ('ggc_internal_alloc', 'ggc_internal_cleared_alloc', '[unknown]', '')
+
+        def named_callers(frames, depth=3):
+            names = [n for _, n in frames if n not in skip and not n.startswith('0x')]
+            return ' < '.join(names[:depth])
+        walk = collections.Counter(named_callers(s[1:]) for s in samples if s[0][1] == 'ggc_internal_alloc')
+        mangler = collections.Counter(
+            named_callers([f for f in s if not lo <= f[0] + base < hi])
+            for s in samples if any(lo <= ip + base < hi for ip, _ in s))
+        for title, counter in (('free-page walk, called from', walk), ('mangler, called from', mangler)):
+            print(title + ':')
+            for key, k in counter.most_common(args.callers):
+                print(f'  {100.0 * k / max(n, 1):5.1f}%  {key}')
     if args.keep_data:
         print('perf data:', data)
     else:

@@ -30,14 +30,95 @@ struct reverse_state {
     using pendings = Pendings;
     using results = Results;
 };
+
+// VJP rules run on stand-ins, as JAX traces a function on abstract values. A rule is written with
+// the ops' functions (operator*, sum_to, ...), and g++ names (mangles) every function it
+// instantiates: called with the graph's own node types, each call would be named with the
+// subgraphs of its operands, and a model's backward would pay for thousands of names each as long
+// as the graph. So a rule is called on stand-ins that keep of each operand only what rules and
+// shape rules read (dtype, shape, flags, and the two patterns the simplifications look for), and
+// its result is mapped back onto the graph by a class-level substitution. Traces are shared by
+// every node with the same op and operand metadata: the blocks of a transformer share them.
+template <std::size_t K, class T, class Shape, bool RequiresGrad, bool Contiguous, op_kind Kind>
+struct stand_in {
+    using value_type = T;
+    using shape_type = Shape;
+    static constexpr op_kind kind = Kind;
+    static constexpr bool requires_grad = RequiresGrad;
+    static constexpr bool contiguous = Contiguous;
+    static constexpr node_desc desc{0, hash_mix(0x57A4D1ull, K)};
+};
+template <std::size_t K, class P>
+using stand_in_of = stand_in<K, typename P::value_type, typename P::shape_type, P::requires_grad, P::contiguous, P::kind>;
+
+// What of an operand a stand-in keeps: `parts` are the graph types it stands for, `with<L>` the
+// stand-in given a type_list of stand-ins for the parts. Constants are kept (they fold), and so
+// are a negation and a broadcast constant (x - (-y), the seed of a sum times a value).
+template <class T>
+struct pattern_of {
+    using parts = type_list<T>;
+    template <class L>
+    using with = type_at_t<0, L>;
+};
+template <std::uint64_t V>
+struct pattern_of<constant<V>> {
+    using parts = type_list<>;
+    template <class L>
+    using with = constant<V>;
+};
+template <class X>
+struct pattern_of<node<neg_op, X>> {
+    using parts = type_list<X>;
+    template <class L>
+    using with = node<neg_op, type_at_t<0, L>>;
+};
+template <std::uint64_t V, class Like>
+struct pattern_of<node<expand_op, constant<V>, Like>> {
+    using parts = type_list<Like>;
+    template <class L>
+    using with = node<expand_op, constant<V>, type_at_t<0, L>>;
+};
+// Equal parts get one stand-in (x * x stays a square), numbered by first occurrence in All.
+template <class Parts, class All>
+struct stand_ins_for;
+template <class... Ps, class All>
+struct stand_ins_for<type_list<Ps...>, All> {
+    using type = type_list<stand_in_of<index_of<Ps, All>::value, Ps>...>;
+};
+template <class T, class All>
+using stand_in_t = typename pattern_of<T>::template with<typename stand_ins_for<typename pattern_of<T>::parts, All>::type>;
+
+// The stand-ins back to graph types (All: the parts in stand-in order).
+template <class T, class All>
+struct substitute {
+    using type = T;
+};
+template <std::size_t K, class T, class Shape, bool R, bool C, op_kind Kind, class All>
+struct substitute<stand_in<K, T, Shape, R, C, Kind>, All> {
+    using type = type_at_t<K, All>;
+};
+template <class Op, class... Cs, class All>
+struct substitute<node<Op, Cs...>, All> {
+    using type = node<Op, typename substitute<Cs, All>::type...>;
+};
+
+// Rule::template apply<Ss...>::type (an expr over stand-ins) for the graph types Ts..., as a graph type.
+template <class Rule, class... Ts>
+struct traced {
+    using all = concat_t<typename pattern_of<Ts>::parts...>;
+    using type = typename substitute<typename Rule::template apply<stand_in_t<Ts, all>...>::type::node_type, all>::type;
+};
+
 // The contribution of node N = node<Op, Cs...> with adjoint G to its I-th child, summed down
-// to the child's shape where the op broadcast it. The reverse pass is written with classes and
-// type aliases only: g++ names (mangles) every function and static variable it instantiates,
-// and a name holding a node type spells its subgraph, so a function per node would make the
-// symbol text grow with the square of the graph.
-template <class Shape, class Raw>
-struct summed_to {
-    using type = typename decltype(sum_to<Shape>(Raw{}))::node_type;
+// to the child's shape where the op broadcast it: Op's VJP rule, traced.
+template <class Op, std::size_t I, class ChildShape>
+struct vjp_rule {
+    template <class G, class Out, class... Cs>
+    struct apply {
+        using raw = decltype(Op::template vjp<I>(expr<G>{}, expr<Out>{}, expr<Cs>{}...));
+        using type = std::conditional_t<__is_same(typename raw::shape_type, ChildShape), raw,
+                                        decltype(sum_to<ChildShape>(raw{}))>;
+    };
 };
 template <bool Active, class N, class G, std::size_t I>
 struct contribution_of {
@@ -46,11 +127,8 @@ struct contribution_of {
 template <class Op, class... Cs, class G, std::size_t I>
 struct contribution_of<true, node<Op, Cs...>, G, I> {
     using child = type_at_t<I, type_list<Cs...>>;
-    using raw = decltype(Op::template vjp<I>(expr<G>{}, expr<node<Op, Cs...>>{}, expr<Cs>{}...));
     using type = type_list<pending<
-        child, typename std::conditional_t<__is_same(typename raw::shape_type, typename child::shape_type),
-                                           std::type_identity<typename raw::node_type>,
-                                           summed_to<typename child::shape_type, raw>>::type>>;
+        child, typename traced<vjp_rule<Op, I, typename child::shape_type>, G, node<Op, Cs...>, Cs...>::type>>;
 };
 template <class N, class G, std::size_t I>
 struct child_contribution;
@@ -69,19 +147,26 @@ struct children_contributions<node<Op, Cs...>, G, std::index_sequence<Is...>> {
 
 // A node's adjoint has the node's dtype, as in PyTorch's engine: a bf16 value gets a bf16
 // gradient even where the op that read it computed in float (and so a leaf gets its own dtype).
-template <class T, class Total>
-struct cast_to {
-    using type = decltype(cast<T>(Total{}));
+template <class T>
+struct sum_rule {
+    template <class... Ms>
+    struct apply {
+        using total = decltype((expr<Ms>{} + ...));
+        using V = typename total::value_type;
+        using type = std::conditional_t<!is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V), total,
+                                        decltype(cast<T>(total{}))>;
+    };
 };
 template <class T, class Contributions>
 struct summed_contributions;
-template <class T, class... Ms>
-struct summed_contributions<T, type_list<Ms...>> {
-    using total = decltype((expr<Ms>{} + ...));
-    using V = typename total::value_type;
+template <class T, class M>
+struct summed_contributions<T, type_list<M>> {
+    using V = typename M::value_type;
     using type = typename std::conditional_t<!is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V),
-                                             std::type_identity<total>, cast_to<T, total>>::type;
+                                             std::type_identity<M>, traced<sum_rule<T>, M>>::type;
 };
+template <class T, class... Ms>
+struct summed_contributions<T, type_list<Ms...>> : traced<sum_rule<T>, Ms...> {};
 
 // Filters of the pending list (no fold: the list can be long).
 template <class N>
@@ -97,12 +182,12 @@ type_list<typename Ps::contribution...> contributions(type_list<Ps...>);
 template <class N, class Matched, class Rest, class Results, bool IsLeaf = N::kind == op_kind::leaf>
 struct reverse_visit {
     // a leaf keeps its adjoint
-    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type::node_type;
+    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type;
     using type = reverse_state<Rest, concat_t<Results, type_list<pending<N, adjoint>>>>;
 };
 template <class N, class Matched, class Rest, class Results>
 struct reverse_visit<N, Matched, Rest, Results, false> {
-    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type::node_type;
+    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type;
     using more = typename children_contributions<N, adjoint, std::make_index_sequence<N::children::size>>::type;
     // retain_grad nodes keep their adjoint for grad_into, and pass it on
     using results = std::conditional_t<is_retained_v<N>, concat_t<Results, type_list<pending<N, adjoint>>>, Results>;
@@ -175,11 +260,17 @@ struct find_adjoint<Leaf, type_list<Rs...>> {
 };
 
 // The gradient of Leaf in canonical form (`type`, a node): an elementwise node of the leaf's shape
-// and dtype (zeros when the leaf does not reach the root). Classes, as the pass above: a function
-// per gradient would be named with the gradient's graph.
+// and dtype (zeros when the leaf does not reach the root). Traced, as the pass above.
 template <class Adjoint, class Leaf>
 struct expanded_to_leaf {
-    using type = typename decltype(make_node<expand_op>(expr<Adjoint>{}, expr<Leaf>{}))::node_type;
+    using type = node<expand_op, Adjoint, Leaf>;
+};
+template <class T>
+struct cast_rule {
+    template <class A>
+    struct apply {
+        using type = decltype(cast<T>(expr<A>{}));
+    };
 };
 template <class Leaf, class Adjoint,
           bool NeedsCast = is_dtype_v<typename Adjoint::value_type> &&
@@ -191,7 +282,7 @@ struct canonical_gradient {
 };
 template <class Leaf, class Adjoint>
 struct canonical_gradient<Leaf, Adjoint, true>
-    : canonical_gradient<Leaf, typename decltype(cast<typename Leaf::value_type>(expr<Adjoint>{}))::node_type> {};
+    : canonical_gradient<Leaf, typename traced<cast_rule<typename Leaf::value_type>, Adjoint>::type> {};
 // A unit seed has the output's shape (a [1, 1] loss is scalar too).
 template <class Root, class Seed>
 struct shaped_seed {

@@ -569,7 +569,7 @@ private:
     template <class Grads, class... Args>
     static constexpr auto accumulate_words() {
         constexpr bool is_grad[] = {detail::is_grad_binding_v<Args>..., false};
-        constexpr bool accumulates[] = {accumulate_of<Args>()..., false};
+        constexpr bool accumulates[] = {detail::accumulates<Args>::value..., false};
         std::array<std::uint64_t, Grads::size / 64 + 1> words{};
         for (std::size_t a = 0, i = 0; a < sizeof...(Args); ++a) {
             if (!is_grad[a]) continue;
@@ -587,11 +587,6 @@ private:
     };
     template <class Grads, class... Args>
     using accumulate_mask = typename accumulate_mask_of<Grads, Args...>::type;
-    template <class Arg>
-    static constexpr bool accumulate_of() {
-        if constexpr (detail::is_grad_binding_v<Arg>) return Arg::accumulate;
-        else return false;
-    }
 
     template <class PP, class Grads, bool LeavesFromArgs = true, class... Args>
     static void check_calls(const Args&...) {

@@ -75,6 +75,9 @@ template <class T> inline constexpr bool is_leaf_binding_v = false;
 template <class L> inline constexpr bool is_leaf_binding_v<leaf_binding<L>> = true;
 template <class T> inline constexpr bool is_grad_binding_v = false;
 template <class L, bool A> inline constexpr bool is_grad_binding_v<grad_binding<L, A>> = true;
+// Whether an argument is a grad_into that adds to its buffer (tg::accumulate).
+template <class T> struct accumulates : std::false_type {};
+template <class L, bool A> struct accumulates<grad_binding<L, A>> : std::bool_constant<A> {};
 template <class T> inline constexpr bool is_seed_binding_v = false;
 template <class T> inline constexpr bool is_seed_binding_v<seed_binding<T>> = true;
 

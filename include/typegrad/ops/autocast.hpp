@@ -184,52 +184,62 @@ struct cast_below_views<D, node<Op, C0, Cs...>> {
     using type = node<Op, typename cast_below_views<D, C0>::type, Cs...>;
 };
 
-// Child C (already rewritten) of an op of class Cls under Spec.
-template <class Spec, autocast_class Cls, class C>
-constexpr auto cast_input() {
-    using T = typename C::value_type;
-    if constexpr (!Spec::enabled || !is_dtype_v<T> || std::is_same_v<T, double>) {
-        return expr<C>{};
-    } else if constexpr (Cls == autocast_class::lower_precision && !std::is_same_v<T, typename Spec::dtype>) {
-        return expr<typename cast_below_views<typename Spec::dtype, C>::type>{};
-    } else if constexpr (Cls == autocast_class::fp32 && is_reduced_precision_v<T>) {
-        return expr<typename cast_below_views<float, C>::type>{};
-    } else {
-        return expr<C>{};
-    }
-}
+// Child C (already rewritten) of an op of class Cls under Spec. Classes, not functions: g++
+// names every function it instantiates, and a function of a node type is named with its subgraph.
+template <class Spec>
+struct spec_dtype {
+    using type = void;
+};
+template <class Spec>
+    requires(Spec::enabled)
+struct spec_dtype<Spec> {
+    using type = typename Spec::dtype;
+};
+template <class Spec, autocast_class Cls, class C, class T = typename C::value_type,
+          bool Active = Spec::enabled && is_dtype_v<T> && !__is_same(T, double)>
+struct cast_input {
+    using type = C;
+};
+template <class Spec, autocast_class Cls, class C, class T>
+struct cast_input<Spec, Cls, C, T, true> {
+    using D = typename spec_dtype<Spec>::type;
+    using type = typename std::conditional_t<
+        Cls == autocast_class::lower_precision && !__is_same(T, D), cast_below_views<D, C>,
+        std::conditional_t<Cls == autocast_class::fp32 && is_reduced_precision_v<T>, cast_below_views<float, C>,
+                           std::type_identity<C>>>::type;
+};
 
 template <class Spec, class Op, std::size_t I, class C>
 struct rewrite_child {
-    static constexpr auto make() {
-        if constexpr (Op::shape_only(I)) return expr<C>{};
-        else return cast_input<Spec, autocast_class_of<Op>(Spec::device::kind), C>();
-    }
-    using type = typename decltype(make())::node_type;
+    using type = typename std::conditional_t<Op::shape_only(I), std::type_identity<C>,
+                                             cast_input<Spec, autocast_class_of<Op>(Spec::device::kind), C>>::type;
 };
 
 template <class Spec, class N, class NewChildren>
 struct rewrite_node {
     using type = N;  // leaves and constants
 };
+// A marker is replaced by its (cast) child.
+template <class Spec, class Op, class C>
+struct rewrite_marker {
+    using type = C;
+};
+template <class Spec, class Op, class C>
+    requires(requires { Op::class_on(device_kind::cpu); } && Spec::enabled)
+struct rewrite_marker<Spec, Op, C> {
+    using type = typename cast_input<Spec, Op::class_on(Spec::device::kind), C>::type;
+};
+template <class Spec, class Op, class Ns, class Is = std::make_index_sequence<Ns::size>>
+struct rebuilt_node;
+template <class Spec, class Op, class... Ns, std::size_t... Is>
+struct rebuilt_node<Spec, Op, type_list<Ns...>, std::index_sequence<Is...>> {
+    using type = node<Op, typename rewrite_child<Spec, Op, Is, Ns>::type...>;
+};
 template <class Spec, class Op, class... Cs, class... Ns>
 struct rewrite_node<Spec, node<Op, Cs...>, type_list<Ns...>> {
-    template <std::size_t... Is>
-    static auto rebuild(std::index_sequence<Is...>) -> node<Op, typename rewrite_child<Spec, Op, Is, Ns>::type...>;
-    static constexpr auto make() {
-        if constexpr (is_autocast_marker_v<Op>) {
-            using C = type_at_t<0, type_list<Ns...>>;
-            if constexpr (requires { Op::class_on(device_kind::cpu); } && Spec::enabled)
-                return typename decltype(cast_input<Spec, Op::class_on(Spec::device::kind), C>())::node_type{};
-            else
-                return C{};
-        } else if constexpr (!Spec::enabled) {
-            return node<Op, Ns...>{};
-        } else {
-            return decltype(rebuild(std::index_sequence_for<Cs...>{})){};
-        }
-    }
-    using type = decltype(make());
+    using type = typename std::conditional_t<
+        is_autocast_marker_v<Op>, rewrite_marker<Spec, Op, type_at_t<0, type_list<Ns..., void>>>,
+        std::conditional_t<!Spec::enabled, std::type_identity<node<Op, Ns...>>, rebuilt_node<Spec, Op, type_list<Ns...>>>>::type;
 };
 
 // Whether N is in the graph Fixed (a topo struct; void: none).
