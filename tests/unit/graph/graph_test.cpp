@@ -86,6 +86,28 @@ TEST_CASE("grad_t names the gradient expression", "[graph][autodiff]") {
     STATIC_REQUIRE(std::is_same_v<typename B::shape_type, tg::shape<3>>);
 }
 
+template <class T>
+struct is_stand_in : std::false_type {};
+template <std::size_t K, class T, class S, bool R, bool C, tg::op_kind Kind>
+struct is_stand_in<tg::detail::stand_in<K, T, S, R, C, Kind>> : std::true_type {};
+template <class... Ns>
+constexpr bool has_stand_in(tg::detail::type_list<Ns...>) {
+    return (is_stand_in<Ns>::value || ...);
+}
+
+TEST_CASE("VJP rules traced on stand-ins keep the simplifications of the graph's own types", "[graph][autodiff]") {
+    // equal operands are one stand-in: d/dx sum(x * x) = x + x
+    STATIC_REQUIRE(std::is_same_v<tg::grad_t<decltype(tg::sum(x * x)), decltype(x)>, decltype(x + x)>);
+    // a negated adjoint negated again is the adjoint: the seed reaches x through y - (y - x) unchanged
+    using N = node_t<tg::grad_t<decltype(tg::sum(y - (y - x))), decltype(x)>>;
+    STATIC_REQUIRE_FALSE(tg::detail::is_neg_v<N>);
+    STATIC_REQUIRE(tg::detail::constant_expand<N>::value);
+    // the stand-ins never reach the gradient graph
+    using G = node_t<tg::grad_t<decltype(tg::sum(tg::exp(x) * tg::sin(y) - tg::square(x))), decltype(x)>>;
+    STATIC_REQUIRE(tg::detail::topo<G>::size > 3);
+    STATIC_REQUIRE_FALSE(has_stand_in(tg::detail::topo_t<G>{}));
+}
+
 TEST_CASE("the plan fuses value and gradient of elementwise math into one loop", "[graph][plan]") {
     auto loss = tg::sum(tg::exp(x) * y);
     using G = tg::grad_t<decltype(loss), decltype(x)>;
