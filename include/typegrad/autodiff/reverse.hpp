@@ -40,12 +40,7 @@ struct reverse_state {
 // its result is mapped back onto the graph by a class-level substitution. Traces are shared by
 // every node with the same op and operand metadata: the blocks of a transformer share them.
 template <std::size_t K, class T, class Shape, bool RequiresGrad, bool Contiguous, op_kind Kind>
-struct stand_in {
-    using value_type = T;
-    using shape_type = Shape;
-    static constexpr op_kind kind = Kind;
-    static constexpr bool requires_grad = RequiresGrad;
-    static constexpr bool contiguous = Contiguous;
+struct stand_in : operand_metadata<T, Shape, Kind, RequiresGrad, Contiguous> {
     static constexpr node_desc desc{0, hash_mix(0x57A4D1ull, K)};
 };
 template <std::size_t K, class P>

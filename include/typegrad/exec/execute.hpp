@@ -145,12 +145,7 @@ void elementwise_shape(typename PP::state_type& st, std::size_t n) {
 // The node and operand ids come at run time (node_call); a plan calls the routines through
 // tables of function pointers (node_tables), so no function is instantiated per node of a plan.
 template <class V, class S, class Buf, op_kind Kind, bool RequiresGrad, bool Contiguous>
-struct operand_stub {
-    using value_type = V;
-    using shape_type = S;
-    static constexpr op_kind kind = Kind;
-    static constexpr bool requires_grad = RequiresGrad;
-    static constexpr bool contiguous = Contiguous;
+struct operand_stub : operand_metadata<V, S, Kind, RequiresGrad, Contiguous> {
     static constexpr node_desc desc{0, 0};
 };
 template <class V, class S, class Buf, op_kind Kind, bool RequiresGrad, bool Contiguous>

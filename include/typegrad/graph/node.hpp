@@ -281,6 +281,17 @@ template <num V>
 inline constexpr expr<constant<V.bits>> lit{};
 
 namespace detail {
+// What op rules read of an operand, without its subgraph: the base of the stand-ins that VJP
+// rules are traced on (autodiff/reverse.hpp) and of the operand stubs kernels are keyed by
+// (exec/execute.hpp).
+template <class V, class Shape, op_kind Kind, bool RequiresGrad, bool Contiguous>
+struct operand_metadata {
+    using value_type = V;
+    using shape_type = Shape;
+    static constexpr op_kind kind = Kind;
+    static constexpr bool requires_grad = RequiresGrad;
+    static constexpr bool contiguous = Contiguous;
+};
 template <class Op, class... Es>
 constexpr expr<node<Op, typename Es::node_type...>> make_node(Es...) {
     return {};
