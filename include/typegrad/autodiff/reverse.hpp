@@ -106,13 +106,22 @@ struct traced {
 
 // The contribution of node N = node<Op, Cs...> with adjoint G to its I-th child, summed down
 // to the child's shape where the op broadcast it: Op's VJP rule, traced.
+// (The choices below are lazy: a branch not taken is never instantiated.)
+template <class Shape, class E>
+struct summed_to {
+    using type = decltype(sum_to<Shape>(E{}));
+};
+template <class T, class E>
+struct cast_to {
+    using type = decltype(cast<T>(E{}));
+};
 template <class Op, std::size_t I, class ChildShape>
 struct vjp_rule {
     template <class G, class Out, class... Cs>
     struct apply {
         using raw = decltype(Op::template vjp<I>(expr<G>{}, expr<Out>{}, expr<Cs>{}...));
-        using type = std::conditional_t<__is_same(typename raw::shape_type, ChildShape), raw,
-                                        decltype(sum_to<ChildShape>(raw{}))>;
+        using type = typename std::conditional_t<__is_same(typename raw::shape_type, ChildShape),
+                                                 std::type_identity<raw>, summed_to<ChildShape, raw>>::type;
     };
 };
 template <bool Active, class N, class G, std::size_t I>
@@ -148,8 +157,8 @@ struct sum_rule {
     struct apply {
         using total = decltype((expr<Ms>{} + ...));
         using V = typename total::value_type;
-        using type = std::conditional_t<!is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V), total,
-                                        decltype(cast<T>(total{}))>;
+        using type = typename std::conditional_t<!is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V),
+                                                 std::type_identity<total>, cast_to<T, total>>::type;
     };
 };
 template <class T, class Contributions>

@@ -102,6 +102,10 @@ TEST_CASE("VJP rules traced on stand-ins keep the simplifications of the graph's
     using N = node_t<tg::grad_t<decltype(tg::sum(y - (y - x))), decltype(x)>>;
     STATIC_REQUIRE_FALSE(tg::detail::is_neg_v<N>);
     STATIC_REQUIRE(tg::detail::constant_expand<N>::value);
+    // contributions that are constants add up to a constant, never cast (a weak scalar has no dtype)
+    STATIC_REQUIRE(std::is_same_v<typename tg::grad_t<decltype(tg::sum(x) + tg::sum(x)), decltype(x)>::value_type, float>);
+    STATIC_REQUIRE(std::is_same_v<typename tg::grad_t<decltype(tg::min(x) + tg::min(x)), decltype(x)>::shape_type,
+                                  tg::shape<tg::dyn>>);
     // the stand-ins never reach the gradient graph
     using G = node_t<tg::grad_t<decltype(tg::sum(tg::exp(x) * tg::sin(y) - tg::square(x))), decltype(x)>>;
     STATIC_REQUIRE(tg::detail::topo<G>::size > 3);
