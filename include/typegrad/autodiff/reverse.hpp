@@ -151,13 +151,16 @@ struct children_contributions<node<Op, Cs...>, G, std::index_sequence<Is...>> {
 
 // A node's adjoint has the node's dtype, as in PyTorch's engine: a bf16 value gets a bf16
 // gradient even where the op that read it computed in float (and so a leaf gets its own dtype).
+// (A weak scalar, the sum of constant contributions, has no dtype to cast.)
+template <class T, class V>
+concept keeps_dtype = !is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V);
+// The sum of the contributions Ms, in dtype T (a single one: the cast alone).
 template <class T>
 struct sum_rule {
     template <class... Ms>
     struct apply {
         using total = decltype((expr<Ms>{} + ...));
-        using V = typename total::value_type;
-        using type = typename std::conditional_t<!is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V),
+        using type = typename std::conditional_t<keeps_dtype<T, typename total::value_type>,
                                                  std::type_identity<total>, cast_to<T, total>>::type;
     };
 };
@@ -165,9 +168,8 @@ template <class T, class Contributions>
 struct summed_contributions;
 template <class T, class M>
 struct summed_contributions<T, type_list<M>> {
-    using V = typename M::value_type;
-    using type = typename std::conditional_t<!is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V),
-                                             std::type_identity<M>, traced<sum_rule<T>, M>>::type;
+    using type = typename std::conditional_t<keeps_dtype<T, typename M::value_type>, std::type_identity<M>,
+                                             traced<sum_rule<T>, M>>::type;
 };
 template <class T, class... Ms>
 struct summed_contributions<T, type_list<Ms...>> : traced<sum_rule<T>, Ms...> {};
@@ -269,13 +271,6 @@ template <class Adjoint, class Leaf>
 struct expanded_to_leaf {
     using type = node<expand_op, Adjoint, Leaf>;
 };
-template <class T>
-struct cast_rule {
-    template <class A>
-    struct apply {
-        using type = decltype(cast<T>(expr<A>{}));
-    };
-};
 template <class Leaf, class Adjoint,
           bool NeedsCast = is_dtype_v<typename Adjoint::value_type> &&
                            !__is_same(typename Adjoint::value_type, typename Leaf::value_type)>
@@ -286,7 +281,7 @@ struct canonical_gradient {
 };
 template <class Leaf, class Adjoint>
 struct canonical_gradient<Leaf, Adjoint, true>
-    : canonical_gradient<Leaf, typename traced<cast_rule<typename Leaf::value_type>, Adjoint>::type> {};
+    : canonical_gradient<Leaf, typename traced<sum_rule<typename Leaf::value_type>, Adjoint>::type> {};
 // A unit seed has the output's shape (a [1, 1] loss is scalar too).
 template <class Root, class Seed>
 struct shaped_seed {
