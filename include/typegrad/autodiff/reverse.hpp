@@ -128,11 +128,13 @@ template <bool Active, class N, class G, std::size_t I>
 struct contribution_of {
     using type = type_list<>;
 };
+// (An operand that is an alias node, an autocast marker, is read as the node it stands for: the
+// contribution goes to that node, which the topological order holds in its place.)
 template <class Op, class... Cs, class G, std::size_t I>
 struct contribution_of<true, node<Op, Cs...>, G, I> {
-    using child = type_at_t<I, type_list<Cs...>>;
+    using child = unalias_t<type_at_t<I, type_list<Cs...>>>;
     using type = type_list<pending<
-        child, typename traced<vjp_rule<Op, I, typename child::shape_type>, G, node<Op, Cs...>, Cs...>::type>>;
+        child, typename traced<vjp_rule<Op, I, typename child::shape_type>, G, node<Op, Cs...>, unalias_t<Cs>...>::type>>;
 };
 template <class N, class G, std::size_t I>
 struct child_contribution;
@@ -252,7 +254,7 @@ struct run_reverse<type_list<A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A
 template <class Root, class Seed>
 using leaf_adjoints_t = typename run_reverse<
     topo_t<Root>,
-    reverse_state<std::conditional_t<Root::requires_grad, type_list<pending<Root, Seed>>, type_list<>>,
+    reverse_state<std::conditional_t<Root::requires_grad, type_list<pending<unalias_t<Root>, Seed>>, type_list<>>,
                   type_list<>>>::type::results;
 
 template <class Leaf, class Results>

@@ -1036,7 +1036,7 @@ constexpr auto compile(Loss, wrt_t<Leaves...>) {
     static_assert(is_expr_v<std::remove_cvref_t<Loss>>,
                   "typegrad: compile(loss, wrt(...)) takes a typegrad expression as the loss.");
     using raw = typename Loss::node_type;
-    using L = detail::strip_autocast_t<raw>;
+    using L = detail::unalias_t<raw>;  // a region around the whole loss is its ambient spec
     return step<detail::step_policy<detail::ambient_autocast_t<raw>, Policies...>, L, Leaves...>{};
 }
 

@@ -159,7 +159,7 @@ template <class N>
 struct shallow_node;
 template <class Op, class... Cs>
 struct shallow_node<node<Op, Cs...>> {
-    using type = node<Op, operand_stub_of<Cs>...>;
+    using type = node<Op, operand_stub_of<unalias_t<Cs>>...>;  // an operand's markers are not its own
     static_assert(__is_same(typename type::value_type, typename node<Op, Cs...>::value_type) &&
                       __is_same(typename type::shape_type, typename node<Op, Cs...>::shape_type) &&
                       __is_same(buffer_t<type>, buffer_t<node<Op, Cs...>>),

@@ -17,11 +17,14 @@ namespace typegrad::detail {
 
 // The element type of a node's buffer: its dtype's storage type, except that a reduction with a
 // bf16/f16 result accumulates in a float buffer (its readers round it once, on load) and a view
-// shares its input's buffer.
+// shares its input's buffer (and an alias node is its operand).
 template <class N>
 struct buffer_type {
     using type = storage_t<typename N::value_type>;
 };
+template <class Op, class X>
+    requires alias_op<Op>
+struct buffer_type<node<Op, X>> : buffer_type<X> {};
 template <class Op, class C0, class... Cs>
 struct buffer_type<node<Op, C0, Cs...>> {
     using value = storage_t<typename node<Op, C0, Cs...>::value_type>;

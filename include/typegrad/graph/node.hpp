@@ -32,6 +32,7 @@ struct node_desc {
     std::size_t arity;
     std::uint64_t hash;
     const node_desc* child[max_arity]{};  // built-in: see node_info in exec/program.hpp
+    bool alias = false;                   // an alias_op's node: its operand under another name
 };
 constexpr std::uint64_t hash_mix(std::uint64_t h, std::uint64_t v) {
     h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -52,6 +53,13 @@ constexpr std::uint64_t hash_shape(std::uint64_t h) {
 // view: a zero-copy reinterpretation (strides) of a materialised value; kernel: its own routine
 // (matmul, ...) reading and writing materialised buffers.
 enum class op_kind { leaf, constant, elementwise, reduce, meta, view, kernel };
+
+// An op whose node is its one operand under another name: the autocast markers, which only the
+// autocast rewrite reads (ops/autocast.hpp). Every other graph algorithm sees through such a node
+// (graph/topo.hpp, `unalias_t`), so a graph with markers is lowered as the graph without them,
+// and no marker-free copy of the graph above a marker is ever built as types.
+template <class Op>
+concept alias_op = requires { requires Op::is_alias; };
 
 // A leaf's name as a pack of characters. Graph types hold no class-type template argument
 // (fixed_string, num): g++ 12 gives a type with one no canonical form, so comparing two graph
@@ -158,6 +166,7 @@ constexpr bool value_child_requires_grad(std::initializer_list<bool> child_requi
 }
 template <class Op>
 constexpr bool node_contiguous(std::initializer_list<bool> child_contiguous) {
+    if constexpr (alias_op<Op>) return *child_contiguous.begin();
     if constexpr (Op::kind == op_kind::view) {
         if (!Op::keeps_contiguity) return false;
         for (bool c : child_contiguous)
@@ -197,8 +206,22 @@ struct node
     static constexpr detail::node_desc desc{
         sizeof...(Children),
         detail::hash_shape<shape_type>((detail::hash_mix(std::uint64_t(Op::kind) + 3, Children::desc.hash) ^ ... ^ 0)),
-        {&Children::desc...}};
+        {&Children::desc...},
+        alias_op<Op>};
 };
+
+namespace detail {
+// The node an alias node stands for (any other node: itself).
+template <class N>
+struct unalias {
+    using type = N;
+};
+template <class Op, class X>
+    requires alias_op<Op>
+struct unalias<node<Op, X>> : unalias<X> {};
+template <class N>
+using unalias_t = typename unalias<N>::type;
+}  // namespace detail
 
 namespace detail {
 // expr's requires_grad, in a base keyed by its value (not a variable named by the node type).

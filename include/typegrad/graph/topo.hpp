@@ -12,6 +12,10 @@
 //
 // The order is the depth-first post-order over the roots, children in operand order: the same
 // order as the union of the roots' former topological lists, so node ids are unchanged.
+//
+// The search sees through alias nodes (graph/node.hpp: the autocast markers): a marker's id is
+// its operand's, and a type recovered from a parent's operand list is unaliased. Only the
+// autocast rewrite, which consumes the markers, walks a graph with them (`marked_topo`).
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -34,6 +38,14 @@ struct topo_table {
     cvec<std::size_t> child;       // ids of the operands, max_arity per node
 };
 
+// The descriptor the search takes for d: d itself, or with Alias the operand of an alias chain.
+template <bool Alias>
+constexpr const node_desc* seen(const node_desc* d) {
+    if constexpr (Alias)
+        while (d->alias) d = d->child[0];
+    return d;
+}
+
 constexpr std::size_t hash_slot(std::uint64_t h, std::size_t mask) {
     return static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> 17) & mask;
 }
@@ -55,7 +67,7 @@ constexpr std::size_t hash_find(const std::size_t* table, std::size_t mask, cons
 // over raw pointers: clang allows 2^20 steps per constant evaluation and charges every statement
 // evaluated, those of each operator[] called included (see cvec), so an 8-block model's search
 // through cvec and std::array subscripts went past the limit.
-template <std::size_t NRoots>
+template <bool Alias, std::size_t NRoots>
 constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots) {
     struct frame {
         const node_desc* d;
@@ -85,13 +97,14 @@ constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots)
     auto find = [&](const node_desc* d) { return hash_find(tb, mask, order, d); };
     grow();
     for (std::size_t r = 0; r < NRoots; ++r) {
-        if (find(roots[r]) != no_parent) continue;  // reached from an earlier root
+        const node_desc* root = seen<Alias>(roots[r]);
+        if (find(root) != no_parent) continue;  // reached from an earlier root
         if (m + depth == cap) grow();
-        st[depth++] = {roots[r], 0, r, no_parent};
+        st[depth++] = {root, 0, r, no_parent};
         while (depth) {
             frame& f = st[depth - 1];
             if (f.next < f.d->arity) {
-                const node_desc* c = f.d->child[f.next];
+                const node_desc* c = seen<Alias>(f.d->child[f.next]);
                 const std::size_t s = f.next++;
                 // a graph type has no cycles: an unfinished node is never reached again
                 if (find(c) == no_parent) {
@@ -114,7 +127,7 @@ constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots)
     t.child.assign(m * max_arity, no_parent);
     std::size_t* child = t.child.data();
     for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t k = 0; k < order[i]->arity; ++k) child[i * max_arity + k] = find(order[i]->child[k]);
+        for (std::size_t k = 0; k < order[i]->arity; ++k) child[i * max_arity + k] = find(seen<Alias>(order[i]->child[k]));
     return t;
 }
 
@@ -133,9 +146,9 @@ struct topo_arrays {
     }
 };
 
-template <std::size_t M, std::size_t NRoots>
+template <bool Alias, std::size_t M, std::size_t NRoots>
 constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& roots) {
-    const topo_table t = run_topo(roots);
+    const topo_table t = run_topo<Alias>(roots);
     topo_arrays<M> r;
     const node_desc** order = r.order.data();
     std::size_t *parent = r.parent.data(), *slot = r.slot.data(), *child = r.child.data(), *tb = r.table.data();
@@ -148,13 +161,17 @@ constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& 
     return r;
 }
 
+// (An operand that is an alias node stands for the node the search took: unalias_t.)
+template <bool Alias, class N>
+using seen_t = std::conditional_t<Alias, unalias_t<N>, N>;
 template <class Topo, std::size_t I, bool Root = Topo::table.parent[I] == no_parent>
 struct topo_at {
-    using type = type_at_t<Topo::table.slot[I], typename Topo::roots>;
+    using type = seen_t<Topo::alias, type_at_t<Topo::table.slot[I], typename Topo::roots>>;
 };
 template <class Topo, std::size_t I>
 struct topo_at<Topo, I, false> {
-    using type = type_at_t<Topo::table.slot[I], typename topo_at<Topo, Topo::table.parent[I]>::type::children>;
+    using type = seen_t<Topo::alias,
+                        type_at_t<Topo::table.slot[I], typename topo_at<Topo, Topo::table.parent[I]>::type::children>>;
 };
 
 template <class Topo, class Seq = std::make_index_sequence<Topo::size>>
@@ -172,16 +189,23 @@ struct topo_list<Topo, std::index_sequence<Is...>> {
 // variable template: g++ names every variable it instantiates, and a name spelling the graph and
 // the node costs it a large allocation (and, past a few blocks, a walk of its free page list:
 // about 10 ms each at 8 GPT blocks, for hundreds of look-ups).
-template <class... Roots>
-struct topo {
+// (Alias: whether the search sees through alias nodes; `topo` does, `marked_topo` does not.)
+template <bool Alias, class... Roots>
+struct basic_topo {
+    static constexpr bool alias = Alias;
     using roots = type_list<Roots...>;
     static constexpr std::array<const node_desc*, sizeof...(Roots)> root_descs{&Roots::desc...};
-    static constexpr std::size_t size = run_topo(root_descs).order.size();
-    static constexpr topo_arrays<size> table = topo_fixed<size>(root_descs);
-    using type = typename topo_list<topo>::type;
+    static constexpr std::size_t size = run_topo<Alias>(root_descs).order.size();
+    static constexpr topo_arrays<size> table = topo_fixed<Alias, size>(root_descs);
+    using type = typename topo_list<basic_topo>::type;
     template <class N>
-    using id_of = std::integral_constant<std::size_t, table.find(&N::desc)>;  // no_parent when absent
+    using id_of = std::integral_constant<std::size_t, table.find(seen<Alias>(&N::desc))>;  // no_parent when absent
 };
+template <class... Roots>
+using topo = basic_topo<true, Roots...>;
+// The same with the alias nodes as nodes of their own (for the autocast rewrite).
+template <class... Roots>
+using marked_topo = basic_topo<false, Roots...>;
 
 // The nodes reached from Roots, each once, children before parents.
 template <class... Roots>

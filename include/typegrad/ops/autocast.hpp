@@ -116,10 +116,13 @@ constexpr autocast_class autocast_class_of(device_kind d) {
     else return autocast_class::promote;
 }
 
-// The identity ops that carry autocast information until compile() removes them.
+// The identity ops that carry autocast information for the rewrite below. They are alias ops
+// (graph/node.hpp): everything but the rewrite sees through them, so compile() lowers a graph
+// with markers as the graph without them, and never builds a marker-free copy as types.
 template <class Spec>
 struct autocast_region_op : elementwise_op {
     static constexpr const char* name = "autocast_region";
+    static constexpr bool is_alias = true;
     template <class V>
     static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X>
@@ -129,6 +132,7 @@ struct autocast_region_op : elementwise_op {
 template <autocast_class OnCpu, autocast_class OnCuda>
 struct autocast_entry_op : elementwise_op {
     static constexpr const char* name = "autocast_entry";
+    static constexpr bool is_alias = true;
     static constexpr autocast_class class_on(device_kind d) { return d == device_kind::cpu ? OnCpu : OnCuda; }
     template <class V>
     static V apply(const V& x) { return x; }
@@ -268,7 +272,7 @@ struct rewrite_at<Spec, Graph, Fixed, I, Old, false> {
 // recurses through the graph's depth.
 template <class Root, class Spec, class Fixed>
 struct rewrite {
-    using graph = topo<Root>;
+    using graph = marked_topo<Root>;
     template <std::size_t... Is>
     static auto all(std::index_sequence<Is...>) -> type_list<typename rewrite_at<Spec, graph, Fixed, Is>::type...>;
     using type = type_at_t<graph::size - 1, decltype(all(std::make_index_sequence<graph::size>{}))>;
@@ -285,34 +289,16 @@ template <class S, class X>
 struct region_contents<node<autocast_region_op<S>, X>> {
     using type = type_list<X>;
 };
-template <class... Ns>
-auto nested_regions(type_list<Ns...>) -> graph_of_t<concat_t<typename region_contents<Ns>::type...>>;
-
-template <class N>
-struct is_marker_node_trait : std::false_type {};
-template <class Op, class... Cs>
-struct is_marker_node_trait<node<Op, Cs...>> : std::bool_constant<is_autocast_marker_v<Op>> {};
-template <class N>
-concept is_marker_node_v = is_marker_node_trait<N>::value;
-template <class... Ns>
-constexpr bool has_markers(type_list<Ns...>) {
-    constexpr bool marker[] = {is_marker_node_v<Ns>..., false};
-    for (bool m : marker)
-        if (m) return true;
-    return false;
-}
-
-// The graph compile() evaluates: markers and entries removed.
-template <class Root, bool = detail::has_markers(topo_t<Root>{})>
-struct strip_autocast {
-    using type = Root;  // the common case: no rewrite is instantiated
+// (Their markers are nodes of that graph: an enclosing region's marker around a nested region
+// is not.)
+template <class List>
+struct marked_graph_of;
+template <class... Roots>
+struct marked_graph_of<type_list<Roots...>> {
+    using type = marked_topo<Roots...>;
 };
-template <class Root>
-struct strip_autocast<Root, true> {
-    using type = rewrite_t<Root, no_autocast>;
-};
-template <class Root>
-using strip_autocast_t = typename strip_autocast<Root>::type;
+template <class... Ns>
+auto nested_regions(type_list<Ns...>) -> typename marked_graph_of<concat_t<typename region_contents<Ns>::type...>>::type;
 
 // The spec of the region wrapping the whole expression, or no_autocast.
 template <class Root>
@@ -339,7 +325,7 @@ constexpr auto autocast(X) {
     if constexpr (!Spec::enabled) {
         return expr<node<detail::autocast_region_op<Spec>, N>>{};
     } else {
-        using nested = decltype(detail::nested_regions(detail::topo_t<N>{}));
+        using nested = decltype(detail::nested_regions(typename detail::marked_topo<N>::type{}));
         using R = detail::rewrite_t<N, Spec, nested>;
         return expr<node<detail::autocast_region_op<Spec>, R>>{};
     }

@@ -1,7 +1,9 @@
 // Compile-time facts: graph types, common subexpressions, gradient types, shape rules.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include <typegrad/typegrad.hpp>
 #include <typegrad/exec/program.hpp>
@@ -127,4 +129,35 @@ TEST_CASE("the plan fuses value and gradient of elementwise math into one loop",
     using PP2 = tg::detail::plan_provider<nodes2, tg::detail::type_list<node_t<GL>>,
                                           tg::detail::type_list<>, tg::detail::type_list<>, float>;
     STATIC_REQUIRE(PP2::plan.loop_count == 3);
+}
+
+TEST_CASE("autocast markers are aliases: a step lowers the user's graph, with no copy built without them",
+          "[graph][autocast]") {
+    constexpr auto A = tg::param<"A", double, tg::shape<3, 4>>;
+    constexpr auto B = tg::input<"B", double, tg::shape<4, 3>>;
+    // mse_loss marks both operands as fp32 autocast entries; transpose(A) is a strided view under its marker
+    constexpr auto loss = tg::mse_loss(tg::transpose(A), B);
+    using L = node_t<decltype(loss)>;
+    const auto step = tg::compile(loss, tg::wrt(A));
+    // the step keeps the user's own graph type (no marker-free copy of the graph above the markers)...
+    STATIC_REQUIRE(std::is_same_v<typename decltype(step)::loss_node, L>);
+    // ...and the graph algorithms see through the markers: the nodes of the graph written without them
+    using plain = decltype(tg::mean(tg::square(tg::transpose(A) - B)));
+    STATIC_REQUIRE(unique_nodes<decltype(loss)> == unique_nodes<plain>);
+    STATIC_REQUIRE(tg::detail::marked_topo<L>::size == unique_nodes<plain> + 2);
+    STATIC_REQUIRE(tg::detail::topo<L>::id_of<node_t<decltype(tg::transpose(A))>>::value !=
+                   tg::detail::no_parent);
+
+    // value and gradient through the strided view under a marker: d/dA = 2 (A^T - B)^T / 12
+    std::vector<double> a(12), bv(12), g(12, -1.0);
+    for (std::size_t i = 0; i < 12; ++i) a[i] = 0.25 * double(i) - 1.0, bv[i] = std::cos(double(i));
+    const double v = step.value_and_grad(tg::bind(A, a), tg::bind(B, bv), tg::grad_into(A, g));
+    double expect = 0;
+    for (std::size_t r = 0; r < 4; ++r)
+        for (std::size_t c = 0; c < 3; ++c) {
+            const double d = a[c * 4 + r] - bv[r * 3 + c];  // (A^T - B)[r][c]
+            expect += d * d;
+            CHECK_THAT(g[c * 4 + r], Catch::Matchers::WithinRel(2.0 * d / 12.0, 1e-14));
+        }
+    CHECK_THAT(v, Catch::Matchers::WithinRel(expect / 12.0, 1e-14));
 }
