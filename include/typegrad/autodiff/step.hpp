@@ -246,6 +246,18 @@ type_list<typename Ms::value_type...> value_types(type_list<Ms...>);
 template <fixed_string Name, class... Ns>
 auto op_dtypes(type_list<Ns...>) -> decltype(detail::value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
 
+// Whether the forward plan FwdPP computed node N, a reduction or a kernel (matmul, custom ops),
+// which the backward then reads: they are never recomputed, and a custom op's forward mutations
+// must not run twice. A class, not a function of N: g++ names every function it instantiates,
+// constant-evaluated ones too, and a function of N is named with N's subgraph (one per node of a
+// backward).
+template <class FwdPP, class N, bool Candidate = N::kind == op_kind::reduce || N::kind == op_kind::kernel>
+struct saved_by : std::false_type {};
+template <class FwdPP, class N>
+struct saved_by<FwdPP, N, true>
+    : std::bool_constant<FwdPP::program::template contains<N>::value &&
+                         FwdPP::plan.computed[FwdPP::program::template id_of<N>::value]> {};
+
 // Backward nodes (those not in the forward graph) rewritten under the backward's spec.
 template <class N, class Spec, class ForwardGraph>
 struct backward_autocast_rewrite {
@@ -547,18 +559,10 @@ private:
     }
     // Reductions the forward pass computed that the backward reads instead of recomputing.
 
-    template <class N, class FwdPP>
-    static constexpr bool is_saved() {
-        // reductions and kernels (matmul, custom ops): never recomputed, and a custom op's
-        // forward mutations must not run twice
-        if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
-        else if constexpr (!FwdPP::program::template contains<N>::value) return false;
-        else return FwdPP::plan.computed[FwdPP::program::template id_of<N>::value];
-    }
     template <class FwdPP>
     struct saved_in {
         template <class N>
-        struct test : std::bool_constant<is_saved<N, FwdPP>()> {};
+        struct test : detail::saved_by<FwdPP, N> {};
     };
     template <class Nodes, class FwdPP>
     static constexpr auto saved_reductions() {

@@ -104,16 +104,10 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
         if constexpr (Loss::kind != op_kind::elementwise && Loss::kind != op_kind::constant) return type_list<Loss>{};
         else return type_list<>{};
     }
-    template <class N, class FwdPP>
-    static constexpr bool is_saved() {
-        if constexpr (N::kind != op_kind::reduce && N::kind != op_kind::kernel) return false;
-        else if constexpr (!FwdPP::program::template contains<N>::value) return false;
-        else return FwdPP::plan.computed[FwdPP::program::template id_of<N>::value];
-    }
     template <class FwdPP>
     struct saved_in {
         template <class N>
-        struct test : std::bool_constant<is_saved<N, FwdPP>()> {};
+        struct test : saved_by<FwdPP, N> {};
     };
     template <class Nodes, class FwdPP>
     static constexpr auto saved_reductions() {
