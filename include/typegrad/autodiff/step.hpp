@@ -416,19 +416,21 @@ struct post_hook_schedule<PP, ParamPP, Grads, type_list<Hs...>> {
         return t;
     }
     static constexpr post_hook_table<K> table = make();
-    // The calls for run_loops; mut and ext are the state of ParamPP that binds the params.
-    static post_hook_calls calls(void* const* mut, const std::size_t* ext) {
-        return {table.count, table.after, table.fn, table.store, table.param, table.param_ext, mut, ext};
-    }
-    // A hook may update its param: it must have been bound writable (checked before anything runs).
-    static void check(void* const* mut) {
-        for (std::size_t k = 0; k < table.count; ++k)
-            if (mut[table.param[k]] == nullptr)
-                throw binding_error(message("typegrad: post_accumulate_grad_hook on ",
-                                            ParamPP::program::info[table.param[k]].name,
-                                            " writes the param, but it was bound read-only; bind a writable buffer"));
-    }
 };
+// The calls for run_loops (functions of the table's size, not of the plan: see exec/execute.hpp);
+// mut and ext: the state of the plan that binds the params.
+template <std::size_t K>
+post_hook_calls post_hook_calls_of(const post_hook_table<K>& t, void* const* mut, const std::size_t* ext) {
+    return {t.count, t.after, t.fn, t.store, t.param, t.param_ext, mut, ext};
+}
+// A hook may update its param: it must have been bound writable (checked before anything runs).
+template <std::size_t K>
+void check_post_hook_params(const post_hook_table<K>& t, void* const* mut, const node_info* info) {
+    for (std::size_t k = 0; k < t.count; ++k)
+        if (mut[t.param[k]] == nullptr)
+            throw binding_error(message("typegrad: post_accumulate_grad_hook on ", info[t.param[k]].name,
+                                        " writes the param, but it was bound read-only; bind a writable buffer"));
+}
 
 }  // namespace detail
 
@@ -496,8 +498,9 @@ public:
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
         detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
-        using hooks = detail::post_hook_schedule<PP, PP, grads, post_hooks>;
-        hooks::check(st.mut.data());
+        using hooks = detail::post_hook_schedule<PP, PP, grads, post_hooks>;  // nothing unless hooked
+        if constexpr (post_hooks::size > 0)
+            detail::check_post_hook_params(hooks::table, st.mut.data(), PP::program::info.data());
         detail::check_custom_mutations<PP>(st);
         detail::note_plan_use<PP>();
         value_type loss_slot{};
@@ -505,7 +508,11 @@ public:
         if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>>(st, scratch, offset);
         detail::prepare_scratch<PP>(st, scratch, offset);
         // the post-accumulate hooks run inside, each once its gradient is final
-        detail::run_loops<PP, accumulate_mask<grads, Args...>>(st, hooks::calls(st.mut.data(), st.ext.data()));
+        if constexpr (post_hooks::size > 0)
+            detail::run_loops<PP, accumulate_mask<grads, Args...>>(
+                st, detail::post_hook_calls_of(hooks::table, st.mut.data(), st.ext.data()));
+        else
+            detail::run_loops<PP, accumulate_mask<grads, Args...>>(st);
         return read_loss<PP>(st, loss_slot);
     }
 
@@ -579,14 +586,18 @@ public:
         detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
         // params are bound in the forward's state (the backward plan may not read them)
         using hooks = detail::post_hook_schedule<PP, FwdPP, grads, post_hooks>;
-        hooks::check(ctx.state_.mut.data());
+        if constexpr (post_hooks::size > 0)
+            detail::check_post_hook_params(hooks::table, ctx.state_.mut.data(), FwdPP::program::info.data());
         detail::check_custom_mutations<PP>(st);
         check_create_graph<PP>(args...);
         detail::note_plan_use<PP>();
         if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>>(st, scratch, offset);
         detail::prepare_scratch<PP>(st, scratch, offset);
-        detail::run_loops<PP, accumulate_mask<grads, Args...>>(
-            st, hooks::calls(ctx.state_.mut.data(), ctx.state_.ext.data()));
+        if constexpr (post_hooks::size > 0)
+            detail::run_loops<PP, accumulate_mask<grads, Args...>>(
+                st, detail::post_hook_calls_of(hooks::table, ctx.state_.mut.data(), ctx.state_.ext.data()));
+        else
+            detail::run_loops<PP, accumulate_mask<grads, Args...>>(st);
     }
 
     // A call with a device binding (tg::cuda::tensor, tg::cuda::bind) or a device forward context
