@@ -299,6 +299,23 @@ TEST_CASE("an optimizer in the backward of an MLP equals one after it, bit for b
     CHECK(inside.fc1.W != two_layer_init().fc1.W);
 }
 
+TEST_CASE("backward(ctx) hands a hook its param where the backward plan does not read it", "[hooks][post]") {
+    // d/dp sum(exp(x) * p) = exp(x): p is not a node of the backward plan, only of the forward's
+    // (the hook's param was once looked up in the backward plan's state, one past its end).
+    constexpr auto xi = tg::input<"xi", float, tg::shape<3>>;
+    auto hooked = tg::post_accumulate_grad_hook(p, [](tg::grad_view<float> param, tg::grad_view<float> grad) {
+        for (std::size_t i = 0; i < grad.size(); ++i) param[i] -= grad[i];
+    });
+    auto step = tg::compile(tg::sum(tg::exp(xi) * hooked), tg::wrt(p));
+    std::vector<float> xd{0, 1, 2}, pd{1, 1, 1}, g(3);
+    auto ctx = step.forward(tg::bind(xi, xd), tg::bind(p, pd));
+    step.backward(ctx, tg::grad_into(p, g));
+    for (std::size_t i = 0; i < 3; ++i) {
+        CHECK_THAT(g[i], Catch::Matchers::WithinRel(std::exp(xd[i]), 1e-6f));
+        CHECK(pd[i] == 1 - g[i]);
+    }
+}
+
 TEST_CASE("retain_grad exposes an intermediate's gradient", "[hooks][retain]") {
     std::vector<float> xd(100, 1.f), ge(100), gx(100);
     auto e = tg::retain_grad(tg::exp(x));
