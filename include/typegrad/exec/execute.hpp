@@ -485,6 +485,13 @@ struct post_hook_calls {
     void* const* mut = nullptr;
     const std::size_t* ext = nullptr;
 };
+// Runs the hooks due by schedule step `step` from entry `next` on (a plain function: a lambda in
+// run_loops would be one more function per plan, named with it). out: the plan's store buffers.
+inline void run_post_hooks_until(const post_hook_calls& hooks, std::size_t& next, std::size_t step,
+                                 void* const* out) {
+    for (; next < hooks.count && hooks.after[next] <= step; ++next)
+        hooks.fn[next](hooks.mut[hooks.param[next]], out[hooks.store[next]], hooks.ext + hooks.param_ext[next]);
+}
 
 // After a kernel or loop in anomaly mode: the buffers it wrote must be finite.
 template <class PP>
@@ -526,11 +533,7 @@ template <class PP, class AccumulateMask, bool Check = false>
 void run_loops(typename PP::state_type& st, const post_hook_calls& hooks = {}) {
     using loops = loop_tables<PP, AccumulateMask, Check>;
     constexpr std::size_t items = schedule_size<PP>();
-    std::size_t next = 0;
-    auto run_hooks_until = [&](std::size_t step) {
-        for (; next < hooks.count && hooks.after[next] <= step; ++next)
-            hooks.fn[next](hooks.mut[hooks.param[next]], st.out[hooks.store[next]], hooks.ext + hooks.param_ext[next]);
-    };
+    std::size_t next = 0;  // the next post-accumulate hook to run
     for (std::size_t i = 0; i < items; ++i) {
         const step_item item = schedule_v<PP>[i];
         if (item.is_loop) {
@@ -547,9 +550,9 @@ void run_loops(typename PP::state_type& st, const post_hook_calls& hooks = {}) {
             node_tables<PP>::run[item.index](node_call_of<PP>(st, item.index));
             if constexpr (Check) check_buffer<PP>(st, item.index);
         }
-        if (next < hooks.count) run_hooks_until(i);
+        if (next < hooks.count) run_post_hooks_until(hooks, next, i, st.out.data());
     }
-    run_hooks_until(no_step);
+    run_post_hooks_until(hooks, next, no_step, st.out.data());
 }
 
 }  // namespace typegrad::detail
