@@ -9,12 +9,14 @@
 //
 // Each call runs the step with tg::params(model) and tg::grads_into(grads) and averages every
 // gradient over the ranks in buckets (options.bucket_bytes, default 25 MB as DDP), each one
-// MPI_Iallreduce. A param used in the graph as tg::mpi::allreduce_in_backward(W) joins a bucket
-// as soon as the backward plan has computed its gradient (a tensor hook, in the middle of the
-// backward); one hooked with the post-accumulate hook tg::mpi::allreduce_grad{} joins when that
-// hook runs (the core runs those after the whole backward). A full bucket starts its collective
-// at once; the remaining gradients follow in depth-first order of the parameter set; the call
-// waits for every collective before it returns. The returned loss is the ranks' mean.
+// MPI_Iallreduce. A param hooked with the post-accumulate hook tg::mpi::allreduce_grad{} joins a
+// bucket when that hook runs: the core runs it inside the backward, right after the plan step
+// that finishes the param's gradient (and last reads the param), so buckets of the last layers
+// start while the first layers' gradients are computed. A param used in the graph as
+// tg::mpi::allreduce_in_backward(W) joins as soon as the plan has computed its total gradient (a
+// tensor hook), before it is stored. A full bucket starts its collective at once; the remaining
+// gradients follow in depth-first order of the parameter set; the call waits for every
+// collective before it returns. The returned loss is the ranks' mean.
 //
 // Guarantees:
 // - Every rank issues the same collectives in the same order (the hooks' order is part of the
@@ -558,10 +560,11 @@ struct reduce_in_backward_hook {
 }  // namespace detail
 
 // Starts p's all-reduce from inside the backward, as soon as the plan has computed p's total
-// gradient (a tensor hook, tg::hook, which runs at its place in the backward plan), rather than
-// from a post-accumulate hook, which the core runs after the whole backward. Use it in the graph
-// in place of p: tg::linear(X, tg::mpi::allreduce_in_backward(W1), ...). Within
-// tg::optimizer_in_backward it leaves the reduction to allreduce_grad.
+// gradient (a tensor hook, tg::hook, which runs at its place in the backward plan and copies the
+// gradient), a step or two before the post-accumulate hook allreduce_grad would, which runs
+// after the loop that stores it. Use it in the graph in place of p:
+// tg::linear(X, tg::mpi::allreduce_in_backward(W1), ...). Within tg::optimizer_in_backward it
+// leaves the reduction to allreduce_grad.
 template <expression P>
 constexpr auto allreduce_in_backward(P p) {
     using L = typename P::node_type;

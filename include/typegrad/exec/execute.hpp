@@ -431,6 +431,68 @@ constexpr auto schedule() {
 template <class PP>
 inline constexpr auto schedule_v = schedule<PP>();
 
+// When buffers are final, for running post-accumulate hooks inside the schedule (PyTorch runs a
+// param's hook once its .grad is final, while the rest of the backward goes on): store[g] is the
+// schedule step whose loop writes store g (the only write of its output buffer); read[n] the last
+// step that reads node n's buffer, directly or through views of it (no_step: none). One table of
+// integers per plan, one linear pass over the schedule.
+inline constexpr std::size_t no_step = static_cast<std::size_t>(-1);
+template <std::size_t M, std::size_t NS>
+struct buffer_steps {
+    std::size_t store[NS + 1]{};
+    std::size_t read[M + 1]{};
+};
+template <class PP>
+constexpr buffer_steps<PP::M, PP::NS> make_buffer_steps() {
+    constexpr auto& plan = PP::plan;
+    const node_info* const info = PP::program::info.data();
+    const std::size_t* const members = plan.members.data();
+    const step_item* const items = schedule_v<PP>.data();
+    buffer_steps<PP::M, PP::NS> r;
+    std::size_t base_[PP::M + 1]{};  // the node whose buffer a view aliases (views chain)
+    std::size_t* const base = base_;
+    for (std::size_t n = 0; n < PP::M; ++n) base[n] = info[n].kind == op_kind::view ? base[info[n].child[0]] : n;
+    for (std::size_t g = 0; g <= PP::NS; ++g) r.store[g] = no_step;
+    for (std::size_t n = 0; n <= PP::M; ++n) r.read[n] = no_step;
+    for (std::size_t i = 0; i < schedule_size<PP>(); ++i) {
+        if (items[i].is_loop) {
+            const loop_plan& lp = plan.loops.data()[items[i].index];
+            for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) r.read[base[members[m]]] = i;
+            for (std::size_t m = lp.store_begin; m < lp.store_end; ++m) r.store[members[m]] = i;
+        } else {
+            // every operand counts, shape-only ones too: a kernel is handed all their buffers
+            const node_info& ni = info[items[i].index];
+            for (std::size_t c = 0; c < ni.arity; ++c) r.read[base[ni.child[c]]] = i;
+        }
+    }
+    return r;
+}
+template <class PP>
+inline constexpr buffer_steps<PP::M, PP::NS> buffer_steps_v = make_buffer_steps<PP>();
+
+// Post-accumulate hooks run by the schedule walk: entry k runs right after schedule step
+// after[k] (ascending; a step past the schedule: after its last one), on param buffer
+// mut[param[k]] with extents ext + param_ext[k] and the gradient in store store[k]. The tables
+// are constexpr data of the caller (autodiff/step.hpp); mut and ext belong to the call.
+using post_hook_fn = void (*)(void* param, void* grad, const std::size_t* extents);
+struct post_hook_calls {
+    std::size_t count = 0;
+    const std::size_t* after = nullptr;
+    const post_hook_fn* fn = nullptr;
+    const std::size_t* store = nullptr;
+    const std::size_t* param = nullptr;
+    const std::size_t* param_ext = nullptr;
+    void* const* mut = nullptr;
+    const std::size_t* ext = nullptr;
+};
+// Runs the hooks due by schedule step `step` from entry `next` on (a plain function: a lambda in
+// run_loops would be one more function per plan, named with it). out: the plan's store buffers.
+inline void run_post_hooks_until(const post_hook_calls& hooks, std::size_t& next, std::size_t step,
+                                 void* const* out) {
+    for (; next < hooks.count && hooks.after[next] <= step; ++next)
+        hooks.fn[next](hooks.mut[hooks.param[next]], out[hooks.store[next]], hooks.ext + hooks.param_ext[next]);
+}
+
 // After a kernel or loop in anomaly mode: the buffers it wrote must be finite.
 template <class PP>
 void check_buffer(const typename PP::state_type& st, std::size_t n) {
@@ -466,10 +528,12 @@ struct loop_tables {
 
 // The plan's work in order: a run-time walk over constexpr tables, so no function is
 // instantiated per loop or kernel of the plan (each one's routine is keyed by its signature).
+// Post-accumulate hooks (hooks) run between steps, each as soon as its gradient is final.
 template <class PP, class AccumulateMask, bool Check = false>
-void run_loops(typename PP::state_type& st) {
+void run_loops(typename PP::state_type& st, const post_hook_calls& hooks = {}) {
     using loops = loop_tables<PP, AccumulateMask, Check>;
     constexpr std::size_t items = schedule_size<PP>();
+    std::size_t next = 0;  // the next post-accumulate hook to run
     for (std::size_t i = 0; i < items; ++i) {
         const step_item item = schedule_v<PP>[i];
         if (item.is_loop) {
@@ -486,7 +550,9 @@ void run_loops(typename PP::state_type& st) {
             node_tables<PP>::run[item.index](node_call_of<PP>(st, item.index));
             if constexpr (Check) check_buffer<PP>(st, item.index);
         }
+        if (next < hooks.count) run_post_hooks_until(hooks, next, i, st.out.data());
     }
+    run_post_hooks_until(hooks, next, no_step, st.out.data());
 }
 
 }  // namespace typegrad::detail
