@@ -25,6 +25,7 @@
 #include <optional>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -187,6 +188,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         if (above(p, q)) ref.overflow_ambiguous = true;
     };
     std::vector<std::pair<torch::Tensor, double>> product_outputs;  // (output, largest operand): checked after backward
+    std::vector<std::function<void()>> after_backward;  // checks that read gradients
     // Special values: softmax's gradient out (g - sum(g out)) (log_softmax's g - exp(out) sum(g))
     // cancels terms of the incoming gradient's magnitude: with g = [1e36, 1e36] it is one ulp of
     // 1e36 times out, 1e27 or 0 depending on the rounding of the sum (graph 1001). Ill-conditioned
@@ -502,9 +504,47 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
                     if (!bias.defined()) return p;
                     return torch::cat({p, bias.to(p.scalar_type()).reshape({1, -1, 1, 1}).expand({p.size(0), p.size(1), p.size(2), 1})}, -1);
                 };
-                note_product_sums(products(x4, w4, bt.defined() ? bt.detach() : bt),
+                const auto terms = products(x4, w4, bt.defined() ? bt.detach() : bt);
+                note_product_sums(terms,
                                   products(clamp_magnitudes(x4), clamp_magnitudes(w4), bt.defined() ? clamp_magnitudes(bt) : bt),
                                   torch::ones({}, torch::TensorOptions().dtype(torch::kBool)));
+                // An output whose products cancel (3e305 - 3e305 + ... = -2.26) is exact in no order,
+                // as a sum's (note_cancellation): its rounding error u sum|p| is then far above the
+                // value, and a gradient that multiplies it by 1e306 follows the order (graph 2003,
+                // double: grad w -5.989e306 in typegrad's order and exactly, -4.013e306 in
+                // LibTorch's). Ill-conditioned by the same rule, per output element.
+                const auto d = terms.to(torch::kFloat64);
+                const auto finite = torch::isfinite(d).all(-1);
+                const auto total = d.abs().masked_fill(~torch::isfinite(d), 0).sum(-1);
+                if ((finite & (unit_roundoff * total > 1e-3 * d.sum(-1).abs().clamp_min(1))).any().item<bool>())
+                    ref.ill_conditioned = true;
+                // The same for the backward's sums, once the output's gradient g is known: the bias's
+                // (sum of g), the weight's (sum of g x) and the input's (sum of g w, folded back onto
+                // the input's positions) (graph 2003, double: grad b -62.65 in typegrad's order,
+                // -60.64 in LibTorch's, from g of 1e306 that cancel).
+                if (r.requires_grad())
+                    after_backward.push_back([&ref, unit_roundoff, r, x4, w4, unfold, valid] {
+                        if (!r.grad().defined()) return;
+                        const auto g = r.grad().detach().to(torch::kFloat64).reshape({r.size(0), r.size(1), 1, -1});
+                        const auto cols = F::unfold(x4.to(torch::kFloat64), unfold).masked_fill(~valid, 0).unsqueeze(1);
+                        const auto ws = w4.to(torch::kFloat64).reshape({1, w4.size(0), -1, 1});
+                        const auto fold = F::FoldFuncOptions({x4.size(2), x4.size(3)}, {w4.size(2), w4.size(3)})
+                                              .padding(unfold.padding())
+                                              .stride(unfold.stride());
+                        auto cancels = [&](const torch::Tensor& terms, const std::vector<std::int64_t>& dims, bool to_input) {
+                            auto total = terms.abs().masked_fill(~torch::isfinite(terms), 0).sum(dims);
+                            auto sum = terms.sum(dims);
+                            if (to_input) {
+                                total = F::fold(total, fold);
+                                sum = F::fold(sum, fold);
+                            }
+                            const auto ill = torch::isfinite(sum) & (unit_roundoff * total > 1e-3 * sum.abs().clamp_min(1));
+                            if (ill.any().item<bool>()) ref.ill_conditioned = true;
+                        };
+                        cancels(g, {0, 3}, false);            // bias
+                        cancels(g * cols, {0, 3}, false);     // weight
+                        cancels((g * ws).masked_fill(~valid.unsqueeze(1), 0), {1}, true);  // input
+                    });
             }
             if (dtype == torch::kFloat32) {
                 // oneDNN reads subnormal operands as 0 (DAZ): a subnormal times a huge weight
@@ -570,6 +610,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
     torch::Tensor loss = nodes.back();
     ref.loss = loss.item<double>();
     if (loss.requires_grad()) loss.backward();
+    for (const auto& check : after_backward) check();
     for (const auto& [out, operand] : product_outputs)  // the backward's products: gradient times operand
         if (out.requires_grad() && out.grad().defined()) note_products(finite_abs_max(out.grad()), operand);
     for (const auto& at : attention_checks) {
