@@ -243,13 +243,20 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
     // rounding errors of 0 and holds a term small enough to be absorbed by the others: its sign,
     // and whether it is 0 at all, are then the order's (graph 2200: g = [-1.5e-323, 1, -0, -1] three
     // times has the mean -0 in typegrad's order, +0 in LibTorch's, and sqrt's gradient -inf, +inf).
+    // The first test, for sums given elementwise as `total` (sum|x| over the finite terms x, in
+    // double) and `sum`: whether any finite sum's rounding error u total exceeds 1e-3 of it (1e-3
+    // absolute below 1).
+    const auto error_dominates = [unit_roundoff](const torch::Tensor& total, const torch::Tensor& sum) {
+        return (torch::isfinite(sum) & (unit_roundoff * total > 1e-3 * sum.abs().clamp_min(1))).any().item<bool>();
+    };
+    const auto finite_magnitudes = [](const torch::Tensor& v) { return v.abs().masked_fill(~torch::isfinite(v), 0); };
     auto note_cancellation = [&](const torch::Tensor& t) {
         const auto v = t.detach().to(torch::kFloat64);
-        const auto magnitudes = v.abs().masked_fill(~torch::isfinite(v), 0);
+        const auto magnitudes = finite_magnitudes(v);
         const double total = magnitudes.sum().item<double>();
         const double sum = std::abs(v.sum().item<double>());
         if (!std::isfinite(sum)) return;
-        if (unit_roundoff * total > 1e-3 * std::max(1.0, sum)) ref.ill_conditioned = true;
+        if (error_dominates(magnitudes.sum(), v.sum())) ref.ill_conditioned = true;
         const double smallest = magnitudes.masked_fill(magnitudes == 0, INFINITY).min().item<double>();
         if (total > 0 && sum <= 4 * unit_roundoff * total && smallest < 4 * unit_roundoff * total) ref.ill_conditioned = true;
     };
@@ -514,16 +521,13 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
                 // double: grad w -5.989e306 in typegrad's order and exactly, -4.013e306 in
                 // LibTorch's). Ill-conditioned by the same rule, per output element.
                 const auto d = terms.to(torch::kFloat64);
-                const auto finite = torch::isfinite(d).all(-1);
-                const auto total = d.abs().masked_fill(~torch::isfinite(d), 0).sum(-1);
-                if ((finite & (unit_roundoff * total > 1e-3 * d.sum(-1).abs().clamp_min(1))).any().item<bool>())
-                    ref.ill_conditioned = true;
+                if (error_dominates(finite_magnitudes(d).sum(-1), d.sum(-1))) ref.ill_conditioned = true;
                 // The same for the backward's sums, once the output's gradient g is known: the bias's
                 // (sum of g), the weight's (sum of g x) and the input's (sum of g w, folded back onto
                 // the input's positions) (graph 2003, double: grad b -62.65 in typegrad's order,
                 // -60.64 in LibTorch's, from g of 1e306 that cancel).
                 if (r.requires_grad())
-                    after_backward.push_back([&ref, unit_roundoff, r, x4, w4, unfold, valid] {
+                    after_backward.push_back([&ref, error_dominates, finite_magnitudes, r, x4, w4, unfold, valid] {
                         if (!r.grad().defined()) return;
                         const auto g = r.grad().detach().to(torch::kFloat64).reshape({r.size(0), r.size(1), 1, -1});
                         const auto cols = F::unfold(x4.to(torch::kFloat64), unfold).masked_fill(~valid, 0).unsqueeze(1);
@@ -531,19 +535,13 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
                         const auto fold = F::FoldFuncOptions({x4.size(2), x4.size(3)}, {w4.size(2), w4.size(3)})
                                               .padding(unfold.padding())
                                               .stride(unfold.stride());
-                        auto cancels = [&](const torch::Tensor& terms, const std::vector<std::int64_t>& dims, bool to_input) {
-                            auto total = terms.abs().masked_fill(~torch::isfinite(terms), 0).sum(dims);
-                            auto sum = terms.sum(dims);
-                            if (to_input) {
-                                total = F::fold(total, fold);
-                                sum = F::fold(sum, fold);
-                            }
-                            const auto ill = torch::isfinite(sum) & (unit_roundoff * total > 1e-3 * sum.abs().clamp_min(1));
-                            if (ill.any().item<bool>()) ref.ill_conditioned = true;
-                        };
-                        cancels(g, {0, 3}, false);            // bias
-                        cancels(g * cols, {0, 3}, false);     // weight
-                        cancels((g * ws).masked_fill(~valid.unsqueeze(1), 0), {1}, true);  // input
+                        const std::vector<std::int64_t> over_outputs{0, 3};  // batch and positions
+                        const auto gx = g * cols;
+                        const auto gw = (g * ws).masked_fill(~valid.unsqueeze(1), 0);  // [N, O, C KH KW, L]
+                        if (error_dominates(finite_magnitudes(g).sum(over_outputs), g.sum(over_outputs)) ||    // bias
+                            error_dominates(finite_magnitudes(gx).sum(over_outputs), gx.sum(over_outputs)) ||  // weight
+                            error_dominates(F::fold(finite_magnitudes(gw).sum(1), fold), F::fold(gw.sum(1), fold)))  // input
+                            ref.ill_conditioned = true;
                     });
             }
             if (dtype == torch::kFloat32) {
