@@ -190,12 +190,12 @@ type_list<typename Ps::contribution...> contributions(type_list<Ps...>);
 template <class N, class Matched, class Rest, class Results, bool IsLeaf = N::kind == op_kind::leaf>
 struct reverse_visit {
     // a leaf keeps its adjoint
-    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type;
+    using adjoint = desc_forced_t<typename summed_contributions<typename N::value_type, Matched>::type>;  // (see desc_forced)
     using type = reverse_state<Rest, concat_t<Results, type_list<pending<N, adjoint>>>>;
 };
 template <class N, class Matched, class Rest, class Results>
 struct reverse_visit<N, Matched, Rest, Results, false> {
-    using adjoint = typename summed_contributions<typename N::value_type, Matched>::type;
+    using adjoint = desc_forced_t<typename summed_contributions<typename N::value_type, Matched>::type>;  // (see desc_forced)
     using more = typename children_contributions<N, adjoint, std::make_index_sequence<N::children::size>>::type;
     // retain_grad nodes keep their adjoint for grad_into, and pass it on
     using results = std::conditional_t<is_retained_v<N>, concat_t<Results, type_list<pending<N, adjoint>>>, Results>;

@@ -315,8 +315,19 @@ struct operand_metadata {
     static constexpr bool requires_grad = RequiresGrad;
     static constexpr bool contiguous = Contiguous;
 };
+// N, with its descriptor instantiated now. A descriptor's initializer reads its operands'
+// descriptors, so one first needed at the root of a deep graph (a topological search) would
+// instantiate the whole chain below it recursively: past about 900 levels (a 1000-op chain, or
+// its backward) that exceeds the compilers' template depth. Forced where each node is made, every
+// descriptor is instantiated when its operands' already are, one level deep.
+template <class N, std::uint64_t = N::desc.hash>
+struct desc_forced {
+    using type = N;
+};
+template <class N>
+using desc_forced_t = typename desc_forced<N>::type;
 template <class Op, class... Es>
-constexpr expr<node<Op, typename Es::node_type...>> make_node(Es...) {
+constexpr expr<desc_forced_t<node<Op, typename Es::node_type...>>> make_node(Es...) {
     return {};
 }
 // The scalar value of a constant node (NaN for any other node, equal to nothing): a class keyed

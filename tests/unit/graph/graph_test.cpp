@@ -161,3 +161,38 @@ TEST_CASE("autocast markers are aliases: a step lowers the user's graph, with no
         }
     CHECK_THAT(v, Catch::Matchers::WithinRel(expect / 12.0, 1e-14));
 }
+
+namespace {
+// A chain of products by the input y, built by folds of 100 (clang stops a fold at 256 operands),
+// so that building it recurses no deeper than one op.
+template <std::size_t I>
+struct chain_step {};
+template <tg::expression E, std::size_t I>
+constexpr auto operator|(E e, chain_step<I>) {
+    return e * y;
+}
+template <tg::expression E, std::size_t... Is>
+constexpr auto mul_chain(E e, std::index_sequence<Is...>) {
+    return (e | ... | chain_step<Is>{});
+}
+template <tg::expression E>
+constexpr auto mul_chain_100(E e) {
+    return mul_chain(e, std::make_index_sequence<100>{});
+}
+}  // namespace
+
+TEST_CASE("graphs deeper than the compilers' template depth", "[graph][depth]") {
+    // 1200 nested nodes: a node's descriptor reads its operands' descriptors, so one first needed
+    // at the root would instantiate the chain below it recursively (g++ stops at 900 levels,
+    // clang at 1024); each is instantiated where its node is made instead (graph/node.hpp), and
+    // each adjoint where the reverse pass forms it (autodiff/reverse.hpp).
+    using deep = decltype(mul_chain_100(mul_chain_100(mul_chain_100(mul_chain_100(mul_chain_100(mul_chain_100(
+        mul_chain_100(mul_chain_100(mul_chain_100(mul_chain_100(mul_chain_100(mul_chain_100(x)))))))))))));
+    STATIC_REQUIRE(unique_nodes<deep> == 1202);  // x, y and 1200 products
+    // d/dx sum(x y^N) = y^N as N - 1 nested products (the unit seed times y is y): y and N - 1
+    // products, a graph as deep as the forward one
+    using g3 = decltype(tg::grad(tg::sum(x * y * y * y), x));
+    STATIC_REQUIRE(unique_nodes<g3> == 3);
+    using g = decltype(tg::grad(tg::sum(deep{}), x));
+    STATIC_REQUIRE(unique_nodes<g> == 1200);
+}
