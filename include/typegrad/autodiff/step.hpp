@@ -21,6 +21,7 @@
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/device.hpp>
 #include <typegrad/exec/execute.hpp>
 #include <typegrad/inspect/describe.hpp>
@@ -545,7 +546,7 @@ public:
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t n = detail::scratch_layout<PP>(ctx.state_, offset);
         const std::size_t loss_n = detail::node_numel<PP>(ctx.state_, PP::program::template id_of<Loss>::value);
-        ctx.storage_.assign(n + loss_n + 8, detail::scratch_unit{});
+        ctx.storage_ = detail::pooled_buffer<detail::scratch_unit>(n + loss_n + 8);
         value_type* loss_buf = reinterpret_cast<value_type*>(ctx.storage_.data() + n);
         if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[PP::NS - 1] = loss_buf;
         detail::check_custom_mutations<PP>(ctx.state_);
@@ -1064,7 +1065,7 @@ public:
 
 private:
     typename FwdPP::state_type state_{};
-    std::vector<detail::scratch_unit> storage_;
+    detail::pooled_buffer<detail::scratch_unit> storage_;  // (reused across calls: exec/cpu/buffer_pool.hpp)
     const value_type* loss_ = nullptr;
     std::size_t loss_size_ = 0;
     template <class, class, class...>

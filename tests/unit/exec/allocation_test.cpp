@@ -34,6 +34,15 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+// The aligned forms (the buffers of forward contexts, exec/cpu/buffer_pool.hpp).
+void* operator new(std::size_t n, std::align_val_t a) {
+    if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
+    const std::size_t al = static_cast<std::size_t>(a);
+    if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+    throw std::bad_alloc();
+}
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace tg = typegrad;
 
@@ -71,4 +80,52 @@ TEST_CASE("value_and_grad allocates nothing in steady state", "[exec][allocation
             CHECK(allocations_during([&] { for (int i = 0; i < 5; ++i) call(); }) == 0);
         }
     }
+}
+
+TEST_CASE("forward and backward allocate nothing in steady state", "[exec][allocation]") {
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, 64>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<64, 64>>;
+    // a matmul (kernel), a reduction the backward reads, elementwise values recomputed
+    auto step = tg::compile(tg::log_sum_exp(tg::tanh(tg::matmul(x, w))), tg::wrt(x, w));
+    const std::size_t rows = 300;  // the context's buffer is larger than glibc's mmap threshold
+    std::vector<float> xd(rows * 64, 0.01f), wd(64 * 64, 0.02f), gx(rows * 64), gw(64 * 64);
+    const float* first = nullptr;
+    auto call = [&] {
+        auto ctx = step.forward(tg::bind(x, xd, {rows, 64}), tg::bind(w, wd));
+        if (!first) first = ctx.values().data();
+        CHECK(ctx.values().data() == first);  // the freed context's buffer, reused
+        step.backward(ctx, tg::grad_into(x, gx), tg::grad_into(w, gw));
+    };
+    call();
+    CHECK(tg::detail::buffer_pool::cached_count() >= 1);
+    CHECK(allocations_during([&] { for (int i = 0; i < 5; ++i) call(); }) == 0);
+    // the same values as value_and_grad
+    std::vector<float> gx2(gx.size()), gw2(gw.size());
+    auto ctx = step.forward(tg::bind(x, xd, {rows, 64}), tg::bind(w, wd));
+    const float v = step.value_and_grad(tg::bind(x, xd, {rows, 64}), tg::bind(w, wd), tg::grad_into(x, gx2),
+                                        tg::grad_into(w, gw2));
+    CHECK(ctx.value() == v);
+    CHECK(gx == gx2);
+    CHECK(gw == gw2);
+}
+
+TEST_CASE("a scan's training step allocates nothing in steady state", "[exec][allocation][scan]") {
+    constexpr std::size_t D = 32, L = 4;
+    constexpr auto h = tg::param<"h", float, tg::shape<tg::dyn, D>>;
+    constexpr auto W = tg::param<"W", float, tg::shape<D, D>>;
+    constexpr auto Ws = tg::param<"Ws", float, tg::shape<L, D, D>>;
+    constexpr auto x = tg::input<"x", float, tg::shape<tg::dyn, D>>;
+    const auto layer = tg::tanh(tg::matmul(h, W)) * tg::lit<0.5> + h;
+    const std::size_t rows = 600;
+    std::vector<float> xd(rows * D), wd(L * D * D), gw(wd.size());
+    for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = float(i % 13) * 0.05f - 0.3f;
+    for (std::size_t i = 0; i < wd.size(); ++i) wd[i] = float(i % 7) * 0.01f - 0.03f;
+    auto check_policy = [&](auto out) {
+        const auto step = tg::compile(tg::mean(tg::square(out)), tg::wrt(Ws));
+        auto call = [&] { step.value_and_grad(tg::bind(x, xd, {rows, D}), tg::bind(Ws, wd), tg::grad_into(Ws, gw)); };
+        call();
+        CHECK(allocations_during([&] { for (int i = 0; i < 3; ++i) call(); }) == 0);
+    };
+    SECTION("carries (default)") { check_policy(tg::scan(layer, tg::carry(h, x), tg::stacked(W, Ws))); }
+    SECTION("layers") { check_policy(tg::scan<tg::scan_memory::layers>(layer, tg::carry(h, x), tg::stacked(W, Ws))); }
 }
