@@ -26,9 +26,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <type_traits>
-#include <vector>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/cpu/gemm.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
@@ -63,9 +63,11 @@ struct conv_geometry {
 };
 
 // A strided rank-4 operand as a dense buffer of C.
+// (Kernel temporaries come from the per-thread buffer pool: fresh vectors of this size were
+// page-faulted in and zeroed on every call.)
 template <class C, class V, class B, class Ref>
-std::vector<C> dense_of(const Ref& r) {
-    std::vector<C> out(r.ext[0] * r.ext[1] * r.ext[2] * r.ext[3]);
+pooled_buffer<C> dense_of(const Ref& r) {
+    pooled_buffer<C> out(r.ext[0] * r.ext[1] * r.ext[2] * r.ext[3]);
     const auto* p = static_cast<const B*>(r.data);
     std::size_t e = 0;
     for (std::size_t a = 0; a < r.ext[0]; ++a)
@@ -81,7 +83,7 @@ std::vector<C> dense_of(const Ref& r) {
     return out;
 }
 template <class T, class C>
-void store_dense(const std::vector<C>& v, T* out) {
+void store_dense(const pooled_buffer<C>& v, T* out) {
     if constexpr (std::is_same_v<T, C>) std::copy(v.begin(), v.end(), out);
     else
         for (std::size_t e = 0; e < v.size(); ++e) out[e] = T(v[e]);
@@ -135,7 +137,7 @@ void col2im_add(const conv_geometry& g, const C* col, C* x) {
 // is NaN): then these direct loops, which skip the padding, run instead (docs/reliability.md,
 // finding 19).
 template <class C>
-bool all_finite(const std::vector<C>& v) {
+bool all_finite(const pooled_buffer<C>& v) {
     for (const C& e : v)
         if (!(e - e == C(0))) return false;
     return true;
@@ -255,13 +257,13 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
         const conv_geometry g = conv_geometry_of<P>(in[0].ext, in[1].ext, "conv2d(x, w)");
         const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[0]);
         const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
-        std::vector<C> y(g.n * g.o * g.pixels());
+        pooled_buffer<C> y(g.n * g.o * g.pixels());
         if ((P.ph > 0 || P.pw > 0) && !all_finite(w)) {
             conv_direct(g, x.data(), w.data(), y.data());
             store_dense(y, out);
             return;
         }
-        std::vector<C> col(g.ckk() * g.pixels());
+        pooled_buffer<C> col(g.ckk() * g.pixels());
         for (std::size_t n = 0; n < g.n; ++n) {
             im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
             for (std::size_t b = 0; b < g.groups; ++b)
@@ -303,7 +305,7 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         const conv_geometry g = conv_geometry_of<P>(in[2].ext, in[1].ext, "conv2d backward (input)");
         const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
-        std::vector<C> col(g.ckk() * g.pixels()), dx(g.n * g.c * g.h * g.w, C(0));
+        pooled_buffer<C> col(g.ckk() * g.pixels()), dx(g.n * g.c * g.h * g.w, C(0));
         for (std::size_t n = 0; n < g.n; ++n) {
             for (std::size_t b = 0; b < g.groups; ++b)
                 gemm(transpose::yes, transpose::no, g.group_ckk(), g.pixels(), g.group_o(),
@@ -348,13 +350,13 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
         const conv_geometry g = conv_geometry_of<P>(in[1].ext, in[2].ext, "conv2d backward (weight)");
         const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[1]);
-        std::vector<C> dw(g.o * g.group_ckk(), C(0));
+        pooled_buffer<C> dw(g.o * g.group_ckk(), C(0));
         if ((P.ph > 0 || P.pw > 0) && !all_finite(gy)) {
             conv_weight_direct(g, gy.data(), x.data(), dw.data());
             store_dense(dw, out);
             return;
         }
-        std::vector<C> col(g.ckk() * g.pixels());
+        pooled_buffer<C> col(g.ckk() * g.pixels());
         for (std::size_t n = 0; n < g.n; ++n) {
             im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
             for (std::size_t b = 0; b < g.groups; ++b)

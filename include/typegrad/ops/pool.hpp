@@ -23,9 +23,9 @@
 #include <cstddef>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/conv.hpp>
@@ -80,11 +80,12 @@ std::size_t window_argmax(const pool_geometry& g, const C* x, std::size_t p, std
     return best;
 }
 
+// (from the per-thread buffer pool: see ops/conv.hpp's dense_of)
 template <class Op, class X>
-std::vector<compute_t<typename X::value_type>> pool_dense(const void* data, const std::size_t* ext,
-                                                          const std::ptrdiff_t* stride) {
+pooled_buffer<compute_t<typename X::value_type>> pool_dense(const void* data, const std::size_t* ext,
+                                                            const std::ptrdiff_t* stride) {
     using C = compute_t<typename X::value_type>;
-    std::vector<C> out(ext[0] * ext[1] * ext[2] * ext[3]);
+    pooled_buffer<C> out(ext[0] * ext[1] * ext[2] * ext[3]);
     const auto* p = static_cast<const buffer_t<X>*>(data);
     std::size_t e = 0;
     for (std::size_t a = 0; a < ext[0]; ++a)
@@ -171,10 +172,10 @@ struct pool_op : pool_kernel_base {
         } else {
             using Gr = type_at_t<0, typename N::children>;
             const auto gy = pool_dense<pool_op, Gr>(in[0].data, in[0].ext, in[0].stride);
-            std::vector<C> x;
+            pooled_buffer<C> x;
             if constexpr (Max) x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
             if constexpr (Mode == 1) {
-                std::vector<C> dx(g.planes * g.h * g.w, C(0));
+                pooled_buffer<C> dx(g.planes * g.h * g.w, C(0));
                 for (std::size_t p = 0; p < g.planes; ++p)
                     for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                         if constexpr (Max) {
@@ -271,8 +272,8 @@ struct adaptive_avg_pool_op : pool_kernel_base {
         const std::size_t planes = xr.ext[0] * xr.ext[1], h = xr.ext[2], w = xr.ext[3];
         using Src = type_at_t<0, typename N::children>;  // x (mode 0) or g (mode 1)
         const auto src = pool_dense<adaptive_avg_pool_op, Src>(in[0].data, in[0].ext, in[0].stride);
-        std::vector<C> dx;
-        if constexpr (Mode == 1) dx.assign(planes * h * w, C(0));
+        pooled_buffer<C> dx;
+        if constexpr (Mode == 1) dx = pooled_buffer<C>(planes * h * w, C(0));
         for (std::size_t p = 0; p < planes; ++p)
             for (std::size_t i = 0; i < OH; ++i)
                 for (std::size_t j = 0; j < OW; ++j) {

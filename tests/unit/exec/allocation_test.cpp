@@ -129,3 +129,27 @@ TEST_CASE("a scan's training step allocates nothing in steady state", "[exec][al
     SECTION("carries (default)") { check_policy(tg::scan(layer, tg::carry(h, x), tg::stacked(W, Ws))); }
     SECTION("layers") { check_policy(tg::scan<tg::scan_memory::layers>(layer, tg::carry(h, x), tg::stacked(W, Ws))); }
 }
+
+TEST_CASE("a convolution and pooling step allocates nothing in steady state", "[exec][allocation][conv]") {
+    // conv2d (im2col + GEMM, with padding: the dense copies and the finiteness test), its input and
+    // weight gradients, max and average pooling and their gradients: kernel temporaries come from the
+    // per-thread buffer pool
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, 3, 12, 12>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<8, 3, 3, 3>>;
+    const auto y = tg::relu(tg::conv2d<1, 1>(x, w));
+    auto step = tg::compile(tg::mean(tg::square(tg::max_pool2d<2>(y))) + tg::mean(tg::avg_pool2d<2>(y)), tg::wrt(x, w));
+    const std::size_t n = 16;  // the input and im2col temporaries pass glibc's mmap threshold
+    std::vector<float> xd(n * 3 * 12 * 12), wd(8 * 3 * 3 * 3), gx(xd.size()), gw(wd.size());
+    for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = float(i % 17) * 0.1f - 0.8f;
+    for (std::size_t i = 0; i < wd.size(); ++i) wd[i] = float(i % 5) * 0.05f - 0.1f;
+    auto call = [&] {
+        return step.value_and_grad(tg::bind(x, xd, {n, 3, 12, 12}), tg::bind(w, wd), tg::grad_into(x, gx), tg::grad_into(w, gw));
+    };
+    const float v = call();
+    const std::vector<float> gx1 = gx, gw1 = gw;
+    CHECK(allocations_during([&] { for (int i = 0; i < 3; ++i) call(); }) == 0);
+    // reused (uninitialised) buffers give the same results
+    CHECK(call() == v);
+    CHECK(gx == gx1);
+    CHECK(gw == gw1);
+}

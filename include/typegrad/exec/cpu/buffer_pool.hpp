@@ -1,6 +1,7 @@
 #pragma once
 // Host buffers that outlive one call but not the next: a forward pass's context (step.forward()),
-// of which tg::scan makes one per layer and call. Allocated afresh, each large buffer went back to
+// of which tg::scan makes one per layer and call, and the temporaries of kernels (convolution's
+// im2col and dense copies, pooling). Allocated afresh, each large buffer went back to
 // the kernel when freed (glibc returns blocks above its mmap/trim thresholds), so every call
 // faulted its pages in again and zeroed them: a quarter of a GPT training step's time. A
 // pooled_buffer takes its memory from a per-thread cache of freed buffers instead, so a steady
@@ -11,6 +12,7 @@
 // A buffer released on another thread (a context moved there) joins that thread's cache, and one
 // released after its thread's cache is gone (a context in a static) is freed directly.
 // Contents are uninitialised: plans initialise what they read (prepare_scratch).
+#include <algorithm>
 #include <cstddef>
 #include <new>
 #include <utility>
@@ -88,12 +90,14 @@ private:
     static void deallocate(block b) noexcept { ::operator delete(b.data, std::align_val_t(64)); }
 };
 
-// An owned buffer of `n` elements of T (trivial types only), from the calling thread's pool.
+// An owned buffer of `n` elements of T (trivial types only; uninitialised unless a value is
+// given), from the calling thread's pool.
 template <class T>
 class pooled_buffer {
 public:
     pooled_buffer() = default;
     explicit pooled_buffer(std::size_t n) : block_(buffer_pool::acquire(n * sizeof(T))), size_(n) {}
+    pooled_buffer(std::size_t n, T value) : pooled_buffer(n) { std::fill_n(data(), n, value); }
     pooled_buffer(pooled_buffer&& o) noexcept
         : block_(std::exchange(o.block_, buffer_pool::block{})), size_(std::exchange(o.size_, 0)) {}
     pooled_buffer& operator=(pooled_buffer&& o) noexcept {
@@ -110,6 +114,9 @@ public:
 
     T* data() const noexcept { return static_cast<T*>(block_.data); }
     std::size_t size() const noexcept { return size_; }
+    T& operator[](std::size_t i) const noexcept { return data()[i]; }
+    T* begin() const noexcept { return data(); }
+    T* end() const noexcept { return data() + size_; }
 
 private:
     buffer_pool::block block_{};
