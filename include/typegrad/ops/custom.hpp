@@ -26,10 +26,10 @@
 #include <span>
 #include <string>
 #include <tuple>
-#include <vector>
 #include <type_traits>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/exec/node_filter.hpp>
@@ -413,11 +413,12 @@ struct custom_backward_op {
         // a mutable incoming gradient is the op's own copy: its changes stay local
         std::array<T, 1> none{};
         T* copy = none.data();
-        std::vector<T> local;
+        pooled_buffer<T> local;  // (kernel temporaries: exec/cpu/buffer_pool.hpp)
         if constexpr (copy_grad) {
             std::size_t n = 1;
             for (std::size_t a = 0; a < in[0].rank; ++a) n *= in[0].ext[a];
-            local.assign(static_cast<const T*>(in[0].data), static_cast<const T*>(in[0].data) + n);
+            local = pooled_buffer<T>(n);
+            std::copy(static_cast<const T*>(in[0].data), static_cast<const T*>(in[0].data) + n, local.data());
             copy = local.data();
         }
         custom_context<Op, Ref, T, N::children::size - 2, true> ctx{in, out, ext, 1, copy};

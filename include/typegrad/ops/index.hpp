@@ -26,9 +26,9 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
@@ -176,12 +176,12 @@ struct embedding_backward_op {
         const auto* idp = static_cast<const Id*>(ids.data);
         const auto* gp = static_cast<const B*>(g.data);
         // accumulate in the compute type (f32 for bf16/f16 tables), then store once
-        std::vector<C> wide;
+        pooled_buffer<C> wide;  // (kernel temporaries: exec/cpu/buffer_pool.hpp)
         C* acc = nullptr;
         if constexpr (std::is_same_v<C, T>) {
             acc = out;
         } else {
-            wide.assign(rows * dim, C(0));
+            wide = pooled_buffer<C>(rows * dim, C(0));
             acc = wide.data();
         }
         if constexpr (std::is_same_v<C, T>) std::fill(acc, acc + rows * dim, C(0));
@@ -302,7 +302,7 @@ struct index_add_op {
         const auto* idp = static_cast<const Id*>(ids.data);
         std::size_t total = 1;
         for (std::size_t a = 0; a < g.rank; ++a) total *= ext[a];
-        std::vector<C> acc(total, C(0));
+        pooled_buffer<C> acc(total, C(0));
         const std::size_t n = numel_of(g);
         for (std::size_t e = 0; e < n; ++e) {  // g in row-major order: ids in order on each line
             std::size_t r = e, o = 0, scale = 1;
@@ -415,7 +415,7 @@ struct gather_backward_op {
         const auto* ip = static_cast<const Id*>(index.data);
         std::size_t total = 1;
         for (std::size_t a = 0; a < index.rank; ++a) total *= ext[a];
-        std::vector<C> acc(total, C(0));
+        pooled_buffer<C> acc(total, C(0));
         const std::size_t n = numel_of(index);
         for (std::size_t e = 0; e < n; ++e) {
             std::size_t r = e, o = 0, scale = 1;

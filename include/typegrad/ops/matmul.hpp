@@ -3,9 +3,9 @@
 // matmul is a kernel boundary: it reads materialised operands (transposed views included, handed
 // to the GEMM as transpose flags instead of copies) and writes a dense result.
 #include <algorithm>
-#include <vector>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/cpu/gemm.hpp>
 #include <typegrad/exec/cpu/gemm_half.hpp>
 #include <typegrad/exec/program.hpp>
@@ -80,7 +80,7 @@ struct matmul_op {
         transpose trans;
         std::size_t ld;
         std::size_t batch_stride;
-        std::vector<T> copy;
+        pooled_buffer<T> copy;  // (kernel temporaries: exec/cpu/buffer_pool.hpp)
         operand(const Ref& r, std::size_t batch) {
             const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
             const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
@@ -96,7 +96,7 @@ struct matmul_op {
                 batch_stride = std::size_t(sb);
             } else {
                 const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
-                copy.resize(nb * rows * cols);
+                copy = pooled_buffer<T>(nb * rows * cols);
                 for (std::size_t b = 0; b < nb; ++b)
                     for (std::size_t i = 0; i < rows; ++i)
                         for (std::size_t j = 0; j < cols; ++j)
