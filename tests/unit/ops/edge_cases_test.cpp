@@ -197,6 +197,21 @@ TEST_CASE("exp reaches subnormal results and overflows only past the largest flo
     CHECK(r[3] == std::exp(88.7f));  // 3.3e38, was inf
     CHECK(r[20] == inf);
     CHECK(r[32] == 0.f);
+    // infinite and NaN lanes stay on the vector path (xsimd's exp is right there), beside lanes
+    // that take the C library's (first batch) and in batches of their own (masked logits)
+    std::vector<float> xi(48, -inf);
+    xi[1] = -90.f;
+    xi[2] = inf;
+    xi[3] = std::numeric_limits<float>::quiet_NaN();
+    xi[17] = inf;
+    const auto ri = values_of(step, tg::bind(x, xi));
+    CHECK(ri[0] == 0.f);
+    CHECK(ri[1] == std::exp(-90.f));
+    CHECK(ri[2] == inf);
+    CHECK(std::isnan(ri[3]));
+    CHECK(ri[17] == inf);
+    for (std::size_t i = 4; i < xi.size(); ++i)
+        if (i != 17) CHECK(ri[i] == 0.f);
     constexpr auto xd64 = tg::param<"x", double, tg::shape<2>>;
     std::vector<double> d{-720.0, 709.5};
     auto s64 = tg::compile(tg::exp(xd64), tg::wrt(xd64)).forward(tg::bind(xd64, d));
