@@ -253,10 +253,11 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
     auto note_cancellation = [&](const torch::Tensor& t) {
         const auto v = t.detach().to(torch::kFloat64);
         const auto magnitudes = finite_magnitudes(v);
-        const double total = magnitudes.sum().item<double>();
-        const double sum = std::abs(v.sum().item<double>());
+        const auto total_t = magnitudes.sum(), sum_t = v.sum();
+        const double total = total_t.item<double>();
+        const double sum = std::abs(sum_t.item<double>());
         if (!std::isfinite(sum)) return;
-        if (error_dominates(magnitudes.sum(), v.sum())) ref.ill_conditioned = true;
+        if (error_dominates(total_t, sum_t)) ref.ill_conditioned = true;
         const double smallest = magnitudes.masked_fill(magnitudes == 0, INFINITY).min().item<double>();
         if (total > 0 && sum <= 4 * unit_roundoff * total && smallest < 4 * unit_roundoff * total) ref.ill_conditioned = true;
     };
