@@ -42,6 +42,7 @@ struct leaf_data {
         std::uniform_real_distribution<double> u(-1.5, 1.5);
         for (std::size_t i = 0; i < count; ++i) {
             if constexpr (tg::is_dtype_v<value_type>) host[i] = value_type(u(rng));
+            else if constexpr (std::is_same_v<value_type, std::int64_t>) host[i] = value_type((3 * i + 1) % 5);  // ids of 5 rows
             else host[i] = value_type(i % 2);  // class labels, valid for 2 and 5 classes
         }
     }
@@ -94,7 +95,8 @@ inline auto universe(std::size_t n) {
     return make_universe<decltype(A), decltype(B), decltype(v), decltype(w5), decltype(M), decltype(Wl), decltype(bl),
                          decltype(X3), decltype(D), decltype(labels), decltype(X), decltype(W1), decltype(b1),
                          decltype(W2), decltype(b2), decltype(Ah), decltype(Bh), decltype(Mh), decltype(Hf),
-                         decltype(Mf)>(n, rng);
+                         decltype(Mf), decltype(tokens), decltype(positions), decltype(start), decltype(seed_offset),
+                         decltype(E), decltype(Ed)>(n, rng);
 }
 
 template <class T>

@@ -20,11 +20,21 @@
 namespace tg = typegrad;
 using namespace cuda_compare;
 
+// TYPEGRAD_CUDA_GRAPHS=name,name,... runs only those graphs (a short session on a lent GPU).
+inline bool graph_selected(const char* name) {
+    const char* only = std::getenv("TYPEGRAD_CUDA_GRAPHS");
+    if (only == nullptr) return true;
+    const std::string list = std::string(",") + only + ",";
+    return list.find(std::string(",") + name + ",") != std::string::npos;
+}
+
 TEST_CASE("every test graph gives the CPU's values and gradients on the device", "[cuda][device]") {
     if (skip_without_device()) return;
     std::printf("cuda device: %s\n", tg::cuda::device_name().c_str());
     for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
-        cuda_tests::for_each_graph([&](const char* name, const auto& step) { compare_with_cpu(name, step, n); });
+        cuda_tests::for_each_graph([&](const char* name, const auto& step) {
+            if (graph_selected(name)) compare_with_cpu(name, step, n);
+        });
 }
 
 // Without a GPU: the same comparisons with the generated kernels compiled by the host compiler and
@@ -43,7 +53,9 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
                                              "cross_entropy", "cast", "hook_device", "mlp", "non_scalar",
                                              "bf16_elementwise", "f16_elementwise", "bf16_reduction", "bf16_slice_transpose",
                                              "bf16_matmul", "autocast_cuda_f16_mlp", "custom_device", "custom_device_f64",
-                                             "activations", "special", "layer_norm", "bf16_activations"};
+                                             "activations", "special", "layer_norm", "bf16_activations",
+                                             "embedding", "embedding_padding_f64", "embedding_of_argmax", "index_select",
+                                             "gather", "dynamic_slice", "concat_stack", "dropout", "attention_causal"};
     for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
         cuda_tests::for_each_graph([&](const char* name, const auto& step) {
             if (all || std::find(subset.begin(), subset.end(), name) != subset.end()) compare_with_cpu(name, step, n);
@@ -89,6 +101,63 @@ TEST_CASE("an invalid class label on the device is a shape_error before any grad
     dg.copy_from(std::vector<float>(15, -7.f));
     CHECK_THROWS_AS(step.value_and_grad(tg::bind(A, da), tg::bind(labels, dl), tg::grad_into(A, dg)), tg::shape_error);
     CHECK(dg.to_host() == std::vector<float>(15, -7.f));
+}
+
+// On the device when there is one, else in host emulation: kernel ops report bad ids from their
+// kernels, and the host throws the CPU's error before any gradient is written.
+TEST_CASE("a bad id or start in a device kernel is the CPU's shape_error, gradients untouched", "[cuda][emulation]") {
+    std::optional<cuda_emulation::scoped_emulator> emulate;
+    if (!tg::cuda::available()) emulate.emplace();
+    using namespace cuda_tests;
+    auto error_of = [](auto&& call) {
+        try {
+            call();
+        } catch (const tg::shape_error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    const std::vector<float> e(20, 0.5f), untouched(20, -7.f);
+    auto de = tg::cuda::tensor<float, tg::shape<5, 4>>::from_host(e);
+    tg::cuda::tensor<float, tg::shape<5, 4>> dg;
+    auto embed = tg::compile(tg::sum(tg::square(tg::embedding(tokens, E))), tg::wrt(E));
+    for (const std::vector<std::int64_t>& ids : {std::vector<std::int64_t>{0, 7, 1, 9}, std::vector<std::int64_t>{2, -1}}) {
+        auto dt = tg::cuda::tensor<std::int64_t, tg::shape<tg::dyn>>::from_host(ids);
+        std::vector<float> cpu_grad(untouched);
+        const std::string cpu = error_of([&] { embed.value_and_grad(tg::bind(tokens, ids), tg::bind(E, e), tg::grad_into(E, cpu_grad)); });
+        dg.copy_from(untouched);
+        const std::string gpu = error_of([&] { embed.value_and_grad(tg::bind(tokens, dt), tg::bind(E, de), tg::grad_into(E, dg)); });
+        CHECK(cpu.find(ids[1] == 7 ? "id 7 at position 1 is out of range for 5 rows" : "id -1 at position 1") != std::string::npos);
+        CHECK(gpu == cpu);
+        CHECK(dg.to_host() == untouched);
+        CHECK(cpu_grad == untouched);
+    }
+    // ids computed on the device (argmax along axis 1 of a [n, 5] tensor) index a 3-row table
+    constexpr auto T3 = tg::param<"T3", float, tg::shape<3, 4>>;
+    auto computed = tg::compile(tg::sum(tg::embedding(tg::argmax(A, tg::axes<1>), T3)), tg::wrt(T3));
+    const std::vector<float> a = {0, 1, 0, 0, 0, /* argmax 4: */ 0, 0, 0, 0, 1};
+    const std::vector<float> t(12, 1.f), t_untouched(12, -7.f);
+    auto da = tg::cuda::tensor<float, tg::shape<tg::dyn, 5>>::from_host(a, {2, 5});
+    auto dt3 = tg::cuda::tensor<float, tg::shape<3, 4>>::from_host(t);
+    tg::cuda::tensor<float, tg::shape<3, 4>> dg3;
+    dg3.copy_from(t_untouched);
+    const std::string gpu = error_of([&] { computed.value_and_grad(tg::bind(A, da), tg::bind(T3, dt3), tg::grad_into(T3, dg3)); });
+    CHECK(gpu.find("id 4 at position 1 is out of range for 3 rows") != std::string::npos);
+    CHECK(dg3.to_host() == t_untouched);
+    // a start beyond the axis
+    auto sliced = tg::compile(tg::sum(tg::dynamic_slice<1, 3>(A, start)), tg::wrt(A));
+    const std::vector<std::int64_t> s = {3};
+    auto ds = tg::cuda::tensor<std::int64_t, tg::shape<1>>::from_host(s);
+    const std::vector<float> ten(10, -7.f);
+    std::vector<float> cpu_grad(ten);
+    const std::string cpu = error_of([&] { sliced.value_and_grad(tg::bind(A, a, {2, 5}), tg::bind(start, s), tg::grad_into(A, cpu_grad)); });
+    tg::cuda::tensor<float, tg::shape<tg::dyn, 5>> dga({2, 5});
+    dga.copy_from(ten);
+    const std::string gpu_start =
+        error_of([&] { sliced.value_and_grad(tg::bind(A, da), tg::bind(start, ds), tg::grad_into(A, dga)); });
+    CHECK(cpu.find("start 3 leaves the axis' extent 5") != std::string::npos);
+    CHECK(gpu_start == cpu);
+    CHECK(dga.to_host() == ten);
 }
 
 TEST_CASE("the MLP trains the same on the device as on the CPU", "[cuda][device]") {

@@ -47,6 +47,11 @@ inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; 
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long value) {
+    const unsigned long long old = *p;
+    if (value < old) *p = value;
+    return old;
+}
 inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long expected, unsigned long long value) {
     const unsigned long long old = *p;
     if (old == expected) *p = value;

@@ -19,6 +19,13 @@ constexpr auto bl = tg::param<"bl", float, tg::shape<4>>;
 constexpr auto X3 = tg::param<"X3", float, tg::shape<2, 3, 5>>;
 constexpr auto D = tg::param<"D", double, tg::shape<tg::dyn, 5>>;
 constexpr auto labels = tg::input<"labels", std::int32_t, tg::shape<tg::dyn>>;
+// int64 ids (compare.hpp fills them with (3 i + 1) % 5: valid rows of a 5-row table)
+constexpr auto tokens = tg::input<"tokens", std::int64_t, tg::shape<tg::dyn>>;
+constexpr auto positions = tg::input<"positions", std::int64_t, tg::shape<tg::dyn, 5>>;
+constexpr auto start = tg::input<"start", std::int64_t, tg::shape<1>>;
+constexpr auto seed_offset = tg::input<"seed_offset", std::int64_t, tg::shape<2>>;  // {seed, offset} = {1, 4}
+constexpr auto E = tg::param<"E", float, tg::shape<5, 4>>;
+constexpr auto Ed = tg::param<"Ed", double, tg::shape<5, 4>>;
 // bf16 / f16 leaves
 constexpr auto Ah = tg::param<"Ah", tg::bf16, tg::shape<tg::dyn, 5>>;
 constexpr auto Bh = tg::param<"Bh", tg::bf16, tg::shape<tg::dyn, 5>>;
@@ -153,6 +160,25 @@ void for_each_graph(F&& f) {
     // a custom op with device implementations, inside fused code on both sides
     f("custom_device", tg::compile(tg::sum(tg::square(tg::custom<weighted_square>(tg::exp(A), B)) + A), tg::wrt(A, B)));
     f("custom_device_f64", tg::compile(tg::sum(tg::custom<weighted_square>(D, D * D)), tg::wrt(D)));
+    // kernel ops with device kernels beside their CPU ones (ops/index.hpp, dropout.hpp,
+    // arg_reduce.hpp, attention.hpp)
+    f("embedding", tg::compile(tg::sum(tg::square(tg::embedding(tokens, E)) * tg::slice<1, 0, 4>(tg::sum(A, tg::axes<0>, tg::keepdim))),
+                               tg::wrt(E, A)));
+    f("embedding_padding_f64", tg::compile(tg::sum(tg::exp(tg::embedding<2>(tokens, Ed))), tg::wrt(Ed)));
+    f("embedding_of_argmax", tg::compile(tg::sum(tg::square(tg::embedding(tg::argmax(A, tg::axes<1>), E)) * tg::slice<1, 1, 5>(B)),
+                                         tg::wrt(E, B)));
+    f("index_select", tg::compile(tg::sum(tg::square(tg::index_select<0>(M, tokens)) + tg::index_select<1>(A, tg::argmax(v, tg::axes<0>, tg::keepdim)) * tg::sum(B)),
+                                  tg::wrt(M, A, B)));
+    f("gather", tg::compile(tg::sum(tg::exp(tg::gather<1>(A, positions)) * B), tg::wrt(A, B)));
+    f("dynamic_slice", tg::compile(tg::sum(tg::square(tg::dynamic_slice<1, 3>(tg::transpose(tg::transpose(A)), start))) +
+                                       tg::sum(tg::dynamic_slice<0, 1>(v, tg::argmin(v))),
+                                   tg::wrt(A, v)));
+    f("concat_stack", tg::compile(tg::sum(tg::square(tg::concat<1>(A, tg::exp(B), tg::cast<float>(D)))) +
+                                      tg::sum(tg::stack<0>(v, w5) * tg::stack<0>(w5, v)),
+                                  tg::wrt(A, B, D, v, w5)));
+    f("dropout", tg::compile(tg::sum(tg::square(tg::dropout<0.3>(A, seed_offset)) * B), tg::wrt(A, B)));
+    f("attention_causal", tg::compile(tg::sum(tg::square(tg::scaled_dot_product_attention(X3, X3 * lit<0.5>, X3, tg::causal))),
+                                      tg::wrt(X3)));
     // hooks
     f("hook_device", tg::compile(tg::sum(tg::square(tg::hook(A, double_the_gradient{}))), tg::wrt(A)));
     f("retain_grad", tg::compile(tg::sum(tg::square(tg::retain_grad(A) * B)), tg::wrt(A, B)));

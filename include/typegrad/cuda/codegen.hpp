@@ -15,6 +15,7 @@
 //           combines the per-chunk partials in chunk order.
 // The elementwise body is straight-line code from each op's `device` expression; stores and
 // materialisations are written in the same pass by the first group.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -115,6 +116,41 @@ inline constexpr auto device_exprs = [] {
     }(std::make_index_sequence<PP::M>{});
     return r;
 }();
+// A kernel op with a device implementation carries it beside its CPU `run` (ops/index.hpp is
+// one): `device_source`, CUDA text defining its kernel templates (emitted once per module), and
+// `device_call<N>()`, the call of the node's instantiation on the parameter words `p`.
+template <class N>
+struct node_kernel_source {
+    static constexpr const char* value = nullptr;
+    static std::string call() { return {}; }
+};
+template <class N>
+    requires requires { N::op::device_source; }
+struct node_kernel_source<N> {
+    static constexpr const char* value = N::op::device_source;
+    static std::string call() { return N::op::template device_call<N>(); }
+};
+template <class PP>
+inline constexpr auto kernel_sources = [] {
+    std::array<const char*, PP::M> r{};
+    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+        ((r[Ns] = node_kernel_source<typename PP::program::template node_at<Ns>>::value), ...);
+    }(std::make_index_sequence<PP::M>{});
+    return r;
+}();
+template <class PP>
+const std::string* kernel_calls() {
+    static const auto r = [] {
+        std::array<std::string, PP::M> c;
+        [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
+            ((c[Ns] = node_kernel_source<typename PP::program::template node_at<Ns>>::call()), ...);
+        }(std::make_index_sequence<PP::M>{});
+        return c;
+    }();
+    return r.data();
+}
+inline std::string node_kernel_name(std::size_t n) { return std::string("tg_node_") + std::to_string(n); }
+
 // A plan as plain data, so that the generator (and the launcher) are ordinary functions compiled
 // once, not once per plan type.
 struct plan_view {
@@ -126,6 +162,8 @@ struct plan_view {
     const std::size_t* stores = nullptr;
     const char* const* device = nullptr;
     const double* constants = nullptr;
+    const char* const* kernel_source = nullptr;  // a kernel op's device_source, or null
+    const std::string* kernel_call = nullptr;
 };
 template <class PP>
 plan_view view_of() {
@@ -136,7 +174,9 @@ plan_view view_of() {
             PP::plan.members.data(),
             PP::stores.data(),
             device_exprs<PP>.data(),
-            constant_values<PP>.data()};
+            constant_values<PP>.data(),
+            kernel_sources<PP>.data(),
+            kernel_calls<PP>()};
 }
 
 // ---- loop groups and the layout of their parameter words -----------------------------------
@@ -346,6 +386,63 @@ __device__ __forceinline__ unsigned short tg_to_f16(float f) {
 }
 __device__ __forceinline__ float tg_round_bf16(float x) { return tg_from_bf16(tg_to_bf16(x)); }
 __device__ __forceinline__ float tg_round_f16(float x) { return tg_from_f16(tg_to_f16(x)); }
+
+// Element types of kernel ops by code (exec/program.hpp, device_type_code): storage S, value C,
+// and the conversions; tg_cvt<To, V, From> is the CPU's convert_element (ops/index.hpp): From's
+// value, as V's compute type, stored as To.
+template <int K> struct tg_ty;
+template <> struct tg_ty<0> { typedef float S; typedef float C;
+    static __device__ __forceinline__ C from(S x) { return x; } static __device__ __forceinline__ S to(C x) { return x; } };
+template <> struct tg_ty<1> { typedef double S; typedef double C;
+    static __device__ __forceinline__ C from(S x) { return x; } static __device__ __forceinline__ S to(C x) { return x; } };
+template <> struct tg_ty<2> { typedef unsigned short S; typedef float C;
+    static __device__ __forceinline__ C from(S x) { return tg_from_bf16(x); } static __device__ __forceinline__ S to(C x) { return tg_to_bf16(x); } };
+template <> struct tg_ty<3> { typedef unsigned short S; typedef float C;
+    static __device__ __forceinline__ C from(S x) { return tg_from_f16(x); } static __device__ __forceinline__ S to(C x) { return tg_to_f16(x); } };
+template <> struct tg_ty<4> { typedef int S; typedef tg_i64 C;
+    static __device__ __forceinline__ C from(S x) { return x; } static __device__ __forceinline__ S to(C x) { return (S)x; } };
+template <> struct tg_ty<5> { typedef tg_i64 S; typedef tg_i64 C;
+    static __device__ __forceinline__ C from(S x) { return x; } static __device__ __forceinline__ S to(C x) { return x; } };
+template <int To, int V, int From> __device__ __forceinline__ typename tg_ty<To>::S tg_cvt(typename tg_ty<From>::S x) {
+    if (To == From) return (typename tg_ty<To>::S)x;
+    return tg_ty<To>::to((typename tg_ty<To>::C)(typename tg_ty<V>::C)tg_ty<From>::from(x));
+}
+// The offset of logical (row-major) element e of a strided operand.
+__device__ __forceinline__ tg_i64 tg_offset(tg_i64 e, int rank, const tg_u64* ext, const tg_u64* stride) {
+    tg_i64 off = 0;
+    for (int a = rank - 1; a >= 0; --a) {
+        off += (e % (tg_i64)ext[a]) * (tg_i64)stride[a];
+        e /= (tg_i64)ext[a];
+    }
+    return off;
+}
+// Parameter words of a kernel op's node (cuda/execute.hpp fills them with the op's device_words).
+struct tg_node_args { tg_u64 w[128]; };
+// A strided operand in the words (exec/program.hpp, put_device_ref): address, rank, extents, strides.
+struct tg_ref { const void* p; int rank; const tg_u64* ext; const tg_u64* stride; };
+__device__ __forceinline__ tg_ref tg_ref_at(const tg_node_args& a, int at) {
+    tg_ref r;
+    r.p = (const void*)a.w[at];
+    r.rank = (int)a.w[at + 1];
+    r.ext = a.w + at + 2;
+    r.stride = a.w + at + 2 + r.rank;
+    return r;
+}
+__device__ __forceinline__ tg_i64 tg_ref_offset(const tg_ref& r, tg_i64 e) { return tg_offset(e, r.rank, r.ext, r.stride); }
+__device__ __forceinline__ tg_i64 tg_numel(const tg_ref& r) {
+    tg_i64 n = 1;
+    for (int a = 0; a < r.rank; ++a) n *= (tg_i64)r.ext[a];
+    return n;
+}
+// An id of an index op's ids operand (int32 or int64, code 4 or 5)
+template <int K> __device__ __forceinline__ tg_i64 tg_id(const tg_ref& r, tg_i64 e) {
+    return (tg_i64)((const typename tg_ty<K>::S*)r.p)[tg_ref_offset(r, e)];
+}
+// The first bad position of an index op (its host side reads it and throws, cuda/execute.hpp).
+__device__ __forceinline__ void tg_report(tg_u64 flag, tg_i64 position) {
+    atomicMin((unsigned long long*)flag, (unsigned long long)position);
+}
+#define TG_GRID_LOOP(e, n) for (tg_i64 e = blockIdx.x * (tg_i64)blockDim.x + threadIdx.x; e < (tg_i64)(n); e += (tg_i64)gridDim.x * blockDim.x)
 
 template <class T> __device__ __forceinline__ T tg_infinity();
 template <> __device__ __forceinline__ float tg_infinity<float>() { return __int_as_float(0x7f800000); }
@@ -748,6 +845,20 @@ inline std::string generate_source(const plan_view& pv) {
     }
     for (std::size_t n = 0; n < pv.node_count; ++n)
         if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) emit_custom(s, pv, n);
+    std::vector<std::string_view> emitted;  // each op's templates once, whatever its parameters
+    for (std::size_t n = 0; n < pv.node_count; ++n) {
+        if (pv.kernel_source[n] == nullptr) continue;
+        const std::string_view src = pv.kernel_source[n];
+        if (std::find(emitted.begin(), emitted.end(), src) == emitted.end()) {
+            emitted.push_back(src);
+            s += std::string("// kernel op ") + std::string(pv.info[n].name) + "\n" + std::string(src) + "\n";
+        }
+        const std::string name = node_kernel_name(n);
+        s += "extern \"C\" __global__ void __launch_bounds__(TG_BLOCK) " + name + "(const tg_node_args p) { " +
+             pv.kernel_call[n] + "(p); }\n";
+        s += "#ifdef TG_EMULATION\nextern \"C\" void " + name + "_host(const void* w) { " + name +
+             "(*(const tg_node_args*)w); }\n#endif\n";
+    }
     return s;
 }
 template <class PP>

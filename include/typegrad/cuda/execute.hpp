@@ -62,8 +62,10 @@ constexpr void check_node_on_device() {
                               !is_reduced_precision_v<storage_t<typename td::type_at_t<0, typename N::children>::value_type>>,
                           "typegrad: cuda: a cast to or from f64, or a one_hot, with a bf16/f16 side has no device "
                           "kernel yet; cast through f32 (tg::cast<float>) first (docs/cuda.md)");
-        // a kernel op without a device kernel names itself (ops/index.hpp, dropout.hpp, arg_reduce.hpp)
-        if constexpr (requires { N::op::template no_device_kernel<N>(); }) N::op::template no_device_kernel<N>();
+        // a kernel op with its own device implementation (device_source, ops/index.hpp); one
+        // without names itself (ops/conv.hpp, pool.hpp)
+        if constexpr (requires { N::op::device_source; }) {
+        } else if constexpr (requires { N::op::template no_device_kernel<N>(); }) N::op::template no_device_kernel<N>();
         else static_assert(td::custom_kernel_info<N>::is_custom || is_matmul_v<typename N::op> ||
                           is_cast_v<typename N::op> || is_one_hot_v<typename N::op> ||
                           is_slice_backward_v<typename N::op>,
@@ -125,6 +127,7 @@ struct compiled_module {
     std::vector<std::vector<CUfunction>> functions;    // [loop][group]
     std::array<CUfunction, prelude_fn_count> prelude{};
     std::vector<CUfunction> custom;                    // [node]: a custom op's kernel, or null
+    std::vector<CUfunction> node_kernel;               // [node]: a kernel op's device_source kernel, or null
 };
 
 // The virtual architecture NVRTC targets for the device in use.
@@ -169,6 +172,9 @@ compiled_module load_module() {
     c.custom.assign(PP::M, nullptr);
     for (std::size_t n = 0; n < PP::M; ++n)
         if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) c.custom[n] = get(custom_kernel_name(n));
+    c.node_kernel.assign(PP::M, nullptr);
+    for (std::size_t n = 0; n < PP::M; ++n)
+        if (pv.kernel_source[n] != nullptr) c.node_kernel[n] = get(node_kernel_name(n));
     return c;
 }
 // The plan's module, loaded once per plan type; thread-safe (a function-local static; a failure
@@ -411,6 +417,17 @@ void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::te
     }
 }
 
+// The shape pass of a device call. A kernel op's extents() checks its operands' values when the
+// host can read them (embedding's ids, before anything runs); device memory is not readable from
+// the host, so the pass sees no values and the op's kernel checks them (run_kernel's flag).
+template <class PP>
+void compute_device_shapes(typename PP::state_type& st) {
+    const auto bound = st.ptr;
+    st.ptr.fill(nullptr);
+    td::compute_shapes<PP>(st);
+    st.ptr = bound;
+}
+
 // ---- one plan run ------------------------------------------------------------------------------
 template <class PP>
 class device_run {
@@ -492,7 +509,26 @@ private:
         void* out = const_cast<void*>(st.ptr[N]);
         const std::size_t* ext = st.ext.data() + PP::rank_offset[N];
         const std::size_t n = td::node_numel<PP>(st, N);
-        if constexpr (is_matmul_v<op>) {
+        if constexpr (requires { op::device_source; }) {
+            // the op's own kernel: it fills the parameter words and says how many elements the
+            // grid covers; an op that checks ids gets a flag (the first bad position, or ~0)
+            std::uint64_t w[128] = {};
+            std::array<td::tensor_ref, node::children::size> in{};
+            for (std::size_t k = 0; k < in.size(); ++k) in[k] = ref(k);
+            void* flag = base_ + flag_;
+            constexpr bool checks = requires { op::template device_check<node>(in.data(), std::size_t{}, nullptr); };
+            if constexpr (checks) {
+                const std::uint64_t none = ~std::uint64_t{0};
+                copy_to_device(flag, &none, sizeof none);
+            }
+            const std::size_t threads = op::template device_words<node>(in.data(), out, ext, w, flag);
+            if (threads) launch(m.node_kernel[N], grid_for(threads), 1, w);
+            if constexpr (checks) {
+                std::uint64_t bad = 0;
+                copy_to_host(&bad, flag, sizeof bad);
+                if (bad != ~std::uint64_t{0}) op::template device_check<node>(in.data(), std::size_t(bad), &copy_to_host);
+            }
+        } else if constexpr (is_matmul_v<op>) {
             run_matmul<S>(m, ref(0), ref(1), static_cast<S*>(out), ext, node::shape_type::rank == 3);
         } else if constexpr (is_cast_v<op>) {
             using From = compute_t<typename td::type_at_t<0, typename node::children>::value_type>;

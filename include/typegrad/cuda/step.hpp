@@ -332,7 +332,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
             step_type::check_autocast_context();
             typename PP::state_type st{};
             bind_leaves<PP>(st, args...);
-            compute_shapes<PP>(st);
+            cuda::detail::compute_device_shapes<PP>(st);
             check_leaf_sizes<PP>(st, args...);
             bind_grads<PP>(st, args...);
             const cuda::detail::compiled_module& m = cuda::detail::module_for<PP>();
@@ -363,7 +363,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
             check_calls<PP, true, Args...>();
             auto& st = ctx.state_;
             bind_leaves<PP>(st, args...);
-            compute_shapes<PP>(st);
+            cuda::detail::compute_device_shapes<PP>(st);
             check_leaf_sizes<PP>(st, args...);
             const cuda::detail::compiled_module& m = cuda::detail::module_for<PP>();
             constexpr std::size_t loss_id = PP::program::template id_of<Loss>::value;
@@ -414,7 +414,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                     (restore_node<PP, FwdPP, Ns>(st, ctx.state_), ...);
                 }(std::make_index_sequence<PP::M>{});
                 if constexpr (seeded) bind_seed<PP, FwdPP>(st, ctx.state_, args...);
-                compute_shapes<PP>(st);
+                cuda::detail::compute_device_shapes<PP>(st);
                 if constexpr (seeded) check_seed_size<PP>(st, args...);
                 bind_grads<PP>(st, args...);
                 const cuda::detail::compiled_module& m = cuda::detail::module_for<PP>();

@@ -8,10 +8,10 @@
 // NaN); a reduction over no elements is an error (tg::shape_error, thrown when the extents are
 // known, before anything is written). Autocast leaves it alone (its input keeps its dtype).
 //
-// A kernel op: it reads its materialised input through strides. The CUDA backend has no device
-// kernel for it: a step holding it runs with host bindings.
+// A kernel op: it reads its materialised input through strides; its device kernel sits beside it.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include <typegrad/core/error.hpp>
@@ -41,11 +41,65 @@ template <bool Largest, std::size_t Axis, bool Keep>
 struct arg_reduce_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = Largest ? "argmax" : "argmin";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    // the device kernel: one thread per output element, the CPU's scan (first extreme, first NaN)
+    static constexpr const char* device_source = R"CUDA(
+// argmax/argmin. w: out (int64), axis (rank: all), x ref
+template <int Largest, int V, int B> __device__ void tg_arg_reduce(const tg_node_args& p) {
+    typedef typename tg_ty<V>::C C;
+    tg_i64* out = (tg_i64*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_ref x = tg_ref_at(p, 2);
+    const typename tg_ty<B>::S* xp = (const typename tg_ty<B>::S*)x.p;
+    const bool all = axis == x.rank;
+    tg_i64 outer = 1, len = 1;
+    for (int a = 0; a < x.rank; ++a) {
+        if (all || a == axis) len *= (tg_i64)x.ext[a];
+        else outer *= (tg_i64)x.ext[a];
+    }
+    TG_GRID_LOOP(o, outer) {
+        tg_i64 base = 0;
+        if (!all) {
+            tg_i64 r = o;
+            for (int a = x.rank - 1; a >= 0; --a) {
+                if (a == axis) continue;
+                base += (r % (tg_i64)x.ext[a]) * (tg_i64)x.stride[a];
+                r /= (tg_i64)x.ext[a];
+            }
+        }
+        tg_i64 best = 0;
+        C best_v = 0;
+        for (tg_i64 i = 0; i < len; ++i) {
+            const tg_i64 off = all ? tg_ref_offset(x, i) : base + i * (tg_i64)x.stride[axis];
+            const C v = (C)tg_ty<B>::from(xp[off]);
+            if (i == 0) {
+                best_v = v;
+                continue;
+            }
+            if (best_v != best_v) break;  // a NaN wins, the first one
+            if (v != v || (Largest ? v > best_v : v < best_v)) {
+                best = i;
+                best_v = v;
+            }
+        }
+        out[o] = best;
+    }
+}
+)CUDA";
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: argmax/argmin has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using X = type_at_t<0, typename N::children>;
+        return device_template_call("tg_arg_reduce", {int(Largest), device_type_code<typename X::value_type>(),
+                                                      device_type_code<buffer_t<X>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t*, std::uint64_t* w, void*) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        put_device_ref(w, 2, in[0]);
+        std::size_t outer = 1;
+        for (std::size_t a = 0; a < in[0].rank; ++a)
+            if (Axis != in[0].rank && a != Axis) outer *= in[0].ext[a];
+        return outer;
     }
     static constexpr bool differentiable = false;
     static constexpr bool shape_only(std::size_t) { return false; }

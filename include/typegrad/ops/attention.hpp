@@ -15,9 +15,7 @@
 //
 // causal_mask is a kernel op (it needs the element's row and column, which the fused elementwise
 // loops do not have); its VJP is the same mask filling 0, so a NaN or inf in the incoming
-// gradient of a masked element does not leak. The CUDA backend has no device kernel for it: a
-// step holding it runs with host bindings (a typegrad: static_assert names it when device buffers
-// are bound).
+// gradient of a masked element does not leak. Its device kernel sits beside it.
 //
 // Autocast: the matmuls are lower precision (the scores and the output then round to the spec's
 // dtype); softmax follows its own class; the mask keeps its input's dtype.
@@ -26,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/program.hpp>
@@ -50,11 +49,37 @@ template <std::int64_t Diagonal, std::uint64_t FillBits>
 struct causal_fill_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "causal_mask";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    // the device kernel: one thread per element
+    static constexpr const char* device_source = R"CUDA(
+// causal_mask. w: out, diagonal, fill (double bits), x ref
+template <int T, int V, int B> __device__ void tg_causal_fill(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const tg_i64 diagonal = (tg_i64)p.w[1];
+    const typename tg_ty<T>::S fill = tg_ty<T>::to((typename tg_ty<T>::C)(typename tg_ty<V>::C)tg_double_bits(p.w[2]));
+    const tg_ref x = tg_ref_at(p, 3);
+    const typename tg_ty<B>::S* xp = (const typename tg_ty<B>::S*)x.p;
+    const tg_i64 rows = (tg_i64)x.ext[x.rank - 2], cols = (tg_i64)x.ext[x.rank - 1];
+    TG_GRID_LOOP(e, tg_numel(x)) {
+        const tg_i64 j = e % cols, i = (e / cols) % rows;
+        out[e] = j <= i + diagonal ? tg_cvt<T, V, B>(xp[tg_ref_offset(x, e)]) : fill;
+    }
+}
+)CUDA";
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: causal_mask has no device kernel yet; evaluate this step "
-                                       "with host bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using X = type_at_t<0, typename N::children>;
+        return device_template_call("tg_causal_fill", {device_type_code<buffer_t<N>>(), device_type_code<typename X::value_type>(),
+                                                       device_type_code<buffer_t<X>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void*) {
+        w[0] = device_word(out);
+        w[1] = std::uint64_t(Diagonal);
+        w[2] = FillBits;
+        put_device_ref(w, 3, in[0]);
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < in[0].rank; ++a) n *= ext[a];
+        return n;
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }

@@ -13,11 +13,11 @@
 // zeroes everything, as PyTorch. The streams are typegrad's own: PyTorch's CPU dropout draws from
 // mt19937, so masks are not bitwise PyTorch's, only their law is.
 //
-// A kernel op; the CUDA backend has no device kernel for it yet (a step holding it runs with host
-// bindings; a typegrad: static_assert names it when device buffers are bound).
+// A kernel op; its device kernel (beside it) draws the same stream: CPU and CUDA masks are equal.
 #include <cstddef>
 #include <bit>
 #include <cstdint>
+#include <string>
 
 #include <typegrad/core/error.hpp>
 #include <typegrad/core/philox.hpp>
@@ -32,11 +32,65 @@ template <std::uint64_t PBits>
 struct dropout_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "dropout";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    // the device kernel: one thread per Philox block of 4 elements, the CPU's stream bit for bit
+    static constexpr const char* device_source = R"CUDA(
+// Philox4x32-10 (core/philox.hpp)
+__device__ __forceinline__ void tg_philox(unsigned c[4], unsigned k0, unsigned k1) {
+    for (int r = 0; r < 10; ++r) {
+        if (r != 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        const tg_u64 p0 = (tg_u64)0xD2511F53u * c[0], p1 = (tg_u64)0xCD9E8D57u * c[2];
+        const unsigned n0 = (unsigned)(p1 >> 32) ^ c[1] ^ k0, n1 = (unsigned)p1;
+        const unsigned n2 = (unsigned)(p0 >> 32) ^ c[3] ^ k1, n3 = (unsigned)p0;
+        c[0] = n0;
+        c[1] = n1;
+        c[2] = n2;
+        c[3] = n3;
+    }
+}
+// dropout. w: out, p (double bits), scale (double bits), rng ref, x ref
+template <int I, int T, int V, int B> __device__ void tg_dropout(const tg_node_args& p) {
+    typedef typename tg_ty<T>::C C;
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const double keep_below = 1.0 - tg_double_bits(p.w[1]);
+    const C scale = (C)tg_double_bits(p.w[2]);
+    const tg_ref rng = tg_ref_at(p, 3);
+    const tg_ref x = tg_ref_at(p, 5 + 2 * rng.rank);
+    const typename tg_ty<B>::S* xp = (const typename tg_ty<B>::S*)x.p;
+    const tg_u64 seed = (tg_u64)tg_id<I>(rng, 0), offset = (tg_u64)tg_id<I>(rng, 1);
+    const tg_i64 n = tg_numel(x);
+    TG_GRID_LOOP(b, (n + 3) / 4) {
+        const tg_u64 counter = offset + (tg_u64)b;
+        unsigned c[4] = {(unsigned)counter, (unsigned)(counter >> 32), 0u, 0u};
+        tg_philox(c, (unsigned)seed, (unsigned)(seed >> 32));
+        for (int k = 0; k < 4 && 4 * b + k < n; ++k) {
+            const tg_i64 e = 4 * b + k;
+            const bool keep = (double)((float)(c[k] & 0x00FFFFFFu) * 5.9604644775390625e-8f) < keep_below;
+            const C v = (C)(typename tg_ty<V>::C)tg_ty<B>::from(xp[tg_ref_offset(x, e)]);
+            out[e] = tg_ty<T>::to(keep ? v * scale : (C)0);
+        }
+    }
+}
+)CUDA";
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: dropout has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using X = type_at_t<0, typename N::children>;
+        return device_template_call("tg_dropout", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
+                                                   device_type_code<buffer_t<N>>(), device_type_code<typename X::value_type>(),
+                                                   device_type_code<buffer_t<X>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void*) {
+        using C = compute_t<buffer_t<N>>;
+        w[0] = device_word(out);
+        w[1] = device_word(p);
+        w[2] = device_word(double(p < 1 ? C(1.0 / (1.0 - p)) : C(0)));
+        put_device_ref(w, put_device_ref(w, 3, in[1]), in[0]);
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < in[0].rank; ++a) n *= ext[a];
+        return (n + 3) / 4;
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }

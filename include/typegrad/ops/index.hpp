@@ -17,13 +17,16 @@
 // Autocast: embedding and index_select keep their dtypes (PyTorch lists neither); cat and stack
 // promote to the widest input, as on PyTorch's CPU list.
 //
-// All are kernel ops (their own routines over strided operands); the CUDA backend has no device
-// kernels for embedding, index_select, gather and concat yet: a step holding one runs with host bindings
-// (a typegrad: static_assert names the op when device buffers are bound).
+// All are kernel ops (their own routines over strided operands), each with its device kernel
+// beside it (index_device_source): the same values as the CPU, bad ids reported by the kernel
+// and thrown by the host before any gradient is written; the scatter-add backwards run one
+// thread per output line in the CPU's order (the same bits as the CPU) and accumulate f32/f64
+// gradients on the device (a bf16/f16 gradient is a typegrad: static_assert there).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -65,6 +68,11 @@ inline T convert_element(B x) {
 }
 
 // The ids of an index op, checked: each in [0, rows). Throws before the caller writes.
+template <class Id>
+[[noreturn]] inline void throw_bad_id(const char* op, Id id, std::size_t position, std::size_t rows) {
+    throw shape_error(message("typegrad: ", op, ": id ", id < 0 ? "-" : "", std::uint64_t(id < 0 ? -id : id),
+                              " at position ", position, " is out of range for ", rows, " rows"));
+}
 template <class Id, class Ref>
 inline void check_ids(const char* op, const Ref& ids, std::size_t rows) {
     const auto* p = static_cast<const Id*>(ids.data);
@@ -72,10 +80,16 @@ inline void check_ids(const char* op, const Ref& ids, std::size_t rows) {
     const std::size_t n = numel_of(ids);
     for (std::size_t e = 0; e < n; ++e) {
         const Id id = p[strided_offset(ids, e)];
-        if (id < 0 || std::uint64_t(id) >= rows)
-            throw shape_error(message("typegrad: ", op, ": id ", id < 0 ? "-" : "", std::uint64_t(id < 0 ? -id : id),
-                                      " at position ", e, " is out of range for ", rows, " rows"));
+        if (id < 0 || std::uint64_t(id) >= rows) throw_bad_id(op, id, e, rows);
     }
+}
+// The same error from a device kernel's report: the id at that position, read from the device.
+template <class Id, class Ref>
+[[noreturn]] inline void throw_bad_device_id(const char* op, const Ref& ids, std::size_t position, std::size_t rows,
+                                             device_copy copy) {
+    Id id{};
+    copy(&id, static_cast<const Id*>(ids.data) + strided_offset(ids, position), sizeof id);
+    throw_bad_id(op, id, position, rows);
 }
 template <std::int64_t Padding>
 inline bool is_padding(std::int64_t id, std::size_t rows) {
@@ -83,17 +97,296 @@ inline bool is_padding(std::int64_t id, std::size_t rows) {
     else return id == (Padding < 0 ? Padding + std::int64_t(rows) : Padding);
 }
 
+// ---- device kernels of the index ops (cuda/codegen.hpp emits this once per module) ----------
+// Element codes as exec/program.hpp's device_type_code; I: the ids' type. A bad id records its
+// position (tg_report) and the host throws the CPU's message. Scatter-adds run one thread per
+// output line, adding in the CPU's order: the same bits as the CPU, run after run.
+inline constexpr const char* index_device_source = R"CUDA(
+// embedding. w: out, dim, rows, padding, has_padding, zero_padding, flag, ids ref, table ref
+template <int I, int T, int V, int B> __device__ void tg_embedding(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const tg_i64 dim = (tg_i64)p.w[1], rows = (tg_i64)p.w[2], padding = (tg_i64)p.w[3];
+    const bool pad = p.w[4] != 0 && p.w[5] != 0;
+    const tg_ref ids = tg_ref_at(p, 7);
+    const tg_ref table = tg_ref_at(p, 9 + 2 * ids.rank);
+    const typename tg_ty<B>::S* tp = (const typename tg_ty<B>::S*)table.p;
+    const tg_i64 n = tg_numel(ids);
+    TG_GRID_LOOP(t, dim > 0 ? n * dim : n) {
+        const tg_i64 e = dim > 0 ? t / dim : t, j = dim > 0 ? t % dim : 0;
+        const tg_i64 id = tg_id<I>(ids, e);
+        if (id < 0 || id >= rows) {
+            tg_report(p.w[6], e);
+            continue;
+        }
+        if (dim == 0) continue;
+        if (pad && id == padding) out[t] = tg_ty<T>::to((typename tg_ty<T>::C)0);
+        else out[t] = tg_cvt<T, V, B>(tp[id * (tg_i64)table.stride[0] + j * (tg_i64)table.stride[1]]);
+    }
+}
+// embedding's backward (T f32/f64). w: out, dim, rows, padding, has_padding, flag, g ref, ids ref
+template <int I, int T, int V, int B> __device__ void tg_embedding_backward(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const tg_i64 dim = (tg_i64)p.w[1], rows = (tg_i64)p.w[2], padding = (tg_i64)p.w[3];
+    const bool pad = p.w[4] != 0;
+    const tg_ref g = tg_ref_at(p, 6);
+    const tg_ref ids = tg_ref_at(p, 8 + 2 * g.rank);
+    const typename tg_ty<B>::S* gp = (const typename tg_ty<B>::S*)g.p;
+    const tg_i64 n = tg_numel(ids), gs = (tg_i64)g.stride[g.rank - 1];
+    TG_GRID_LOOP(j, dim > 0 ? dim : 1) {
+        for (tg_i64 r = 0; r < rows && j < dim; ++r) out[r * dim + j] = 0;
+        for (tg_i64 e = 0; e < n; ++e) {
+            const tg_i64 id = tg_id<I>(ids, e);
+            if (id < 0 || id >= rows) {
+                tg_report(p.w[5], e);
+                continue;
+            }
+            if (j >= dim || (pad && id == padding)) continue;
+            const tg_i64 row = tg_offset(e, g.rank - 1, g.ext, g.stride);  // g's axes but the last
+            out[id * dim + j] += tg_cvt<T, V, B>(gp[row + j * gs]);
+        }
+    }
+}
+// index_select. w: out, axis, rows, flag, x ref, ids ref
+template <int I, int T, int V, int B> __device__ void tg_index_select(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_i64 rows = (tg_i64)p.w[2];
+    const tg_ref x = tg_ref_at(p, 4);
+    const tg_ref ids = tg_ref_at(p, 6 + 2 * x.rank);
+    const typename tg_ty<B>::S* xp = (const typename tg_ty<B>::S*)x.p;
+    const tg_i64 m = (tg_i64)ids.ext[0];
+    tg_i64 n = 1;
+    for (int a = 0; a < x.rank; ++a) n *= a == axis ? m : (tg_i64)x.ext[a];
+    TG_GRID_LOOP(e, n) {
+        tg_i64 r = e, off = 0;
+        bool ok = true;
+        for (int a = x.rank - 1; a >= 0; --a) {
+            const tg_i64 ext = a == axis ? m : (tg_i64)x.ext[a];
+            tg_i64 i = r % ext;
+            r /= ext;
+            if (a == axis) {
+                const tg_i64 at = i;
+                i = tg_id<I>(ids, at);
+                if (i < 0 || i >= rows) {
+                    tg_report(p.w[3], at);
+                    ok = false;
+                }
+            }
+            off += i * (tg_i64)x.stride[a];
+        }
+        if (ok) out[e] = tg_cvt<T, V, B>(xp[off]);
+    }
+}
+// index_select's backward (T f32/f64). w: out, axis, flag, g ref, ids ref, out extents
+template <int I, int T, int V, int B> __device__ void tg_index_add(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_ref g = tg_ref_at(p, 3);
+    const tg_ref ids = tg_ref_at(p, 5 + 2 * g.rank);
+    const tg_u64* oext = p.w + 7 + 2 * g.rank + 2 * ids.rank;
+    const typename tg_ty<B>::S* gp = (const typename tg_ty<B>::S*)g.p;
+    const tg_i64 len = (tg_i64)g.ext[axis], rows = (tg_i64)oext[axis];
+    tg_i64 lines = 1;
+    for (int a = 0; a < g.rank; ++a)
+        if (a != axis) lines *= (tg_i64)g.ext[a];
+    TG_GRID_LOOP(line, lines) {
+        tg_i64 r = line, gbase = 0, obase = 0, scale = 1, ostep = 1;
+        for (int a = g.rank - 1; a >= 0; --a) {
+            if (a == axis) {
+                ostep = scale;
+            } else {
+                const tg_i64 i = r % (tg_i64)g.ext[a];
+                r /= (tg_i64)g.ext[a];
+                gbase += i * (tg_i64)g.stride[a];
+                obase += i * scale;
+            }
+            scale *= (tg_i64)oext[a];
+        }
+        for (tg_i64 k = 0; k < rows; ++k) out[obase + k * ostep] = 0;
+        for (tg_i64 i = 0; i < len; ++i) {
+            const tg_i64 id = tg_id<I>(ids, i);
+            if (id < 0 || id >= rows) {
+                tg_report(p.w[2], i);
+                continue;
+            }
+            out[obase + id * ostep] += tg_cvt<T, V, B>(gp[gbase + i * (tg_i64)g.stride[axis]]);
+        }
+    }
+}
+// gather. w: out, axis, rows, flag, x ref, index ref
+template <int I, int T, int V, int B> __device__ void tg_gather_index(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_i64 rows = (tg_i64)p.w[2];
+    const tg_ref x = tg_ref_at(p, 4);
+    const tg_ref index = tg_ref_at(p, 6 + 2 * x.rank);
+    const typename tg_ty<B>::S* xp = (const typename tg_ty<B>::S*)x.p;
+    TG_GRID_LOOP(e, tg_numel(index)) {
+        tg_i64 r = e, off = 0;
+        for (int a = index.rank - 1; a >= 0; --a) {
+            if (a != axis) off += (r % (tg_i64)index.ext[a]) * (tg_i64)x.stride[a];
+            r /= (tg_i64)index.ext[a];
+        }
+        const tg_i64 id = tg_id<I>(index, e);
+        if (id < 0 || id >= rows) {
+            tg_report(p.w[3], e);
+            continue;
+        }
+        out[e] = tg_cvt<T, V, B>(xp[off + id * (tg_i64)x.stride[axis]]);
+    }
+}
+// gather's backward (T f32/f64). w: out, axis, flag, g ref, index ref, out extents
+template <int I, int T, int V, int B> __device__ void tg_gather_backward(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_ref g = tg_ref_at(p, 3);
+    const tg_ref index = tg_ref_at(p, 5 + 2 * g.rank);
+    const tg_u64* oext = p.w + 7 + 2 * g.rank + 2 * index.rank;
+    const typename tg_ty<B>::S* gp = (const typename tg_ty<B>::S*)g.p;
+    const tg_i64 rows = (tg_i64)oext[axis], len = (tg_i64)index.ext[axis];
+    tg_i64 lines = 1;
+    for (int a = 0; a < index.rank; ++a)
+        if (a != axis) lines *= (tg_i64)oext[a];
+    TG_GRID_LOOP(line, lines) {
+        // the line's coordinates in out (every axis but axis), its position in index if inside
+        tg_i64 r = line, obase = 0, scale = 1, ostep = 1, ebase = 0, escale = 1, estep = 1;
+        bool inside = true;
+        for (int a = index.rank - 1; a >= 0; --a) {
+            if (a == axis) {
+                ostep = scale;
+                estep = escale;
+            } else {
+                const tg_i64 i = r % (tg_i64)oext[a];
+                r /= (tg_i64)oext[a];
+                obase += i * scale;
+                inside = inside && i < (tg_i64)index.ext[a];
+                ebase += i * escale;
+            }
+            scale *= (tg_i64)oext[a];
+            escale *= (tg_i64)index.ext[a];
+        }
+        for (tg_i64 k = 0; k < rows; ++k) out[obase + k * ostep] = 0;
+        if (!inside) continue;
+        for (tg_i64 i = 0; i < len; ++i) {
+            const tg_i64 e = ebase + i * estep;
+            const tg_i64 id = tg_id<I>(index, e);
+            if (id < 0 || id >= rows) {
+                tg_report(p.w[2], e);
+                continue;
+            }
+            out[obase + id * ostep] += tg_cvt<T, V, B>(gp[tg_ref_offset(g, e)]);
+        }
+    }
+}
+// dynamic_slice (mode 0) and its adjoint (mode 1). w: out, axis, length, mode, flag, start ref,
+// src ref, out extents
+template <int I, int T, int V, int B> __device__ void tg_dynamic_slice(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_i64 length = (tg_i64)p.w[2];
+    const bool adjoint = p.w[3] != 0;
+    const tg_ref start = tg_ref_at(p, 5);
+    const tg_ref src = tg_ref_at(p, 7 + 2 * start.rank);
+    const tg_u64* oext = p.w + 9 + 2 * start.rank + 2 * src.rank;
+    const typename tg_ty<B>::S* sp = (const typename tg_ty<B>::S*)src.p;
+    const tg_i64 extent = adjoint ? (tg_i64)oext[axis] : (tg_i64)src.ext[axis];
+    const tg_i64 s = tg_id<I>(start, 0), b = s < 0 ? s + extent : s;
+    if (b < 0 || b + length > extent) {
+        tg_report(p.w[4], 0);
+        return;
+    }
+    tg_i64 n = 1;
+    for (int a = 0; a < src.rank; ++a) n *= (tg_i64)oext[a];
+    TG_GRID_LOOP(e, n) {
+        tg_i64 r = e, off = 0;
+        bool inside = true;
+        for (int a = src.rank - 1; a >= 0; --a) {
+            tg_i64 i = r % (tg_i64)oext[a];
+            r /= (tg_i64)oext[a];
+            if (a == axis) {
+                if (adjoint) {
+                    inside = i >= b && i < b + length;
+                    i -= b;
+                } else {
+                    i += b;
+                }
+            }
+            off += i * (tg_i64)src.stride[a];
+        }
+        out[e] = inside ? tg_cvt<T, V, B>(sp[off]) : tg_ty<T>::to((typename tg_ty<T>::C)0);
+    }
+}
+// concat of up to 5 operands of any dtypes. w: out, axis, count, then per operand its buffer
+// and value codes (B * 8 + V) and its ref
+__device__ __forceinline__ double tg_load_any(int code, const void* p, tg_i64 off) {
+    switch (code) {
+        case 0: return ((const float*)p)[off];
+        case 1: return ((const double*)p)[off];
+        case 2: return tg_from_bf16(((const unsigned short*)p)[off]);
+        default: return tg_from_f16(((const unsigned short*)p)[off]);
+    }
+}
+template <int T> __device__ void tg_concat(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int axis = (int)p.w[1], count = (int)p.w[2];
+    int at[5];
+    tg_i64 begin[6];
+    begin[0] = 0;
+    for (int k = 0, w = 3; k < count; ++k) {
+        at[k] = w;
+        begin[k + 1] = begin[k] + (tg_i64)p.w[w + 3 + axis];
+        w += 3 + 2 * (int)p.w[w + 2];
+    }
+    const tg_ref first = tg_ref_at(p, at[0] + 1);
+    tg_i64 outer = 1, inner = 1;
+    for (int a = 0; a < axis; ++a) outer *= (tg_i64)first.ext[a];
+    for (int a = axis + 1; a < first.rank; ++a) inner *= (tg_i64)first.ext[a];
+    const tg_i64 total = begin[count];
+    TG_GRID_LOOP(e, outer * total * inner) {
+        const tg_i64 o = e / (total * inner), rest = e % (total * inner), pos = rest / inner, q = rest % inner;
+        int k = 0;
+        while (pos >= begin[k + 1]) ++k;
+        const tg_ref x = tg_ref_at(p, at[k] + 1);
+        const int codes = (int)p.w[at[k]];
+        const tg_i64 len = begin[k + 1] - begin[k];
+        double v = tg_load_any(codes >> 3, x.p, tg_ref_offset(x, o * len * inner + (pos - begin[k]) * inner + q));
+        if ((codes & 7) != 1) v = (double)(float)v;  // the operand's value type
+        out[e] = tg_ty<T>::to((typename tg_ty<T>::C)v);
+    }
+}
+)CUDA";
+
 // ---- embedding: out[i..., :] = table[ids[i...], :] -------------------------------------------
 // ZeroPadding: rows of padding ids are written as zeros (the adjoint of embedding_backward).
 template <std::int64_t Padding, bool ZeroPadding>
 struct embedding_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "embedding";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: embedding has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using Table = type_at_t<1, typename N::children>;
+        return device_template_call("tg_embedding", {device_type_code<typename type_at_t<0, typename N::children>::value_type>(),
+                                                     device_type_code<buffer_t<N>>(), device_type_code<typename Table::value_type>(),
+                                                     device_type_code<buffer_t<Table>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t*, std::uint64_t* w, void* flag) {
+        const std::size_t rows = in[1].ext[0], dim = in[1].ext[1];
+        w[0] = device_word(out);
+        w[1] = dim;
+        w[2] = rows;
+        w[3] = std::uint64_t(Padding < 0 ? Padding + std::int64_t(rows) : Padding);
+        w[4] = Padding != no_padding;
+        w[5] = ZeroPadding;
+        w[6] = device_word(flag);
+        put_device_ref(w, put_device_ref(w, 7, in[0]), in[1]);
+        return numel_of(in[0]) * (dim > 0 ? dim : 1);
+    }
+    template <class N, class Ref>
+    static void device_check(const Ref* in, std::size_t position, device_copy copy) {
+        throw_bad_device_id<typename type_at_t<0, typename N::children>::value_type>("embedding(ids, table)", in[0], position,
+                                                                                   in[1].ext[0], copy);
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
@@ -145,11 +438,33 @@ template <std::int64_t Padding>
 struct embedding_backward_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "embedding_backward";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: embedding (its backward) has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        static_assert(device_accumulates_v<buffer_t<N>>,
+                      "typegrad: cuda: the backward of embedding into a bf16/f16 gradient has no device kernel yet (it "
+                      "accumulates in f32 on the CPU); keep that operand f32 or evaluate with host bindings");
+        using Gn = type_at_t<0, typename N::children>;
+        return device_template_call("tg_embedding_backward",
+                                    {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
+                                     device_type_code<buffer_t<N>>(), device_type_code<typename Gn::value_type>(),
+                                     device_type_code<buffer_t<Gn>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
+        w[0] = device_word(out);
+        w[1] = ext[1];
+        w[2] = ext[0];
+        w[3] = std::uint64_t(Padding < 0 ? Padding + std::int64_t(ext[0]) : Padding);
+        w[4] = Padding != no_padding;
+        w[5] = device_word(flag);
+        put_device_ref(w, put_device_ref(w, 6, in[0]), in[1]);
+        return ext[1] > 0 ? ext[1] : 1;
+    }
+    template <class N, class Ref>
+    static void device_check(const Ref* in, std::size_t position, device_copy copy) {
+        throw_bad_device_id<typename type_at_t<1, typename N::children>::value_type>("embedding(ids, table)", in[1], position,
+                                                                                   in[2].ext[0], copy);
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return i == 2; }
@@ -216,11 +531,29 @@ template <std::size_t Axis>
 struct index_select_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "index_select";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: index_select has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using X = type_at_t<0, typename N::children>;
+        return device_template_call("tg_index_select", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
+                                            device_type_code<buffer_t<N>>(), device_type_code<typename X::value_type>(),
+                                            device_type_code<buffer_t<X>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        w[2] = in[0].ext[Axis];
+        w[3] = device_word(flag);
+        put_device_ref(w, put_device_ref(w, 4, in[0]), in[1]);
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < in[0].rank; ++a) n *= ext[a];
+        return n;
+    }
+    template <class N, class Ref>
+    static void device_check(const Ref* in, std::size_t position, device_copy copy) {
+        throw_bad_device_id<typename type_at_t<1, typename N::children>::value_type>("index_select(x, ids)", in[1], position,
+                                                                                   in[0].ext[Axis], copy);
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
@@ -272,11 +605,34 @@ template <std::size_t Axis>
 struct index_add_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "index_select_backward";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: index_select (its backward) has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        static_assert(device_accumulates_v<buffer_t<N>>,
+                      "typegrad: cuda: the backward of index_select into a bf16/f16 gradient has no device kernel yet (it "
+                      "accumulates in f32 on the CPU); keep that operand f32 or evaluate with host bindings");
+        using Gn = type_at_t<0, typename N::children>;
+        return device_template_call("tg_index_add", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
+                                            device_type_code<buffer_t<N>>(), device_type_code<typename Gn::value_type>(),
+                                            device_type_code<buffer_t<Gn>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        w[2] = device_word(flag);
+        std::size_t at = put_device_ref(w, put_device_ref(w, 3, in[0]), in[1]);
+        std::size_t lines = 1;
+        for (std::size_t a = 0; a < in[0].rank; ++a) {
+            w[at + a] = ext[a];
+            if (a != Axis) lines *= in[0].ext[a];
+        }
+        return lines;
+    }
+    template <class N, class Ref>
+    static void device_check(const Ref* in, std::size_t position, device_copy copy) {
+        throw_bad_device_id<typename type_at_t<1, typename N::children>::value_type>("index_select(x, ids)", in[1], position,
+                                                                                   in[2].ext[Axis], copy);
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return i == 2; }
@@ -327,11 +683,27 @@ template <std::size_t Axis>
 struct gather_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "gather";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: gather has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using X = type_at_t<0, typename N::children>;
+        return device_template_call("tg_gather_index", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
+                                            device_type_code<buffer_t<N>>(), device_type_code<typename X::value_type>(),
+                                            device_type_code<buffer_t<X>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t*, std::uint64_t* w, void* flag) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        w[2] = in[0].ext[Axis];
+        w[3] = device_word(flag);
+        put_device_ref(w, put_device_ref(w, 4, in[0]), in[1]);
+        return numel_of(in[1]);
+    }
+    template <class N, class Ref>
+    static void device_check(const Ref* in, std::size_t position, device_copy copy) {
+        throw_bad_device_id<typename type_at_t<1, typename N::children>::value_type>("gather(x, index)", in[1], position,
+                                                                                   in[0].ext[Axis], copy);
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
@@ -386,10 +758,34 @@ template <std::size_t Axis>
 struct gather_backward_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "gather_backward";
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: gather (its backward) has no device kernel yet; evaluate this "
-                                       "step with host bindings (docs/cuda.md)");
+    static std::string device_call() {
+        static_assert(device_accumulates_v<buffer_t<N>>,
+                      "typegrad: cuda: the backward of gather into a bf16/f16 gradient has no device kernel yet (it "
+                      "accumulates in f32 on the CPU); keep that operand f32 or evaluate with host bindings");
+        using Gn = type_at_t<0, typename N::children>;
+        return device_template_call("tg_gather_backward", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
+                                            device_type_code<buffer_t<N>>(), device_type_code<typename Gn::value_type>(),
+                                            device_type_code<buffer_t<Gn>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        w[2] = device_word(flag);
+        std::size_t at = put_device_ref(w, put_device_ref(w, 3, in[0]), in[1]);
+        std::size_t lines = 1;
+        for (std::size_t a = 0; a < in[1].rank; ++a) {
+            w[at + a] = ext[a];
+            if (a != Axis) lines *= ext[a];
+        }
+        return lines;
+    }
+    template <class N, class Ref>
+    static void device_check(const Ref* in, std::size_t position, device_copy copy) {
+        throw_bad_device_id<typename type_at_t<1, typename N::children>::value_type>("gather(x, index)", in[1], position,
+                                                                                   in[2].ext[Axis], copy);
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return i == 2; }
@@ -443,10 +839,39 @@ template <std::size_t Axis, std::size_t Length, int Mode>
 struct dynamic_slice_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = Mode == 0 ? "dynamic_slice" : "dynamic_slice_backward";
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: dynamic_slice has no device kernel yet; evaluate this step with "
-                                       "host bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using Src = type_at_t<0, typename N::children>;
+        return device_template_call("tg_dynamic_slice", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
+                                                         device_type_code<buffer_t<N>>(), device_type_code<typename Src::value_type>(),
+                                                         device_type_code<buffer_t<Src>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        w[2] = Length;
+        w[3] = Mode;
+        w[4] = device_word(flag);
+        const std::size_t at = put_device_ref(w, put_device_ref(w, 5, in[1]), in[0]);
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < in[0].rank; ++a) {
+            w[at + a] = ext[a];
+            n *= ext[a];
+        }
+        return n > 0 ? n : 1;
+    }
+    // the kernel found the start out of range: the CPU's message, from the start's value
+    template <class N, class Ref>
+    static void device_check(const Ref* in, std::size_t, device_copy copy) {
+        using Id = typename type_at_t<1, typename N::children>::value_type;
+        Id value{};
+        copy(&value, in[1].data, sizeof value);
+        Ref start = in[1];
+        start.data = &value;
+        start_of<Id>(start, Mode == 0 ? in[0].ext[Axis] : in[2].ext[Axis]);
+        throw shape_error("typegrad: dynamic_slice: internal: the device reported a start the host accepts");
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return Mode == 1 && i == 2; }
@@ -540,11 +965,26 @@ template <std::size_t Axis>
 struct concat_op {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr const char* name = "concat";
-    // the CUDA backend has no kernel for it (cuda/execute.hpp calls this when device buffers are bound)
+    static constexpr const char* device_source = index_device_source;
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: concat (or stack) has no device kernel yet; evaluate this step with host "
-                                       "bindings (docs/cuda.md)");
+    static std::string device_call() {
+        return device_template_call("tg_concat", {device_type_code<buffer_t<N>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void*) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        w[2] = N::children::size;
+        std::size_t at = 3;
+        [&]<class... Cs>(type_list<Cs...>) {
+            std::size_t k = 0;
+            ((w[at] = std::uint64_t(device_type_code<buffer_t<Cs>>() * 8 + device_type_code<typename Cs::value_type>()),
+              at = put_device_ref(w, at + 1, in[k++])),
+             ...);
+        }(typename N::children{});
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < in[0].rank; ++a) n *= ext[a];
+        return n;
     }
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
