@@ -2,11 +2,13 @@
 // embedding), typegrad against LibTorch eager, at 1 thread and at all hardware threads. Each
 // workload is loss = sum(op(inputs) * r) with a fixed random r, gradients into every float input,
 // the same numbers on both sides; the two results are compared once before timing. Steps of the
-// two implementations alternate (warm-up first) so that a change of the machine's load hits both;
-// each figure is the median of the timed steps. Prints a Markdown table.
+// two implementations alternate (warm-up first) so that a change of the machine's load hits both,
+// and the whole list is run `rounds` times so that a busy minute does not land on one workload
+// only. Times are medians of all timed steps of all rounds; the ratio is the median of the rounds'
+// ratios (each a quotient of that round's medians), shown with their range. Prints a Markdown table.
 //
-//   typegrad_ops_bench [--steps N] [--threads 1,2] [--only conv2d|layer_norm|attention|embedding]
-//                      [--quick] [--profile typegrad|torch]
+//   typegrad_ops_bench [--steps N] [--rounds R] [--threads 1,2]
+//                      [--only conv2d|layer_norm|attention|embedding] [--quick] [--profile typegrad|torch]
 #include "ops.hpp"
 
 #include <algorithm>
@@ -100,17 +102,26 @@ double median(std::vector<double> v) {
     return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Alternates steps of a and b (which goes first alternates too) after `warmup` steps of each.
-std::pair<sample, sample> compare(ops::workload& a, ops::workload& b, int warmup, int steps) {
+struct samples {
+    std::vector<double> a_wall, a_cpu, b_wall, b_cpu;
+    std::vector<double> ratios;  // b / a of each round's medians
+};
+
+// Alternates steps of a and b (which goes first alternates too) after `warmup` steps of each;
+// appends the timed steps to `out`.
+void compare(ops::workload& a, ops::workload& b, int warmup, int steps, samples& out) {
     for (int i = 0; i < warmup; ++i) time_step(a), time_step(b);
-    std::vector<double> aw, ac, bw, bc;
+    std::vector<double> aw, bw;
     for (int i = 0; i < steps; ++i) {
         sample sa, sb;
         if (i % 2 == 0) sa = time_step(a), sb = time_step(b);
         else sb = time_step(b), sa = time_step(a);
-        aw.push_back(sa.wall), ac.push_back(sa.cpu), bw.push_back(sb.wall), bc.push_back(sb.cpu);
+        aw.push_back(sa.wall), bw.push_back(sb.wall);
+        out.a_cpu.push_back(sa.cpu), out.b_cpu.push_back(sb.cpu);
     }
-    return {{median(aw), median(ac)}, {median(bw), median(bc)}};
+    out.ratios.push_back(median(bw) / median(aw));
+    out.a_wall.insert(out.a_wall.end(), aw.begin(), aw.end());
+    out.b_wall.insert(out.b_wall.end(), bw.begin(), bw.end());
 }
 
 // Relative L2 error of a against b.
@@ -138,19 +149,20 @@ std::vector<std::size_t> parse_list(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    int steps = 9, warmup = 2;
+    int steps = 9, warmup = 2, rounds = 3;
     std::vector<std::size_t> threads{1, std::max<std::size_t>(1, std::thread::hardware_concurrency())};
     std::string only, profile;
     bool quick = false;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+        else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = parse_list(argv[++i]);
         else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!std::strcmp(argv[i], "--quick")) quick = true;
         else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
         else {
             std::fprintf(stderr,
-                         "usage: %s [--steps N] [--threads 1,2] [--only conv2d|layer_norm|attention|embedding] "
+                         "usage: %s [--steps N] [--rounds R] [--threads 1,2] [--only conv2d|layer_norm|attention|embedding] "
                          "[--quick] [--profile typegrad|torch]\n",
                          argv[0]);
             return 2;
@@ -184,42 +196,65 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    std::printf("| workload | threads | typegrad ms | LibTorch ms | LibTorch / typegrad | typegrad CPU ms | LibTorch CPU ms "
-                "| rel. err. loss | rel. err. grads (max) |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    std::fflush(stdout);
+    // All workloads stay alive across rounds (about 2 GB at the default sizes).
+    struct entry {
+        ops::config c;
+        std::unique_ptr<ops::workload> tg, th;
+        double loss_err = 0, grad_err = 0;
+        std::vector<samples> per_thread;
+    };
+    std::vector<entry> entries;
     int failures = 0;
     for (const ops::config& c : run) {
         const ops::data in = ops::make_data(c);
-        auto tg = ops::typegrad_workload(c, in);
-        auto th = ops::torch_workload(c, in);
-        if (!tg) {
+        entry e{c, ops::typegrad_workload(c, in), ops::torch_workload(c, in), 0, 0, {}};
+        if (!e.tg) {
             std::fprintf(stderr, "no typegrad instantiation for %s\n", c.name().c_str());
             ++failures;
             continue;
         }
-        // The same computation on both sides: loss and every gradient (relative L2) once, at 1 thread.
+        // The same computation on both sides: loss and every gradient (relative L2) once.
         ops::typegrad_threads(threads.front());
         ops::torch_threads(threads.front());
-        const float la = tg->step(), lb = th->step();
-        const double loss_err = std::abs(double(la) - double(lb)) / std::max(std::abs(double(lb)), 1e-30);
-        double grad_err = 0;
-        const auto ga = tg->grads(), gb = th->grads();
-        for (std::size_t i = 0; i < ga.size(); ++i) grad_err = std::max(grad_err, i < gb.size() ? rel_l2(ga[i], gb[i]) : INFINITY);
+        const float la = e.tg->step(), lb = e.th->step();
+        e.loss_err = std::abs(double(la) - double(lb)) / std::max(std::abs(double(lb)), 1e-30);
+        const auto ga = e.tg->grads(), gb = e.th->grads();
+        for (std::size_t i = 0; i < ga.size(); ++i)
+            e.grad_err = std::max(e.grad_err, i < gb.size() ? rel_l2(ga[i], gb[i]) : INFINITY);
         // float sums of 1e5-1e7 terms in different orders: the loss agrees to ~1e-4 relative
-        if (!(grad_err < 1e-3) || !(loss_err < 1e-2)) {
+        if (!(e.grad_err < 1e-3) || !(e.loss_err < 1e-2)) {
             std::fprintf(stderr, "%s: typegrad and LibTorch disagree (loss %g vs %g, grads rel. L2 %g)\n",
-                         c.name().c_str(), double(la), double(lb), grad_err);
+                         c.name().c_str(), double(la), double(lb), e.grad_err);
             ++failures;
         }
-        for (std::size_t t : threads) {
-            ops::typegrad_threads(t);
-            ops::torch_threads(t);
-            const auto [a, b] = compare(*tg, *th, warmup, steps);
-            std::printf("| %s | %zu | %.2f | %.2f | **%.2f** | %.2f | %.2f | %.1e | %.1e |\n", c.name().c_str(), t,
-                        1e3 * a.wall, 1e3 * b.wall, b.wall / a.wall, 1e3 * a.cpu, 1e3 * b.cpu, loss_err, grad_err);
-            std::fflush(stdout);
+        e.per_thread.resize(threads.size());
+        entries.push_back(std::move(e));
+    }
+    for (int r = 0; r < rounds; ++r) {
+        std::fprintf(stderr, "round %d of %d\n", r + 1, rounds);
+        for (std::size_t ti = 0; ti < threads.size(); ++ti) {
+            ops::typegrad_threads(threads[ti]);
+            ops::torch_threads(threads[ti]);
+            // OpenBLAS's workers spin for a while after a multi-threaded call: let them sleep
+            // before one-thread steps, whose CPU time would otherwise include their spinning.
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            for (entry& e : entries) compare(*e.tg, *e.th, warmup, steps, e.per_thread[ti]);
         }
     }
+
+    std::printf("| workload | threads | typegrad ms | LibTorch ms | LibTorch / typegrad | per-round ratios | typegrad CPU ms "
+                "| LibTorch CPU ms | rel. err. loss | rel. err. grads (max) |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const entry& e : entries)
+        for (std::size_t ti = 0; ti < threads.size(); ++ti) {
+            const samples& s = e.per_thread[ti];
+            const double a = median(s.a_wall), b = median(s.b_wall);
+            const auto [lo, hi] = std::minmax_element(s.ratios.begin(), s.ratios.end());
+            // The ratio is the median of the rounds' ratios, robust to one busy round; the times
+            // are medians of all steps, so their quotient can differ a little.
+            std::printf("| %s | %zu | %.2f | %.2f | **%.2f** | %.2f-%.2f | %.2f | %.2f | %.1e | %.1e |\n",
+                        e.c.name().c_str(), threads[ti], 1e3 * a, 1e3 * b, median(s.ratios), *lo, *hi, 1e3 * median(s.a_cpu),
+                        1e3 * median(s.b_cpu), e.loss_err, e.grad_err);
+        }
     return failures == 0 ? 0 : 1;
 }
