@@ -5,6 +5,7 @@
 //
 //   typegrad_e2e [--steps N] [--threads 1,2] [--only gpt|cnn] [--quick] [--profile typegrad|torch]
 #include "e2e.hpp"
+#include "../step_timing.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -38,28 +39,11 @@ void fill_tokens(std::size_t n, std::size_t vocab, std::uint32_t seed, int* out)
 
 namespace {
 
-double process_cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-struct sample {
-    double wall = 0, cpu = 0;
-};
+using bench_timing::median;
+using bench_timing::sample;
 
 sample time_step(e2e::trainer& t, float& loss) {
-    const double c0 = process_cpu_seconds();
-    const auto w0 = std::chrono::steady_clock::now();
-    loss = t.step();
-    const auto w1 = std::chrono::steady_clock::now();
-    return {std::chrono::duration<double>(w1 - w0).count(), process_cpu_seconds() - c0};
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return bench_timing::time_call([&] { return t.step(); }, loss);
 }
 
 struct result {

@@ -10,6 +10,7 @@
 //   typegrad_ops_bench [--steps N] [--rounds R] [--threads 1,2]
 //                      [--only conv2d|layer_norm|attention|embedding] [--quick] [--profile typegrad|torch]
 #include "ops.hpp"
+#include "../step_timing.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -77,29 +78,16 @@ data make_data(const config& c) {
 
 namespace {
 
-double process_cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-struct sample {
-    double wall = 0, cpu = 0;
-};
+using bench_timing::median;
+using bench_timing::sample;
 
 sample time_step(ops::workload& w) {
-    const double c0 = process_cpu_seconds();
-    const auto w0 = std::chrono::steady_clock::now();
-    volatile float loss = w.step();
+    volatile float loss = 0;
+    float l = 0;
+    const sample s = bench_timing::time_call([&] { return w.step(); }, l);
+    loss = l;  // kept, so the step is not optimised away
     (void)loss;
-    const auto w1 = std::chrono::steady_clock::now();
-    return {std::chrono::duration<double>(w1 - w0).count(), process_cpu_seconds() - c0};
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return s;
 }
 
 struct samples {

@@ -158,6 +158,23 @@ TEST_CASE("a bad id or start in a device kernel is the CPU's shape_error, gradie
     CHECK(cpu.find("start 3 leaves the axis' extent 5") != std::string::npos);
     CHECK(gpu_start == cpu);
     CHECK(dga.to_host() == ten);
+    // class labels: the first bad row, as the CPU's loop finds it
+    auto ce = tg::compile(tg::cross_entropy(A, labels), tg::wrt(A));
+    const std::vector<std::int32_t> l = {0, 7, -2, 1};
+    const std::vector<float> scores(20, 0.5f), twenty(20, -7.f);
+    std::vector<float> cpu_ce(twenty);
+    const std::string cpu_label = error_of([&] {
+        ce.value_and_grad(tg::bind(A, scores, {4, 5}), tg::bind(labels, l), tg::grad_into(A, cpu_ce));
+    });
+    auto dscores = tg::cuda::tensor<float, tg::shape<tg::dyn, 5>>::from_host(scores, {4, 5});
+    auto dl = tg::cuda::tensor<std::int32_t, tg::shape<tg::dyn>>::from_host(l);
+    tg::cuda::tensor<float, tg::shape<tg::dyn, 5>> dce({4, 5});
+    dce.copy_from(twenty);
+    const std::string gpu_label =
+        error_of([&] { ce.value_and_grad(tg::bind(A, dscores), tg::bind(labels, dl), tg::grad_into(A, dce)); });
+    CHECK(cpu_label.find("label 7 of row 1 is not a class in [0, 5)") != std::string::npos);
+    CHECK(gpu_label == cpu_label);
+    CHECK(dce.to_host() == twenty);
 }
 
 TEST_CASE("the MLP trains the same on the device as on the CPU", "[cuda][device]") {

@@ -64,7 +64,7 @@ class host_emulator final : public typegrad::cuda::detail::emulator {
 public:
     void* load(const std::string& source) override {
         const std::string dir = TYPEGRAD_EMULATION_DIR;
-        const std::string stem = dir + "/module_" + std::to_string(::getpid()) + "_" + std::to_string(modules_.size());
+        const std::string stem = dir + "/module_" + std::to_string(::getpid()) + "_" + std::to_string(store().modules.size());
         std::filesystem::create_directories(dir);
         {
             std::ofstream out(stem + ".cpp");
@@ -79,8 +79,9 @@ public:
         auto m = std::make_unique<module>();
         m->lib = lib;
         m->set = reinterpret_cast<void (*)(unsigned, unsigned, unsigned, unsigned)>(::dlsym(lib, "tg_emulation_set"));
-        modules_.push_back(std::move(m));
-        return modules_.back().get();
+        store().modules.push_back(std::move(m));
+        ++loaded_;
+        return store().modules.back().get();
     }
     void* function(void* mod, const char* name) override {
         auto* m = static_cast<module*>(mod);
@@ -88,8 +89,8 @@ public:
         k->owner = m;
         k->run = reinterpret_cast<void (*)(const void*)>(::dlsym(m->lib, (std::string(name) + "_host").c_str()));
         if (!k->run) throw typegrad::device_error(std::string("emulation: no kernel ") + name);
-        kernels_.push_back(std::move(k));
-        return kernels_.back().get();
+        store().kernels.push_back(std::move(k));
+        return store().kernels.back().get();
     }
     void launch(void* k, unsigned gx, unsigned gy, void* words) override {
         auto* kk = static_cast<kernel*>(k);
@@ -109,7 +110,7 @@ public:
             case gemm_type::f16: return run_gemm<typegrad::f16>(ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
         }
     }
-    std::size_t modules() const { return modules_.size(); }
+    std::size_t modules() const { return loaded_; }
 
 private:
     template <class T>
@@ -141,8 +142,17 @@ private:
         module* owner = nullptr;
         void (*run)(const void*) = nullptr;
     };
-    std::vector<std::unique_ptr<module>> modules_;
-    std::vector<std::unique_ptr<kernel>> kernels_;
+    // Modules and kernels live until the process ends, as on a device: the backend caches a
+    // plan's module per plan type (module_for), across emulator instances (tests in one process).
+    struct storage {
+        std::vector<std::unique_ptr<module>> modules;
+        std::vector<std::unique_ptr<kernel>> kernels;
+    };
+    static storage& store() {
+        static storage s;
+        return s;
+    }
+    std::size_t loaded_ = 0;
 };
 
 // Installs an emulator for the lifetime of the object (one test process at a time).

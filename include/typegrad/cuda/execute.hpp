@@ -2,7 +2,8 @@
 // Runs a plan on the device: the host computes shapes and checks everything (the same code as
 // the CPU path: exec/execute.hpp), lays out one device arena, then launches the plan's kernels
 // in schedule order on the legacy default stream: generated loop kernels, cuBLAS for matmul,
-// prelude kernels for casts, one_hot and slice_backward.
+// prelude kernels for casts, and the device kernels that kernel ops carry beside their CPU run
+// (device_source: embedding, one_hot, slice_backward, ...).
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -25,15 +26,6 @@ namespace typegrad::cuda::detail {
 template <class Op> inline constexpr bool is_matmul_v = std::is_same_v<Op, td::matmul_op>;
 template <class Op> inline constexpr bool is_cast_v = false;
 template <class To> inline constexpr bool is_cast_v<td::cast_op<To>> = true;
-template <class Op> inline constexpr bool is_one_hot_v = std::is_same_v<Op, td::one_hot_op>;
-template <class Op> inline constexpr bool is_slice_backward_v = false;
-template <std::size_t A, std::size_t B, std::size_t E>
-inline constexpr bool is_slice_backward_v<td::slice_backward_op<A, B, E>> = true;
-template <class Op> struct slice_params;
-template <std::size_t A, std::size_t B, std::size_t E>
-struct slice_params<td::slice_backward_op<A, B, E>> {
-    static constexpr std::size_t axis = A, begin = B, end = E;
-};
 
 template <class N>
 constexpr void check_node_on_device() {
@@ -57,18 +49,17 @@ constexpr void check_node_on_device() {
                               std::is_same_v<storage_t<typename N::value_type>, double>,
                           "typegrad: cuda: a custom op runs on the device in f32 or f64 only (docs/cuda.md)");
         }
-        if constexpr (is_cast_v<typename N::op> || is_one_hot_v<typename N::op>)
+        if constexpr (is_cast_v<typename N::op>)
             static_assert(!is_reduced_precision_v<storage_t<typename N::value_type>> &&
                               !is_reduced_precision_v<storage_t<typename td::type_at_t<0, typename N::children>::value_type>>,
-                          "typegrad: cuda: a cast to or from f64, or a one_hot, with a bf16/f16 side has no device "
-                          "kernel yet; cast through f32 (tg::cast<float>) first (docs/cuda.md)");
+                          "typegrad: cuda: a cast to or from f64 with a bf16/f16 side has no device kernel yet; cast "
+                          "through f32 (tg::cast<float>) first (docs/cuda.md)");
         // a kernel op with its own device implementation (device_source, ops/index.hpp); one
         // without names itself (ops/conv.hpp, pool.hpp)
         if constexpr (requires { N::op::device_source; }) {
         } else if constexpr (requires { N::op::template no_device_kernel<N>(); }) N::op::template no_device_kernel<N>();
         else static_assert(td::custom_kernel_info<N>::is_custom || is_matmul_v<typename N::op> ||
-                          is_cast_v<typename N::op> || is_one_hot_v<typename N::op> ||
-                          is_slice_backward_v<typename N::op>,
+                          is_cast_v<typename N::op>,
                       "typegrad: cuda: this graph has a kernel op with no device implementation (tensor hooks, "
                       "which take a host tg::grad_view, are one); evaluate it with host bindings (docs/cuda.md)");
     }
@@ -111,15 +102,12 @@ constexpr bool check_plan_on_device() {
 // ---- the compiled module of a plan, once per plan type ---------------------------------------
 enum prelude_fn : std::size_t {
     finish_sum_f32, finish_max_f32, finish_min_f32, finish_sum_f64, finish_max_f64, finish_min_f64,
-    gather_f32_f32, gather_f64_f64, gather_f32_f64, gather_f64_f32,
-    one_hot_i32_f32, one_hot_i64_f32, one_hot_i32_f64, one_hot_i64_f64,
-    slice_backward_f32, slice_backward_f64, gather_b16_b16, slice_backward_b16, prelude_fn_count
+    gather_f32_f32, gather_f64_f64, gather_f32_f64, gather_f64_f32, gather_b16_b16, prelude_fn_count
 };
 inline constexpr const char* prelude_names[prelude_fn_count] = {
     "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_sum_f64", "tg_finish_max_f64",
     "tg_finish_min_f64", "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32",
-    "tg_one_hot_i32_f32", "tg_one_hot_i64_f32", "tg_one_hot_i32_f64", "tg_one_hot_i64_f64",
-    "tg_slice_backward_f32", "tg_slice_backward_f64", "tg_gather_b16_b16", "tg_slice_backward_b16"};
+    "tg_gather_b16_b16"};
 
 struct compiled_module {
     CUmodule module = nullptr;
@@ -436,7 +424,7 @@ public:
     static constexpr auto& info = PP::program::info;
 
     // Layout of the arena for these shapes: computed nodes, split-reduction partials, the
-    // one_hot flag, then `extra_bytes` for the caller (loss values).
+    // flag of a kernel op's device_check, then `extra_bytes` for the caller (loss values).
     void layout(const state& st, std::size_t extra_bytes) {
         td::scratch_layout<PP>(st, offset_);
         std::size_t bytes = offset_[PP::M] * sizeof(td::scratch_unit);
@@ -536,45 +524,6 @@ private:
             const std::size_t fn = std::is_same_v<From, float> ? (std::is_same_v<T, float> ? gather_f32_f32 : gather_f32_f64)
                                                                : (std::is_same_v<T, float> ? gather_f64_f32 : gather_f64_f64);
             gather(m, fn, x.data, out, n, x.rank, ext, x.stride);
-        } else if constexpr (is_one_hot_v<op>) {
-            using label_t = typename td::type_at_t<0, typename node::children>::value_type;
-            const td::tensor_ref labels = ref(0);
-            void* flag = base_ + flag_;
-            zero_on_device(flag, 8);
-            std::uint64_t w[6] = {ext[0], ext[1], reinterpret_cast<std::uintptr_t>(labels.data),
-                                  std::uint64_t(labels.stride[0]), reinterpret_cast<std::uintptr_t>(out),
-                                  reinterpret_cast<std::uintptr_t>(flag)};
-            const std::size_t fn = (std::is_same_v<T, float> ? one_hot_i32_f32 : one_hot_i32_f64) +
-                                   (sizeof(label_t) == 8 ? 1 : 0);
-            if (n) launch(m.prelude[fn], grid_for(n), 1, w);
-            std::uint64_t bad = 0;
-            copy_to_host(&bad, flag, sizeof bad);
-            if (bad) {
-                const std::size_t row = std::size_t(bad - 1);
-                label_t l{};
-                copy_to_host(&l, static_cast<const label_t*>(labels.data) + std::ptrdiff_t(row) * labels.stride[0], sizeof l);
-                throw shape_error(message("typegrad: cross_entropy/nll_loss: label ", std::size_t(l < 0 ? -l : l),
-                                          l < 0 ? " (negative)" : "", " of row ", row, " is not a class in [0, ",
-                                          ext[1], ")"));
-            }
-        } else if constexpr (is_slice_backward_v<op>) {
-            using sp = slice_params<op>;
-            const td::tensor_ref g = ref(0);
-            std::uint64_t w[23] = {};
-            w[0] = n;
-            w[1] = info[N].rank;
-            w[2] = sp::axis;
-            w[3] = sp::begin;
-            w[4] = sp::end - sp::begin;
-            w[5] = reinterpret_cast<std::uintptr_t>(g.data);
-            w[6] = reinterpret_cast<std::uintptr_t>(out);
-            for (std::size_t a = 0; a < info[N].rank; ++a) {
-                w[7 + a] = ext[a];
-                w[15 + a] = std::uint64_t(g.stride[a]);
-            }
-            const std::size_t fn = is_reduced_precision_v<S> ? slice_backward_b16
-                                   : std::is_same_v<T, float> ? slice_backward_f32 : slice_backward_f64;
-            if (n) launch(m.prelude[fn], grid_for(n), 1, w);
         } else if constexpr (td::custom_kernel_info<node>::is_custom) {
             // the op's kernel: operands as in emit_custom; a grid covering the largest operand
             std::uint64_t w[16] = {};

@@ -6,10 +6,10 @@
 #include <bit>
 #include <cstdint>
 #include <cstddef>
-#include <initializer_list>
 #include <string>
 #include <string_view>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/graph/cvec.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/graph/topo.hpp>
@@ -37,6 +37,17 @@ struct buffer_type<node<Op, C0, Cs...>> {
 template <class N>
 using buffer_t = typename buffer_type<N>::type;
 
+// The usual device_call of a kernel op (core/device_kernel.hpp): kernel<I, T, V, B>, I the element
+// type of operand IdsAt (ids, a start, an rng), T the node's buffer type, V and B the value and
+// buffer types of operand SrcAt (the values the kernel reads).
+template <class N, std::size_t IdsAt, std::size_t SrcAt>
+std::string device_call_of(const char* kernel) {
+    using Src = type_at_t<SrcAt, typename N::children>;
+    return device_template_call(kernel, {device_type_code<typename type_at_t<IdsAt, typename N::children>::value_type>(),
+                                         device_type_code<buffer_t<N>>(), device_type_code<typename Src::value_type>(),
+                                         device_type_code<buffer_t<Src>>()});
+}
+
 enum class dtype_code : unsigned char { f32, f64, bf16, f16, other };
 template <class T>
 constexpr dtype_code dtype_code_of() {
@@ -46,50 +57,6 @@ constexpr dtype_code dtype_code_of() {
     else if constexpr (std::is_same_v<T, f16>) return dtype_code::f16;
     else return dtype_code::other;
 }
-// A kernel op's device source names element types by these codes (tg_ty<K> in the CUDA prelude,
-// cuda/codegen.hpp): 0 f32, 1 f64, 2 bf16, 3 f16, 4 int32, 5 int64 (storage types).
-template <class T>
-constexpr int device_type_code() {
-    if constexpr (std::is_same_v<T, std::int32_t>) return 4;
-    else if constexpr (std::is_same_v<T, std::int64_t>) return 5;
-    else {
-        static_assert(dtype_code_of<storage_t<T>>() != dtype_code::other,
-                      "typegrad: internal: a kernel op's device element type is not a dtype or index type");
-        return int(dtype_code_of<storage_t<T>>());
-    }
-}
-
-// A strided operand as parameter words of a kernel op's device kernel: address, rank, extents,
-// strides (2 + 2 rank words from `at`; tg_ref_at reads them, cuda/codegen.hpp). Returns the next
-// free word.
-template <class Ref>
-inline std::size_t put_device_ref(std::uint64_t* w, std::size_t at, const Ref& r) {
-    w[at] = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(r.data));
-    w[at + 1] = r.rank;
-    for (std::size_t a = 0; a < r.rank; ++a) {
-        w[at + 2 + a] = r.ext[a];
-        w[at + 2 + r.rank + a] = static_cast<std::uint64_t>(r.stride[a]);
-    }
-    return at + 2 + 2 * r.rank;
-}
-inline std::uint64_t device_word(const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
-inline std::uint64_t device_word(double d) { return std::bit_cast<std::uint64_t>(d); }
-// "name<a, b, ...>": the call of a kernel op's device template for one node
-inline std::string device_template_call(const char* name, std::initializer_list<int> args) {
-    std::string s = name;
-    s += '<';
-    for (const int a : args) {
-        if (s.back() != '<') s += ", ";
-        s += std::to_string(a);
-    }
-    return s + '>';
-}
-// A host copy from device memory, handed to a kernel op's device_check (cuda/execute.hpp).
-using device_copy = void (*)(void* dst, const void* src, std::size_t bytes);
-// The device kernel of a scatter-add backward accumulates in its output's type.
-template <class T>
-inline constexpr bool device_accumulates_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
-
 struct node_info {
     op_kind kind = op_kind::leaf;
     std::size_t arity = 0;

@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/reduce.hpp>

@@ -26,6 +26,7 @@
 #include <limits>
 #include <string>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>

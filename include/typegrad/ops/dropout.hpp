@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/core/philox.hpp>
 #include <typegrad/exec/program.hpp>
@@ -76,10 +77,7 @@ template <int I, int T, int V, int B> __device__ void tg_dropout(const tg_node_a
 )CUDA";
     template <class N>
     static std::string device_call() {
-        using X = type_at_t<0, typename N::children>;
-        return device_template_call("tg_dropout", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
-                                                   device_type_code<buffer_t<N>>(), device_type_code<typename X::value_type>(),
-                                                   device_type_code<buffer_t<X>>()});
+        return device_call_of<N, 1, 0>("tg_dropout");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void*) {

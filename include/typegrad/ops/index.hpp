@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/program.hpp>
@@ -356,6 +357,25 @@ template <int T> __device__ void tg_concat(const tg_node_args& p) {
 }
 )CUDA";
 
+// Parameter words of the scatter-add backwards (tg_index_add, tg_gather_backward): out, axis,
+// flag, g, the ids, then the result's extents.
+template <class Ref>
+inline void scatter_add_words(std::size_t axis, const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w,
+                              void* flag) {
+    w[0] = device_word(out);
+    w[1] = axis;
+    w[2] = device_word(flag);
+    const std::size_t at = put_device_ref(w, put_device_ref(w, 3, in[0]), in[1]);
+    for (std::size_t a = 0; a < in[0].rank; ++a) w[at + a] = ext[a];
+}
+// A scatter-add's lines (one device thread each): the product of the extents but the axis'.
+inline std::size_t lines_but(std::size_t axis, const std::size_t* ext, std::size_t rank) {
+    std::size_t lines = 1;
+    for (std::size_t a = 0; a < rank; ++a)
+        if (a != axis) lines *= ext[a];
+    return lines;
+}
+
 // ---- embedding: out[i..., :] = table[ids[i...], :] -------------------------------------------
 // ZeroPadding: rows of padding ids are written as zeros (the adjoint of embedding_backward).
 template <std::int64_t Padding, bool ZeroPadding>
@@ -365,10 +385,7 @@ struct embedding_op {
     static constexpr const char* device_source = index_device_source;
     template <class N>
     static std::string device_call() {
-        using Table = type_at_t<1, typename N::children>;
-        return device_template_call("tg_embedding", {device_type_code<typename type_at_t<0, typename N::children>::value_type>(),
-                                                     device_type_code<buffer_t<N>>(), device_type_code<typename Table::value_type>(),
-                                                     device_type_code<buffer_t<Table>>()});
+        return device_call_of<N, 0, 1>("tg_embedding");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t*, std::uint64_t* w, void* flag) {
@@ -444,11 +461,7 @@ struct embedding_backward_op {
         static_assert(device_accumulates_v<buffer_t<N>>,
                       "typegrad: cuda: the backward of embedding into a bf16/f16 gradient has no device kernel yet (it "
                       "accumulates in f32 on the CPU); keep that operand f32 or evaluate with host bindings");
-        using Gn = type_at_t<0, typename N::children>;
-        return device_template_call("tg_embedding_backward",
-                                    {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
-                                     device_type_code<buffer_t<N>>(), device_type_code<typename Gn::value_type>(),
-                                     device_type_code<buffer_t<Gn>>()});
+        return device_call_of<N, 1, 0>("tg_embedding_backward");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
@@ -534,10 +547,7 @@ struct index_select_op {
     static constexpr const char* device_source = index_device_source;
     template <class N>
     static std::string device_call() {
-        using X = type_at_t<0, typename N::children>;
-        return device_template_call("tg_index_select", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
-                                            device_type_code<buffer_t<N>>(), device_type_code<typename X::value_type>(),
-                                            device_type_code<buffer_t<X>>()});
+        return device_call_of<N, 1, 0>("tg_index_select");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
@@ -611,23 +621,12 @@ struct index_add_op {
         static_assert(device_accumulates_v<buffer_t<N>>,
                       "typegrad: cuda: the backward of index_select into a bf16/f16 gradient has no device kernel yet (it "
                       "accumulates in f32 on the CPU); keep that operand f32 or evaluate with host bindings");
-        using Gn = type_at_t<0, typename N::children>;
-        return device_template_call("tg_index_add", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
-                                            device_type_code<buffer_t<N>>(), device_type_code<typename Gn::value_type>(),
-                                            device_type_code<buffer_t<Gn>>()});
+        return device_call_of<N, 1, 0>("tg_index_add");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
-        w[0] = device_word(out);
-        w[1] = Axis;
-        w[2] = device_word(flag);
-        std::size_t at = put_device_ref(w, put_device_ref(w, 3, in[0]), in[1]);
-        std::size_t lines = 1;
-        for (std::size_t a = 0; a < in[0].rank; ++a) {
-            w[at + a] = ext[a];
-            if (a != Axis) lines *= in[0].ext[a];
-        }
-        return lines;
+        scatter_add_words(Axis, in, out, ext, w, flag);
+        return lines_but(Axis, in[0].ext, in[0].rank);
     }
     template <class N, class Ref>
     static void device_check(const Ref* in, std::size_t position, device_copy copy) {
@@ -686,10 +685,7 @@ struct gather_op {
     static constexpr const char* device_source = index_device_source;
     template <class N>
     static std::string device_call() {
-        using X = type_at_t<0, typename N::children>;
-        return device_template_call("tg_gather_index", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
-                                            device_type_code<buffer_t<N>>(), device_type_code<typename X::value_type>(),
-                                            device_type_code<buffer_t<X>>()});
+        return device_call_of<N, 1, 0>("tg_gather_index");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t*, std::uint64_t* w, void* flag) {
@@ -764,23 +760,12 @@ struct gather_backward_op {
         static_assert(device_accumulates_v<buffer_t<N>>,
                       "typegrad: cuda: the backward of gather into a bf16/f16 gradient has no device kernel yet (it "
                       "accumulates in f32 on the CPU); keep that operand f32 or evaluate with host bindings");
-        using Gn = type_at_t<0, typename N::children>;
-        return device_template_call("tg_gather_backward", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
-                                            device_type_code<buffer_t<N>>(), device_type_code<typename Gn::value_type>(),
-                                            device_type_code<buffer_t<Gn>>()});
+        return device_call_of<N, 1, 0>("tg_gather_backward");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
-        w[0] = device_word(out);
-        w[1] = Axis;
-        w[2] = device_word(flag);
-        std::size_t at = put_device_ref(w, put_device_ref(w, 3, in[0]), in[1]);
-        std::size_t lines = 1;
-        for (std::size_t a = 0; a < in[1].rank; ++a) {
-            w[at + a] = ext[a];
-            if (a != Axis) lines *= ext[a];
-        }
-        return lines;
+        scatter_add_words(Axis, in, out, ext, w, flag);
+        return lines_but(Axis, ext, in[1].rank);
     }
     template <class N, class Ref>
     static void device_check(const Ref* in, std::size_t position, device_copy copy) {
@@ -842,10 +827,7 @@ struct dynamic_slice_op {
     static constexpr const char* device_source = index_device_source;
     template <class N>
     static std::string device_call() {
-        using Src = type_at_t<0, typename N::children>;
-        return device_template_call("tg_dynamic_slice", {device_type_code<typename type_at_t<1, typename N::children>::value_type>(),
-                                                         device_type_code<buffer_t<N>>(), device_type_code<typename Src::value_type>(),
-                                                         device_type_code<buffer_t<Src>>()});
+        return device_call_of<N, 1, 0>("tg_dynamic_slice");
     }
     template <class N, class Ref>
     static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {

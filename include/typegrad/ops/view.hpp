@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <string>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
@@ -270,6 +272,53 @@ struct slice_backward_op {
             for (std::size_t a = 0; a < rank; ++a) o = o * ext[a] + (a == Axis ? idx[a] + Begin : idx[a]);
             out[o] = g[goff];
         }
+    }
+    // the device kernel (docs/cuda.md): one thread per element of the result
+    static constexpr const char* device_source = R"CUDA(
+// slice_backward. w: out, axis, begin, length, g ref, out extents
+template <int T> __device__ void tg_slice_backward(const tg_node_args& p) {
+    typedef typename tg_ty<T>::S S;
+    S* out = (S*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_i64 begin = (tg_i64)p.w[2], length = (tg_i64)p.w[3];
+    const tg_ref g = tg_ref_at(p, 4);
+    const tg_u64* oext = p.w + 6 + 2 * g.rank;
+    const S* gp = (const S*)g.p;
+    tg_i64 n = 1;
+    for (int a = 0; a < g.rank; ++a) n *= (tg_i64)oext[a];
+    TG_GRID_LOOP(e, n) {
+        tg_i64 r = e, off = 0;
+        bool inside = true;
+        for (int a = g.rank - 1; a >= 0; --a) {
+            tg_i64 i = r % (tg_i64)oext[a];
+            r /= (tg_i64)oext[a];
+            if (a == axis) {
+                inside = i >= begin && i < begin + length;
+                i -= begin;
+            }
+            off += i * (tg_i64)g.stride[a];
+        }
+        out[e] = inside ? gp[off] : tg_ty<T>::to((typename tg_ty<T>::C)0);
+    }
+}
+)CUDA";
+    template <class N>
+    static std::string device_call() {
+        return device_template_call("tg_slice_backward", {device_type_code<typename N::value_type>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void*) {
+        w[0] = device_word(out);
+        w[1] = Axis;
+        w[2] = Begin;
+        w[3] = End - Begin;
+        const std::size_t at = put_device_ref(w, 4, in[0]);
+        std::size_t n = 1;
+        for (std::size_t a = 0; a < in[1].rank; ++a) {
+            w[at + a] = ext[a];
+            n *= ext[a];
+        }
+        return n;
     }
     template <std::size_t I, class G, class Out, class Gr, class X>
     static constexpr auto vjp(G g, Out, Gr, X);
