@@ -356,15 +356,25 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
             store_dense(dw, out);
             return;
         }
+        // dW^T = im2col(x) g^T, so that the large operand (im2col: ckk x pixels) is the GEMM's A,
+        // packed once per block, and the small one (g: o x pixels) its B; dW = g im2col(x)^T
+        // made the large operand B, repacked for every row panel of a small A (o rows): -15% of
+        // a C = 64, 56x56 step, within noise at 14x14 (benchmarks/README.md, "Op benchmarks").
         pooled_buffer<C> col(g.ckk() * g.pixels());
+        pooled_buffer<C> dwt(g.o * g.group_ckk(), C(0));
+        const std::size_t block = g.group_o() * g.group_ckk();
         for (std::size_t n = 0; n < g.n; ++n) {
             im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
             for (std::size_t b = 0; b < g.groups; ++b)
-                gemm(transpose::no, transpose::yes, g.group_o(), g.group_ckk(), g.pixels(),
-                     gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(),
-                     col.data() + b * g.group_ckk() * g.pixels(), g.pixels(), dw.data() + b * g.group_o() * g.group_ckk(),
-                     g.group_ckk(), true);
+                gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), g.pixels(),
+                     col.data() + b * g.group_ckk() * g.pixels(), g.pixels(),
+                     gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(), dwt.data() + b * block,
+                     g.group_o(), true);
         }
+        for (std::size_t b = 0; b < g.groups; ++b)
+            for (std::size_t i = 0; i < g.group_ckk(); ++i)
+                for (std::size_t o = 0; o < g.group_o(); ++o)
+                    dw[b * block + o * g.group_ckk() + i] = dwt[b * block + i * g.group_o() + o];
         store_dense(dw, out);
     }
     // <conv2d_weight(g, x), h> = <g, conv2d(x, h)>
