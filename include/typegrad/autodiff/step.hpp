@@ -14,7 +14,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <boost/hana/tuple.hpp>
 
 #include <typegrad/autodiff/reverse.hpp>
 #include <typegrad/ops/autocast.hpp>

@@ -88,8 +88,8 @@ using name_of_t = typename detail::name_of<S>::type;
 template <class Name, class T, class Shape, leaf_role Role>
 struct leaf {
     static_assert(is_dtype_v<T> || (Role == leaf_role::input && is_index_type_v<T>),
-                  "typegrad: a leaf's element type must be float or double (an input may also "
-                  "hold std::int32_t or std::int64_t class labels).");
+                  "typegrad: a leaf's element type must be a floating dtype (float, double, tg::bf16, "
+                  "tg::f16); an input may also hold std::int32_t or std::int64_t ids or class labels.");
     static_assert(detail::is_shape_v<Shape>,
                   "typegrad: a leaf's third template argument must be a tg::shape<...>.");
     static_assert(Shape::rank <= detail::max_rank, "typegrad: a leaf has more than 8 axes.");

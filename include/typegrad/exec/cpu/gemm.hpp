@@ -707,7 +707,7 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
 template <class T>
 void gemm(transpose ta, transpose tb, std::size_t m, std::size_t n, std::size_t k, const T* a,
           std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm takes float or double (bf16/f16: gemm_half.hpp)");
     gemm_impl::gemm_batched<T, gemm_impl::default_config<T>>(1, ta, tb, m, n, k, a, lda, 0, b, ldb, 0, c, ldc, 0,
                                                              accumulate, 0);
 }
@@ -719,7 +719,7 @@ template <class T>
 void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, std::size_t n, std::size_t k,
                   const T* a, std::size_t lda, std::size_t stride_a, const T* b, std::size_t ldb,
                   std::size_t stride_b, T* c, std::size_t ldc, std::size_t stride_c, bool accumulate) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm_batched: float or double");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_batched takes float or double (bf16/f16: gemm_half.hpp)");
     gemm_impl::gemm_batched<T, gemm_impl::default_config<T>>(batch, ta, tb, m, n, k, a, lda, stride_a, b, ldb,
                                                              stride_b, c, ldc, stride_c, accumulate, 0);
 }
