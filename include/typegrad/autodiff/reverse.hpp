@@ -7,6 +7,7 @@
 // are summed, and the node's VJP rules send new contributions to its children. The state is
 // only as large as the graph's frontier, so a chain of N ops costs O(N) instantiations and no
 // recursion through the graph's depth.
+#include <array>
 #include <type_traits>
 #include <utility>
 
@@ -20,15 +21,11 @@
 namespace typegrad {
 namespace detail {
 
-template <class Target, class Contribution>
+// A contribution to the adjoint of forward node Target (its id in the forward graph).
+template <std::size_t Target, class Contribution>
 struct pending {
-    using target = Target;
+    static constexpr std::size_t target = Target;
     using contribution = Contribution;
-};
-template <class Pendings, class Results>
-struct reverse_state {
-    using pendings = Pendings;
-    using results = Results;
 };
 
 // VJP rules run on stand-ins, as JAX traces a function on abstract values. A rule is written with
@@ -83,25 +80,47 @@ struct stand_ins_for<type_list<Ps...>, All> {
 template <class T, class All>
 using stand_in_t = typename pattern_of<T>::template with<typename stand_ins_for<typename pattern_of<T>::parts, All>::type>;
 
-// The stand-ins back to graph types (All: the parts in stand-in order).
-template <class T, class All>
+// A part as the backward graph names it: a node of the forward graph Forward as a reference to
+// it (graph/node.hpp, node_ref); leaves, constants, references and backward nodes as themselves.
+// (Forward void: every part as itself.)
+template <class Forward, class P>
+struct ref_form {
+    using type = P;
+};
+template <class Forward, class Op, class... Cs>
+    requires(!std::is_void_v<Forward>)
+struct ref_form<Forward, node<Op, Cs...>> {
+    static constexpr std::size_t id = Forward::template id_of<node<Op, Cs...>>::value;
+    using type = std::conditional_t<id == no_parent, node<Op, Cs...>, node_ref_to<false, id, node<Op, Cs...>>>;
+};
+
+// The stand-ins back to graph types (Map: what each stand-in stands for, in stand-in order).
+template <class T, class Map>
 struct substitute {
     using type = T;
 };
-template <std::size_t K, class T, class Shape, bool R, bool C, op_kind Kind, class All>
-struct substitute<stand_in<K, T, Shape, R, C, Kind>, All> {
-    using type = type_at_t<K, All>;
+template <std::size_t K, class T, class Shape, bool R, bool C, op_kind Kind, class Map>
+struct substitute<stand_in<K, T, Shape, R, C, Kind>, Map> {
+    using type = type_at_t<K, Map>;
 };
-template <class Op, class... Cs, class All>
-struct substitute<node<Op, Cs...>, All> {
-    using type = node<Op, typename substitute<Cs, All>::type...>;
+template <class Op, class... Cs, class Map>
+struct substitute<node<Op, Cs...>, Map> {
+    using type = node<Op, typename substitute<Cs, Map>::type...>;
 };
 
-// Rule::template apply<Ss...>::type (an expr over stand-ins) for the graph types Ts..., as a graph type.
-template <class Rule, class... Ts>
+template <class Forward, class List>
+struct ref_forms;
+template <class Forward, class... Ps>
+struct ref_forms<Forward, type_list<Ps...>> {
+    using type = type_list<typename ref_form<Forward, Ps>::type...>;
+};
+// Rule::template apply<Ss...>::type (an expr over stand-ins) for the graph types Ts..., as a
+// graph type whose nodes of the forward graph Forward are references (Forward void: none).
+template <class Forward, class Rule, class... Ts>
 struct traced {
     using all = concat_t<typename pattern_of<Ts>::parts...>;
-    using type = typename substitute<typename Rule::template apply<stand_in_t<Ts, all>...>::type::node_type, all>::type;
+    using type = typename substitute<typename Rule::template apply<stand_in_t<Ts, all>...>::type::node_type,
+                                     typename ref_forms<Forward, all>::type>::type;
 };
 
 // The contribution of node N = node<Op, Cs...> with adjoint G to its I-th child, summed down
@@ -124,31 +143,27 @@ struct vjp_rule {
                                                  std::type_identity<raw>, summed_to<ChildShape, raw>>::type;
     };
 };
-template <bool Active, class N, class G, std::size_t I>
+template <bool Active, class Forward, std::size_t ChildId, class N, class G, std::size_t I>
 struct contribution_of {
     using type = type_list<>;
 };
 // (An operand that is an alias node, an autocast marker, is read as the node it stands for: the
 // contribution goes to that node, which the topological order holds in its place.)
-template <class Op, class... Cs, class G, std::size_t I>
-struct contribution_of<true, node<Op, Cs...>, G, I> {
+template <class Forward, std::size_t ChildId, class Op, class... Cs, class G, std::size_t I>
+struct contribution_of<true, Forward, ChildId, node<Op, Cs...>, G, I> {
     using child = unalias_t<type_at_t<I, type_list<Cs...>>>;
     using type = type_list<pending<
-        child, typename traced<vjp_rule<Op, I, typename child::shape_type>, G, node<Op, Cs...>, unalias_t<Cs>...>::type>>;
+        ChildId, typename traced<Forward, vjp_rule<Op, I, typename child::shape_type>, G, node<Op, Cs...>, unalias_t<Cs>...>::type>>;
 };
-template <class N, class G, std::size_t I>
-struct child_contribution;
-template <class Op, class... Cs, class G, std::size_t I>
-struct child_contribution<node<Op, Cs...>, G, I>
-    : contribution_of<!Op::shape_only(I) && type_at_t<I, type_list<Cs...>>::requires_grad, node<Op, Cs...>, G, I> {};
-
-template <class N, class G, class Seq>
+template <class Forward, std::size_t Id, class N, class G, class Seq>
 struct children_contributions {
-    using type = type_list<>;
+    using type = type_list<>;  // a leaf
 };
-template <class Op, class... Cs, class G, std::size_t... Is>
-struct children_contributions<node<Op, Cs...>, G, std::index_sequence<Is...>> {
-    using type = concat_t<typename child_contribution<node<Op, Cs...>, G, Is>::type...>;
+template <class Forward, std::size_t Id, class Op, class... Cs, class G, std::size_t... Is>
+struct children_contributions<Forward, Id, node<Op, Cs...>, G, std::index_sequence<Is...>> {
+    using type = concat_t<typename contribution_of<!Op::shape_only(Is) && type_at_t<Is, type_list<Cs...>>::requires_grad,
+                                                   Forward, Forward::table.child[Id * max_arity + Is], node<Op, Cs...>, G,
+                                                   Is>::type...>;
 };
 
 // A node's adjoint has the node's dtype, as in PyTorch's engine: a bf16 value gets a bf16
@@ -171,100 +186,149 @@ struct summed_contributions;
 template <class T, class M>
 struct summed_contributions<T, type_list<M>> {
     using type = typename std::conditional_t<keeps_dtype<T, typename M::value_type>, std::type_identity<M>,
-                                             traced<sum_rule<T>, M>>::type;
+                                             traced<void, sum_rule<T>, M>>::type;
 };
 template <class T, class... Ms>
-struct summed_contributions<T, type_list<Ms...>> : traced<sum_rule<T>, Ms...> {};
+struct summed_contributions<T, type_list<Ms...>> : traced<void, sum_rule<T>, Ms...> {};
 
 // Filters of the pending list (no fold: the list can be long).
-template <class N>
+template <std::size_t Id>
 struct targets {
     template <class P>
-    struct test : std::bool_constant<__is_same(typename P::target, N)> {};
+    struct test : std::bool_constant<P::target == Id> {};
     template <class P>
-    struct other : std::bool_constant<!__is_same(typename P::target, N)> {};
+    struct other : std::bool_constant<P::target != Id> {};
 };
 template <class... Ps>
 type_list<typename Ps::contribution...> contributions(type_list<Ps...>);
 
-template <class N, class Matched, class Rest, class Results, bool IsLeaf = N::kind == op_kind::leaf>
+// How the backward names the adjoint Def of forward node I where it reads it: a reference, or
+// Def itself where it is a leaf, a constant, a reference, or one of the patterns the
+// simplifications look for (a negation, a broadcast constant: the seed of a sum).
+template <std::size_t I, class Def>
+struct adjoint_handle {
+    using type = node_ref_to<true, I, Def>;
+};
+template <std::size_t I, std::uint64_t V>
+struct adjoint_handle<I, constant<V>> {
+    using type = constant<V>;
+};
+template <std::size_t I, class Name, class T, class S, leaf_role R>
+struct adjoint_handle<I, leaf<Name, T, S, R>> {
+    using type = leaf<Name, T, S, R>;
+};
+template <std::size_t I, bool A, std::size_t J, class V, class S, op_kind K, bool R, bool C>
+struct adjoint_handle<I, node_ref<A, J, V, S, K, R, C>> {
+    using type = node_ref<A, J, V, S, K, R, C>;
+};
+template <std::size_t I, class X>
+struct adjoint_handle<I, node<neg_op, X>> {
+    using type = node<neg_op, X>;
+};
+template <std::size_t I, std::uint64_t V, class Like>
+struct adjoint_handle<I, node<expand_op, constant<V>, Like>> {
+    using type = node<expand_op, constant<V>, Like>;
+};
+
+// Visiting forward node I (type N) with the contributions Matched sent to it: its adjoint's
+// definition `def` (void when nothing reaches it), the handle its operands' contributions read,
+// and the pending list after it.
+template <class Forward, std::size_t I, class N, class Matched, class Rest, bool Any = (Matched::size > 0)>
 struct reverse_visit {
-    // a leaf keeps its adjoint
-    using adjoint = desc_forced_t<typename summed_contributions<typename N::value_type, Matched>::type>;  // (see desc_forced)
-    using type = reverse_state<Rest, concat_t<Results, type_list<pending<N, adjoint>>>>;
+    using def = void;
+    using out = Rest;
 };
-template <class N, class Matched, class Rest, class Results>
-struct reverse_visit<N, Matched, Rest, Results, false> {
-    using adjoint = desc_forced_t<typename summed_contributions<typename N::value_type, Matched>::type>;  // (see desc_forced)
-    using more = typename children_contributions<N, adjoint, std::make_index_sequence<N::children::size>>::type;
-    // retain_grad nodes keep their adjoint for grad_into, and pass it on
-    using results = std::conditional_t<is_retained_v<N>, concat_t<Results, type_list<pending<N, adjoint>>>, Results>;
-    using type = reverse_state<concat_t<Rest, more>, results>;
+template <class Forward, std::size_t I, class N, class Matched, class Rest>
+struct reverse_visit<Forward, I, N, Matched, Rest, true> {
+    using def = desc_forced_t<typename summed_contributions<typename N::value_type, Matched>::type>;  // (see desc_forced)
+    using handle = typename adjoint_handle<I, def>::type;
+    using out = concat_t<Rest, typename children_contributions<Forward, I, N, handle,
+                                                               std::make_index_sequence<N::desc.arity>>::type>;
 };
-template <class N, class State>
-struct reverse_step;
-template <class N, class... Ps, class Results>
-struct reverse_step<N, reverse_state<type_list<Ps...>, Results>> {
-    using matched = decltype(detail::contributions(filter_t<type_list<Ps...>, targets<N>::template test>{}));
-    using rest = filter_t<type_list<Ps...>, targets<N>::template other>;
-    using type = typename std::conditional_t<matched::size == 0,
-                                             std::type_identity<reverse_state<type_list<Ps...>, Results>>,
-                                             reverse_visit<N, matched, rest, Results>>::type;
+// The reverse pass after visiting nodes I..n-1 (Pass::init before any); a class per node, so
+// that the pass is instantiated one node at a time, last to first (see reverse_defs).
+template <class Pass, std::size_t I, bool End = (I == Pass::forward::size)>
+struct reverse_at {
+    using out = typename Pass::init;
 };
-
-// The fold's operands are member classes (of fold_node, fold_state), so that the
-// argument-dependent lookup of its operator<< does not look into the graph (see expr_handle in
-// graph/node.hpp).
-namespace reverse_fold {
-template <class N>
-struct fold_node {
-    struct type {
-        using node = N;
-    };
+template <class Pass, std::size_t I>
+struct reverse_at<Pass, I, false> {
+    using in = typename reverse_at<Pass, I + 1>::out;
+    using node_type = typename topo_at<typename Pass::forward, I>::type;
+    using visited = reverse_visit<typename Pass::forward, I, node_type,
+                                  decltype(detail::contributions(filter_t<in, targets<I>::template test>{})),
+                                  filter_t<in, targets<I>::template other>>;
+    using def = typename visited::def;
+    using out = typename visited::out;
 };
-template <class State>
-struct fold_state {
-    struct type {
-        using state = State;
-    };
+template <class T>
+struct def_desc {
+    static constexpr const node_desc* value = &T::desc;
 };
-template <class V, class S>
-typename fold_state<typename reverse_step<typename V::node, typename S::state>::type>::type operator<<(V, S);
-}  // namespace reverse_fold
-template <class N>
-using visit = typename reverse_fold::fold_node<N>::type;
-
-// The nodes are visited last to first. One fold covers at most 16 of them (clang limits a fold
-// to 256 operands): the first 16 are folded over the state the rest of the list produced.
-template <class Topo, class Init>
-struct run_reverse;
-template <class... Ns, class Init>
-struct run_reverse<type_list<Ns...>, Init> {
-    using type = typename decltype((visit<Ns>{} << ... << typename reverse_fold::fold_state<Init>::type{}))::state;
+template <>
+struct def_desc<void> {
+    static constexpr const node_desc* value = nullptr;
 };
-template <class A0, class A1, class A2, class A3, class A4, class A5, class A6, class A7, class A8, class A9, class A10, class A11, class A12, class A13, class A14, class A15, class N, class... Rest, class Init>
-struct run_reverse<type_list<A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, N, Rest...>, Init> {
-    using rest = typename reverse_fold::fold_state<typename run_reverse<type_list<N, Rest...>, Init>::type>::type;
-    using type = typename decltype((visit<A0>{} << (visit<A1>{} << (visit<A2>{} << (visit<A3>{} << (visit<A4>{} << (visit<A5>{} << (visit<A6>{} << (visit<A7>{} << (visit<A8>{} << (visit<A9>{} << (visit<A10>{} << (visit<A11>{} << (visit<A12>{} << (visit<A13>{} << (visit<A14>{} << (visit<A15>{} << rest{})))))))))))))))))::state;
+// The adjoint definitions by forward id (`type`, void where none) and their descriptors. The
+// visits are instantiated from the last node down (`reversed`), each from its already visited
+// successor, so that nothing recurses through the graph's depth.
+template <class Pass, class Seq = std::make_index_sequence<Pass::forward::size>>
+struct reverse_defs;
+template <class Pass, std::size_t... Is>
+struct reverse_defs<Pass, std::index_sequence<Is...>> {
+    using reversed = type_list<typename reverse_at<Pass, sizeof...(Is) - 1 - Is>::def...>;
+    using type = type_list<typename reverse_at<Pass, Is>::def...>;
+    static constexpr std::array<const node_desc*, sizeof...(Is) + 1> descs{def_desc<typename reverse_at<Pass, Is>::def>::value...,
+                                                                           nullptr};
 };
 
-// Adjoints of every leaf reached from Root when its gradient is Seed: type_list<pending<Leaf, Adj>...>.
-// A root that does not require grad (detach, a mask, an input-only expression) sends nothing:
-// every gradient is zero.
+// The type a reference names (any other type: itself).
+template <class Pass, class T>
+struct ref_target {
+    using type = T;
+};
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
+struct ref_target<Pass, node_ref<false, I, V, S, K, R, C>> {
+    using type = typename topo_at<typename Pass::forward, I>::type;
+};
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
+struct ref_target<Pass, node_ref<true, I, V, S, K, R, C>>
+    : ref_target<Pass, type_at_t<I, typename reverse_defs<Pass>::type>> {};
+
+// The seed as the reverse pass sends it: a unit seed has the output's shape (a [1, 1] loss is
+// scalar too).
+template <class Forward, class Root, class Seed>
+struct seed_form {
+    using type = Seed;
+};
+template <class Forward, class Root, std::uint64_t V>
+    requires(Root::shape_type::rank > 0)
+struct seed_form<Forward, Root, constant<V>> {
+    using type = node<expand_op, constant<V>, typename ref_form<Forward, Root>::type>;
+};
+
+// The reverse pass of Root with output gradient Seed, over integer ids: one left-to-right pass
+// over the forward graph's topological order, reversed. The pending list holds the contributions
+// still waiting for their target node; when a node is reached, all of its consumers have been
+// visited, so its pending contributions are its whole adjoint: they are summed into the node's
+// adjoint definition, and the node's VJP rules send new contributions to its operands. The list
+// is only as large as the graph's frontier, so a chain of N ops costs O(N) instantiations.
+// Backward nodes read forward values and adjoints through references (node_ref), so no backward
+// type spells the graph: a definition is as long as the VJP rules that made it. The pass is also
+// the context that resolves those references (`tables`, `resolve`) when the backward graph is
+// searched (graph/topo.hpp's basic_topo).
 template <class Root, class Seed>
-using leaf_adjoints_t = typename run_reverse<
-    topo_t<Root>,
-    reverse_state<std::conditional_t<Root::requires_grad, type_list<pending<unalias_t<Root>, Seed>>, type_list<>>,
-                  type_list<>>>::type::results;
-
-template <class Leaf, class Results>
-struct find_adjoint {
-    using type = void;
-};
-template <class Leaf, class... Rs>
-struct find_adjoint<Leaf, type_list<Rs...>> {
-    using type = typename type_at_t<index_of<Leaf, type_list<typename Rs::target...>>::value,
-                                    type_list<Rs..., pending<void, void>>>::contribution;
+struct reverse_pass {
+    using forward = topo<Root>;
+    // A root that does not require grad (detach, a mask, an input-only expression) sends
+    // nothing: every gradient is zero.
+    using init = std::conditional_t<Root::requires_grad,
+                                    type_list<pending<forward::template id_of<unalias_t<Root>>::value,
+                                                      typename seed_form<forward, unalias_t<Root>, Seed>::type>>,
+                                    type_list<>>;
+    static constexpr ref_tables tables{forward::table.order.data(), reverse_defs<reverse_pass>::descs.data()};
+    template <class N>
+    using resolve = typename ref_target<reverse_pass, N>::type;
 };
 
 // The gradient of Leaf in canonical form (`type`, a node): an elementwise node of the leaf's shape
@@ -283,25 +347,66 @@ struct canonical_gradient {
 };
 template <class Leaf, class Adjoint>
 struct canonical_gradient<Leaf, Adjoint, true>
-    : canonical_gradient<Leaf, typename traced<sum_rule<typename Leaf::value_type>, Adjoint>::type> {};
-// A unit seed has the output's shape (a [1, 1] loss is scalar too).
-template <class Root, class Seed>
-struct shaped_seed {
-    using type = Seed;
-};
-template <class Root, std::uint64_t V>
-    requires(Root::shape_type::rank > 0)
-struct shaped_seed<Root, constant<V>> {
-    using type = node<expand_op, constant<V>, Root>;
-};
+    : canonical_gradient<Leaf, typename traced<void, sum_rule<typename Leaf::value_type>, Adjoint>::type> {};
 template <class Adjoint, class Leaf>
 struct gradient_of_adjoint : canonical_gradient<Leaf, Adjoint> {};
 template <class Leaf>
 struct gradient_of_adjoint<void, Leaf> : expanded_to_leaf<typename std::remove_cvref_t<decltype(lit<0>)>::node_type, Leaf> {};
-// The gradient node of Leaf for the root Root with adjoint Seed.
+
+// The gradient node of Leaf (a leaf or a retain_grad node) for the reverse pass Pass, as the
+// backward graph holds it (references resolved by Pass: graph_of_t<Stores, Pass>). Its root is
+// never a reference.
+template <class Pass, class Leaf, std::size_t Id = Pass::forward::template id_of<Leaf>::value,
+          bool Reached = Id != no_parent && (Leaf::kind == op_kind::leaf || is_retained_v<Leaf>)>
+struct gradient_ref {
+    using type = typename Pass::template resolve<typename gradient_of_adjoint<void, Leaf>::type>;
+};
+template <class Pass, class Leaf, std::size_t Id>
+struct gradient_ref<Pass, Leaf, Id, true> {
+    using type = typename Pass::template resolve<
+        typename gradient_of_adjoint<type_at_t<Id, typename reverse_defs<Pass>::type>, Leaf>::type>;
+};
+template <class Pass, class Leaf>
+using gradient_ref_t = typename gradient_ref<Pass, Leaf>::type;
+
+// A backward type with its references replaced by the types they name: the nested gradient graph
+// that tg::grad returns (differentiable again) and the backward autocast rewrite reads. Each
+// adjoint definition is materialised once, last forward node first (`reversed`), so that
+// nothing recurses through the graph's depth.
+template <class Pass, class T>
+struct materialize {
+    using type = T;
+};
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
+struct materialize<Pass, node_ref<false, I, V, S, K, R, C>> {
+    using type = typename topo_at<typename Pass::forward, I>::type;
+};
+template <class Pass, std::size_t I>
+struct materialized_def {
+    using type = typename materialize<Pass, type_at_t<I, typename reverse_defs<Pass>::type>>::type;
+};
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
+struct materialize<Pass, node_ref<true, I, V, S, K, R, C>> : materialized_def<Pass, I> {};
+template <class Pass, class Op, class... Cs>
+struct materialize<Pass, node<Op, Cs...>> {
+    using type = desc_forced_t<node<Op, typename materialize<Pass, Cs>::type...>>;  // (see desc_forced)
+};
+template <class Pass, class Seq = std::make_index_sequence<Pass::forward::size>>
+struct materialize_all;
+template <class Pass, std::size_t... Is>
+struct materialize_all<Pass, std::index_sequence<Is...>> {
+    using reversed = type_list<typename materialized_def<Pass, sizeof...(Is) - 1 - Is>::type...>;
+};
+template <class Pass, class T>
+struct materialized {
+    using forced = typename materialize_all<Pass>::reversed;
+    using type = typename materialize<Pass, T>::type;
+};
+
+// The gradient node of Leaf for the root Root with adjoint Seed, as one nested graph type.
 template <class Root, class Seed, class Leaf>
-using gradient_node_t = typename gradient_of_adjoint<
-    typename find_adjoint<Leaf, leaf_adjoints_t<Root, typename shaped_seed<Root, Seed>::type>>::type, Leaf>::type;
+using gradient_node_t =
+    typename materialized<reverse_pass<Root, Seed>, gradient_ref_t<reverse_pass<Root, Seed>, Leaf>>::type;
 
 template <class E>
 using node_of_t = typename std::remove_cvref_t<E>::node_type;

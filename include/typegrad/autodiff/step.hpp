@@ -258,15 +258,22 @@ struct saved_by<FwdPP, N, true>
     : std::bool_constant<FwdPP::program::template contains<N>::value &&
                          FwdPP::plan.computed[FwdPP::program::template id_of<N>::value]> {};
 
-// Backward nodes (those not in the forward graph) rewritten under the backward's spec.
-template <class N, class Spec, class ForwardGraph>
-struct backward_autocast_rewrite {
-    using type = N;
+// A step's gradient nodes (`node<Leaf>`) and the context that resolves their references
+// (`refs`, for graph_of_t). Without a backward autocast spec, the backward graph of the reverse
+// pass, whose nodes read forward values and adjoints through references; with one, the nested
+// gradient graph, whose backward nodes (those not in the forward graph) the autocast rewrite
+// reads and rewrites under the spec.
+template <class Loss, class Seed, class Spec, bool Rewrite = Spec::enabled>
+struct step_gradients {
+    using refs = reverse_pass<Loss, Seed>;
+    template <class Leaf>
+    using node = gradient_ref_t<refs, Leaf>;
 };
-template <class N, class Spec, class ForwardGraph>
-    requires(Spec::enabled)
-struct backward_autocast_rewrite<N, Spec, ForwardGraph> {
-    using type = rewrite_t<N, Spec, ForwardGraph>;
+template <class Loss, class Seed, class Spec>
+struct step_gradients<Loss, Seed, Spec, true> {
+    using refs = no_refs;
+    template <class Leaf>
+    using node = typename canonical_gradient<Leaf, rewrite_t<gradient_node_t<Loss, Seed, Leaf>, Spec, topo<Loss>>>::type;
 };
 }  // namespace detail
 
@@ -476,11 +483,14 @@ public:
 
     // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf, with the
     // backward ops under the backward's autocast spec.
+    template <bool Seeded>
+    using gradients = detail::step_gradients<
+        Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>, backward_autocast_spec>;
     template <class Leaf, bool Seeded>
-    using grad_node = typename detail::canonical_gradient<
-        Leaf, typename detail::backward_autocast_rewrite<
-                  detail::gradient_node_t<Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>, Leaf>,
-                  backward_autocast_spec, detail::topo<Loss>>::type>::type;
+    using grad_node = typename gradients<Seeded>::template node<Leaf>;
+    // What resolves the references the gradient nodes hold (graph_of_t's second argument).
+    template <bool Seeded>
+    using grad_refs = typename gradients<Seeded>::refs;
 
     // The loss and the gradients in one fused call: returns the scalar loss and writes the gradient
     // of every leaf named in a tg::grad_into / tg::grads_into argument (others are not computed).
@@ -497,7 +507,7 @@ public:
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
         using grads = grads_of<Args...>;
         using stores = detail::concat_t<decltype(grad_nodes<grads, false>()), decltype(loss_store())>;
-        using nodes = detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, stores>>;
+        using nodes = detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, stores>, grad_refs<false>>;
         using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
                                          value_type>;
         typename PP::state_type st{};
@@ -581,7 +591,7 @@ public:
                       "tg::seed(buffer) with the output's shape.");
         using grads = grads_of<Args...>;
         using stores = decltype(grad_nodes<grads, seeded>());
-        using nodes = detail::graph_of_t<stores>;
+        using nodes = detail::graph_of_t<stores, grad_refs<seeded>>;
         using given = decltype(saved_reductions<typename nodes::type, FwdPP>());
         using PP = detail::plan_provider<nodes, stores, detail::type_list<>, given, value_type>;
         typename PP::state_type st{};
@@ -829,7 +839,7 @@ public:
     template <bool Seeded, class... GradLeaves>
     static constexpr std::size_t create_graph_hazard_count() {
         using stores = detail::type_list<grad_node<GradLeaves, Seeded>...>;
-        using nodes = detail::graph_of_t<stores>;
+        using nodes = detail::graph_of_t<stores, grad_refs<Seeded>>;
         using PP = detail::plan_provider<nodes, stores, detail::type_list<>, detail::type_list<>, value_type>;
         return detail::create_graph_hazards<PP>().size();
     }
@@ -1024,7 +1034,7 @@ public:
         using joint_stores = detail::concat_t<grad_stores, decltype(loss_store())>;
         // The plan of value_and_grad.
         using joint = detail::plan_provider<
-            detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, joint_stores>>,
+            detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, joint_stores>, grad_refs<false>>,
             joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
         // The plan of forward.
         using forward = detail::plan_provider<detail::topo<Loss>,
@@ -1081,7 +1091,8 @@ struct not_in_forward {
 };
 template <class Step, class... Ls>
 auto backward_nodes_of(type_list<Ls...>)
-    -> filter_t<topo_t<typename Step::template grad_node<Ls, !Step::scalar_loss>...>,
+    -> filter_t<topo_of_t<type_list<typename Step::template grad_node<Ls, !Step::scalar_loss>...>,
+                          typename Step::template grad_refs<!Step::scalar_loss>>,
                 not_in_forward<typename Step::loss_node>::template test>;
 }  // namespace detail
 

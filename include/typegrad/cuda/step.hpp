@@ -118,14 +118,18 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
     // The plans of each entry point (also what tg::cuda::generated_source shows).
     template <class Grads>
     using joint_plan = plan_provider<
-        graph_of_t<concat_t<type_list<Loss>, decltype(grad_nodes<Grads, false>()), decltype(loss_store())>>,
+        graph_of_t<concat_t<type_list<Loss>, decltype(grad_nodes<Grads, false>()), decltype(loss_store())>,
+                   typename step_type::template grad_refs<false>>,
         concat_t<decltype(grad_nodes<Grads, false>()), decltype(loss_store())>, decltype(loss_required()), type_list<>, T>;
     using forward_plan =
         plan_provider<topo<Loss>, decltype(loss_store()), decltype(loss_required()), type_list<>, T>;
     template <class Grads, bool Seeded, class FwdPP>
     using backward_plan = plan_provider<
-        graph_of_t<decltype(grad_nodes<Grads, Seeded>())>, decltype(grad_nodes<Grads, Seeded>()), type_list<>,
-        decltype(saved_reductions<topo_of_t<decltype(grad_nodes<Grads, Seeded>())>, FwdPP>()), T>;
+        graph_of_t<decltype(grad_nodes<Grads, Seeded>()), typename step_type::template grad_refs<Seeded>>,
+        decltype(grad_nodes<Grads, Seeded>()), type_list<>,
+        decltype(saved_reductions<topo_of_t<decltype(grad_nodes<Grads, Seeded>()), typename step_type::template grad_refs<Seeded>>,
+                                  FwdPP>()),
+        T>;
 
     static void check_policy() {
         static_assert(!Policy::anomaly,

@@ -33,6 +33,8 @@ struct node_desc {
     std::uint64_t hash;
     const node_desc* child[max_arity]{};  // built-in: see node_info in exec/program.hpp
     bool alias = false;                   // an alias_op's node: its operand under another name
+    unsigned char ref = 0;                // a node_ref's: 1 forward node `index`, 2 its adjoint
+    std::size_t index = 0;
 };
 constexpr std::uint64_t hash_mix(std::uint64_t h, std::uint64_t v) {
     h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -315,6 +317,28 @@ struct operand_metadata {
     static constexpr bool requires_grad = RequiresGrad;
     static constexpr bool contiguous = Contiguous;
 };
+// A reference, in a backward graph, to node Index of the forward graph (Adjoint false) or to the
+// adjoint of forward node Index (Adjoint true), keeping only what rules read of it. Backward
+// nodes name their operands by these instead of by their graph types, so that no backward node's
+// type spells the graph above or below it (its name, which g++ computes for each descriptor and
+// function it instantiates, would be as long as the graph: O(N^2) characters for the graph).
+// The graph algorithms resolve a reference through the tables of the reverse pass that made it
+// (autodiff/reverse.hpp's reverse_pass; graph/topo.hpp).
+template <bool Adjoint, std::size_t Index, class V, class Shape, op_kind Kind, bool RequiresGrad, bool Contiguous>
+struct node_ref : operand_metadata<V, Shape, Kind, RequiresGrad, Contiguous> {
+    static constexpr node_desc desc{0, hash_mix(Adjoint ? 0xAD7ull : 0xF07ull, Index), {}, false,
+                                    static_cast<unsigned char>(Adjoint ? 2 : 1), Index};
+};
+template <bool Adjoint, std::size_t Index, class N>
+using node_ref_to = node_ref<Adjoint, Index, typename N::value_type, typename N::shape_type, N::kind,
+                             N::requires_grad, N::contiguous>;
+template <class T>
+struct is_node_ref_trait : std::false_type {};
+template <bool A, std::size_t I, class V, class S, op_kind K, bool R, bool C>
+struct is_node_ref_trait<node_ref<A, I, V, S, K, R, C>> : std::true_type {};
+template <class T>
+concept is_node_ref_v = is_node_ref_trait<T>::value;
+
 // N, with its descriptor instantiated now. A descriptor's initializer reads its operands'
 // descriptors, so one first needed at the root of a deep graph (a topological search) would
 // instantiate the whole chain below it recursively: past about 900 levels (a 1000-op chain, or

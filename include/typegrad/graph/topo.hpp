@@ -38,12 +38,29 @@ struct topo_table {
     cvec<std::size_t> child;       // ids of the operands, max_arity per node
 };
 
-// The descriptor the search takes for d: d itself, or with Alias the operand of an alias chain.
+// Where the references of a backward graph point (graph/node.hpp, node_ref): the descriptors of
+// the forward graph's nodes and of the adjoint definitions, by index (none for a plain graph).
+struct ref_tables {
+    const node_desc* const* fwd = nullptr;
+    const node_desc* const* adj = nullptr;
+};
+// The context of a graph without references.
+struct no_refs {
+    static constexpr ref_tables tables{};
+    template <class N>
+    using resolve = N;
+};
+
+// The descriptor the search takes for d: d itself, the node a reference names, or with Alias
+// the operand of an alias chain.
 template <bool Alias>
-constexpr const node_desc* seen(const node_desc* d) {
-    if constexpr (Alias)
-        while (d->alias) d = d->child[0];
-    return d;
+constexpr const node_desc* seen(const node_desc* d, ref_tables r) {
+    for (;;) {
+        if (Alias && d->alias) d = d->child[0];
+        else if (d->ref == 1) d = r.fwd[d->index];
+        else if (d->ref == 2) d = r.adj[d->index];
+        else return d;
+    }
 }
 
 constexpr std::size_t hash_slot(std::uint64_t h, std::size_t mask) {
@@ -68,7 +85,7 @@ constexpr std::size_t hash_find(const std::size_t* table, std::size_t mask, cons
 // evaluated, those of each operator[] called included (see cvec), so an 8-block model's search
 // through cvec and std::array subscripts went past the limit.
 template <bool Alias, std::size_t NRoots>
-constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots) {
+constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots, ref_tables refs) {
     struct frame {
         const node_desc* d;
         std::size_t next;  // the next operand to look at
@@ -97,14 +114,14 @@ constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots)
     auto find = [&](const node_desc* d) { return hash_find(tb, mask, order, d); };
     grow();
     for (std::size_t r = 0; r < NRoots; ++r) {
-        const node_desc* root = seen<Alias>(roots[r]);
+        const node_desc* root = seen<Alias>(roots[r], refs);
         if (find(root) != no_parent) continue;  // reached from an earlier root
         if (m + depth == cap) grow();
         st[depth++] = {root, 0, r, no_parent};
         while (depth) {
             frame& f = st[depth - 1];
             if (f.next < f.d->arity) {
-                const node_desc* c = seen<Alias>(f.d->child[f.next]);
+                const node_desc* c = seen<Alias>(f.d->child[f.next], refs);
                 const std::size_t s = f.next++;
                 // a graph type has no cycles: an unfinished node is never reached again
                 if (find(c) == no_parent) {
@@ -127,7 +144,7 @@ constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots)
     t.child.assign(m * max_arity, no_parent);
     std::size_t* child = t.child.data();
     for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t k = 0; k < order[i]->arity; ++k) child[i * max_arity + k] = find(seen<Alias>(order[i]->child[k]));
+        for (std::size_t k = 0; k < order[i]->arity; ++k) child[i * max_arity + k] = find(seen<Alias>(order[i]->child[k], refs));
     return t;
 }
 
@@ -147,8 +164,8 @@ struct topo_arrays {
 };
 
 template <bool Alias, std::size_t M, std::size_t NRoots>
-constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& roots) {
-    const topo_table t = run_topo<Alias>(roots);
+constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& roots, ref_tables refs) {
+    const topo_table t = run_topo<Alias>(roots, refs);
     topo_arrays<M> r;
     const node_desc** order = r.order.data();
     std::size_t *parent = r.parent.data(), *slot = r.slot.data(), *child = r.child.data(), *tb = r.table.data();
@@ -161,17 +178,17 @@ constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& 
     return r;
 }
 
-// (An operand that is an alias node stands for the node the search took: unalias_t.)
-template <bool Alias, class N>
-using seen_t = std::conditional_t<Alias, unalias_t<N>, N>;
+// (An operand that is an alias node stands for the node the search took: unalias_t; a
+// reference, for the node it names.)
+template <class Topo, class N>
+using seen_t = typename Topo::refs::template resolve<std::conditional_t<Topo::alias, unalias_t<N>, N>>;
 template <class Topo, std::size_t I, bool Root = Topo::table.parent[I] == no_parent>
 struct topo_at {
-    using type = seen_t<Topo::alias, type_at_t<Topo::table.slot[I], typename Topo::roots>>;
+    using type = seen_t<Topo, type_at_t<Topo::table.slot[I], typename Topo::roots>>;
 };
 template <class Topo, std::size_t I>
 struct topo_at<Topo, I, false> {
-    using type = seen_t<Topo::alias,
-                        type_at_t<Topo::table.slot[I], typename topo_at<Topo, Topo::table.parent[I]>::type::children>>;
+    using type = seen_t<Topo, type_at_t<Topo::table.slot[I], typename topo_at<Topo, Topo::table.parent[I]>::type::children>>;
 };
 
 template <class Topo, class Seq = std::make_index_sequence<Topo::size>>
@@ -189,38 +206,41 @@ struct topo_list<Topo, std::index_sequence<Is...>> {
 // variable template: g++ names every variable it instantiates, and a name spelling the graph and
 // the node costs it a large allocation (and, past a few blocks, a walk of its free page list:
 // about 10 ms each at 8 GPT blocks, for hundreds of look-ups).
-// (Alias: whether the search sees through alias nodes; `topo` does, `marked_topo` does not.)
-template <bool Alias, class... Roots>
+// (Alias: whether the search sees through alias nodes; `topo` does, `marked_topo` does not.
+// Refs: where the node references of a backward graph point, no_refs for other graphs.)
+template <bool Alias, class Refs, class... Roots>
 struct basic_topo {
     static constexpr bool alias = Alias;
+    using refs = Refs;
     using roots = type_list<Roots...>;
     static constexpr std::array<const node_desc*, sizeof...(Roots)> root_descs{&Roots::desc...};
-    static constexpr std::size_t size = run_topo<Alias>(root_descs).order.size();
-    static constexpr topo_arrays<size> table = topo_fixed<Alias, size>(root_descs);
+    static constexpr std::size_t size = run_topo<Alias>(root_descs, Refs::tables).order.size();
+    static constexpr topo_arrays<size> table = topo_fixed<Alias, size>(root_descs, Refs::tables);
     using type = typename topo_list<basic_topo>::type;
     template <class N>
-    using id_of = std::integral_constant<std::size_t, table.find(seen<Alias>(&N::desc))>;  // no_parent when absent
+    using id_of = std::integral_constant<std::size_t, table.find(seen<Alias>(&N::desc, Refs::tables))>;  // no_parent when absent
 };
 template <class... Roots>
-using topo = basic_topo<true, Roots...>;
+using topo = basic_topo<true, no_refs, Roots...>;
 // The same with the alias nodes as nodes of their own (for the autocast rewrite).
 template <class... Roots>
-using marked_topo = basic_topo<false, Roots...>;
+using marked_topo = basic_topo<false, no_refs, Roots...>;
 
 // The nodes reached from Roots, each once, children before parents.
 template <class... Roots>
 using topo_t = typename topo<Roots...>::type;
 
-// The same for roots given as a type_list: graph_of_t is the topo struct, topo_of_t its list.
-template <class List>
+// The same for roots given as a type_list: graph_of_t is the topo struct, topo_of_t its list
+// (Refs: the reverse pass whose references the roots hold).
+template <class List, class Refs>
 struct graph_of;
-template <class... Roots>
-struct graph_of<type_list<Roots...>> {
-    using type = topo<Roots...>;
+template <class... Roots, class Refs>
+struct graph_of<type_list<Roots...>, Refs> {
+    using type = basic_topo<true, Refs, Roots...>;
 };
-template <class List>
-using graph_of_t = typename graph_of<List>::type;
-template <class List>
-using topo_of_t = typename graph_of_t<List>::type;
+template <class List, class Refs = no_refs>
+using graph_of_t = typename graph_of<List, Refs>::type;
+template <class List, class Refs = no_refs>
+using topo_of_t = typename graph_of_t<List, Refs>::type;
 
 }  // namespace typegrad::detail

@@ -1,6 +1,7 @@
 // Compile-time facts: graph types, common subexpressions, gradient types, shape rules.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -195,4 +196,69 @@ TEST_CASE("graphs deeper than the compilers' template depth", "[graph][depth]") 
     STATIC_REQUIRE(unique_nodes<g3> == 3);
     using g = decltype(tg::grad(tg::sum(deep{}), x));
     STATIC_REQUIRE(unique_nodes<g> == 1200);
+}
+
+namespace {
+// Whether a backward node's operand is a forward node spelled as its graph type (a leaf or a
+// constant is small; a reference names a node by id).
+template <class Forward, class C>
+constexpr bool spells_forward_node() {
+    if constexpr (tg::detail::is_node_ref_v<C> || tg::is_leaf_v<C> || tg::is_constant_v<C>) return false;
+    else return Forward::template id_of<C>::value != tg::detail::no_parent;
+}
+template <class Forward, class... Cs>
+constexpr std::size_t operands_spelling_forward(tg::detail::type_list<Cs...>) {
+    return (std::size_t{0} + ... + spells_forward_node<Forward, Cs>());
+}
+template <class... Cs>
+constexpr std::size_t reference_operands(tg::detail::type_list<Cs...>) {
+    return (std::size_t{0} + ... + std::size_t(tg::detail::is_node_ref_v<Cs>));
+}
+template <class N>
+struct operands_of {
+    using type = tg::detail::type_list<>;  // a constant
+};
+template <class Op, class... Cs>
+struct operands_of<tg::node<Op, Cs...>> {
+    using type = tg::detail::type_list<Cs...>;
+};
+template <class N>
+using children_of = typename operands_of<N>::type;
+template <class Forward, class... Ns>
+constexpr std::array<std::size_t, 2> backward_operands(tg::detail::type_list<Ns...>) {
+    return {(std::size_t{0} + ... + operands_spelling_forward<Forward>(children_of<Ns>{})),
+            (std::size_t{0} + ... + reference_operands(children_of<Ns>{}))};
+}
+}  // namespace
+
+TEST_CASE("the backward graph names forward values and adjoints by reference", "[graph][autodiff]") {
+    // A backward node reads forward values and other adjoints through node_refs, so its type never
+    // spells the forward graph (nor the backward chain below it): the names g++ builds for the
+    // backward stay short however deep the graph is.
+    auto loss = tg::sum(tg::sin(tg::tanh(tg::exp(x) * y)) * tg::cos(x));
+    using L = node_t<decltype(loss)>;
+    auto s = tg::compile(loss, tg::wrt(x));
+    using S = decltype(s);
+    using bwd = tg::backward_nodes_t<S>;
+    STATIC_REQUIRE(bwd::size > 3);
+    constexpr auto counts = backward_operands<tg::detail::topo<L>>(bwd{});
+    STATIC_REQUIRE(counts[0] == 0);  // no operand spelled as a forward subgraph
+    STATIC_REQUIRE(counts[1] > 3);   // forward values and adjoints read by reference
+    // the nested form (tg::grad) computes the same gradient
+    const std::vector<float> xs{0.3f, -1.2f, 2.0f}, ys{0.5f, 1.5f, -0.25f};
+    std::vector<float> g(3), h(3);
+    const float v = s.value_and_grad(tg::bind(x, xs), tg::bind(y, ys), tg::grad_into(x, g));
+    auto nested = tg::compile(tg::grad(loss, x), tg::wrt());
+    const auto ctx = nested.forward(tg::bind(x, xs), tg::bind(y, ys));
+    REQUIRE(ctx.values().size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) {
+        REQUIRE(ctx.values()[i] == Approx(g[i]).epsilon(1e-6));
+        const double e = std::exp(double(xs[i])) * ys[i];
+        const double a = std::sin(std::tanh(e)), da = std::cos(std::tanh(e)) * (1 - std::tanh(e) * std::tanh(e)) * e;
+        REQUIRE(g[i] == Approx(da * std::cos(double(xs[i])) - a * std::sin(double(xs[i]))).epsilon(1e-5));
+    }
+    REQUIRE(v == Approx(std::sin(std::tanh(std::exp(0.3) * 0.5)) * std::cos(0.3) +
+                        std::sin(std::tanh(std::exp(-1.2) * 1.5)) * std::cos(-1.2) +
+                        std::sin(std::tanh(std::exp(2.0) * -0.25)) * std::cos(2.0))
+                     .epsilon(1e-5));
 }
