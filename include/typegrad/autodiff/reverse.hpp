@@ -378,9 +378,7 @@ struct materialize {
     using type = T;
 };
 template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
-struct materialize<Pass, node_ref<false, I, V, S, K, R, C>> {
-    using type = typename topo_at<typename Pass::forward, I>::type;
-};
+struct materialize<Pass, node_ref<false, I, V, S, K, R, C>> : ref_target<Pass, node_ref<false, I, V, S, K, R, C>> {};
 template <class Pass, std::size_t I>
 struct materialized_def {
     using type = typename materialize<Pass, type_at_t<I, typename reverse_defs<Pass>::type>>::type;
