@@ -6,7 +6,9 @@
 // its consumers have been processed, so its pending contributions are its whole adjoint; they
 // are summed, and the node's VJP rules send new contributions to its children. The state is
 // only as large as the graph's frontier, so a chain of N ops costs O(N) instantiations and no
-// recursion through the graph's depth.
+// recursion through the graph's depth. Backward nodes read forward values and adjoints through
+// references (node_ref), resolved by the pass's tables when the backward graph is searched;
+// tg::grad gets the same gradient as one nested type (materialize).
 #include <array>
 #include <type_traits>
 #include <utility>
