@@ -481,11 +481,13 @@ public:
     // The spec the backward ops run under, from the backward_autocast policy.
     using backward_autocast_spec = typename Policy::backward_spec;
 
-    // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf, with the
-    // backward ops under the backward's autocast spec.
+    // The gradient nodes for a unit seed (scalar losses) or an explicit seed leaf, and what
+    // resolves their references (detail::step_gradients).
     template <bool Seeded>
     using gradients = detail::step_gradients<
         Loss, std::conditional_t<Seeded, seed_leaf, detail::node_of_t<decltype(lit<1>)>>, backward_autocast_spec>;
+    // Gradient node of Leaf for a unit seed (scalar losses) or an explicit seed leaf, with the
+    // backward ops under the backward's autocast spec.
     template <class Leaf, bool Seeded>
     using grad_node = typename gradients<Seeded>::template node<Leaf>;
     // What resolves the references the gradient nodes hold (graph_of_t's second argument).
