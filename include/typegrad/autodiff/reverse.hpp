@@ -205,31 +205,13 @@ template <class... Ps>
 type_list<typename Ps::contribution...> contributions(type_list<Ps...>);
 
 // How the backward names the adjoint Def of forward node I where it reads it: a reference, or
-// Def itself where it is a leaf, a constant, a reference, or one of the patterns the
-// simplifications look for (a negation, a broadcast constant: the seed of a sum).
+// Def itself where it is a leaf, a reference, or one of the patterns the stand-ins keep for the
+// simplifications (pattern_of: a constant, a negation, a broadcast constant such as a sum's seed).
 template <std::size_t I, class Def>
 struct adjoint_handle {
-    using type = node_ref_to<true, I, Def>;
-};
-template <std::size_t I, std::uint64_t V>
-struct adjoint_handle<I, constant<V>> {
-    using type = constant<V>;
-};
-template <std::size_t I, class Name, class T, class S, leaf_role R>
-struct adjoint_handle<I, leaf<Name, T, S, R>> {
-    using type = leaf<Name, T, S, R>;
-};
-template <std::size_t I, bool A, std::size_t J, class V, class S, op_kind K, bool R, bool C>
-struct adjoint_handle<I, node_ref<A, J, V, S, K, R, C>> {
-    using type = node_ref<A, J, V, S, K, R, C>;
-};
-template <std::size_t I, class X>
-struct adjoint_handle<I, node<neg_op, X>> {
-    using type = node<neg_op, X>;
-};
-template <std::size_t I, std::uint64_t V, class Like>
-struct adjoint_handle<I, node<expand_op, constant<V>, Like>> {
-    using type = node<expand_op, constant<V>, Like>;
+    using type = std::conditional_t<is_leaf_v<Def> || is_node_ref_v<Def> ||
+                                        !__is_same(typename pattern_of<Def>::parts, type_list<Def>),
+                                    Def, node_ref_to<true, I, Def>>;
 };
 
 // Visiting forward node I (type N) with the contributions Matched sent to it: its adjoint's
