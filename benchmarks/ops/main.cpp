@@ -1,5 +1,5 @@
 // typegrad_ops_bench: forward + backward of single ops (conv2d, layer_norm, causal attention,
-// embedding), typegrad against LibTorch eager, at 1 thread and at all hardware threads. Each
+// embedding, a fused pointwise chain, log_softmax), typegrad against LibTorch eager, at 1 thread and at all hardware threads. Each
 // workload is loss = sum(op(inputs) * r) with a fixed random r, gradients into every float input,
 // the same numbers on both sides; the two results are compared once before timing. Steps of the
 // two implementations alternate (warm-up first) so that a change of the machine's load hits both,
@@ -8,7 +8,7 @@
 // ratios (each a quotient of that round's medians), shown with their range. Prints a Markdown table.
 //
 //   typegrad_ops_bench [--steps N] [--rounds R] [--threads 1,2]
-//                      [--only conv2d|layer_norm|attention|embedding] [--quick] [--profile typegrad|torch]
+//                      [--only conv2d|layer_norm|attention|embedding|pointwise|log_softmax] [--quick] [--profile typegrad|torch]
 #include "ops.hpp"
 #include "../step_timing.hpp"
 
@@ -37,6 +37,8 @@ std::string config::name() const {
         case op::layer_norm: return "layer_norm " + str(n) + "x" + str(d);
         case op::attention: return "attention causal B*H=" + str(n) + " T=" + str(t) + " d=" + str(head_dim);
         case op::embedding: return "embedding V=" + str(v) + " D=" + str(d) + " ids=" + str(n);
+        case op::pointwise: return "pointwise tanh(x)*exp(-x^2) n=" + str(n);
+        case op::log_softmax: return "log_softmax " + str(n) + "x" + str(d);
     }
     return "?";
 }
@@ -70,6 +72,8 @@ data make_data(const config& c) {
             for (std::size_t i = 0; i < c.n; ++i) out.ids.push_back(id(rng));
             break;
         }
+        case op::pointwise: out.floats = {normal(c.n, 1.f), normal(c.n, 1.f)}; break;
+        case op::log_softmax: out.floats = {normal(c.n * c.d, 2.f), normal(c.n * c.d, 1.f)}; break;
     }
     return out;
 }
@@ -150,7 +154,7 @@ int main(int argc, char** argv) {
         else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
         else {
             std::fprintf(stderr,
-                         "usage: %s [--steps N] [--rounds R] [--threads 1,2] [--only conv2d|layer_norm|attention|embedding] "
+                         "usage: %s [--steps N] [--rounds R] [--threads 1,2] [--only conv2d|layer_norm|attention|embedding|pointwise|log_softmax] "
                          "[--quick] [--profile typegrad|torch]\n",
                          argv[0]);
             return 2;
@@ -166,6 +170,10 @@ int main(int argc, char** argv) {
         all.push_back({.kind = op::attention, .n = std::size_t(bh), .t = std::size_t(t)});
     all.push_back({.kind = op::embedding, .n = 4096, .d = 512, .v = 8192});
     all.push_back({.kind = op::embedding, .n = 16384, .d = 512, .v = 8192});
+    all.push_back({.kind = op::pointwise, .n = std::size_t(1) << 18});
+    all.push_back({.kind = op::pointwise, .n = std::size_t(1) << 22});
+    all.push_back({.kind = op::log_softmax, .n = 4096, .d = 1024});
+    all.push_back({.kind = op::log_softmax, .n = 16384, .d = 256});
     std::vector<ops::config> run;
     for (const ops::config& c : all) {
         const std::string name = c.name();

@@ -10,9 +10,9 @@
 namespace ops {
 
 // One workload: forward + backward of loss = sum(op(inputs) * r), r a fixed random tensor of the
-// output's shape, gradients into every float input. All four are one struct so that main can
+// output's shape, gradients into every float input. All of them are one struct so that main can
 // list them in one table; `kind` says which fields are used.
-enum class op { conv2d, layer_norm, attention, embedding };
+enum class op { conv2d, layer_norm, attention, embedding, pointwise, log_softmax };
 
 struct config {
     op kind;
@@ -20,6 +20,9 @@ struct config {
     // layer_norm: x [n, d] normalised over d, w [d], b [d]
     // attention: q, k, v [n, t, 64] (n = batch * heads), causal
     // embedding: n ids into a table [v, d]
+    // pointwise: tanh(x) * exp(-x^2) over x [n] (one fused loop in typegrad, a kernel per op in
+    //   LibTorch eager)
+    // log_softmax: x [n, d] over d
     std::size_t n = 0, c = 0, s = 0, d = 0, t = 0, v = 0;
     static constexpr std::size_t head_dim = 64;
     std::string name() const;

@@ -48,6 +48,14 @@ public:
                 r_ = from(in.floats[1], i64({c.n, c.d}), false);
                 ids_ = torch::tensor(std::vector<std::int64_t>(in.ids.begin(), in.ids.end()));
                 break;
+            case op::pointwise:
+                leaves_ = {from(in.floats[0], i64({c.n}), true)};
+                r_ = from(in.floats[1], i64({c.n}), false);
+                break;
+            case op::log_softmax:
+                leaves_ = {from(in.floats[0], i64({c.n, c.d}), true)};
+                r_ = from(in.floats[1], i64({c.n, c.d}), false);
+                break;
         }
     }
 
@@ -64,6 +72,8 @@ public:
                                                                    false, true));
                 break;
             case op::embedding: y = torch::embedding(leaves_[0], ids_); break;
+            case op::pointwise: y = torch::tanh(leaves_[0]) * torch::exp(-leaves_[0].square()); break;
+            case op::log_softmax: y = torch::log_softmax(leaves_[0], 1); break;
         }
         Tensor loss = (y * r_).sum();
         loss.backward();

@@ -121,6 +121,44 @@ private:
     decltype(emb::compile()) step_ = emb::compile();
 };
 
+namespace pw {
+constexpr auto x = tg::param<"x", float, tg::shape<dyn>>;
+constexpr auto r = tg::input<"r", float, tg::shape<dyn>>;
+inline auto compile() { return tg::compile(tg::sum(tg::tanh(x) * tg::exp(-tg::square(x)) * r), tg::wrt(x)); }
+}  // namespace pw
+
+class pointwise_workload final : public base {
+public:
+    pointwise_workload(const config& c, const data& in) : base(in, 1), c_(c) {}
+    float step() override {
+        return step_.value_and_grad(tg::bind(pw::x, in_[0], {c_.n}), tg::bind(pw::r, in_[1], {c_.n}),
+                                    tg::grad_into(pw::x, grads_[0]));
+    }
+
+private:
+    config c_;
+    decltype(pw::compile()) step_ = pw::compile();
+};
+
+namespace lsm {
+constexpr auto x = tg::param<"x", float, tg::shape<dyn, dyn>>;
+constexpr auto r = tg::input<"r", float, tg::shape<dyn, dyn>>;
+inline auto compile() { return tg::compile(tg::sum(tg::log_softmax(x, tg::axes<1>) * r), tg::wrt(x)); }
+}  // namespace lsm
+
+class log_softmax_workload final : public base {
+public:
+    log_softmax_workload(const config& c, const data& in) : base(in, 1), c_(c) {}
+    float step() override {
+        return step_.value_and_grad(tg::bind(lsm::x, in_[0], {c_.n, c_.d}), tg::bind(lsm::r, in_[1], {c_.n, c_.d}),
+                                    tg::grad_into(lsm::x, grads_[0]));
+    }
+
+private:
+    config c_;
+    decltype(lsm::compile()) step_ = lsm::compile();
+};
+
 }  // namespace
 
 void typegrad_threads(std::size_t n) { tg::set_num_threads(n); }
@@ -131,6 +169,8 @@ std::unique_ptr<workload> typegrad_workload(const config& c, const data& in) {
         case op::layer_norm: return std::make_unique<ln_workload>(c, in);
         case op::attention: return std::make_unique<att_workload>(c, in);
         case op::embedding: return std::make_unique<emb_workload>(c, in);
+        case op::pointwise: return std::make_unique<pointwise_workload>(c, in);
+        case op::log_softmax: return std::make_unique<log_softmax_workload>(c, in);
     }
     return nullptr;
 }

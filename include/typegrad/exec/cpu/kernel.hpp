@@ -4,6 +4,7 @@
 // space is coalesced at compile time (adjacent axes that every operand reads the same way are
 // merged), the innermost axis runs over xsimd batches with a scalar tail, and operands that are
 // broadcast along it are loaded once per row.
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -12,7 +13,9 @@
 #include <limits>
 #include <utility>
 
+#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/exec/cpu/thread_pool.hpp>
 #include <typegrad/exec/program.hpp>
 
 namespace typegrad::detail {
@@ -129,6 +132,170 @@ inline constexpr std::size_t iter_rank = 0, n_in = 1, n_body = 2, n_red = 3, n_m
 inline constexpr std::size_t flag_view = 1, flag_constant = 2;
 }  // namespace loop_desc
 
+// ---- a loop on several threads ------------------------------------------------------------
+// A loop runs as tasks, each a range of rows (iterations of the outer axes) or a range of the
+// innermost axis cut at multiples of the SIMD width (so every element takes the same vector or
+// scalar path as in one pass). A reduction whose element several tasks would accumulate into
+// (one broadcast along the axes that are cut: a loss, a bias gradient's column sums) decides the
+// cut:
+//  - rows or columns: when no reduction is shared across them; every element is then computed
+//    and accumulated by one task, in the order of one pass;
+//  - blocks: the rows (or a single row's columns) cut into blocks, each block accumulating the
+//    shared reductions into its own copy of their buffers (from the buffer pool), and the copies
+//    combined into the result in block order afterwards. The blocks depend on the loop's extents
+//    only: one thread computes the same blocks in the same order.
+// So a loop's results are bitwise the same on any number of threads.
+inline constexpr std::size_t loop_parallel_work = std::size_t(1) << 16;  // elements x operations
+inline constexpr std::size_t loop_task_work = std::size_t(1) << 14;
+inline constexpr std::size_t loop_block = std::size_t(1) << 13;          // elements per block, at least
+inline constexpr std::size_t loop_max_blocks = 64;
+inline constexpr std::size_t loop_block_copies = std::size_t(1) << 20;   // elements of all blocks' copies, at most
+
+struct loop_split {
+    std::size_t tasks = 1, rows = 0, cols = 0;  // task count; rows (row cut) or columns per task
+    std::size_t threads = 1;
+    bool by_rows = true, blocks = false;
+};
+
+// What a loop's signature says (loop_kernel): some reduction shared by the rows (broadcast along
+// an outer axis), some shared by the columns (broadcast along the innermost axis); serial:
+// anomaly mode (its first-bad-node record is per thread).
+struct loop_traits {
+    bool row_shared, col_shared, serial;
+};
+// cost: operations per element; shared_elements: the row-shared reductions' buffer sizes, summed.
+[[gnu::noinline]] inline loop_split split_loop(std::size_t outer, std::size_t inner, std::size_t width,
+                                               std::size_t cost, loop_traits lt, std::size_t shared_elements) {
+    loop_split s;
+    s.rows = outer;
+    s.cols = inner;
+    if (outer == 1 && lt.col_shared && inner > loop_block) {
+        std::size_t per = std::max(loop_block, (inner + loop_max_blocks - 1) / loop_max_blocks);
+        per = (per + width - 1) / width * width;
+        s.by_rows = false;
+        s.cols = per;
+        s.tasks = (inner + per - 1) / per;
+        s.blocks = true;
+    } else if (outer > 1 && lt.row_shared && (lt.col_shared || inner < 8 * width) && outer * inner > loop_block) {
+        // (column sums over long rows are cut into columns instead, without copies)
+        const std::size_t most = std::min(loop_max_blocks, loop_block_copies / std::max<std::size_t>(shared_elements, 1));
+        if (most >= 2) {
+            s.rows = std::max((loop_block + inner - 1) / inner, (outer + most - 1) / most);
+            s.tasks = (outer + s.rows - 1) / s.rows;
+            s.blocks = s.tasks > 1;
+            if (!s.blocks) s.rows = outer;
+        }
+    }
+    const std::size_t work = outer * inner * cost;
+    if (lt.serial || work < loop_parallel_work) return s;
+    const std::size_t threads = num_threads();
+    if (threads <= 1) return s;
+    if (s.blocks) {
+        s.threads = threads;
+        return s;
+    }
+    const std::size_t want = std::min(4 * threads, work / loop_task_work);
+    const bool rows_ok = outer >= 2 && !lt.row_shared, cols_ok = inner >= 2 * width && !lt.col_shared;
+    if (rows_ok && (outer >= want || !cols_ok)) {
+        s.rows = (outer + std::min(want, outer) - 1) / std::min(want, outer);
+        s.tasks = (outer + s.rows - 1) / s.rows;
+        s.threads = threads;
+    } else if (cols_ok) {
+        s.by_rows = false;
+        s.cols = ((inner + want - 1) / want + width - 1) / width * width;
+        s.tasks = (inner + s.cols - 1) / s.cols;
+        s.threads = threads;
+    }
+    return s;
+}
+
+// Runs call(ctx, t) for t < tasks, on the shared pool when threads > 1. One function for every
+// loop kernel: each kernel passes its task through a plain function pointer.
+[[gnu::noinline]] inline void run_loop_tasks(std::size_t tasks, std::size_t threads, void (*call)(const void*, std::size_t),
+                           const void* ctx) {
+    if (threads <= 1 || tasks <= 1) {
+        for (std::size_t t = 0; t < tasks; ++t) call(ctx, t);
+        return;
+    }
+    default_thread_pool().parallel_for(tasks, threads, [&](std::size_t t) { call(ctx, t); });
+}
+
+// What a loop kernel tells the driver below about its reductions (at most loop_max_reductions;
+// a loop with more runs on one thread): which ones several rows or several elements of a row
+// accumulate into (bit r), their kinds and their buffers' ranks.
+inline constexpr std::size_t loop_max_reductions = 32;
+struct loop_reductions {
+    std::size_t count = 0, first = 0;  // how many; the first one's operand index
+    std::uint64_t row_shared = 0, col_shared = 0;
+    std::array<reduce_kind, loop_max_reductions> kind{};
+    std::array<std::size_t, loop_max_reductions> rank{};
+};
+inline constexpr std::size_t no_block_copy = static_cast<std::size_t>(-1);
+
+// A loop's run-time state, shared by its tasks (the kernel's run_range reads it).
+struct loop_context {
+    const loop_args* a = nullptr;
+    std::array<std::size_t, max_rank + 1> gext{};  // extents of the coalesced axis groups
+    std::size_t outer = 1, inner = 1;
+    loop_split split;
+    void* copies = nullptr;  // blocks: every block's copies of the shared reductions
+    std::size_t copies_per_block = 0;
+    std::array<std::size_t, loop_max_reductions> copy_at{}, numel{};  // per reduction (no_block_copy: none)
+};
+
+template <class T>
+inline void fill_identity(T* p, std::size_t n, reduce_kind k) {
+    const T v = k == reduce_kind::sum ? T(0) : k == reduce_kind::max ? -std::numeric_limits<T>::infinity()
+                                                                      : std::numeric_limits<T>::infinity();
+    std::fill(p, p + n, v);
+}
+template <class T>
+inline void combine_into(T* p, const T* q, std::size_t n, reduce_kind k) {
+    for (std::size_t e = 0; e < n; ++e)
+        p[e] = k == reduce_kind::sum ? p[e] + q[e] : k == reduce_kind::max ? simd::max(p[e], q[e]) : simd::min(p[e], q[e]);
+}
+
+// Splits a loop (split_loop) and runs its tasks, range(&c, t); a cut into blocks gives every
+// block its copies of the shared reductions, filled with their identities, then combines them
+// into the reductions' buffers in block order. One function per element type, not per loop.
+template <class T>
+[[gnu::noinline]] void run_loop(loop_context& c, const loop_reductions& rt, std::size_t width, std::size_t cost,
+                                bool serial, void (*range)(const void*, std::size_t)) {
+    const loop_args& a = *c.a;
+    c.split.rows = c.outer;
+    c.split.cols = c.inner;
+    if (rt.count > loop_max_reductions) return range(&c, 0);
+    std::size_t shared_elements = 0;
+    for (std::size_t r = 0; r < rt.count; ++r) {
+        std::size_t n = 1;
+        for (std::size_t k = 0; k < rt.rank[r]; ++k) n *= a.ext[a.offset[rt.first + r] + k];
+        c.numel[r] = n;
+        if ((rt.row_shared >> r) & 1u) shared_elements += n;
+    }
+    c.split = split_loop(c.outer, c.inner, width, cost, {rt.row_shared != 0, rt.col_shared != 0, serial}, shared_elements);
+    if (!c.split.blocks) return run_loop_tasks(c.split.tasks, c.split.threads, range, &c);
+    const bool rows = c.split.by_rows;
+    for (std::size_t r = 0; r < rt.count; ++r) {
+        const bool shared = (((rows ? rt.row_shared : rt.col_shared) >> r) & 1u) != 0;
+        if (!rows) c.numel[r] = 1;  // a single row: a reduction along it is one element
+        c.copy_at[r] = shared ? c.copies_per_block : no_block_copy;
+        if (shared) c.copies_per_block += c.numel[r];
+    }
+    const pooled_buffer<T> copies(c.split.tasks * c.copies_per_block);
+    for (std::size_t b = 0; b < c.split.tasks; ++b)
+        for (std::size_t r = 0; r < rt.count; ++r)
+            if (c.copy_at[r] != no_block_copy)
+                fill_identity(copies.data() + b * c.copies_per_block + c.copy_at[r], c.numel[r], rt.kind[r]);
+    c.copies = copies.data();
+    run_loop_tasks(c.split.tasks, c.split.threads, range, &c);
+    for (std::size_t r = 0; r < rt.count; ++r) {
+        if (c.copy_at[r] == no_block_copy) continue;
+        T* p = static_cast<T*>(const_cast<void*>(a.ptr[a.node[rt.first + r]]));
+        for (std::size_t b = 0; b < c.split.tasks; ++b)
+            combine_into(p, copies.data() + b * c.copies_per_block + c.copy_at[r], c.numel[r], rt.kind[r]);
+    }
+}
+
 template <class T, class Bufs, class Vals, class Body, class Desc, bool Check>
 struct loop_kernel;
 
@@ -207,8 +374,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         }(std::make_index_sequence<n_body>{});
     }
 
-    [[gnu::noinline]] static void run(const loop_args& a) {  // see run_kernel (execute.hpp)
-        // Group extents and operand strides (elements) per group.
+    // Group extents.
+    static std::array<std::size_t, G> group_extents(const loop_args& a) {
         const std::size_t* iter_ext = a.ext + a.offset[n_ops];
         std::array<std::size_t, G> gext{};
         for (std::size_t g = 0; g < G; ++g) {
@@ -217,6 +384,32 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
                 for (std::size_t x = groups.first[g]; x <= groups.last[g]; ++x) e *= iter_ext[x];
             gext[g] = e;
         }
+        return gext;
+    }
+
+    [[gnu::noinline]] static void run(const loop_args& a) {  // see run_kernel (execute.hpp)
+        loop_context c;
+        c.a = &a;
+        const std::array<std::size_t, G> gext = group_extents(a);
+        for (std::size_t g = 0; g < G; ++g) c.gext[g] = gext[g];
+        for (std::size_t g = 0; g + 1 < G; ++g) c.outer *= gext[g];
+        c.inner = gext[G - 1];
+        constexpr loop_reductions rt = reductions();  // a local: no symbol per loop
+        run_loop<T>(c, rt, W, n_body + n_ops, Check, &run_range);
+    }
+
+    // Task t of the loop (split_loop): its rows [r0, r1) or its elements [j0, j1) of every row;
+    // in a cut into blocks, the shared reductions accumulate into the block's copies. The loop's
+    // code, compiled once for the loop and its tasks.
+    static void run_range(const void* context, std::size_t t) {
+        const loop_context& c = *static_cast<const loop_context*>(context);
+        const loop_args& a = *c.a;
+        const auto& gext = c.gext;
+        const loop_split& sp = c.split;
+        std::size_t r0 = 0, r1 = c.outer, j0 = 0, j1 = c.inner;
+        if (sp.by_rows) r0 = t * sp.rows, r1 = std::min(c.outer, r0 + sp.rows);
+        else j0 = t * sp.cols, j1 = std::min(c.inner, j0 + sp.cols);
+        // Operand strides (elements) per group.
         std::array<std::array<std::ptrdiff_t, G>, n_ops + 1> stride{};
         [&]<std::size_t... Os>(std::index_sequence<Os...>) {
             [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(stride[Os] = operand_strides<Os>(a)), 0)...};
@@ -227,18 +420,25 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = a.ptr[a.node[i]];
         for (std::size_t r = 0; r < n_red + n_mat; ++r) out_ptr[r] = const_cast<void*>(a.ptr[a.node[n_in + r]]);
         for (std::size_t k = 0; k < n_store; ++k) out_ptr[n_red + n_mat + k] = a.out[a.node[n_in + n_red + n_mat + k]];
+        if constexpr (n_red > 0)
+            if (sp.blocks)
+                for (std::size_t r = 0; r < n_red; ++r)
+                    if (c.copy_at[r] != no_block_copy)
+                        out_ptr[r] = static_cast<T*>(c.copies) + t * c.copies_per_block + c.copy_at[r];
         std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
             [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(inner_stride[Is] = is_view_input(Is) ? stride[Is][G - 1] : 1), 0)...};
         }(std::make_index_sequence<n_in>{});
 
-        std::size_t outer = 1;
-        for (std::size_t g = 0; g + 1 < G; ++g) outer *= gext[g];
-        const std::size_t inner = gext[G - 1];
         std::array<std::ptrdiff_t, n_ops + 1> off{};
         std::array<std::size_t, G> idx{};
-        for (std::size_t o = 0; o < outer; ++o) {
-            row(a, in_ptr, out_ptr, off, inner, inner_stride);
+        if (r0 != 0)  // the mixed-radix index of row r0
+            for (std::size_t g = G - 1, rest = r0; g-- > 0; rest /= gext[g]) {
+                idx[g] = rest % gext[g];
+                for (std::size_t k = 0; k < n_ops; ++k) off[k] += stride[k][g] * std::ptrdiff_t(idx[g]);
+            }
+        for (std::size_t o = r0; o < r1; ++o) {
+            row(a, in_ptr, out_ptr, off, j0, j1, inner_stride);
             // advance the mixed-radix index over the outer groups
             for (std::size_t g = G - 1; g-- > 0;) {
                 ++idx[g];
@@ -248,6 +448,22 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
                 idx[g] = 0;
             }
         }
+    }
+
+    // The driver's view of the reductions (loop_reductions): which ones several rows, or
+    // several elements of a row, accumulate into.
+    static constexpr loop_reductions reductions() {
+        loop_reductions rt;
+        rt.count = n_red;
+        rt.first = n_in;
+        for (std::size_t r = 0; r < n_red && r < loop_max_reductions; ++r) {
+            for (std::size_t g = 0; g + 1 < G; ++g)
+                if (broadcast_axis(n_in + r, groups.first[g])) rt.row_shared |= std::uint64_t(1) << r;
+            if (inner_broadcast(n_in + r)) rt.col_shared |= std::uint64_t(1) << r;
+            rt.kind[r] = static_cast<reduce_kind>(d[red_base + 2 * r]);
+            rt.rank[r] = operand_rank(n_in + r);
+        }
+        return rt;
     }
 
     // Element stride of each axis group: inputs use their node's strides (views may be anything),
@@ -274,9 +490,11 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         return s;
     }
 
+    // Elements [j0, j1) of one row.
     template <class InPtr, class OutPtr, class Off, class InnerStride>
     [[gnu::always_inline]] static void row(const loop_args& a, const InPtr& in_ptr, const OutPtr& out_ptr,
-                                           const Off& off, std::size_t inner, const InnerStride& inner_stride) {
+                                           const Off& off, std::size_t j0, std::size_t j1,
+                                           const InnerStride& inner_stride) {
         std::array<batch_t, n_slots + 1> v;
         std::array<T, n_slots + 1> s;
         // Inputs constant along the row.
@@ -290,15 +508,15 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
               acc_s[Rs] = reduce_identity<T, red_kind<Rs>()>()), ...);
         }(std::make_index_sequence<n_red>{});
 
-        std::size_t j = 0;
-        for (; j + W <= inner; j += W) {
+        std::size_t j = j0;
+        for (; j + W <= j1; j += W) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
                 [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, j, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
             eval_body(v);
             finish<batch_t>(v, acc, out_ptr, off, j);
         }
-        for (; j < inner; ++j) {
+        for (; j < j1; ++j) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
                 [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_scalar<Is>(a, s, in_ptr, off, j, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
