@@ -222,14 +222,17 @@ struct loop_traits {
 
 // What a loop kernel tells the driver below about its reductions (at most loop_max_reductions;
 // a loop with more runs on one thread): which ones several rows or several elements of a row
-// accumulate into (bit r), their kinds and their buffers' ranks.
+// accumulate into (bit r), their kinds (2 bits each) and their buffers' ranks (4 bits each).
+// Packed into words, so that a kernel passes it as a few immediate values.
 inline constexpr std::size_t loop_max_reductions = 32;
 struct loop_reductions {
     std::size_t count = 0, first = 0;  // how many; the first one's operand index
-    std::uint64_t row_shared = 0, col_shared = 0;
-    std::array<reduce_kind, loop_max_reductions> kind{};
-    std::array<std::size_t, loop_max_reductions> rank{};
+    std::uint64_t row_shared = 0, col_shared = 0, kinds = 0;
+    std::array<std::uint64_t, 2> ranks{};
+    constexpr reduce_kind kind(std::size_t r) const { return static_cast<reduce_kind>((kinds >> (2 * r)) & 3u); }
+    constexpr std::size_t rank(std::size_t r) const { return (ranks[r / 16] >> (4 * (r % 16))) & 15u; }
 };
+static_assert(max_rank < 16, "typegrad: internal: loop_reductions packs a rank into 4 bits");
 inline constexpr std::size_t no_block_copy = static_cast<std::size_t>(-1);
 
 // A loop's run-time state, shared by its tasks (the kernel's run_range reads it).
@@ -268,7 +271,7 @@ template <class T>
     std::size_t shared_elements = 0;
     for (std::size_t r = 0; r < rt.count; ++r) {
         std::size_t n = 1;
-        for (std::size_t k = 0; k < rt.rank[r]; ++k) n *= a.ext[a.offset[rt.first + r] + k];
+        for (std::size_t k = 0; k < rt.rank(r); ++k) n *= a.ext[a.offset[rt.first + r] + k];
         c.numel[r] = n;
         if ((rt.row_shared >> r) & 1u) shared_elements += n;
     }
@@ -285,14 +288,14 @@ template <class T>
     for (std::size_t b = 0; b < c.split.tasks; ++b)
         for (std::size_t r = 0; r < rt.count; ++r)
             if (c.copy_at[r] != no_block_copy)
-                fill_identity(copies.data() + b * c.copies_per_block + c.copy_at[r], c.numel[r], rt.kind[r]);
+                fill_identity(copies.data() + b * c.copies_per_block + c.copy_at[r], c.numel[r], rt.kind(r));
     c.copies = copies.data();
     run_loop_tasks(c.split.tasks, c.split.threads, range, &c);
     for (std::size_t r = 0; r < rt.count; ++r) {
         if (c.copy_at[r] == no_block_copy) continue;
         T* p = static_cast<T*>(const_cast<void*>(a.ptr[a.node[rt.first + r]]));
         for (std::size_t b = 0; b < c.split.tasks; ++b)
-            combine_into(p, copies.data() + b * c.copies_per_block + c.copy_at[r], c.numel[r], rt.kind[r]);
+            combine_into(p, copies.data() + b * c.copies_per_block + c.copy_at[r], c.numel[r], rt.kind(r));
     }
 }
 
@@ -460,8 +463,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
             for (std::size_t g = 0; g + 1 < G; ++g)
                 if (broadcast_axis(n_in + r, groups.first[g])) rt.row_shared |= std::uint64_t(1) << r;
             if (inner_broadcast(n_in + r)) rt.col_shared |= std::uint64_t(1) << r;
-            rt.kind[r] = static_cast<reduce_kind>(d[red_base + 2 * r]);
-            rt.rank[r] = operand_rank(n_in + r);
+            rt.kinds |= std::uint64_t(d[red_base + 2 * r]) << (2 * r);
+            rt.ranks[r / 16] |= std::uint64_t(operand_rank(n_in + r)) << (4 * (r % 16));
         }
         return rt;
     }
