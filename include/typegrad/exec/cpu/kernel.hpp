@@ -246,16 +246,25 @@ struct loop_context {
     std::array<std::size_t, loop_max_reductions> copy_at{}, numel{};  // per reduction (no_block_copy: none)
 };
 
+// reduce_identity and reduce_combine for a kind known at run time (the driver's copies).
 template <class T>
 inline void fill_identity(T* p, std::size_t n, reduce_kind k) {
-    const T v = k == reduce_kind::sum ? T(0) : k == reduce_kind::max ? -std::numeric_limits<T>::infinity()
-                                                                      : std::numeric_limits<T>::infinity();
-    std::fill(p, p + n, v);
+    switch (k) {
+        case reduce_kind::sum: std::fill(p, p + n, reduce_identity<T, reduce_kind::sum>()); break;
+        case reduce_kind::max: std::fill(p, p + n, reduce_identity<T, reduce_kind::max>()); break;
+        case reduce_kind::min: std::fill(p, p + n, reduce_identity<T, reduce_kind::min>()); break;
+    }
 }
 template <class T>
 inline void combine_into(T* p, const T* q, std::size_t n, reduce_kind k) {
-    for (std::size_t e = 0; e < n; ++e)
-        p[e] = k == reduce_kind::sum ? p[e] + q[e] : k == reduce_kind::max ? simd::max(p[e], q[e]) : simd::min(p[e], q[e]);
+    auto each = [&]<reduce_kind K>() {
+        for (std::size_t e = 0; e < n; ++e) p[e] = reduce_combine<K>(p[e], q[e]);
+    };
+    switch (k) {
+        case reduce_kind::sum: each.template operator()<reduce_kind::sum>(); break;
+        case reduce_kind::max: each.template operator()<reduce_kind::max>(); break;
+        case reduce_kind::min: each.template operator()<reduce_kind::min>(); break;
+    }
 }
 
 // Splits a loop (split_loop) and runs its tasks, range(&c, t); a cut into blocks gives every
