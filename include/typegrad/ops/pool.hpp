@@ -26,6 +26,7 @@
 
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/buffer_pool.hpp>
+#include <typegrad/exec/cpu/thread_pool.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/conv.hpp>
@@ -78,6 +79,15 @@ std::size_t window_argmax(const pool_geometry& g, const C* x, std::size_t p, std
             }
         }
     return best;
+}
+
+// fn(p) for every plane (image x channel), split over the thread pool when the windows are
+// many: every plane reads and writes only its own elements.
+template <std::size_t K, class F>
+void for_each_plane(const pool_geometry& g, F&& fn) {
+    parallel_ranges(g.planes, g.ho * g.wo * K * K + 1, [&](std::size_t begin, std::size_t end) {
+        for (std::size_t p = begin; p < end; ++p) fn(p);
+    });
 }
 
 // (from the per-thread buffer pool: see ops/conv.hpp's dense_of)
@@ -154,7 +164,7 @@ struct pool_op : pool_kernel_base {
         constexpr C inv = C(1.0 / double(K * K));
         if constexpr (Mode == 0) {
             const auto x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
-            for (std::size_t p = 0; p < g.planes; ++p)
+            for_each_plane<K>(g, [&](std::size_t p) {
                 for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                     if constexpr (Max) {
                         const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
@@ -169,6 +179,7 @@ struct pool_op : pool_kernel_base {
                         out[o] = T(s * inv);
                     }
                 });
+            });
         } else {
             using Gr = type_at_t<0, typename N::children>;
             const auto gy = pool_dense<pool_op, Gr>(in[0].data, in[0].ext, in[0].stride);
@@ -176,7 +187,7 @@ struct pool_op : pool_kernel_base {
             if constexpr (Max) x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
             if constexpr (Mode == 1) {
                 pooled_buffer<C> dx(g.planes * g.h * g.w, C(0));
-                for (std::size_t p = 0; p < g.planes; ++p)
+                for_each_plane<K>(g, [&](std::size_t p) {  // a window's elements lie in its plane
                     for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                         if constexpr (Max) {
                             const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
@@ -190,13 +201,15 @@ struct pool_op : pool_kernel_base {
                                 }
                         }
                     });
+                });
                 for (std::size_t e = 0; e < dx.size(); ++e) out[e] = T(dx[e]);
             } else {  // max gather: h (x-shaped) at each window's maximum
-                for (std::size_t p = 0; p < g.planes; ++p)
+                for_each_plane<K>(g, [&](std::size_t p) {
                     for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                         const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
                         out[o] = T(e == std::size_t(-1) ? C(0) : gy[e]);
                     });
+                });
             }
         }
     }
