@@ -30,7 +30,6 @@
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/cpu/gemm.hpp>
-#include <typegrad/exec/cpu/thread_pool.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/autocast.hpp>
@@ -193,18 +192,6 @@ void conv_weight_direct(const conv_geometry& g, const C* gy, const C* x, C* dw) 
                 }
 }
 
-// fn(col, begin, end) over ranges of images, split over the thread pool when the work is large:
-// the forward and the input gradient write only their own images. Each range has its own im2col
-// buffer col, taken on the calling thread (so that the workers allocate nothing); a GEMM inside a
-// range runs on its thread, with the same results as a threaded one (exec/cpu/gemm.hpp).
-template <class C, class F>
-void for_each_image_range(const conv_geometry& g, F&& fn) {
-    const range_split s = split_ranges(g.n, g.o * g.group_ckk() * g.pixels() + 1);
-    const std::size_t col_size = g.ckk() * g.pixels();
-    pooled_buffer<C> cols(s.tasks * col_size);
-    run_ranges(s, [&](std::size_t t, std::size_t begin, std::size_t end) { fn(cols.data() + t * col_size, begin, end); });
-}
-
 // The geometry from x's and w's extents (in pixels of x), checked.
 template <conv_params P>
 conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, const char* op) {
@@ -276,16 +263,14 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
             store_dense(y, out);
             return;
         }
-        for_each_image_range<C>(g, [&](C* col, std::size_t begin, std::size_t end) {
-            for (std::size_t n = begin; n < end; ++n) {
-                im2col(g, x.data() + n * g.c * g.h * g.w, col);
-                for (std::size_t b = 0; b < g.groups; ++b)
-                    gemm(transpose::no, transpose::no, g.group_o(), g.pixels(), g.group_ckk(),
-                         w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(),
-                         col + b * g.group_ckk() * g.pixels(), g.pixels(),
-                         y.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(), false);
-            }
-        });
+        pooled_buffer<C> col(g.ckk() * g.pixels());
+        for (std::size_t n = 0; n < g.n; ++n) {
+            im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
+            for (std::size_t b = 0; b < g.groups; ++b)
+                gemm(transpose::no, transpose::no, g.group_o(), g.pixels(), g.group_ckk(),
+                     w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(), col.data() + b * g.group_ckk() * g.pixels(),
+                     g.pixels(), y.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(), false);
+        }
         store_dense(y, out);
     }
     template <std::size_t I, class G, class Out, class X, class W>
@@ -320,17 +305,15 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         const conv_geometry g = conv_geometry_of<P>(in[2].ext, in[1].ext, "conv2d backward (input)");
         const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
-        pooled_buffer<C> dx(g.n * g.c * g.h * g.w, C(0));
-        for_each_image_range<C>(g, [&](C* col, std::size_t begin, std::size_t end) {
-            for (std::size_t n = begin; n < end; ++n) {
-                for (std::size_t b = 0; b < g.groups; ++b)
-                    gemm(transpose::yes, transpose::no, g.group_ckk(), g.pixels(), g.group_o(),
-                         w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(),
-                         gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(),
-                         col + b * g.group_ckk() * g.pixels(), g.pixels(), false);
-                col2im_add(g, col, dx.data() + n * g.c * g.h * g.w);
-            }
-        });
+        pooled_buffer<C> col(g.ckk() * g.pixels()), dx(g.n * g.c * g.h * g.w, C(0));
+        for (std::size_t n = 0; n < g.n; ++n) {
+            for (std::size_t b = 0; b < g.groups; ++b)
+                gemm(transpose::yes, transpose::no, g.group_ckk(), g.pixels(), g.group_o(),
+                     w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(),
+                     gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(),
+                     col.data() + b * g.group_ckk() * g.pixels(), g.pixels(), false);
+            col2im_add(g, col.data(), dx.data() + n * g.c * g.h * g.w);
+        }
         store_dense(dx, out);
     }
     // <conv2d_input(g, w), h> = <g, conv2d(h, w)>

@@ -1,11 +1,10 @@
 // Convolution (ops/conv.hpp): conv2d and conv1d (stride, padding, dilation, groups, bias) against
 // a direct double reference and finite differences in x, w and b; a strided (permuted) input;
 // dynamic batch; second order (the backward ops are each other's adjoints); float; run-time shape
-// errors; the same bits on several threads (images and pooling planes split over the pool).
+// errors.
 #include <check_gradient.hpp>
 
 #include <cmath>
-#include <cstring>
 
 namespace tg = typegrad;
 using tg::testing::at;
@@ -208,39 +207,4 @@ TEST_CASE("conv2d under CPU bf16 autocast: lower precision, then pooling in bf16
         den += std::pow(double(g32[e]), 2);
     }
     CHECK(std::sqrt(num / den) < 0.02);
-}
-
-TEST_CASE("conv2d and pooling split over images and planes give the bits of one thread", "[ops][conv][threads]") {
-    // Large enough for ops/conv.hpp to split the forward and the input gradient over images and
-    // ops/pool.hpp the pooling (forward, backward, max's gather) over planes; one thread takes the
-    // serial path, whose values the tests above check.
-    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, 8, 32, 32>>;
-    constexpr auto w = tg::param<"w", float, tg::shape<8, 8, 3, 3>>;
-    const auto y = tg::relu(tg::conv2d<1, 1>(x, w));
-    const auto step = tg::compile(tg::sum(tg::square(tg::max_pool2d<2>(y))) + tg::sum(tg::avg_pool2d<2>(y)), tg::wrt(x, w));
-    const std::size_t n = 16;
-    std::vector<float> xd(n * 8 * 32 * 32), wd(8 * 8 * 9);
-    for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = float((i * 37) % 101) / 50.f - 1.f;
-    for (std::size_t i = 0; i < wd.size(); ++i) wd[i] = float((i * 11) % 23) / 60.f - 0.2f;
-    struct result {
-        float value;
-        std::vector<float> gx, gw;
-    };
-    auto run = [&](std::size_t threads) {
-        tg::set_num_threads(threads);
-        result r{0, std::vector<float>(xd.size()), std::vector<float>(wd.size())};
-        r.value = step.value_and_grad(tg::bind(x, xd, {n, 8, 32, 32}), tg::bind(w, wd), tg::grad_into(x, r.gx),
-                                      tg::grad_into(w, r.gw));
-        tg::set_num_threads(0);
-        return r;
-    };
-    const result one = run(1);
-    REQUIRE(std::isfinite(one.value));
-    for (const std::size_t threads : {2, 3}) {
-        const result many = run(threads);
-        INFO(threads << " threads");
-        CHECK(std::memcmp(&many.value, &one.value, sizeof(float)) == 0);
-        CHECK(std::memcmp(many.gx.data(), one.gx.data(), one.gx.size() * sizeof(float)) == 0);
-        CHECK(std::memcmp(many.gw.data(), one.gw.data(), one.gw.size() * sizeof(float)) == 0);
-    }
 }

@@ -1,9 +1,10 @@
 // Pooling (ops/pool.hpp): max_pool2d and avg_pool2d (kernel, stride, padding), and
 // adaptive_avg_pool2d, against a direct reference and finite differences; PyTorch's rules for ties (first maximum), NaN, padding; second
-// order through both.
+// order through both; the same bits on several threads (planes split over the pool).
 #include <check_gradient.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace tg = typegrad;
@@ -116,4 +117,38 @@ TEST_CASE("adaptive_avg_pool2d: values and gradients (divisible, overlapping, up
     auto sv = uniform(30, -1.0, 1.0, 32);
     auto inner = tg::sum(tg::sin(tg::adaptive_avg_pool2d<2>(s)));
     check_gradient(tg::sum(tg::square(tg::grad(inner, s))), at(s, sv));
+}
+
+TEST_CASE("pooling split over planes gives the bits of one thread", "[ops][pool][threads]") {
+    // Large enough for ops/pool.hpp to split the pooling (forward, backward, max's gather) over
+    // planes; one thread takes the serial path, whose values the tests above check.
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, 8, 32, 32>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<8, 8, 3, 3>>;
+    const auto y = tg::relu(tg::conv2d<1, 1>(x, w));
+    const auto step = tg::compile(tg::sum(tg::square(tg::max_pool2d<2>(y))) + tg::sum(tg::avg_pool2d<2>(y)), tg::wrt(x, w));
+    const std::size_t n = 16;
+    std::vector<float> xd(n * 8 * 32 * 32), wd(8 * 8 * 9);
+    for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = float((i * 37) % 101) / 50.f - 1.f;
+    for (std::size_t i = 0; i < wd.size(); ++i) wd[i] = float((i * 11) % 23) / 60.f - 0.2f;
+    struct result {
+        float value;
+        std::vector<float> gx, gw;
+    };
+    auto run = [&](std::size_t threads) {
+        tg::set_num_threads(threads);
+        result r{0, std::vector<float>(xd.size()), std::vector<float>(wd.size())};
+        r.value = step.value_and_grad(tg::bind(x, xd, {n, 8, 32, 32}), tg::bind(w, wd), tg::grad_into(x, r.gx),
+                                      tg::grad_into(w, r.gw));
+        tg::set_num_threads(0);
+        return r;
+    };
+    const result one = run(1);
+    REQUIRE(std::isfinite(one.value));
+    for (const std::size_t threads : {2, 3}) {
+        const result many = run(threads);
+        INFO(threads << " threads");
+        CHECK(std::memcmp(&many.value, &one.value, sizeof(float)) == 0);
+        CHECK(std::memcmp(many.gx.data(), one.gx.data(), one.gx.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(many.gw.data(), one.gw.data(), one.gw.size() * sizeof(float)) == 0);
+    }
 }

@@ -179,36 +179,21 @@ inline thread_pool& default_thread_pool() {
     return pool;
 }
 
-// [0, n) in contiguous ranges for the shared pool: split when n * cost (the operations per item,
-// estimated) reaches 2^16 and more than one thread is set, else one range on the calling thread.
-// Every item belongs to exactly one range, so work that writes only its own items (a pooling
-// plane, a convolution's image) gives the same results on any number of threads.
-struct range_split {
-    std::size_t n = 0, tasks = 1, per = 0, threads = 1;
-};
-inline range_split split_ranges(std::size_t n, std::size_t cost) {
-    constexpr std::size_t min_work = std::size_t(1) << 16, task_work = std::size_t(1) << 14;
-    range_split s{n, 1, n, 1};
-    const std::size_t work = n * cost;
-    if (n < 2 || work < min_work) return s;
-    s.threads = num_threads();
-    if (s.threads <= 1) return s;
-    const std::size_t tasks = std::min({n, 4 * s.threads, work / task_work});
-    s.per = (n + tasks - 1) / tasks;
-    s.tasks = (n + s.per - 1) / s.per;
-    return s;
-}
-// fn(task, begin, end) for every range of s.
-template <class F>
-void run_ranges(const range_split& s, F&& fn) {
-    if (s.tasks <= 1) return fn(std::size_t(0), std::size_t(0), s.n);
-    default_thread_pool().parallel_for(s.tasks, s.threads,
-                                       [&](std::size_t t) { fn(t, t * s.per, std::min(s.n, (t + 1) * s.per)); });
-}
-// fn(begin, end) over [0, n) split as split_ranges(n, cost) says.
+// Calls fn(begin, end) over [0, n) in contiguous ranges, on the shared pool when n * cost (the
+// operations per item, estimated) reaches 2^16 and more than one thread is set, else once on the
+// calling thread. Every item belongs to exactly one range, so work that writes only its own items
+// (a pooling plane) gives the same results on any number of threads. fn must not allocate
+// per-thread state (it would make a worker's first range allocate in a later call).
 template <class F>
 void parallel_ranges(std::size_t n, std::size_t cost, F&& fn) {
-    run_ranges(split_ranges(n, cost), [&](std::size_t, std::size_t begin, std::size_t end) { fn(begin, end); });
+    constexpr std::size_t min_work = std::size_t(1) << 16, task_work = std::size_t(1) << 14;
+    const std::size_t work = n * cost;
+    const std::size_t threads = n > 1 && work >= min_work ? num_threads() : 1;
+    if (threads <= 1) return fn(std::size_t(0), n);
+    const std::size_t tasks = std::min({n, 4 * threads, work / task_work});
+    const std::size_t per = (n + tasks - 1) / tasks;
+    default_thread_pool().parallel_for((n + per - 1) / per, threads,
+                                       [&](std::size_t t) { fn(t * per, std::min(n, (t + 1) * per)); });
 }
 
 }  // namespace typegrad::detail
