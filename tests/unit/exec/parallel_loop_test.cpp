@@ -113,7 +113,7 @@ TEST_CASE("split_loop cuts large loops and keeps small ones whole", "[exec][thre
             } else {
                 CHECK(covers(e.outer, one.tasks, one.rows));
             }
-            CHECK(seven.threads == (e.outer * e.inner * 4 >= tgd::loop_parallel_work ? 7u : 1u));
+            CHECK(seven.threads == (e.outer * e.inner * 4 >= tgd::parallel_min_work ? 7u : 1u));
             CHECK((seven.tasks == one.tasks && seven.cols == one.cols && seven.rows == one.rows));
             CHECK((anomaly.tasks == one.tasks && anomaly.cols == one.cols && anomaly.rows == one.rows));
         }

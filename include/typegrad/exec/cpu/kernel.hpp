@@ -145,8 +145,7 @@ inline constexpr std::size_t flag_view = 1, flag_constant = 2;
 //    combined into the result in block order afterwards. The blocks depend on the loop's extents
 //    only: one thread computes the same blocks in the same order.
 // So a loop's results are bitwise the same on any number of threads.
-inline constexpr std::size_t loop_parallel_work = std::size_t(1) << 16;  // elements x operations
-inline constexpr std::size_t loop_task_work = std::size_t(1) << 14;
+// (Thresholds: parallel_min_work and parallel_task_work, exec/cpu/thread_pool.hpp.)
 inline constexpr std::size_t loop_block = std::size_t(1) << 13;          // elements per block, at least
 inline constexpr std::size_t loop_max_blocks = 64;
 inline constexpr std::size_t loop_block_copies = std::size_t(1) << 20;   // elements of all blocks' copies, at most
@@ -187,17 +186,18 @@ struct loop_traits {
         }
     }
     const std::size_t work = outer * inner * cost;
-    if (lt.serial || work < loop_parallel_work) return s;
+    if (lt.serial || work < parallel_min_work) return s;
     const std::size_t threads = num_threads();
     if (threads <= 1) return s;
     if (s.blocks) {
         s.threads = threads;
         return s;
     }
-    const std::size_t want = std::min(4 * threads, work / loop_task_work);
+    const std::size_t want = parallel_tasks(outer * inner, work, threads);
     const bool rows_ok = outer >= 2 && !lt.row_shared, cols_ok = inner >= 2 * width && !lt.col_shared;
     if (rows_ok && (outer >= want || !cols_ok)) {
-        s.rows = (outer + std::min(want, outer) - 1) / std::min(want, outer);
+        const std::size_t tasks = std::min(want, outer);
+        s.rows = (outer + tasks - 1) / tasks;
         s.tasks = (outer + s.rows - 1) / s.rows;
         s.threads = threads;
     } else if (cols_ok) {

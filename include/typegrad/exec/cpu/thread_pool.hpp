@@ -179,19 +179,26 @@ inline thread_pool& default_thread_pool() {
     return pool;
 }
 
+// When kernels split their work over the pool (fused loops, pooling): from parallel_min_work
+// operations on, in up to 4 tasks per thread of at least parallel_task_work operations each.
+inline constexpr std::size_t parallel_min_work = std::size_t(1) << 16;
+inline constexpr std::size_t parallel_task_work = std::size_t(1) << 14;
+// Tasks for `work` operations over n items on `threads` threads (at least 1).
+inline std::size_t parallel_tasks(std::size_t n, std::size_t work, std::size_t threads) {
+    return std::max<std::size_t>(1, std::min({n, 4 * threads, work / parallel_task_work}));
+}
+
 // Calls fn(begin, end) over [0, n) in contiguous ranges, on the shared pool when n * cost (the
-// operations per item, estimated) reaches 2^16 and more than one thread is set, else once on the
-// calling thread. Every item belongs to exactly one range, so work that writes only its own items
-// (a pooling plane) gives the same results on any number of threads. fn must not allocate
-// per-thread state (it would make a worker's first range allocate in a later call).
+// operations per item, estimated) reaches parallel_min_work and more than one thread is set, else
+// once on the calling thread. Every item belongs to exactly one range, so work that writes only
+// its own items (a pooling plane) gives the same results on any number of threads. fn must not
+// allocate per-thread state (it would make a worker's first range allocate in a later call).
 template <class F>
 void parallel_ranges(std::size_t n, std::size_t cost, F&& fn) {
-    constexpr std::size_t min_work = std::size_t(1) << 16, task_work = std::size_t(1) << 14;
     const std::size_t work = n * cost;
-    const std::size_t threads = n > 1 && work >= min_work ? num_threads() : 1;
+    const std::size_t threads = n > 1 && work >= parallel_min_work ? num_threads() : 1;
     if (threads <= 1) return fn(std::size_t(0), n);
-    const std::size_t tasks = std::min({n, 4 * threads, work / task_work});
-    const std::size_t per = (n + tasks - 1) / tasks;
+    const std::size_t tasks = parallel_tasks(n, work, threads), per = (n + tasks - 1) / tasks;
     default_thread_pool().parallel_for((n + per - 1) / per, threads,
                                        [&](std::size_t t) { fn(t * per, std::min(n, (t + 1) * per)); });
 }
