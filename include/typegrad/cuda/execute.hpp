@@ -101,12 +101,14 @@ constexpr bool check_plan_on_device() {
 
 // ---- the compiled module of a plan, once per plan type ---------------------------------------
 enum prelude_fn : std::size_t {
-    finish_sum_f32, finish_max_f32, finish_min_f32, finish_sum_f64, finish_max_f64, finish_min_f64,
+    // in detail::reduce_kind's order, f32 then f64 (a launch adds the kind to finish_sum_*)
+    finish_sum_f32, finish_max_f32, finish_min_f32, finish_prod_f32,
+    finish_sum_f64, finish_max_f64, finish_min_f64, finish_prod_f64,
     gather_f32_f32, gather_f64_f64, gather_f32_f64, gather_f64_f32, gather_b16_b16, prelude_fn_count
 };
 inline constexpr const char* prelude_names[prelude_fn_count] = {
-    "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_sum_f64", "tg_finish_max_f64",
-    "tg_finish_min_f64", "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32",
+    "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_prod_f32", "tg_finish_sum_f64",
+    "tg_finish_max_f64", "tg_finish_min_f64", "tg_finish_prod_f64", "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32",
     "tg_gather_b16_b16"};
 
 struct compiled_module {

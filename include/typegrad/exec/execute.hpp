@@ -360,14 +360,6 @@ std::size_t scratch_layout(const typename PP::state_type& st, std::array<std::si
     return total;
 }
 
-template <class T>
-void fill_identity(void* p, std::size_t n, reduce_kind k) {
-    const T init = k == reduce_kind::sum   ? T(0)
-                   : k == reduce_kind::max ? -std::numeric_limits<T>::infinity()
-                                           : std::numeric_limits<T>::infinity();
-    std::fill(static_cast<T*>(p), static_cast<T*>(p) + n, init);
-}
-
 // Points every computed node at its scratch buffer, computes metas, initialises reductions.
 template <class PP>
 void prepare_scratch(typename PP::state_type& st, scratch_unit* scratch,
@@ -378,8 +370,8 @@ void prepare_scratch(typename PP::state_type& st, scratch_unit* scratch,
         void* p = scratch + offset[n];
         st.ptr[n] = p;
         if (info[n].kind == op_kind::reduce) {
-            if (info[n].elem_size == sizeof(double)) fill_identity<double>(p, node_numel<PP>(st, n), info[n].combine);
-            else fill_identity<float>(p, node_numel<PP>(st, n), info[n].combine);
+            if (info[n].elem_size == sizeof(double)) fill_identity(static_cast<double*>(p), node_numel<PP>(st, n), info[n].combine);
+            else fill_identity(static_cast<float*>(p), node_numel<PP>(st, n), info[n].combine);
         }
     }
     for (std::size_t n = 0; n < PP::M; ++n)

@@ -6,19 +6,26 @@
 namespace typegrad {
 namespace detail {
 
-enum class reduce_kind { sum, max, min };
+// The combine of a reduction; the order is part of the kernels' tables (a 2-bit field).
+enum class reduce_kind { sum, max, min, prod };
 
 // Reduce X down to Target: Target is X's shape with some axes set to 1 or dropped in front.
 template <reduce_kind K, class Target>
 struct reduce_op {
     static constexpr op_kind kind = op_kind::reduce;
     static constexpr reduce_kind combine = K;
-    static constexpr const char* name = K == reduce_kind::sum ? "sum" : K == reduce_kind::max ? "max" : "min";
+    static constexpr const char* name = K == reduce_kind::sum   ? "sum"
+                                        : K == reduce_kind::max ? "max"
+                                        : K == reduce_kind::min ? "min"
+                                                                : "prod";
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
-    // CUDA autocast runs sum in float (max and min are exact in any dtype)
+    // Autocast runs sum in float on CUDA and prod in float on both devices, as PyTorch's lists
+    // (max and min are exact in any dtype).
     static constexpr autocast_class autocast_on(device_kind d) {
-        return K == reduce_kind::sum ? fp32_on_cuda(d) : autocast_class::promote;
+        return K == reduce_kind::sum    ? fp32_on_cuda(d)
+               : K == reduce_kind::prod ? autocast_class::fp32
+                                        : autocast_class::promote;
     }
     using target_shape = Target;
     template <class X>

@@ -1,6 +1,6 @@
 #pragma once
 // Reductions: over the whole tensor (tg::sum(x)) or over chosen axes (tg::sum(x, tg::axes<0, 2>),
-// with tg::keepdim to keep them as extent 1), for sum, mean, max and min.
+// with tg::keepdim to keep them as extent 1), for sum, mean, max, min and prod.
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/view.hpp>
@@ -154,6 +154,27 @@ constexpr auto min(X x, axes_t<Axes...>, keepdim_t) {
     TYPEGRAD_DETAIL_CHECK_AXES("min");
     return detail::reduce_axes<detail::reduce_kind::min, true, Axes...>(x);
 }
+// Product of all elements (torch.prod); with tg::axes<a...> (and tg::keepdim) over those axes.
+// A reduction of its own kind (one pass, any sign, zeros exact), not exp(sum(log x)). The
+// gradient is torch.prod's: out / x while the reduced slice holds no zero; where it holds exactly
+// one, the product of the other elements at the zero and 0 elsewhere; with more zeros, 0.
+// Autocast runs it in float, on the CPU as on CUDA (PyTorch's fp32 list).
+template <expression X>
+constexpr auto prod(X x) {
+    return detail::make_node<detail::reduce_op<detail::reduce_kind::prod, scalar_shape>>(x);
+}
+// Product along the named axes, which are dropped (torch.prod(x, dim); any number of axes).
+template <expression X, int... Axes>
+constexpr auto prod(X x, axes_t<Axes...>) {
+    TYPEGRAD_DETAIL_CHECK_AXES("prod");
+    return detail::reduce_axes<detail::reduce_kind::prod, false, Axes...>(x);
+}
+// Product along the named axes, kept as extent 1 (torch.prod(x, dim, keepdim=True)).
+template <expression X, int... Axes>
+constexpr auto prod(X x, axes_t<Axes...>, keepdim_t) {
+    TYPEGRAD_DETAIL_CHECK_AXES("prod");
+    return detail::reduce_axes<detail::reduce_kind::prod, true, Axes...>(x);
+}
 #undef TYPEGRAD_DETAIL_CHECK_AXES
 
 namespace detail {
@@ -162,6 +183,20 @@ template <std::size_t I, class G, class Out, class X>
 constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
     if constexpr (K == reduce_kind::sum) {
         return broadcast_like(g, x);
+    } else if constexpr (K == reduce_kind::prod) {
+        if constexpr (X::shape_type::rank == 0) {
+            return g;  // torch.prod of a 0-d tensor passes g through (out / x would be NaN at inf)
+        } else {
+            // torch.prod's backward. out / x is exact to rounding without zeros; at a slice's only
+            // zero the gradient is the product of the slice's other (nonzero) elements, computed
+            // as a second product (a loop over x beside the first); with two zeros every element's
+            // "others" hold a zero.
+            auto zero = eq(x, lit<0>);
+            auto zeros = sum_to<Target>(zero);
+            auto rest = make_node<reduce_op<reduce_kind::prod, Target>>(where(zero, lit<1>, x));
+            auto others = where(eq(zeros, lit<0>), out / x, where(zero * eq(zeros, lit<1>), rest, lit<0>));
+            return gmul(broadcast_like(g, x), others);
+        }
     } else {
         // Ties share the gradient evenly (torch.max / torch.amax); a NaN result (max and min
         // propagate NaN) shares it among the NaN elements, as PyTorch's evenly_distribute_backward.

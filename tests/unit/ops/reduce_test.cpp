@@ -1,7 +1,9 @@
-// Whole-tensor reductions and log_sum_exp.
+// Whole-tensor reductions, prod and log_sum_exp.
 #include <check_gradient.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace tg = typegrad;
@@ -82,4 +84,81 @@ TEST_CASE("a maximum recomputed in another loop finds its element again", "[ops]
             CHECK_THAT(g[i], Catch::Matchers::WithinRel(expect, 1e-12));
         }
     }
+}
+
+TEST_CASE("prod matches finite differences, over all elements and along axes", "[ops][gradient][reduce]") {
+    for (std::size_t n : {1u, 8u, 31u}) {
+        // both signs, no zero: the out / x branch
+        auto a = uniform(n, 0.5, 1.5, n);
+        for (std::size_t i = 0; i < n; i += 3) a[i] = -a[i];
+        check_gradient(tg::prod(x), at(x, a, {n}));
+        check_gradient(tg::prod(tg::sin(x)) * tg::sum(x), at(x, a, {n}));
+    }
+    constexpr auto t = tg::param<"t", double, tg::shape<3, 4, 2>>;
+    auto tv = uniform(24, -1.5, 1.5, 5);
+    check_gradient(tg::sum(tg::square(tg::prod(t, tg::axes<1>))), at(t, tv));
+    check_gradient(tg::sum(tg::exp(tg::prod(t, tg::axes<0, 2>))), at(t, tv));
+    check_gradient(tg::sum(t * tg::prod(t, tg::axes<-1>, tg::keepdim)), at(t, tv));
+    // second order: the gradient graph holds a second prod (the zero-free product)
+    check_gradient(tg::sum(tg::square(tg::grad(tg::prod(m), m))), at(m, uniform(15, 0.5, 1.5, 6)));
+}
+
+TEST_CASE("prod's gradient with zeros is torch.prod's", "[ops][reduce]") {
+    constexpr auto v = tg::param<"v", double, tg::shape<4>>;
+    auto step = tg::compile(tg::prod(v), tg::wrt(v));
+    std::vector<double> g(4);
+    auto run = [&](std::vector<double> d) { return step.value_and_grad(tg::bind(v, d), tg::grad_into(v, g)); };
+    CHECK(run({2, -3, 4, 0.5}) == -12);
+    CHECK(g == std::vector<double>{-6, 4, -3, -24});
+    // one zero: the product of the others there, 0 elsewhere
+    CHECK(run({2, 0, 4, -0.5}) == 0);
+    CHECK(g == std::vector<double>{0, -4, 0, 0});
+    CHECK(run({-0.0, 3, 2, 1}) == 0);
+    CHECK(g == std::vector<double>{6, 0, 0, 0});
+    // two zeros: every element's "others" hold a zero
+    CHECK(run({0, 3, 0, 5}) == 0);
+    CHECK(g == std::vector<double>{0, 0, 0, 0});
+    // an infinity without a zero: out / x, NaN at the infinity itself (result / input, as PyTorch)
+    CHECK(run({2, INFINITY, 4, 1}) == INFINITY);
+    CHECK(std::isnan(g[1]));
+    CHECK(g[0] == INFINITY);
+    CHECK(g[3] == INFINITY);
+
+    // along an axis, each row by its own zero count
+    constexpr auto r = tg::param<"r", float, tg::shape<tg::dyn, 3>>;
+    auto rows = tg::compile(tg::sum(tg::prod(r, tg::axes<1>)), tg::wrt(r));
+    std::vector<float> d{1, 2, 3, 0, 5, 6, 0, 0, 7, -1, 2, -2}, gr(12);
+    CHECK(rows.value_and_grad(tg::bind(r, d, {4, 3}), tg::grad_into(r, gr)) == 6 + 0 + 0 + 4);
+    CHECK(gr == std::vector<float>{6, 3, 2, 30, 0, 0, 0, 0, 0, -4, 2, -2});
+
+    // a 0-d tensor passes the gradient through, even at infinity
+    constexpr auto s = tg::param<"s", double, tg::scalar_shape>;
+    std::vector<double> sv{INFINITY}, gs(1);
+    CHECK(tg::compile(tg::prod(s), tg::wrt(s)).value_and_grad(tg::bind(s, sv), tg::grad_into(s, gs)) == INFINITY);
+    CHECK(gs[0] == 1);
+}
+
+TEST_CASE("a long prod is one pass, the same bits on any thread count", "[ops][reduce][threads]") {
+    // 300007 factors near 1 (the fused loop splits into blocks above 2^16 element-operations):
+    // the value against a double product, the gradient against value / x
+    constexpr auto f = tg::param<"f", float, tg::shape<tg::dyn>>;
+    const std::size_t n = 300007;
+    std::vector<float> d(n);
+    auto u = uniform(n, 0.9995, 1.0005, 11);
+    double exact = 1;
+    for (std::size_t i = 0; i < n; ++i) {
+        d[i] = float(i % 7 == 0 ? -u[i] : u[i]);
+        exact *= double(d[i]);
+    }
+    auto step = tg::compile(tg::prod(f), tg::wrt(f));
+    std::vector<float> g1(n), g2(n);
+    tg::set_num_threads(1);
+    const float p1 = step.value_and_grad(tg::bind(f, d, {n}), tg::grad_into(f, g1));
+    tg::set_num_threads(3);
+    const float p3 = step.value_and_grad(tg::bind(f, d, {n}), tg::grad_into(f, g2));
+    tg::set_num_threads(0);
+    CHECK(std::memcmp(&p1, &p3, sizeof p1) == 0);
+    CHECK(std::memcmp(g1.data(), g2.data(), n * sizeof(float)) == 0);
+    CHECK_THAT(double(p1), Catch::Matchers::WithinRel(exact, 2e-4));
+    for (std::size_t i = 0; i < n; i += 9973) CHECK_THAT(g1[i], Catch::Matchers::WithinRel(p1 / d[i], 1e-6f));
 }

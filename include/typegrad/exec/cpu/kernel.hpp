@@ -55,19 +55,22 @@ template <class T, reduce_kind K>
 constexpr T reduce_identity() {
     if constexpr (K == reduce_kind::sum) return T(0);
     else if constexpr (K == reduce_kind::max) return -std::numeric_limits<T>::infinity();
-    else return std::numeric_limits<T>::infinity();
+    else if constexpr (K == reduce_kind::min) return std::numeric_limits<T>::infinity();
+    else return T(1);
 }
 template <reduce_kind K, class V>
 inline V reduce_combine(const V& a, const V& b) {
     if constexpr (K == reduce_kind::sum) return a + b;
     else if constexpr (K == reduce_kind::max) return simd::max(a, b);
-    else return simd::min(a, b);
+    else if constexpr (K == reduce_kind::min) return simd::min(a, b);
+    else return a * b;
 }
 template <reduce_kind K, class T, class A>
 inline T reduce_lanes(const xsimd::batch<T, A>& v) {
     if constexpr (K == reduce_kind::sum) return simd::reduce_sum(v);
     else if constexpr (K == reduce_kind::max) return simd::reduce_max(v);
-    else return -simd::reduce_max(-v);
+    else if constexpr (K == reduce_kind::min) return -simd::reduce_max(-v);
+    else return simd::reduce_prod(v);
 }
 
 // Anomaly mode: the first node (in evaluation order) whose value is not finite.
@@ -253,6 +256,7 @@ inline void fill_identity(T* p, std::size_t n, reduce_kind k) {
         case reduce_kind::sum: std::fill(p, p + n, reduce_identity<T, reduce_kind::sum>()); break;
         case reduce_kind::max: std::fill(p, p + n, reduce_identity<T, reduce_kind::max>()); break;
         case reduce_kind::min: std::fill(p, p + n, reduce_identity<T, reduce_kind::min>()); break;
+        case reduce_kind::prod: std::fill(p, p + n, reduce_identity<T, reduce_kind::prod>()); break;
     }
 }
 template <class T>
@@ -264,6 +268,7 @@ inline void combine_into(T* p, const T* q, std::size_t n, reduce_kind k) {
         case reduce_kind::sum: each.template operator()<reduce_kind::sum>(); break;
         case reduce_kind::max: each.template operator()<reduce_kind::max>(); break;
         case reduce_kind::min: each.template operator()<reduce_kind::min>(); break;
+        case reduce_kind::prod: each.template operator()<reduce_kind::prod>(); break;
     }
 }
 

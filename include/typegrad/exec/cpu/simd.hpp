@@ -109,6 +109,18 @@ inline T reduce_max(const xsimd::batch<T, A>& v) {
 template <class T>
   requires std::is_arithmetic_v<T>
 inline T reduce_max(T v) { return v; }
+// Pairwise, halving the lanes (as hadd): fewer roundings in a row than a left fold.
+template <class T, class A>
+inline T reduce_prod(const xsimd::batch<T, A>& v) {
+    alignas(64) T lanes[xsimd::batch<T, A>::size];
+    v.store_aligned(lanes);
+    for (std::size_t n = xsimd::batch<T, A>::size / 2; n > 0; n /= 2)
+        for (std::size_t i = 0; i < n; ++i) lanes[i] *= lanes[i + n];
+    return lanes[0];
+}
+template <class T>
+  requires std::is_arithmetic_v<T>
+inline T reduce_prod(T v) { return v; }
 
 // ---- elementwise math: batches ------------------------------------------------------------
 // xsimd 8.1's exp flushes results below the smallest normal number to 0 (exp(-90.f) = 0, not
