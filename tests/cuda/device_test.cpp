@@ -48,7 +48,7 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
     cuda_emulation::scoped_emulator emulate;
     const bool all = std::getenv("TYPEGRAD_CUDA_EMULATE_ALL") != nullptr;
     const std::vector<std::string> subset = {"exp", "where_masks", "broadcast_row", "broadcast_to", "mean",
-                                             "max_min_all", "sum_columns", "max_min_axes", "softmax_axis0",
+                                             "max_min_all", "sum_columns", "max_min_axes", "prod_axes", "prod_all", "softmax_axis0",
                                              "matmul", "linear", "matmul_batched", "transpose", "slice",
                                              "cross_entropy", "cast", "hook_device", "mlp", "non_scalar",
                                              "bf16_elementwise", "f16_elementwise", "bf16_reduction", "bf16_slice_transpose",

@@ -121,6 +121,11 @@ void for_each_graph(F&& f) {
     f("sum_columns", tg::compile(tg::sum(tg::square(tg::sum(A, tg::axes<0>))), tg::wrt(A)));
     f("mean_keepdim", tg::compile(tg::sum(tg::square(A - tg::mean(A, tg::axes<1>, tg::keepdim))), tg::wrt(A)));
     f("max_min_axes", tg::compile(tg::sum(tg::max(A, tg::axes<1>)) + tg::sum(tg::min(B, tg::axes<0>)), tg::wrt(A, B)));
+    // prod: rows with 0, 1 or more zeros (relu), and long products near 1 (split over blocks)
+    f("prod_axes", tg::compile(tg::sum(tg::prod(A, tg::axes<1>) + tg::prod(tg::relu(B), tg::axes<1>)) +
+                                   tg::sum(tg::prod(lit<1> + A * lit<0.0001>, tg::axes<0>)),
+                               tg::wrt(A, B)));
+    f("prod_all", tg::compile(tg::prod(lit<1> + B * lit<0.0001>), tg::wrt(B)));
     f("log_sum_exp", tg::compile(tg::log_sum_exp(A), tg::wrt(A)));
     f("log_softmax", tg::compile(tg::sum(tg::log_softmax(A) * B), tg::wrt(A, B)));
     f("softmax_axis0", tg::compile(tg::sum(tg::softmax(A, tg::axes<0>) * B), tg::wrt(A, B)));

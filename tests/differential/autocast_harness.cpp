@@ -417,6 +417,11 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         }
         else if (op == "max") { top_gap(node(a), true); r = node(a).max(); }
         else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
+        else if (op == "prod") {  // a float op under autocast: LibTorch casts a bf16 input
+            const auto v = node(a).detach();  // a zero beside inf/NaN: see differential_main.cpp
+            if ((v == 0).any().item<bool>() && (~torch::isfinite(v)).any().item<bool>()) ref.near_kink = true;
+            r = node(a).prod();
+        }
         else if (op == "lse") r = bf_op ? lse_bf16(node(a), false) : torch::logsumexp(node(a).reshape({-1}), 0);
         else if (op == "softmax" || op == "log_softmax") {
             // typegrad: log_softmax = (x - shift) - log(sum(exp(x - shift))) (keepdim, the shift a

@@ -128,6 +128,14 @@ void note_margin(reference& ref, const torch::Tensor& margin, const torch::Tenso
     if (near.any().item<bool>()) ref.near_kink = true;
 }
 
+// prod: where a product's factors hold a zero beside an infinity or NaN, PyTorch's backward (exclusive
+// cumulative products) gives the other elements 0 * inf = NaN where typegrad gives g * 0
+// (ops/reduce.hpp, docs/reliability.md): such a case compares nothing useful.
+void note_prod_zeros(reference& ref, const torch::Tensor& x) {
+    const auto v = x.detach();
+    if ((v == 0).any().item<bool>() && (~torch::isfinite(v)).any().item<bool>()) ref.near_kink = true;
+}
+
 // conv2d with zero padding, where a padded position takes part in no product: oneDNN's (LibTorch's
 // float CPU path) and cuDNN's convolutions, and typegrad's (ops/conv.hpp). LibTorch 1.13's double
 // CPU path (slow_conv2d) multiplies the im2col buffer's padding zeros instead, so an infinite
@@ -358,6 +366,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         }
         else if (op == "max") { top_gap(node(a), true); r = node(a).max(); }
         else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
+        else if (op == "prod") { note_prod_zeros(ref, node(a)); r = node(a).prod(); }
         else if (op == "lse") {
             const auto x = node(a).detach();
             // Its weights exp(x - max) are meaningless when the inputs' rounding errors (from huge

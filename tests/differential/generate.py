@@ -21,9 +21,10 @@ import pathlib
 import random
 
 SEED = 20250611
-GRAPHS = 104
+GRAPHS = 116
 FIRST_NEW = 64      # graphs from here on also draw the activations and special functions
 FIRST_MODEL = 88    # graphs from here on also draw layer_norm, rms_norm, concat and stack
+FIRST_PROD = 104    # graphs from here on also draw prod (as a reduction and in the loss)
 # ... and are registered as ids 2200.. (FIRST_MODEL + k -> MODEL_ID + k). Special values run over
 # them too (docs/reliability.md, findings 19 to 21).
 MODEL_ID = 2200
@@ -49,7 +50,7 @@ CPP_UNARY = {"exp": "tg::exp", "log": "tg::log", "sqrt": "tg::sqrt", "square": "
              "sin": "tg::sin", "cos": "tg::cos", "tanh": "tg::tanh", "sigmoid": "tg::sigmoid",
              "relu": "tg::relu", "abs": "tg::abs", "detach": "tg::detach",
              "sum": "tg::sum", "mean": "tg::mean", "max": "tg::max", "min": "tg::min",
-             "lse": "tg::log_sum_exp", "erf": "tg::erf", "log1p": "tg::log1p", "expm1": "tg::expm1",
+             "lse": "tg::log_sum_exp", "prod": "tg::prod", "erf": "tg::erf", "log1p": "tg::log1p", "expm1": "tg::expm1",
              "gelu": "tg::gelu", "gelu_tanh": "tg::gelu<tg::approximate::tanh>", "silu": "tg::silu"}
 CPP_BINOP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 CPP_BINFN = {"pow": "tg::pow", "maximum": "tg::max", "minimum": "tg::min",
@@ -132,6 +133,15 @@ def interval(op, a, b=None, c=None):
             return None
         ends = [lo ** c, hi ** c]
         return min(ends), max(ends)
+    if op == "prod":  # None where a product of numel_bound factors could exceed 1e4
+        n = numel_bound(a.shape)
+        m = max(abs(lo), abs(hi))
+        bound = m if m <= 1 else m ** min(n, 64)
+        if m > 1 and (n > 64 or bound > 1e4):
+            return None
+        if lo < 0:
+            return -bound, bound
+        return (lo if lo >= 1 else 0.0), (hi if hi <= 1 else bound)
     if op in ("sum", "mean", "max", "min", "lse"):
         n = numel_bound(a.shape)
         if op == "sum":
@@ -373,7 +383,7 @@ class Graph:
         if kind == "reduce":
             if a.shape == ():
                 return False
-            op = rng.choice(REDUCE)
+            op = self.pick_reduce(a)
             bounds = interval(op, a)
             self.emit(op, [ai], (), bounds, "%s(%s)" % (CPP_UNARY[op], a.text), "%s %d" % (op, ai))
             return True
@@ -418,6 +428,13 @@ class Graph:
             self.nodes[-1].varies = lv != rv and shape == (lv and left or right).shape
         return True
 
+    def pick_reduce(self, x):
+        """A reduction of x; graphs FIRST_PROD.. take prod half the time where its bounds allow."""
+        op = self.rng.choice(REDUCE)
+        if self.gid >= FIRST_PROD and self.rng.random() < 0.5 and interval("prod", x) is not None:
+            op = "prod"
+        return op
+
     def emit(self, op, args, shape, bounds, text, line, force=False):
         lo, hi = bounds
         if max(abs(lo), abs(hi)) > 1e4 and not force:
@@ -440,7 +457,7 @@ class Graph:
             if n.shape == () and n.op != "detach":  # a detached root: see docs/reliability.md, bug 7
                 parts.append(n)
                 continue
-            op = self.rng.choice(REDUCE)
+            op = self.pick_reduce(n)
             self.emit(op, [], (), interval(op, n), "%s(%s)" % (CPP_UNARY[op], n.text),
                       "%s %d" % (op, self.nodes.index(n)), force=True)
             parts.append(self.nodes[-1])

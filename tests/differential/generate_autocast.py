@@ -21,7 +21,8 @@ import random
 import generate as g
 
 SEED = 20261124
-GRAPHS = 40
+GRAPHS = 52
+FIRST_PROD = 40     # graphs from here on (ids FIRST_ID + 40..) also draw prod, a float op under autocast
 FIRST_ID = 2000
 UNITS = 4
 LEAF_NAMES = "abcdef"
@@ -54,6 +55,13 @@ def promote(a, b):
 class Graph(g.Graph):
     """A generate.Graph whose nodes also carry the dtype they have in a cpu/bf16 region, as
     typegrad decides it (the harness checks each against LibTorch)."""
+
+    def pick_reduce(self, x):
+        """A reduction of x; graphs FIRST_PROD.. take prod wherever its bounds allow."""
+        op = self.rng.choice(REDUCE)
+        if self.gid - FIRST_ID >= FIRST_PROD and g.interval("prod", x) is not None:
+            op = "prod"
+        return op
 
     def __init__(self, gid, rng):
         self.dtypes = []
@@ -230,8 +238,8 @@ class Graph(g.Graph):
         if kind == "reduce":
             if a.shape == ():
                 return False
-            op = rng.choice(REDUCE)
-            self.pending_dtype = self.node_dtype(a)
+            op = self.pick_reduce(a)
+            self.pending_dtype = "f32" if op == "prod" else self.node_dtype(a)
             self.emit(op, [ai], (), g.interval(op, a), "%s(%s)" % (g.CPP_UNARY[op], a.text), "%s %d" % (op, ai))
             return True
         if kind == "where":
@@ -316,8 +324,8 @@ class Graph(g.Graph):
             if n.shape == () and n.op not in ("leaf",):
                 parts.append(n)
                 continue
-            op = self.rng.choice(REDUCE)
-            self.pending_dtype = self.node_dtype(n)
+            op = self.pick_reduce(n)
+            self.pending_dtype = "f32" if op == "prod" else self.node_dtype(n)
             self.emit(op, [], (), g.interval(op, n), "%s(%s)" % (g.CPP_UNARY[op], n.text),
                       "%s %d" % (op, self.nodes.index(n)), force=True)
             parts.append(self.nodes[-1])

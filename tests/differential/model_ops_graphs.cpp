@@ -160,6 +160,16 @@ T graph_2110(const tensors<T>& in, const extents& ext, tensors<T>& grad) {
                                tg::bind(w, in[4], {2, 2, ext[4][2], 3}), tg::grad_into(q, grad[0]),
                                tg::grad_into(k, grad[1]), tg::grad_into(v, grad[2]));
 }
+// prod along an axis with 0, 1 or more zeros per row (relu of x + 1), and along the rows, kept
+template <class T>
+T graph_2111(const tensors<T>& in, const extents& ext, tensors<T>& grad) {
+    constexpr auto x = tg::param<"x", T, tg::shape<tg::dyn, 5>>;
+    constexpr auto q = tg::input<"q", T, tg::shape<tg::dyn>>;
+    constexpr auto step = tg::compile(tg::sum(tg::prod(tg::relu(x + tg::lit<1>), tg::axes<1>) * q) +
+                                          tg::sum(tg::square(tg::prod(x, tg::axes<0>, tg::keepdim))),
+                                      tg::wrt(x));
+    return step.value_and_grad(tg::bind(x, in[0], {ext[0][0], 5}), tg::bind(q, in[1], {ext[0][0]}), tg::grad_into(x, grad[0]));
+}
 
 // ---- under tg::autocast<tg::cpu_bf16> ---------------------------------------------------------
 
@@ -308,6 +318,10 @@ const bool registered = [] {
                  {{"q", par, 4, {2, 2, -1, 4}, -2, 2}, {"k", par, 4, {2, 2, -2, 4}, -2, 2}, {"v", par, 4, {2, 2, -2, 3}, -1, 1},
                   {"mask", in_, 2, {-1, -2}, -1, 1}, {"w", in_, 4, {2, 2, -1, 3}, -1, 1}},
                  &graph_2110<double>, &graph_2110<float>});
+    r.push_back({2111, 1, 1,
+                 "tg::sum(tg::prod(tg::relu(x + tg::lit<1>), tg::axes<1>) * q) + "
+                 "tg::sum(tg::square(tg::prod(x, tg::axes<0>, tg::keepdim)))",
+                 {{"x", par, 2, {-1, 5}, -1.5, 1.5}, {"q", in_, 1, {-1}, -1, 1}}, &graph_2111<double>, &graph_2111<float>});
     r.push_back({2150, 0, 1, "tg::autocast<tg::cpu_bf16>(tg::sum(tg::square(tg::conv2d<1, 2, 2, 2>(x, w, b))))",
                  {{"x", in_, 4, {2, 4, 6, 5}, -1, 1}, {"w", par, 4, {6, 2, 3, 3}, -0.5, 0.5}, {"b", par, 1, {6}, -1, 1}},
                  nullptr, nullptr, nullptr, &autocast_2150});

@@ -117,6 +117,9 @@ const std::map<int, reference>& references() {
              const auto s = torch::matmul(L[0], L[1].transpose(-2, -1)) * 0.3 + L[3];
              return (torch::matmul(torch::softmax(s, -1), L[2]) * L[4]).sum();
          }},
+        {2111, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
+             return ((L[0] + 1).relu().prod(1) * L[1]).sum() + L[0].prod(0, true).square().sum();
+         }},
         // autocast: the reference's result is {loss, listed nodes...} stacked in a vector by run_autocast
         {2150, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
              const auto y0 = conv2d(L[0], L[1], c10::nullopt, 1, 2, 2, 2);

@@ -158,6 +158,8 @@ constexpr auto min(X x, axes_t<Axes...>, keepdim_t) {
 // A reduction of its own kind (one pass, any sign, zeros exact), not exp(sum(log x)). The
 // gradient is torch.prod's: out / x while the reduced slice holds no zero; where it holds exactly
 // one, the product of the other elements at the zero and 0 elsewhere; with more zeros, 0.
+// (Where a slice holds a zero and an inf or NaN, the elements other than the zero get 0, not
+// PyTorch's NaN.)
 // Autocast runs it in float, on the CPU as on CUDA (PyTorch's fp32 list).
 template <expression X>
 constexpr auto prod(X x) {
@@ -187,15 +189,17 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
         if constexpr (X::shape_type::rank == 0) {
             return g;  // torch.prod of a 0-d tensor passes g through (out / x would be NaN at inf)
         } else {
-            // torch.prod's backward. out / x is exact to rounding without zeros; at a slice's only
-            // zero the gradient is the product of the slice's other (nonzero) elements, computed
-            // as a second product (a loop over x beside the first); with two zeros every element's
-            // "others" hold a zero.
+            // torch.prod's backward: g out / x without a zero (exact to rounding); at a slice's only
+            // zero g times the product of the others, a second product over x that the planner
+            // fuses into the forward's loop, and g * 0 at the slice's other elements; with two or
+            // more zeros exactly 0, even for an infinite g (PyTorch's zeros_like). PyTorch's
+            // exclusive cumulative products give NaN where a slice mixes a zero with inf or NaN
+            // elements; here the others' gradient stays g * 0 (docs/reliability.md).
             auto zero = eq(x, lit<0>);
             auto zeros = sum_to<Target>(zero);
             auto rest = make_node<reduce_op<reduce_kind::prod, Target>>(where(zero, lit<1>, x));
             auto others = where(eq(zeros, lit<0>), out / x, where(zero * eq(zeros, lit<1>), rest, lit<0>));
-            return gmul(broadcast_like(g, x), others);
+            return where(ge(zeros, lit<2>), lit<0>, gmul(broadcast_like(g, x), others));
         }
     } else {
         // Ties share the gradient evenly (torch.max / torch.amax); a NaN result (max and min

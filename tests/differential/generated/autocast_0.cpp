@@ -357,6 +357,102 @@ double autocast_graph_2036(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2040(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 5>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", tg::bf16, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<4, 5>>;
+    constexpr auto e3 = tg::linear(a, c);
+    constexpr auto e4 = tg::tanh(e3);
+    constexpr auto e6 = tg::log_softmax(e4);
+    constexpr auto e8 = tg::max(e6, e3);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = tg::min(e6);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(e3), region_dtype(e4), region_dtype(e6), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2044(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<1, 5>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<5, tg::dyn>>;
+    constexpr auto e4 = tg::matmul(b, c);
+    constexpr auto e6 = (e4 * tg::lit<0.25>);
+    constexpr auto e7 = tg::prod(e6);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e7);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e6), region_dtype(e7)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2048(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<3>>;
+    constexpr auto e = tg::input<"e", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto e5 = tg::matmul(e, e);
+    constexpr auto e9 = tg::max(tg::lit<0.25>, e);
+    constexpr auto e10 = tg::mse_loss(e9, e);
+    constexpr auto e11 = (e10 + e5);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(e5), region_dtype(e9), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2000, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(c, tg::transpose(c));\nconstexpr auto e6 = tg::log_softmax(d);\nconstexpr auto e7 = tg::max(e6);\nconstexpr auto e8 = tg::max(e4);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
@@ -399,6 +495,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nmatmul 1 3\nmaximum 4 c3.0\nmask_ge 5 4 4\ncos 2\nmask_lt c0.25 6 7\nneg 8\nlse 9",
                 {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", false, 1, {-2}, -2.0, 2.0}, {"c", true, 2, {1, 4}, -2.0, 2.0}, {"d", true, 2, {-2, 4}, -2.0, 2.0}},
                 &autocast_graph_2036});
+    r.push_back({2040, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<4, 5>>;\nconstexpr auto e3 = tg::linear(a, c);\nconstexpr auto e4 = tg::tanh(e3);\nconstexpr auto e6 = tg::log_softmax(e4);\nconstexpr auto e8 = tg::max(e6, e3);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = tg::min(e6);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nlinear 0 2\ntanh 3\nlog_softmax 4\nmaximum 5 3\nmax 6\nmin 5\nadd 7 8",
+                {{"a", true, 2, {-1, 5}, -2.0, 2.0}, {"b", false, 1, {4}, 0.25, 2.0}, {"c", true, 2, {4, 5}, 0.25, 2.0}},
+                &autocast_graph_2040});
+    r.push_back({2044, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<1, 5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<5, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(b, c);\nconstexpr auto e6 = (e4 * tg::lit<0.25>);\nconstexpr auto e7 = tg::prod(e6);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e7);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nmatmul 1 2\nmul 4 c0.25\nprod 5",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 2, {1, 5}, -2.0, 2.0}, {"c", true, 1, {5}, -2.0, 2.0}, {"d", true, 2, {5, -2}, -2.0, 2.0}},
+                &autocast_graph_2044});
+    r.push_back({2048, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::input<\"e\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto e5 = tg::matmul(e, e);\nconstexpr auto e9 = tg::max(tg::lit<0.25>, e);\nconstexpr auto e10 = tg::mse_loss(e9, e);\nconstexpr auto e11 = (e10 + e5);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nmatmul 4 4\nmaximum c0.25 4\nmse 6 4\nadd 7 5",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 2, {-1, -2}, 0.25, 2.0}, {"c", true, 2, {-2, 3}, -2.0, 2.0}, {"d", true, 1, {3}, -2.0, 2.0}, {"e", false, 1, {-2}, 0.25, 2.0}},
+                &autocast_graph_2048});
     return true;
 }();
 

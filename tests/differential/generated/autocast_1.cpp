@@ -341,6 +341,108 @@ double autocast_graph_2037(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2041(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<3, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<1, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<4, 3>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));
+    constexpr auto e6 = tg::min(d, tg::lit<0.25>);
+    constexpr auto e9 = tg::relu(e6);
+    constexpr auto e10 = tg::prod(e9);
+    constexpr auto e11 = (e10 + e4);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e6), region_dtype(e9), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2045(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<5, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<5, tg::dyn>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", tg::bf16, tg::shape<1, tg::dyn>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<tg::dyn, 4>>;
+    [[maybe_unused]] constexpr auto e = tg::input<"e", float, tg::shape<tg::dyn>>;
+    constexpr auto e5 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, b));
+    constexpr auto e7 = tg::sigmoid(a);
+    constexpr auto e8 = (e7 * e7);
+    constexpr auto e9 = tg::prod(e8);
+    constexpr auto e10 = tg::mean(e5);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(e5), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2049(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<4, tg::dyn>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));
+    constexpr auto e5 = tg::square(e4);
+    constexpr auto e7 = -e5;
+    constexpr auto e8 = tg::cos(e7);
+    constexpr auto e9 = tg::exp(b);
+    constexpr auto e10 = tg::where(tg::le(e9, e9), e5, e8);
+    constexpr auto e11 = tg::softmax(e10);
+    constexpr auto e12 = tg::prod(e11);
+    constexpr auto e13 = tg::prod(e11);
+    constexpr auto e14 = (e12 + e13);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e5), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(d, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2001, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 3>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<2>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<3>>;\nconstexpr auto e5 = tg::matmul(a, e);\nconstexpr auto e8 = tg::log_sum_exp(e);\nconstexpr auto e9 = tg::max(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
@@ -383,6 +485,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\noff linear 1 0\nsum 3\nmaximum 4 1\nsigmoid 4\nmean 5\nadd 6 7",
                 {{"a", true, 2, {2, -1}, 0.25, 2.0}, {"b", false, 2, {2, -1}, 0.25, 2.0}, {"c", false, 1, {5}, -2.0, 2.0}},
                 &autocast_graph_2037});
+    r.push_back({2041, 0, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<3, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<1, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4, 3>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));\nconstexpr auto e6 = tg::min(d, tg::lit<0.25>);\nconstexpr auto e9 = tg::relu(e6);\nconstexpr auto e10 = tg::prod(e9);\nconstexpr auto e11 = (e10 + e4);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\noff matmul 2 2\nminimum 3 c0.25\nrelu 5\nprod 6\nadd 7 4",
+                {{"a", true, 2, {3, 4}, -2.0, 2.0}, {"b", true, 2, {1, 3}, -2.0, 2.0}, {"c", true, 1, {3}, -2.0, 2.0}, {"d", true, 2, {4, 3}, 0.25, 2.0}},
+                &autocast_graph_2041});
+    r.push_back({2045, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<5, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<5, tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<1, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<tg::dyn, 4>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<tg::dyn>>;\nconstexpr auto e5 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, b));\nconstexpr auto e7 = tg::sigmoid(a);\nconstexpr auto e8 = (e7 * e7);\nconstexpr auto e9 = tg::prod(e8);\nconstexpr auto e10 = tg::mean(e5);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 f32\noff linear 1 1\nsigmoid 0\nmul 6 6\nprod 7\nmean 5\nadd 8 9",
+                {{"a", true, 2, {5, 4}, -2.0, 2.0}, {"b", true, 2, {5, -1}, 0.25, 2.0}, {"c", false, 2, {1, -1}, -2.0, 2.0}, {"d", true, 2, {-1, 4}, -2.0, 2.0}, {"e", false, 1, {-1}, 0.25, 2.0}},
+                &autocast_graph_2045});
+    r.push_back({2049, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4, tg::dyn>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));\nconstexpr auto e5 = tg::square(e4);\nconstexpr auto e7 = -e5;\nconstexpr auto e8 = tg::cos(e7);\nconstexpr auto e9 = tg::exp(b);\nconstexpr auto e10 = tg::where(tg::le(e9, e9), e5, e8);\nconstexpr auto e11 = tg::softmax(e10);\nconstexpr auto e12 = tg::prod(e11);\nconstexpr auto e13 = tg::prod(e11);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\noff matmul 2 2\nsquare 4\nneg 5\ncos 6\nexp 1\nwhere_le 8 8 5 7\nsoftmax 9\nprod 10\nprod 10\nadd 11 12",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", false, 2, {-2, 4}, -2.0, 2.0}, {"c", false, 1, {4}, 0.25, 2.0}, {"d", true, 2, {4, -2}, -2.0, 2.0}},
+                &autocast_graph_2049});
     return true;
 }();
 

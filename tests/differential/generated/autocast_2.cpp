@@ -363,6 +363,103 @@ double autocast_graph_2038(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2042(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<5>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(b, b));
+    constexpr auto e5 = (e4 - c);
+    constexpr auto e6 = (e5 * e5);
+    constexpr auto e8 = tg::max(e6);
+    constexpr auto e9 = (tg::lit<2.0> * e8);
+    constexpr auto e10 = (e9 / tg::lit<3.0>);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e5), region_dtype(e6), region_dtype(e8), region_dtype(e9), region_dtype(e10)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2046(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, b));
+    constexpr auto e5 = tg::where(tg::le(e4, e4), e4, e4);
+    constexpr auto e6 = tg::where(tg::lt(e5, e5), d, d);
+    constexpr auto e7 = tg::sum(e6);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e7);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e5), region_dtype(e6), region_dtype(e7)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2050(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<3, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<3>>;
+    constexpr auto e4 = tg::matmul(c, d);
+    constexpr auto e9 = tg::linear(d, c, e4);
+    constexpr auto e10 = tg::cos(b);
+    constexpr auto e11 = tg::prod(e10);
+    constexpr auto e12 = tg::max(e9);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2002, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e7 = -d;\nconstexpr auto e9 = (e7 + tg::lit<0.25>);\nconstexpr auto e10 = tg::linear(c, c);\nconstexpr auto e11 = tg::cos(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::min(e10);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
@@ -405,6 +502,18 @@ const bool registered = [] {
                 "leaf 0 bf16\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nmatmul 2 3\nsum 0\nsum 4\nadd 5 6",
                 {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {-1, -2}, -2.0, 2.0}, {"c", true, 2, {-1, -3}, -2.0, 2.0}, {"d", true, 1, {-3}, -2.0, 2.0}},
                 &autocast_graph_2038});
+    r.push_back({2042, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<5>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(b, b));\nconstexpr auto e5 = (e4 - c);\nconstexpr auto e6 = (e5 * e5);\nconstexpr auto e8 = tg::max(e6);\nconstexpr auto e9 = (tg::lit<2.0> * e8);\nconstexpr auto e10 = (e9 / tg::lit<3.0>);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\noff matmul 1 1\nsub 4 2\nmul 5 5\nmax 6\nmul c2.0 7\ndiv 8 c3.0",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", false, 1, {5}, 0.25, 2.0}, {"c", false, 2, {-2, 5}, -2.0, 2.0}, {"d", true, 1, {-2}, -2.0, 2.0}},
+                &autocast_graph_2042});
+    r.push_back({2046, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, b));\nconstexpr auto e5 = tg::where(tg::le(e4, e4), e4, e4);\nconstexpr auto e6 = tg::where(tg::lt(e5, e5), d, d);\nconstexpr auto e7 = tg::sum(e6);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e7);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\noff matmul 2 1\nwhere_le 4 4 4 4\nwhere_lt 5 5 3 3\nsum 6",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-2}, -2.0, 2.0}, {"c", true, 1, {-2}, 0.25, 2.0}, {"d", false, 2, {-1, -2}, -2.0, 2.0}},
+                &autocast_graph_2046});
+    r.push_back({2050, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<3, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<3>>;\nconstexpr auto e4 = tg::matmul(c, d);\nconstexpr auto e9 = tg::linear(d, c, e4);\nconstexpr auto e10 = tg::cos(b);\nconstexpr auto e11 = tg::prod(e10);\nconstexpr auto e12 = tg::max(e9);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nmatmul 2 3\nlinear 3 2 4\ncos 1\nprod 6\nmax 5\nadd 7 8",
+                {{"a", true, 2, {-1, 3}, 0.25, 2.0}, {"b", true, 2, {3, -2}, 0.25, 2.0}, {"c", true, 2, {-2, 3}, -2.0, 2.0}, {"d", true, 1, {3}, 0.25, 2.0}},
+                &autocast_graph_2050});
     return true;
 }();
 

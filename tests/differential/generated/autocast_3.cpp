@@ -346,6 +346,108 @@ double autocast_graph_2039(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2043(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<3, 3>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", tg::bf16, tg::shape<1, 2>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<2>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<3, 2>>;
+    constexpr auto e4 = tg::matmul(d, tg::transpose(d));
+    constexpr auto e6 = tg::mse_loss(e4, a);
+    constexpr auto e7 = tg::max(e4);
+    constexpr auto e8 = (e6 + e7);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e8);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e6), region_dtype(e7), region_dtype(e8)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<float> g2(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2047(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<5, tg::dyn>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", float, tg::shape<1, 4>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn>>;
+    constexpr auto e4 = tg::matmul(d, c);
+    constexpr auto e5 = tg::abs(c);
+    constexpr auto e6 = tg::sum(d);
+    constexpr auto e7 = tg::min(e4, e6);
+    constexpr auto e8 = (tg::lt(tg::lit<2.0>, e5) * e7);
+    constexpr auto e10 = tg::cos(e8);
+    constexpr auto e11 = tg::prod(e10);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e5), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2051(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<1, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e = tg::input<"e", tg::bf16, tg::shape<tg::dyn, 3>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto e7 = tg::square(f);
+    constexpr auto e9 = tg::linear(e7, e);
+    constexpr auto e13 = tg::exp(f);
+    constexpr auto e14 = tg::min(e13);
+    constexpr auto e15 = tg::max(e9);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e16);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e7), region_dtype(e9), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    std::vector<float> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2003, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(f)));\nconstexpr auto e7 = tg::softmax(c);\nconstexpr auto e9 = -e7;\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e6);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
@@ -388,6 +490,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nlinear 3 3\nsub 4 c0.5\nsin 5\nlse 6\nlse 6\nadd 7 8",
                 {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"b", false, 2, {-1, 3}, 0.25, 2.0}, {"c", false, 1, {-2}, -2.0, 2.0}, {"d", true, 2, {3, -2}, 0.25, 2.0}},
                 &autocast_graph_2039});
+    r.push_back({2043, 0, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<1, 2>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<3, 2>>;\nconstexpr auto e4 = tg::matmul(d, tg::transpose(d));\nconstexpr auto e6 = tg::mse_loss(e4, a);\nconstexpr auto e7 = tg::max(e4);\nconstexpr auto e8 = (e6 + e7);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e8);",
+                "leaf 0 bf16\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nmatmul_t 3 3\nmse 4 0\nmax 4\nadd 5 6",
+                {{"a", true, 2, {3, 3}, 0.25, 2.0}, {"b", false, 2, {1, 2}, 0.25, 2.0}, {"c", true, 1, {2}, -2.0, 2.0}, {"d", true, 2, {3, 2}, -2.0, 2.0}},
+                &autocast_graph_2043});
+    r.push_back({2047, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<5, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<1, 4>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::matmul(d, c);\nconstexpr auto e5 = tg::abs(c);\nconstexpr auto e6 = tg::sum(d);\nconstexpr auto e7 = tg::min(e4, e6);\nconstexpr auto e8 = (tg::lt(tg::lit<2.0>, e5) * e7);\nconstexpr auto e10 = tg::cos(e8);\nconstexpr auto e11 = tg::prod(e10);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nmatmul 3 2\nabs 2\nsum 3\nminimum 4 6\nmask_lt c2.0 5 7\ncos 8\nprod 9",
+                {{"a", true, 2, {5, -1}, -2.0, 2.0}, {"b", false, 2, {1, 4}, -2.0, 2.0}, {"c", true, 1, {-1}, 0.25, 2.0}, {"d", false, 1, {-1}, -2.0, 2.0}},
+                &autocast_graph_2047});
+    r.push_back({2051, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<1, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e = tg::input<\"e\", tg::bf16, tg::shape<tg::dyn, 3>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto e7 = tg::square(f);\nconstexpr auto e9 = tg::linear(e7, e);\nconstexpr auto e13 = tg::exp(f);\nconstexpr auto e14 = tg::min(e13);\nconstexpr auto e15 = tg::max(e9);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e16);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 f32\nsquare 5\nlinear 6 4\nexp 5\nmin 8\nmax 7\nadd 9 10",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {1, 3}, -2.0, 2.0}, {"c", true, 1, {3}, -2.0, 2.0}, {"d", true, 2, {-1, -2}, -2.0, 2.0}, {"e", false, 2, {-1, 3}, 0.25, 2.0}, {"f", true, 2, {-2, 3}, -2.0, 2.0}},
+                &autocast_graph_2051});
     return true;
 }();
 

@@ -426,6 +426,74 @@ T graph_2212(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(d, in[3], {ext[3][0]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(d, grad[3]), tg::grad_into(g, grad[4]), tg::grad_into(h, grad[5]));
 }
 
+template <class T>
+T graph_2216(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e3 = (a + tg::lit<-0.75>);
+    constexpr auto e6 = tg::rms_norm<1, 1e-06>(e3, g);
+    constexpr auto e7 = tg::sin(e6);
+    constexpr auto e8 = tg::mean(e7);
+    constexpr auto e9 = tg::min(e6);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto e11 = tg::mean(e7);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto step = tg::compile(e12, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2220(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<4>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e4 = tg::stack<1>(h, a);
+    constexpr auto e5 = tg::elu<0.5>(e4);
+    constexpr auto e6 = tg::mean(e5);
+    constexpr auto e7 = tg::clamp(e6, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e8 = (e7 + tg::lit<0.25>);
+    constexpr auto e9 = tg::prod(e5);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto e11 = (e10 + e6);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, b, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0]}), tg::bind(h, in[3], {ext[3][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
+template <class T>
+T graph_2224(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 5, 4>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, 5, 4>>;
+    constexpr auto c = tg::input<"c", T, tg::shape<tg::dyn, 1, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e5 = tg::rms_norm<1, 1e-06>(g, g);
+    constexpr auto e6 = tg::sin(e5);
+    constexpr auto e7 = tg::layer_norm(g, g, h);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = (e8 + c);
+    constexpr auto e11 = tg::stack<1>(e9, c);
+    constexpr auto e12 = tg::expm1(e11);
+    constexpr auto e13 = tg::sum(e12);
+    constexpr auto e14 = tg::prod(e5);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = tg::mean(e6);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = tg::mean(e8);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = (e19 + e13);
+    constexpr auto step = tg::compile(e20, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({0, 3, true,
@@ -558,6 +626,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nlayer_norm 4 4 5\nsin 6\nstack1 5 5\nerf 8\nmean 9\nmean 7\nadd 10 11\nadd 12 10",
                 {{"a", true, 1, {4}, -2.0, 2.0}, {"b", true, 1, {4}, 0.25, 2.0}, {"c", true, 1, {4}, -2.0, 2.0}, {"d", true, 1, {4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
                 &graph_2212<double>, &graph_2212<float>});
+    r.push_back({2216, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e3 = (a + tg::lit<-0.75>);\nconstexpr auto e6 = tg::rms_norm<1, 1e-06>(e3, g);\nconstexpr auto e7 = tg::sin(e6);\nconstexpr auto e8 = tg::mean(e7);\nconstexpr auto e9 = tg::min(e6);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto e11 = tg::mean(e7);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = e12;",
+                "leaf 0\nleaf 1\nleaf 2\nadd 0 c-0.75\nrms_norm 3 1\nsin 4\nmean 5\nmin 4\nadd 6 7\nmean 5\nadd 8 9",
+                {{"a", true, 1, {5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2216<double>, &graph_2216<float>});
+    r.push_back({2220, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<4>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e4 = tg::stack<1>(h, a);\nconstexpr auto e5 = tg::elu<0.5>(e4);\nconstexpr auto e6 = tg::mean(e5);\nconstexpr auto e7 = tg::clamp(e6, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e8 = (e7 + tg::lit<0.25>);\nconstexpr auto e9 = tg::prod(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto e11 = (e10 + e6);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nstack1 3 0\nelu 4 0.5\nmean 5\nclamp 6 0.0 2.0\nadd 7 c0.25\nprod 5\nadd 8 9\nadd 10 6",
+                {{"a", true, 1, {4}, 0.25, 2.0}, {"b", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2220<double>, &graph_2220<float>});
+    r.push_back({2224, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 5, 4>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, 5, 4>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<tg::dyn, 1, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e5 = tg::rms_norm<1, 1e-06>(g, g);\nconstexpr auto e6 = tg::sin(e5);\nconstexpr auto e7 = tg::layer_norm(g, g, h);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = (e8 + c);\nconstexpr auto e11 = tg::stack<1>(e9, c);\nconstexpr auto e12 = tg::expm1(e11);\nconstexpr auto e13 = tg::sum(e12);\nconstexpr auto e14 = tg::prod(e5);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = tg::mean(e6);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = tg::mean(e8);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e13);\nconstexpr auto loss = e20;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nrms_norm 3 3\nsin 5\nlayer_norm 3 3 4\nsin 7\nadd 8 2\nstack1 9 2\nexpm1 10\nsum 11\nprod 5\nadd 12 13\nmean 6\nadd 14 15\nmean 8\nadd 16 17\nadd 18 12",
+                {{"a", true, 3, {-1, 5, 4}, 0.25, 2.0}, {"b", false, 3, {-1, 5, 4}, -2.0, 2.0}, {"c", false, 3, {-1, 1, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2224<double>, &graph_2224<float>});
     return true;
 }();
 

@@ -427,6 +427,68 @@ T graph_2213(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]));
 }
 
+template <class T>
+T graph_2217(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e3 = tg::layer_norm(a, g, h);
+    constexpr auto e4 = tg::sin(e3);
+    constexpr auto e5 = tg::silu(e4);
+    constexpr auto e7 = tg::stack<1>(e5, e5);
+    constexpr auto e8 = tg::softplus<2.0>(e7);
+    constexpr auto e9 = tg::min(e8);
+    constexpr auto e10 = tg::sin(e4);
+    constexpr auto e11 = tg::prod(e10);
+    constexpr auto e12 = tg::mean(e4);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto e14 = (e13 + e9);
+    constexpr auto step = tg::compile(e14, tg::wrt(a, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2221(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<3>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e6 = tg::layer_norm(g, g, h);
+    constexpr auto e7 = tg::sin(e6);
+    constexpr auto e8 = tg::erf(h);
+    constexpr auto e9 = tg::prod(e8);
+    constexpr auto e10 = tg::log_sum_exp(b);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto e12 = tg::mean(e7);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, b, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
+template <class T>
+T graph_2225(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<5>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e4 = tg::layer_norm(b, g, h);
+    constexpr auto e5 = tg::sin(e4);
+    constexpr auto e6 = tg::where(tg::le(g, e5), g, h);
+    constexpr auto e7 = tg::prod(e6);
+    constexpr auto e8 = tg::mean(e5);
+    constexpr auto e9 = (e7 + e8);
+    constexpr auto step = tg::compile(e9, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({1, 0, false,
@@ -559,6 +621,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nexpm1 2\npow 5 3\nmean 6",
                 {{"a", true, 3, {-1, 3, 5}, 0.25, 2.0}, {"b", true, 3, {-1, 1, 5}, -2.0, 2.0}, {"c", true, 3, {1, 3, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &graph_2213<double>, &graph_2213<float>});
+    r.push_back({2217, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e3 = tg::layer_norm(a, g, h);\nconstexpr auto e4 = tg::sin(e3);\nconstexpr auto e5 = tg::silu(e4);\nconstexpr auto e7 = tg::stack<1>(e5, e5);\nconstexpr auto e8 = tg::softplus<2.0>(e7);\nconstexpr auto e9 = tg::min(e8);\nconstexpr auto e10 = tg::sin(e4);\nconstexpr auto e11 = tg::prod(e10);\nconstexpr auto e12 = tg::mean(e4);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto e14 = (e13 + e9);\nconstexpr auto loss = e14;",
+                "leaf 0\nleaf 1\nleaf 2\nlayer_norm 0 1 2\nsin 3\nsilu 4\nstack1 5 5\nsoftplus 6 2.0\nmin 7\nsin 4\nprod 9\nmean 4\nadd 10 11\nadd 12 8",
+                {{"a", true, 2, {-1, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2217<double>, &graph_2217<float>});
+    r.push_back({2221, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<3>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e6 = tg::layer_norm(g, g, h);\nconstexpr auto e7 = tg::sin(e6);\nconstexpr auto e8 = tg::erf(h);\nconstexpr auto e9 = tg::prod(e8);\nconstexpr auto e10 = tg::log_sum_exp(b);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto e12 = tg::mean(e7);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nlayer_norm 3 3 4\nsin 5\nerf 4\nprod 7\nlse 1\nadd 8 9\nmean 6\nadd 10 11",
+                {{"a", true, 1, {3}, -2.0, 2.0}, {"b", true, 1, {3}, -2.0, 2.0}, {"c", false, 0, {}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2221<double>, &graph_2221<float>});
+    r.push_back({2225, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<5>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e4 = tg::layer_norm(b, g, h);\nconstexpr auto e5 = tg::sin(e4);\nconstexpr auto e6 = tg::where(tg::le(g, e5), g, h);\nconstexpr auto e7 = tg::prod(e6);\nconstexpr auto e8 = tg::mean(e5);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = e9;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nlayer_norm 1 2 3\nsin 4\nwhere_le 2 5 2 3\nprod 6\nmean 5\nadd 7 8",
+                {{"a", true, 1, {5}, -2.0, 2.0}, {"b", false, 1, {5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2225<double>, &graph_2225<float>});
     return true;
 }();
 

@@ -435,6 +435,73 @@ T graph_2214(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
+template <class T>
+T graph_2218(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<5, 5>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<5, 5>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e6 = tg::min(c, g);
+    constexpr auto e7 = tg::layer_norm(h, g, h);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e10 = tg::tanh(e8);
+    constexpr auto e11 = tg::stack<1>(e10, e6);
+    constexpr auto e12 = tg::softplus<2.0>(e11);
+    constexpr auto e13 = tg::sum(e12);
+    constexpr auto e14 = tg::prod(e10);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = tg::mean(e8);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = (e17 + e13);
+    constexpr auto step = tg::compile(e18, tg::wrt(a, b, c, d, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {}), tg::bind(d, in[3], {}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(d, grad[3]), tg::grad_into(g, grad[4]), tg::grad_into(h, grad[5]));
+}
+
+template <class T>
+T graph_2222(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<5>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<5>>;
+    constexpr auto e3 = tg::concat<0>(g, g, g);
+    constexpr auto e4 = tg::erf(e3);
+    constexpr auto e5 = tg::sum(e4);
+    constexpr auto e6 = tg::layer_norm(h, g, h);
+    constexpr auto e7 = tg::sin(e6);
+    constexpr auto e8 = tg::log_sum_exp(e7);
+    constexpr auto e9 = (e8 + e5);
+    constexpr auto e10 = tg::mean(e7);
+    constexpr auto e11 = (e9 + e10);
+    constexpr auto step = tg::compile(e11, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2226(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<3>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e6 = tg::stack<1>(c, c);
+    constexpr auto e7 = tg::sum(e6);
+    constexpr auto e9 = tg::concat<0>(a, a, g);
+    constexpr auto e10 = tg::silu(e9);
+    constexpr auto e11 = tg::max(e10);
+    constexpr auto e12 = (e11 + e7);
+    constexpr auto e13 = (e12 + e11);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, c, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2, 0, false,
@@ -567,6 +634,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nrms_norm 2 1\nsin 3\nlayer_norm 2 1 2\nsin 5\ncat0 1 6 4\nexpm1 7\nlse 8\nmask_lt 9 9 4\nsum 10\nmean 8\nadd 11 12\nmean 4\nadd 13 14\nmean 6\nadd 15 16\nadd 17 9",
                 {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
                 &graph_2214<double>, &graph_2214<float>});
+    r.push_back({2218, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<5, 5>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<5, 5>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e6 = tg::min(c, g);\nconstexpr auto e7 = tg::layer_norm(h, g, h);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e10 = tg::tanh(e8);\nconstexpr auto e11 = tg::stack<1>(e10, e6);\nconstexpr auto e12 = tg::softplus<2.0>(e11);\nconstexpr auto e13 = tg::sum(e12);\nconstexpr auto e14 = tg::prod(e10);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = tg::mean(e8);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = (e17 + e13);\nconstexpr auto loss = e18;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nminimum 2 4\nlayer_norm 5 4 5\nsin 7\ntanh 8\nstack1 9 6\nsoftplus 10 2.0\nsum 11\nprod 9\nadd 12 13\nmean 8\nadd 14 15\nadd 16 12",
+                {{"a", true, 2, {5, 5}, -2.0, 2.0}, {"b", true, 2, {5, 5}, -2.0, 2.0}, {"c", true, 0, {}, 0.25, 2.0}, {"d", true, 0, {}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2218<double>, &graph_2218<float>});
+    r.push_back({2222, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<5>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<5>>;\nconstexpr auto e3 = tg::concat<0>(g, g, g);\nconstexpr auto e4 = tg::erf(e3);\nconstexpr auto e5 = tg::sum(e4);\nconstexpr auto e6 = tg::layer_norm(h, g, h);\nconstexpr auto e7 = tg::sin(e6);\nconstexpr auto e8 = tg::log_sum_exp(e7);\nconstexpr auto e9 = (e8 + e5);\nconstexpr auto e10 = tg::mean(e7);\nconstexpr auto e11 = (e9 + e10);\nconstexpr auto loss = e11;",
+                "leaf 0\nleaf 1\nleaf 2\ncat0 1 1 1\nerf 3\nsum 4\nlayer_norm 2 1 2\nsin 6\nlse 7\nadd 8 5\nmean 7\nadd 9 10",
+                {{"a", true, 1, {5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &graph_2222<double>, &graph_2222<float>});
+    r.push_back({2226, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<3>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e6 = tg::stack<1>(c, c);\nconstexpr auto e7 = tg::sum(e6);\nconstexpr auto e9 = tg::concat<0>(a, a, g);\nconstexpr auto e10 = tg::silu(e9);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto e12 = (e11 + e7);\nconstexpr auto e13 = (e12 + e11);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nstack1 2 2\nsum 5\ncat0 0 0 3\nsilu 7\nmax 8\nadd 9 6\nadd 10 9",
+                {{"a", true, 1, {3}, -2.0, 2.0}, {"b", false, 1, {3}, -2.0, 2.0}, {"c", true, 1, {1}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2226<double>, &graph_2226<float>});
     return true;
 }();
 

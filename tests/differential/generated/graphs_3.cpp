@@ -424,6 +424,68 @@ T graph_2215(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
+template <class T>
+T graph_2219(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, tg::dyn, 3>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<2, 1, 3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e7 = tg::stack<1>(b, b);
+    constexpr auto e8 = tg::leaky_relu<0.01>(e7);
+    constexpr auto e9 = tg::sum(e8);
+    constexpr auto e11 = tg::clamp(g, tg::lit<-0.5>, tg::lit<0.5>);
+    constexpr auto e12 = tg::prod(e11);
+    constexpr auto e13 = (e12 + e9);
+    constexpr auto step = tg::compile(e13, tg::wrt(a, c, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
+}
+
+template <class T>
+T graph_2223(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<4>>;
+    constexpr auto e3 = tg::rms_norm<1, 1e-06>(a, g);
+    constexpr auto e4 = tg::sin(e3);
+    constexpr auto e5 = tg::min(e4, g);
+    constexpr auto e6 = tg::max(e5);
+    constexpr auto e7 = tg::mean(e4);
+    constexpr auto e8 = (e6 + e7);
+    constexpr auto step = tg::compile(e8, tg::wrt(a, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0]}), tg::bind(g, in[1], {ext[1][0]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2227(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 2, 3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2, 1, 3>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<2, 2, 1>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<2, 1, 3>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<3>>;
+    constexpr auto e6 = (c - h);
+    constexpr auto e7 = tg::layer_norm(d, g, h);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = tg::silu(e6);
+    constexpr auto e10 = tg::softplus<0.5>(e9);
+    constexpr auto e12 = tg::min(tg::lit<-2.0>, e10);
+    constexpr auto e13 = tg::min(e12);
+    constexpr auto e14 = tg::prod(a);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = tg::mean(e8);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto step = tg::compile(e17, tg::wrt(a, b, c, d, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(d, grad[3]), tg::grad_into(g, grad[4]), tg::grad_into(h, grad[5]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({3, 1, false,
@@ -556,6 +618,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nminimum 1 0\ndiv 0 c1.5\ncat0 0 4 3\ngelu 5\nmax 6\nadd 7 7",
                 {{"a", true, 2, {3, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
                 &graph_2215<double>, &graph_2215<float>});
+    r.push_back({2219, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, tg::dyn, 3>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<2, 1, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e7 = tg::stack<1>(b, b);\nconstexpr auto e8 = tg::leaky_relu<0.01>(e7);\nconstexpr auto e9 = tg::sum(e8);\nconstexpr auto e11 = tg::clamp(g, tg::lit<-0.5>, tg::lit<0.5>);\nconstexpr auto e12 = tg::prod(e11);\nconstexpr auto e13 = (e12 + e9);\nconstexpr auto loss = e13;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nstack1 1 1\nleaky_relu 5 0.01\nsum 6\nclamp 3 -0.5 0.5\nprod 8\nadd 9 7",
+                {{"a", true, 3, {2, -1, 3}, -2.0, 2.0}, {"b", false, 1, {1}, -2.0, 2.0}, {"c", true, 3, {2, 1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2219<double>, &graph_2219<float>});
+    r.push_back({2223, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<4>>;\nconstexpr auto e3 = tg::rms_norm<1, 1e-06>(a, g);\nconstexpr auto e4 = tg::sin(e3);\nconstexpr auto e5 = tg::min(e4, g);\nconstexpr auto e6 = tg::max(e5);\nconstexpr auto e7 = tg::mean(e4);\nconstexpr auto e8 = (e6 + e7);\nconstexpr auto loss = e8;",
+                "leaf 0\nleaf 1\nleaf 2\nrms_norm 0 1\nsin 3\nminimum 4 1\nmax 5\nmean 4\nadd 6 7",
+                {{"a", true, 1, {4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &graph_2223<double>, &graph_2223<float>});
+    r.push_back({2227, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 2, 3>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2, 1, 3>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<2, 2, 1>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<2, 1, 3>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<3>>;\nconstexpr auto e6 = (c - h);\nconstexpr auto e7 = tg::layer_norm(d, g, h);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = tg::silu(e6);\nconstexpr auto e10 = tg::softplus<0.5>(e9);\nconstexpr auto e12 = tg::min(tg::lit<-2.0>, e10);\nconstexpr auto e13 = tg::min(e12);\nconstexpr auto e14 = tg::prod(a);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = tg::mean(e8);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto loss = e17;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nsub 2 5\nlayer_norm 3 4 5\nsin 7\nsilu 6\nsoftplus 9 0.5\nminimum c-2.0 10\nmin 11\nprod 0\nadd 12 13\nmean 8\nadd 14 15",
+                {{"a", true, 3, {2, 2, 3}, -2.0, 2.0}, {"b", true, 3, {2, 1, 3}, 0.25, 2.0}, {"c", true, 3, {2, 2, 1}, 0.25, 2.0}, {"d", true, 3, {2, 1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &graph_2227<double>, &graph_2227<float>});
     return true;
 }();
 

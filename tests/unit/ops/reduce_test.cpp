@@ -131,6 +131,19 @@ TEST_CASE("prod's gradient with zeros is torch.prod's", "[ops][reduce]") {
     CHECK(rows.value_and_grad(tg::bind(r, d, {4, 3}), tg::grad_into(r, gr)) == 6 + 0 + 0 + 4);
     CHECK(gr == std::vector<float>{6, 3, 2, 30, 0, 0, 0, 0, 0, -4, 2, -2});
 
+    // an infinite g: g * 0 at the others of a slice's only zero (NaN, as PyTorch), exactly 0 with
+    // two zeros (PyTorch's zeros_like)
+    constexpr auto w = tg::input<"w", float, tg::shape<tg::dyn>>;
+    auto weighted = tg::compile(tg::sum(tg::prod(r, tg::axes<1>) * w), tg::wrt(r));
+    std::vector<float> d2{0, 2, 3, 0, 0, 7}, g2(6), inf2(2, INFINITY);
+    weighted.value_and_grad(tg::bind(r, d2, {2, 3}), tg::bind(w, inf2, {2}), tg::grad_into(r, g2));
+    CHECK(g2[0] == INFINITY);
+    CHECK(std::isnan(g2[1]));
+    CHECK(std::isnan(g2[2]));
+    CHECK(g2[3] == 0);
+    CHECK(g2[4] == 0);
+    CHECK(g2[5] == 0);
+
     // a 0-d tensor passes the gradient through, even at infinity
     constexpr auto s = tg::param<"s", double, tg::scalar_shape>;
     std::vector<double> sv{INFINITY}, gs(1);
