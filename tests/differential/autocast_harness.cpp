@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "autocast_registry.hpp"
+#include "prod_reference.hpp"
 
 namespace diff = typegrad_differential;
 
@@ -418,8 +419,8 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         else if (op == "max") { top_gap(node(a), true); r = node(a).max(); }
         else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
         else if (op == "prod") {  // a float op under autocast: LibTorch casts a bf16 input
-            const auto v = node(a).detach();  // a zero beside inf/NaN: see differential_main.cpp
-            if ((v == 0).any().item<bool>() && (~torch::isfinite(v)).any().item<bool>()) ref.near_kink = true;
+            if (diff::prod_zero_beside_nonfinite(node(a))) ref.near_kink = true;  // prod_reference.hpp
+            if (c.special && diff::prod_order_sensitive(node(a), torch::kFloat32)) ref.ill_conditioned = true;
             r = node(a).prod();
         }
         else if (op == "lse") r = bf_op ? lse_bf16(node(a), false) : torch::logsumexp(node(a).reshape({-1}), 0);

@@ -34,6 +34,7 @@
 
 #include "autocast_registry.hpp"
 #include "graph_registry.hpp"
+#include "prod_reference.hpp"
 #include "optim_harness.hpp"
 
 namespace diff = typegrad_differential;
@@ -126,14 +127,6 @@ void note_margin(reference& ref, const torch::Tensor& margin, const torch::Tenso
     const auto m = margin.detach().abs();
     const auto near = (m > 0) & (m < tol * (scale.detach().abs() + 1));
     if (near.any().item<bool>()) ref.near_kink = true;
-}
-
-// prod: where a product's factors hold a zero beside an infinity or NaN, PyTorch's backward (exclusive
-// cumulative products) gives the other elements 0 * inf = NaN where typegrad gives g * 0
-// (ops/reduce.hpp, docs/reliability.md): such a case compares nothing useful.
-void note_prod_zeros(reference& ref, const torch::Tensor& x) {
-    const auto v = x.detach();
-    if ((v == 0).any().item<bool>() && (~torch::isfinite(v)).any().item<bool>()) ref.near_kink = true;
 }
 
 // conv2d with zero padding, where a padded position takes part in no product: oneDNN's (LibTorch's
@@ -366,7 +359,11 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
         }
         else if (op == "max") { top_gap(node(a), true); r = node(a).max(); }
         else if (op == "min") { top_gap(node(a), false); r = node(a).min(); }
-        else if (op == "prod") { note_prod_zeros(ref, node(a)); r = node(a).prod(); }
+        else if (op == "prod") {  // prod_reference.hpp: the reference's blind spots
+            if (diff::prod_zero_beside_nonfinite(node(a))) ref.near_kink = true;
+            if (diff::prod_order_sensitive(node(a), dtype)) ref.ill_conditioned = true;
+            r = node(a).prod();
+        }
         else if (op == "lse") {
             const auto x = node(a).detach();
             // Its weights exp(x - max) are meaningless when the inputs' rounding errors (from huge
