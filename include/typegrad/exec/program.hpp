@@ -75,6 +75,9 @@ struct node_info {
     std::size_t extra_bytes = 0;  // kept after the elements (a custom op's saved values)
     std::string_view name{};
     std::uint64_t constant_bits = 0;  // a constant's value (its double's bits)
+    // An elementwise op's cost per element in units of one arithmetic instruction (Op::cost;
+    // about 12 for exp): the planner stores a value rather than recompute it where this is high.
+    unsigned cost = 0;
 };
 
 // Node N's row, without its operand ids. A class template's constant, not a function: a function
@@ -94,6 +97,11 @@ template <class Op>
 constexpr reduce_kind combine_of() {
     if constexpr (Op::kind == op_kind::reduce) return Op::combine;
     else return reduce_kind::sum;
+}
+template <class Op>
+constexpr unsigned cost_of() {
+    if constexpr (requires { Op::cost; }) return Op::cost;
+    else return 0;
 }
 template <class Op>
 constexpr std::size_t extra_bytes_of() {
@@ -149,7 +157,8 @@ struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
                                                         .buffer = dtype_code_of<Buffer>(),
                                                         .value = dtype_code_of<storage_t<Value>>(),
                                                         .extra_bytes = extra_bytes_of<Op>(),
-                                                        .name = Op::name}));
+                                                        .name = Op::name,
+                                                        .cost = cost_of<Op>()}));
 };
 
 // The flat program of a graph (a topo<Roots...>): its nodes in topological order and one
@@ -185,10 +194,15 @@ struct program {
 
 // ---- planning ------------------------------------------------------------------------------
 //
-// Elementwise nodes are never stored: each loop recomputes the ones it needs from materialised
-// values (leaves, constants, shape-derived scalars, reductions of earlier loops). A reduction
-// ends a stage; a loop computes every reduction and store whose inputs are ready in its stage
-// and that iterates over the same (provably equal) shape.
+// Elementwise nodes are recomputed by each loop that needs them, from materialised values
+// (leaves, constants, shape-derived scalars, reductions of earlier loops), unless recomputing
+// costs more than storing and reloading: a value needed by a loop of a later stage whose
+// subgraph of recomputed ops costs at least save_cost (one transcendental op: exp, tanh, ...) is
+// *saved*, written by a loop of its own stage that iterates over its shape anyway, and read by
+// the later loops (loops of its own stage still compute it in place). A reduction ends a stage;
+// a loop computes every reduction and store whose inputs are ready in its stage and that
+// iterates over the same (provably equal) shape.
+inline constexpr unsigned save_cost = 8;
 
 struct loop_plan {
     std::size_t iter = 0;                       // node whose shape is the iteration space
@@ -208,6 +222,7 @@ struct plan_data {
     std::array<bool, M> needed{};        // evaluated or read by this plan
     std::array<bool, M> materialized{};  // has a buffer (or is a constant)
     std::array<bool, M> computed{};      // this plan writes its buffer (reductions, metas)
+    std::array<bool, M> saved{};         // an elementwise value stored for later stages (above)
     std::array<std::size_t, M> stage{};  // the first stage whose loops can read the node
     std::size_t max_stage = 0;
 };
@@ -305,11 +320,13 @@ struct planner_output {
 template <std::size_t M, class Request>
 constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic_shapes<M>& sym,
                            const Request& req, std::array<bool, M>& needed_, std::array<bool, M>& materialized_,
-                           std::array<bool, M>& computed_, std::array<std::size_t, M>& stage_) {
+                           std::array<bool, M>& computed_, std::array<bool, M>& saved_,
+                           std::array<std::size_t, M>& stage_) {
     const node_info* const info = info_.data();
     bool* const needed = needed_.data();
     bool* const materialized = materialized_.data();
     bool* const computed = computed_.data();
+    bool* const saved = saved_.data();
     std::size_t* const stage = stage_.data();
     std::array<bool, M> given_{}, store_in_scratch_{};
     std::array<std::size_t, M> loop_stage_{};
@@ -370,23 +387,23 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
     }
     for (std::size_t i = 0; i < req.stores.size(); ++i)
         roots_.push_back({req.stores[i], loop_stage[req.stores[i]], req.stores[i], 2, i});
-    const root* const roots = roots_.data();
 
     // Everything below is linear in the graph plus the plan's size (a model's joint graph has
     // thousands of nodes, and g++ stops a constant evaluation after 2^25 operations): roots are
     // bucketed by stage, grouped by an iteration-space class id, and each loop's closure is a
     // search that marks nodes with the loop's number instead of clearing an M-sized array.
-    const std::size_t R = roots_.size();
+    std::size_t R = roots_.size();
     cvec<std::size_t> space_(R, 0);  // iteration-space class of each root
-    std::size_t* const space = space_.data();
     {
+        std::size_t* const space = space_.data();
         cvec<std::size_t> rep(R, 0);  // a representative iter node per class
         std::size_t classes = 0;
         const std::size_t mask = std::bit_ceil(2 * R + 2) - 1;
         cvec<std::size_t> bucket_(mask + 1, no_parent);
         std::size_t* const bucket = bucket_.data();
-        for (std::size_t i = 0; i < R; ++i) {
-            const std::size_t it = roots[i].iter;
+        // the class of node `it`'s shape, or no_parent for a shape no root iterates over (add: a
+        // new class)
+        auto class_of = [&](std::size_t it, bool add) {
             std::uint64_t h = info[it].rank;
             for (std::size_t a = 0; a < info[it].rank; ++a)
                 h = hash_mix(h, static_cast<std::uint64_t>(sym.dims[it][a]));
@@ -394,12 +411,72 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
             while (bucket[b] != no_parent && !same_iteration_space<M>(info, sym, rep.data()[bucket[b]], it))
                 b = (b + 1) & mask;
             if (bucket[b] == no_parent) {
+                if (!add) return no_parent;
                 bucket[b] = classes;
                 rep.data()[classes++] = it;
             }
-            space[i] = bucket[b];
+            return bucket[b];
+        };
+        for (std::size_t i = 0; i < R; ++i) space[i] = class_of(roots_.data()[i].iter, true);
+
+        // Saved values. The cost of recomputing each elementwise value: its op and the recomputed
+        // ops below it (capped; a shared subexpression counts once per use, an estimate).
+        cvec<unsigned> cost_(M, 0u);
+        unsigned* const cost = cost_.data();
+        for (std::size_t n = 0; n < M; ++n) {
+            const node_info& ni = info[n];
+            if (!needed[n] || given[n] || materialized[n] || ni.kind != op_kind::elementwise) continue;
+            unsigned c = ni.cost;
+            for (std::size_t k = 0; k < ni.arity; ++k)
+                if (!ni.shape_only[k]) c += cost[ni.child[k]];
+            cost[n] = c < 4096 ? c : 4096;
         }
+        // The (class, stage) pairs that have a loop: a saved value is written by a loop that runs
+        // anyway (a set of pairs, open addressing).
+        const std::size_t pmask = std::bit_ceil(2 * R + 2) - 1;
+        cvec<std::size_t> pair_(pmask + 1, no_parent);  // class * (max stage + 1) + stage
+        std::size_t* const pair = pair_.data();
+        std::size_t stages = 1;
+        for (std::size_t i = 0; i < R; ++i) stages = roots_.data()[i].stage + 1 > stages ? roots_.data()[i].stage + 1 : stages;
+        auto pair_slot = [&](std::size_t key) {
+            std::size_t b = hash_slot(hash_mix(0x9e3779b97f4a7c15ull, key), pmask);
+            while (pair[b] != no_parent && pair[b] != key) b = (b + 1) & pmask;
+            return b;
+        };
+        for (std::size_t i = 0; i < R; ++i) {
+            const std::size_t key = space[i] * stages + roots_.data()[i].stage;
+            pair[pair_slot(key)] = key;
+        }
+        // Last node first: the latest stage whose loops compute each value follows from its
+        // consumers' (a saved consumer is computed in its own stage only), and a value computed
+        // after its own stage and costly enough is saved where a loop of its shape runs.
+        cvec<std::size_t> last_(M, 0);
+        std::size_t* const last = last_.data();
+        for (std::size_t n = M; n-- > 0;) {
+            if (!needed[n] || given[n]) continue;
+            const node_info& ni = info[n];
+            std::size_t at = loop_stage[n];
+            if (ni.kind == op_kind::elementwise && !materialized[n] && last[n] > at) {
+                const std::size_t cls = cost[n] >= save_cost && ni.cost > 0 ? class_of(n, false) : no_parent;
+                if (cls != no_parent && pair[pair_slot(cls * stages + at)] != no_parent) {
+                    saved[n] = true;
+                    roots_.push_back({n, at, n, 1, 0});
+                    space_.push_back(cls);
+                } else {
+                    at = last[n];
+                }
+            }
+            for (std::size_t k = 0; k < ni.arity; ++k) {
+                const std::size_t c = ni.child[k];
+                if (!ni.shape_only[k] && at > last[c]) last[c] = at;
+            }
+        }
+        for (std::size_t n = 0; n < M; ++n)
+            if (saved[n]) materialized[n] = computed[n] = true;
     }
+    R = roots_.size();
+    const root* const roots = roots_.data();
+    const std::size_t* const space = space_.data();
     std::size_t max_stage = 0;
     for (std::size_t i = 0; i < R; ++i) max_stage = roots[i].stage > max_stage ? roots[i].stage : max_stage;
     cvec<std::size_t> by_stage_(max_stage + 2, 0), fill_(max_stage + 2, 0), order_(R, 0);  // counting sort, stable
@@ -468,10 +545,14 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
                 work[top++] = it;
             }
             // Close over value edges down to materialised nodes (a materialisation root is
-            // computed in this loop, so it is not an input of it).
+            // computed in this loop, so it is not an input of it; nor is a value saved in this
+            // stage, which loops of its stage compute in place).
+            auto is_input = [&](std::size_t w) {
+                return materialized[w] && own[w] != mark && !(saved[w] && loop_stage[w] == st);
+            };
             while (top) {
                 const node_info& ni = info[work[--top]];
-                if (materialized[work[top]] && own[work[top]] != mark) continue;
+                if (is_input(work[top])) continue;
                 for (std::size_t c = 0; c < ni.arity; ++c) {
                     const std::size_t ch = ni.child[c];
                     if (ni.shape_only[c] || in_loop[ch] == mark) continue;
@@ -481,7 +562,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
                 }
             }
             for (std::size_t k = first; k < n_entries; ++k)
-                entry[k] = entry[k] * 2 + (materialized[entry[k]] && own[entry[k]] != mark ? 1 : 0);
+                entry[k] = entry[k] * 2 + (is_input(entry[k]) ? 1 : 0);
             root_begin[l + 1] = n_roots;
             entry_begin[l + 1] = n_entries;
             loops[l] = lp;
@@ -535,9 +616,9 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
 template <std::size_t M, class Request>
 constexpr plan_sizes measure_plan(const std::array<node_info, M>& info, const symbolic_shapes<M>& sym,
                                   const Request& req) {
-    std::array<bool, M> a{}, b{}, c{};
+    std::array<bool, M> a{}, b{}, c{}, d{};
     std::array<std::size_t, M> s{};
-    auto out = run_planner<M>(info, sym, req, a, b, c, s);
+    auto out = run_planner<M>(info, sym, req, a, b, c, d, s);
     return {out.loops.size(), out.members.size()};
 }
 
@@ -545,7 +626,7 @@ template <std::size_t M, std::size_t L, std::size_t K, class Request>
 constexpr plan_data<M, L, K> make_plan(const std::array<node_info, M>& info, const symbolic_shapes<M>& sym,
                                        const Request& req) {
     plan_data<M, L, K> p;
-    const planner_output out = run_planner<M>(info, sym, req, p.needed, p.materialized, p.computed, p.stage);
+    const planner_output out = run_planner<M>(info, sym, req, p.needed, p.materialized, p.computed, p.saved, p.stage);
     p.loop_count = out.loops.size();
     const bool* const needed = p.needed.data();
     const std::size_t* const stage = p.stage.data();

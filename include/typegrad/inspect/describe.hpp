@@ -98,6 +98,7 @@ struct plan_ref {
     const std::size_t* stores = nullptr;
     const std::size_t* ids = nullptr;
     std::size_t size = 0;
+    const bool* saved = nullptr;
 };
 
 struct step_ref {
@@ -116,7 +117,7 @@ template <class PP, class ToView>
 constexpr plan_ref plan_ref_of(const ToView& ids) {
     return {PP::plan.loops.data(),    PP::plan.loop_count, PP::plan.members.data(),
             PP::plan.computed.data(), PP::plan.stage.data(), PP::stores.data(),
-            ids.data(),               PP::M};
+            ids.data(),               PP::M,               PP::plan.saved.data()};
 }
 
 template <class... Ns>
@@ -169,7 +170,7 @@ enum class backward_use : unsigned char { none, leaf, constant, recomputed, save
 struct loop_view {
     std::size_t stage = 0;
     std::size_t iter = 0;  // node whose shape is the iteration space
-    std::vector<std::size_t> inputs, body, reductions, materialized, stores;  // node ids
+    std::vector<std::size_t> inputs, body, reductions, materialized, saved, stores;  // node ids
 };
 
 struct kernel_view {
@@ -236,7 +237,8 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
         lv.body = ids(lp.body_begin, lp.body_end);
         lv.reductions = ids(lp.red_begin, lp.red_end);
         const auto [mb, me] = materialized_range(lp);
-        lv.materialized = ids(mb, me);
+        for (std::size_t k = mb; k < me; ++k)  // values saved for later stages, apart
+            (p.saved != nullptr && p.saved[p.members[k]] ? lv.saved : lv.materialized).push_back(p.ids[p.members[k]]);
         for (std::size_t k = lp.store_begin; k < lp.store_end; ++k)  // members hold store indices
             lv.stores.push_back(p.ids[p.stores[p.members[k]]]);
         v.loops.push_back(std::move(lv));
@@ -466,6 +468,7 @@ inline std::string_view use_text(backward_use u) {
             list("fused", lp.body, false);
             list("reduces", lp.reductions, true);
             list("materializes", lp.materialized, true);
+            list("saves", lp.saved, true);
             list("stores", lp.stores, true);
         }
     }

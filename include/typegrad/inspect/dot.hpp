@@ -101,6 +101,7 @@ inline std::string_view loop_colour(std::size_t l) {
     };
     names("reduces", lp.reductions);
     names("materializes", lp.materialized);
+    names("saves", lp.saved);
     names("stores", lp.stores);
     return s;
 }
@@ -109,7 +110,7 @@ inline std::string_view loop_colour(std::size_t l) {
     std::vector<std::vector<std::size_t>> loops_of(v.size());
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l) {
         const loop_view& lp = v.joint.loops[l];
-        for (const auto* part : {&lp.body, &lp.reductions, &lp.materialized, &lp.stores})
+        for (const auto* part : {&lp.body, &lp.reductions, &lp.materialized, &lp.saved, &lp.stores})
             for (std::size_t n : *part)
                 if (loops_of[n].empty() || loops_of[n].back() != l) loops_of[n].push_back(l);
     }

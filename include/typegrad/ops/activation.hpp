@@ -33,6 +33,7 @@ inline constexpr double gelu_kappa = 0.044715;
 
 // x * 0.5 * (1 + erf(x / sqrt 2))
 struct gelu_op : elementwise_op {
+    static constexpr unsigned cost = 20;
     static constexpr const char* name = "gelu";
     static constexpr const char* device =
         "({0} * (T)0.5 * ((T)1 + (sizeof(T) == 4 ? (T)erff((float)({0} * (T)0.70710678118654752440)) "
@@ -44,6 +45,7 @@ struct gelu_op : elementwise_op {
 };
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 struct gelu_tanh_op : elementwise_op {
+    static constexpr unsigned cost = 20;
     static constexpr const char* name = "gelu_tanh";
     static constexpr const char* device =
         "((T)0.5 * {0} * ((T)1 + tg_tanh((T)0.79788456080286535588 * ({0} + (T)0.044715 * {0} * {0} * {0}))))";
@@ -57,6 +59,7 @@ struct gelu_tanh_op : elementwise_op {
 };
 // x * sigmoid(x), computed as x / (1 + exp(-x)) as PyTorch does
 struct silu_op : elementwise_op {
+    static constexpr unsigned cost = 14;
     static constexpr const char* name = "silu";
     static constexpr const char* device = "({0} / ((T)1 + tg_exp(-{0})))";
     template <class V>
@@ -66,6 +69,7 @@ struct silu_op : elementwise_op {
 };
 // Operands: x, beta, threshold. x where x * beta > threshold, else log1p(exp(beta x)) / beta.
 struct softplus_op : elementwise_op {
+    static constexpr unsigned cost = 24;
     static constexpr const char* name = "softplus";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     static constexpr const char* device =
@@ -90,6 +94,7 @@ struct leaky_relu_op : elementwise_op {
 };
 // Operands: x, alpha. x where x > 0, else alpha * expm1(x).
 struct elu_op : elementwise_op {
+    static constexpr unsigned cost = 14;
     static constexpr const char* name = "elu";
     static constexpr const char* device =
         "({0} > (T)0 ? {0} : {1} * (sizeof(T) == 4 ? (T)expm1f((float)({0})) : (T)expm1((double)({0}))))";

@@ -28,6 +28,7 @@ struct mul_op : elementwise_op {
     static constexpr auto vjp(G g, Out, A a, B b);
 };
 struct div_op : elementwise_op {
+    static constexpr unsigned cost = 4;
     static constexpr const char* name = "div";
     static constexpr const char* device = "({0} / {1})";
     template <class V> static V apply(const V& a, const V& b) { return a / b; }

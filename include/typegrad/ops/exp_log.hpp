@@ -8,6 +8,7 @@ namespace typegrad {
 namespace detail {
 
 struct exp_op : elementwise_op {
+    static constexpr unsigned cost = 12;
     static constexpr const char* name = "exp";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     static constexpr const char* device = "tg_exp({0})";
@@ -16,6 +17,7 @@ struct exp_op : elementwise_op {
     static constexpr auto vjp(G g, Out out, X) { return gmul(g, out); }
 };
 struct log_op : elementwise_op {
+    static constexpr unsigned cost = 12;
     static constexpr const char* name = "log";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     static constexpr const char* device = "tg_log({0})";
@@ -24,6 +26,7 @@ struct log_op : elementwise_op {
     static constexpr auto vjp(G g, Out, X x) { return gdiv(g, x); }
 };
 struct sqrt_op : elementwise_op {
+    static constexpr unsigned cost = 4;
     static constexpr const char* name = "sqrt";
     static constexpr const char* device = "tg_sqrt({0})";
     template <class V> static V apply(const V& x) { return simd::sqrt(x); }
@@ -38,6 +41,7 @@ struct square_op : elementwise_op {
     static constexpr auto vjp(G g, Out, X x) { return gmul(g, x * lit<2>); }
 };
 struct pow_op : elementwise_op {
+    static constexpr unsigned cost = 24;
     static constexpr const char* name = "pow";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     static constexpr const char* device = "tg_pow({0}, {1})";

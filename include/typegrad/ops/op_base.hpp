@@ -31,6 +31,9 @@ constexpr autocast_class fp32_on_cuda(device_kind d) {
 struct elementwise_op {
     static constexpr op_kind kind = op_kind::elementwise;
     static constexpr bool differentiable = true;
+    // Per element, in arithmetic instructions: the planner saves a value for later loops rather
+    // than recompute it when its recomputed ops cost at least detail::save_cost (exec/program.hpp).
+    static constexpr unsigned cost = 1;
     static constexpr bool shape_only(std::size_t) { return false; }
     template <class... Cs>
     struct rule {

@@ -17,6 +17,7 @@ namespace detail {
 inline constexpr double two_over_sqrt_pi = 1.12837916709551257390;
 
 struct erf_op : elementwise_op {
+    static constexpr unsigned cost = 16;
     static constexpr const char* name = "erf";
     static constexpr const char* device = "(sizeof(T) == 4 ? (T)erff((float)({0})) : (T)erf((double)({0})))";
     template <class V> static V apply(const V& x) { return simd::erf(x); }
@@ -24,6 +25,7 @@ struct erf_op : elementwise_op {
     static constexpr auto vjp(G g, Out, X x);
 };
 struct log1p_op : elementwise_op {
+    static constexpr unsigned cost = 14;
     static constexpr const char* name = "log1p";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     static constexpr const char* device = "(sizeof(T) == 4 ? (T)log1pf((float)({0})) : (T)log1p((double)({0})))";
@@ -33,6 +35,7 @@ struct log1p_op : elementwise_op {
     static constexpr auto vjp(G g, Out, X x) { return gdiv(g, x + lit<1>); }
 };
 struct expm1_op : elementwise_op {
+    static constexpr unsigned cost = 14;
     static constexpr const char* name = "expm1";
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
     static constexpr const char* device = "(sizeof(T) == 4 ? (T)expm1f((float)({0})) : (T)expm1((double)({0})))";

@@ -7,6 +7,7 @@ namespace typegrad {
 namespace detail {
 
 struct sin_op : elementwise_op {
+    static constexpr unsigned cost = 16;
     static constexpr const char* name = "sin";
     static constexpr const char* device = "tg_sin({0})";
     template <class V> static V apply(const V& x) { return simd::sin(x); }
@@ -14,6 +15,7 @@ struct sin_op : elementwise_op {
     static constexpr auto vjp(G g, Out, X x);
 };
 struct cos_op : elementwise_op {
+    static constexpr unsigned cost = 16;
     static constexpr const char* name = "cos";
     static constexpr const char* device = "tg_cos({0})";
     template <class V> static V apply(const V& x) { return simd::cos(x); }
@@ -21,6 +23,7 @@ struct cos_op : elementwise_op {
     static constexpr auto vjp(G g, Out, X x);
 };
 struct tanh_op : elementwise_op {
+    static constexpr unsigned cost = 16;
     static constexpr const char* name = "tanh";
     static constexpr const char* device = "tg_tanh({0})";
     template <class V> static V apply(const V& x) { return simd::tanh(x); }
@@ -28,6 +31,7 @@ struct tanh_op : elementwise_op {
     static constexpr auto vjp(G g, Out out, X) { return gmul(g, lit<1> - out * out); }
 };
 struct sigmoid_op : elementwise_op {
+    static constexpr unsigned cost = 14;
     static constexpr const char* name = "sigmoid";
     static constexpr const char* device = "tg_sigmoid({0})";
     // 1 / (1 + exp(-x)) overflows to 0 for large negative x and saturates to 1: both correct.

@@ -153,3 +153,55 @@ TEST_CASE("run-time errors throw before anything is written", "[exec][errors]") 
     // all typegrad errors share one base
     CHECK_THROWS_AS(step.value_and_grad(tg::bind(x, a), tg::bind(y, b)), tg::error);
 }
+
+TEST_CASE("values saved for later loops give the bits of recomputing them", "[exec][plan]") {
+    // value_and_grad's plan saves exp (log_sum_exp, softmax) and tanh for its later loops;
+    // backward(ctx) recomputes them: the results must agree to the bit, at sizes around the SIMD
+    // width (vector body and scalar tail) and across the threaded split
+    constexpr auto m = tg::param<"m", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto w = tg::input<"w", float, tg::shape<tg::dyn, tg::dyn>>;
+    auto step = tg::compile(tg::sum(tg::log_sum_exp(tg::tanh(m) * w, tg::axes<1>)) +
+                                tg::sum(tg::softmax(m, tg::axes<1>) * w) + tg::log_sum_exp(m),
+                            tg::wrt(m));
+    const std::size_t W = tg::simd::width<float>;
+    for (std::size_t rows : {std::size_t(1), std::size_t(3), std::size_t(700)}) {
+        for (std::size_t cols : {std::size_t(1), W - 1, W + 3, 3 * W}) {
+            const std::size_t n = rows * cols;
+            std::vector<float> a(n), b(n), g1(n), g2(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                a[i] = float(std::sin(0.7 * double(i)) * 3);
+                b[i] = float(std::cos(0.3 * double(i)));
+            }
+            const float l1 = step.value_and_grad(tg::bind(m, a, {rows, cols}), tg::bind(w, b, {rows, cols}),
+                                                 tg::grad_into(m, g1));
+            auto ctx = step.forward(tg::bind(m, a, {rows, cols}), tg::bind(w, b, {rows, cols}));
+            step.backward(ctx, tg::grad_into(m, g2));
+            INFO(rows << " x " << cols);
+            const float l2 = ctx.value();
+            CHECK(std::memcmp(&l1, &l2, sizeof l1) == 0);
+            CHECK(std::memcmp(g1.data(), g2.data(), n * sizeof(float)) == 0);
+        }
+    }
+    // tanh(m) is saved by stage 0's loop over [rows, cols]; the loop over [2, rows, cols] of the
+    // same stage (first in order) computes it in place: the buffer is not written yet
+    constexpr auto q = tg::input<"q", float, tg::shape<2, tg::dyn, tg::dyn>>;
+    auto t = tg::tanh(m);
+    auto broad = tg::compile(tg::sum(t * q) + tg::sum(t * tg::sum(t)), tg::wrt(m));
+    for (std::size_t cols : {std::size_t(1), W + 3}) {
+        const std::size_t rows = 5, n = rows * cols;
+        std::vector<float> a(n), qv(2 * n), g1(n), g2(n);
+        for (std::size_t i = 0; i < n; ++i) a[i] = float(std::sin(0.9 * double(i)));
+        for (std::size_t i = 0; i < 2 * n; ++i) qv[i] = float(std::cos(0.4 * double(i)));
+        const float l1 = broad.value_and_grad(tg::bind(m, a, {rows, cols}), tg::bind(q, qv, {2, rows, cols}),
+                                              tg::grad_into(m, g1));
+        double lref = 0, s = 0;
+        for (std::size_t i = 0; i < n; ++i) s += std::tanh(double(a[i]));
+        for (std::size_t i = 0; i < n; ++i) {
+            const double ti = std::tanh(double(a[i]));
+            lref += ti * (double(qv[i]) + double(qv[n + i])) + ti * s;
+            g2[i] = float((1 - ti * ti) * (double(qv[i]) + double(qv[n + i]) + 2 * s));
+        }
+        CHECK_THAT(double(l1), Catch::Matchers::WithinAbs(lref, 1e-4 * (1 + std::abs(lref))));
+        for (std::size_t i = 0; i < n; ++i) CHECK_THAT(g1[i], Catch::Matchers::WithinAbs(g2[i], 1e-4f * (1 + std::abs(g2[i]))));
+    }
+}

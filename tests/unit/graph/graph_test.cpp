@@ -132,6 +132,56 @@ TEST_CASE("the plan fuses value and gradient of elementwise math into one loop",
     STATIC_REQUIRE(PP2::plan.loop_count == 3);
 }
 
+namespace {
+// Whether the plan PP saves node N (writes it for later loops) and which loops read it.
+template <class PP, class N>
+constexpr bool saved_in = PP::plan.saved[PP::program::template id_of<N>::value];
+template <class PP, class N>
+constexpr std::size_t loops_reading() {
+    constexpr std::size_t id = PP::program::template id_of<N>::value;
+    std::size_t r = 0;
+    for (std::size_t l = 0; l < PP::plan.loop_count; ++l)
+        for (std::size_t k = PP::plan.loops[l].in_begin; k < PP::plan.loops[l].in_end; ++k)
+            r += PP::plan.members[k] == id;
+    return r;
+}
+template <class Loss, class Wrt>
+using joint_plan = typename decltype(tg::compile(Loss{}, tg::wrt(Wrt{})))::template plans<>::joint;
+}  // namespace
+
+TEST_CASE("the planner saves a costly value a later stage needs, and recomputes a cheap one", "[graph][plan]") {
+    // log_sum_exp: exp(x - max) is summed in stage 1 and needed by the gradient in stage 2
+    using LSE = decltype(tg::log_sum_exp(x));
+    using PL = joint_plan<LSE, decltype(x)>;
+    constexpr auto xe = tg::detail::fp32_on_cuda_entry(x);  // log_sum_exp's own graph
+    using E = node_t<decltype(tg::exp(xe - tg::detach(tg::detail::finite_or_zero(tg::max(tg::detail::below_inf(xe))))))>;
+    STATIC_REQUIRE(saved_in<PL, E>);
+    STATIC_REQUIRE(loops_reading<PL, E>() == 1);
+    STATIC_REQUIRE(PL::plan.loop_count == 4);  // the same loops as before: the sum's loop writes it
+    // the forward plan alone has no later use of it
+    using FL = typename decltype(tg::compile(LSE{}, tg::wrt(x)))::template plans<>::forward;
+    STATIC_REQUIRE_FALSE(saved_in<FL, E>);
+
+    // (x * y + x) is cheap (two arithmetic ops): recomputed by the gradient's loop
+    using C = decltype(x * y + x);
+    using PC = joint_plan<decltype(tg::sum(C{} * tg::sum(C{}))), decltype(x)>;
+    STATIC_REQUIRE_FALSE(saved_in<PC, node_t<C>>);
+    STATIC_REQUIRE(loops_reading<PC, node_t<C>>() == 0);
+
+    // tanh feeds a value of stage 1 (times its own sum): saved by stage 0's loop
+    using T = decltype(tg::tanh(x * y));
+    using PT = joint_plan<decltype(tg::sum(T{} * tg::sum(T{}))), decltype(x)>;
+    STATIC_REQUIRE(saved_in<PT, node_t<T>>);
+    STATIC_REQUIRE(PT::plan.loop_count == 2);
+
+    // saved only where a loop of its shape runs in its stage: exp(b) [3] is computed inside a
+    // [dyn, 3] loop only, so it is recomputed there (a loop of its own would cost a pass)
+    constexpr auto m = tg::param<"m", float, tg::shape<tg::dyn, 3>>;
+    using B = decltype(tg::exp(b));
+    using PB = joint_plan<decltype(tg::sum(m * B{} * tg::sum(m * B{}))), decltype(m)>;
+    STATIC_REQUIRE_FALSE(saved_in<PB, node_t<B>>);
+}
+
 TEST_CASE("autocast markers are aliases: a step lowers the user's graph, with no copy built without them",
           "[graph][autocast]") {
     constexpr auto A = tg::param<"A", double, tg::shape<3, 4>>;

@@ -186,6 +186,16 @@ TEST_CASE("describe: log_sum_exp lists its saved reductions and loops", "[inspec
     CHECK(reduce_max == 1);
     CHECK(reduce_sum == 1);
     CHECK(grad_stores == 1);
+    // value_and_grad saves exp(x - max) in the sum's loop and the gradient's loop reads it; the
+    // forward plan alone recomputes nothing later and saves nothing
+    std::size_t saves_exp = 0, reads_exp = 0;
+    for (const auto& l : joint) {
+        saves_exp += contains(l, "saves:") && contains(l, "%6 exp");
+        reads_exp += contains(l, "reads:") && contains(l, "%6 exp");
+    }
+    CHECK(saves_exp == 1);
+    CHECK(reads_exp == 1);
+    for (const auto& l : fwd) CHECK_FALSE(contains(l, "saves:"));
 }
 
 TEST_CASE("describe: several wrt leaves, each gradient labelled", "[inspect]") {
