@@ -202,7 +202,7 @@ struct program {
 // the later loops (loops of its own stage still compute it in place). A reduction ends a stage;
 // a loop computes every reduction and store whose inputs are ready in its stage and that
 // iterates over the same (provably equal) shape.
-inline constexpr unsigned save_cost = 8;
+inline constexpr unsigned save_cost = 12;
 
 struct loop_plan {
     std::size_t iter = 0;                       // node whose shape is the iteration space

@@ -121,6 +121,7 @@ constexpr autocast_class autocast_class_of(device_kind d) {
 // with markers as the graph without them, and never builds a marker-free copy as types.
 template <class Spec>
 struct autocast_region_op : elementwise_op {
+    static constexpr unsigned cost = 0;  // an identity: no instruction to recompute
     static constexpr const char* name = "autocast_region";
     static constexpr bool is_alias = true;
     template <class V>
@@ -131,6 +132,7 @@ struct autocast_region_op : elementwise_op {
 // Class per device, for a composite op's inputs.
 template <autocast_class OnCpu, autocast_class OnCuda>
 struct autocast_entry_op : elementwise_op {
+    static constexpr unsigned cost = 0;  // an identity: no instruction to recompute
     static constexpr const char* name = "autocast_entry";
     static constexpr bool is_alias = true;
     static constexpr autocast_class class_on(device_kind d) { return d == device_kind::cpu ? OnCpu : OnCuda; }

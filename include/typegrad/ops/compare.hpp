@@ -20,6 +20,7 @@ TYPEGRAD_DETAIL_MASK_OP(eq)
 #undef TYPEGRAD_DETAIL_MASK_OP
 
 struct detach_op : nondifferentiable_elementwise_op {
+    static constexpr unsigned cost = 0;  // an identity: no instruction to recompute
     static constexpr const char* name = "detach";
     static constexpr const char* device = "{0}";
     template <class V> static V apply(const V& a) { return a; }

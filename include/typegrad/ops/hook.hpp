@@ -122,6 +122,7 @@ constexpr auto apply_hook(G g) {
 // Identity forward; the backward applies Fs... in order to the incoming gradient.
 template <class... Fs>
 struct hook_op : elementwise_op {
+    static constexpr unsigned cost = 0;  // an identity: no instruction to recompute
     static constexpr const char* name = "hooked";
     static constexpr const char* device = "{0}";
     template <class V> static V apply(const V& x) { return x; }
@@ -159,6 +160,7 @@ struct post_hooks_in_order {
 // f(param, grad) after the gradient of the param is written (Fs... in order).
 template <class... Fs>
 struct post_accumulate_hook_op : elementwise_op {
+    static constexpr unsigned cost = 0;  // an identity: no instruction to recompute
     static constexpr const char* name = "post_accumulate_grad_hook";
     static constexpr const char* device = "{0}";
     using hook_type = post_hooks_in_order<Fs...>;
@@ -194,6 +196,7 @@ struct strip_post_hooks<node<post_accumulate_hook_op<Fs...>, X>> {
 
 // Marks a node whose gradient grad_into may ask for.
 struct retain_grad_op : elementwise_op {
+    static constexpr unsigned cost = 0;  // an identity: no instruction to recompute
     static constexpr const char* name = "retain_grad";
     static constexpr const char* device = "{0}";
     template <class V> static V apply(const V& x) { return x; }
