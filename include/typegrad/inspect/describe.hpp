@@ -3,8 +3,10 @@
 // of typegrad). Three sections:
 //   forward graph   every node of the loss, children first
 //   backward graph  the nodes the gradients add, and the forward values they read: recomputed
-//                   (never stored, evaluated again where needed) or saved (reductions)
-//   kernel plan     the fused loops of value_and_grad and of forward
+//                   (not kept by forward(); backward(ctx) evaluates them again) or saved
+//                   (reductions, kernel results)
+//   kernel plan     the fused loops of value_and_grad and of forward, with the values a loop
+//                   saves for later loops (`saves:`)
 // TYPEGRAD_LOG=graphs prints the same text to stderr on the first call of each step type.
 //
 // Only the step's *type* is read, through its nested plans<> (see autodiff/step.hpp); this
