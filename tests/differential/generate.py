@@ -428,10 +428,15 @@ class Graph:
             self.nodes[-1].varies = lv != rv and shape == (lv and left or right).shape
         return True
 
+    def prod_chance(self):
+        """How often pick_reduce takes prod where its bounds allow: graphs FIRST_PROD.. half the time."""
+        return 0.5 if self.gid >= FIRST_PROD else 0.0
+
     def pick_reduce(self, x):
-        """A reduction of x; graphs FIRST_PROD.. take prod half the time where its bounds allow."""
+        """A reduction of x: one of REDUCE, or prod (prod_chance)."""
         op = self.rng.choice(REDUCE)
-        if self.gid >= FIRST_PROD and self.rng.random() < 0.5 and interval("prod", x) is not None:
+        chance = self.prod_chance()
+        if chance > 0 and (chance >= 1 or self.rng.random() < chance) and interval("prod", x) is not None:
             op = "prod"
         return op
 

@@ -56,12 +56,9 @@ class Graph(g.Graph):
     """A generate.Graph whose nodes also carry the dtype they have in a cpu/bf16 region, as
     typegrad decides it (the harness checks each against LibTorch)."""
 
-    def pick_reduce(self, x):
-        """A reduction of x; graphs FIRST_PROD.. take prod wherever its bounds allow."""
-        op = self.rng.choice(REDUCE)
-        if self.gid - FIRST_ID >= FIRST_PROD and g.interval("prod", x) is not None:
-            op = "prod"
-        return op
+    def prod_chance(self):
+        """Graphs FIRST_PROD.. take prod wherever its bounds allow."""
+        return 1.0 if self.gid - FIRST_ID >= FIRST_PROD else 0.0
 
     def __init__(self, gid, rng):
         self.dtypes = []

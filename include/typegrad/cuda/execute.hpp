@@ -107,9 +107,9 @@ enum prelude_fn : std::size_t {
     gather_f32_f32, gather_f64_f64, gather_f32_f64, gather_f64_f32, gather_b16_b16, prelude_fn_count
 };
 inline constexpr const char* prelude_names[prelude_fn_count] = {
-    "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_prod_f32", "tg_finish_sum_f64",
-    "tg_finish_max_f64", "tg_finish_min_f64", "tg_finish_prod_f64", "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32",
-    "tg_gather_b16_b16"};
+    "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_prod_f32",
+    "tg_finish_sum_f64", "tg_finish_max_f64", "tg_finish_min_f64", "tg_finish_prod_f64",
+    "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32", "tg_gather_b16_b16"};
 
 struct compiled_module {
     CUmodule module = nullptr;

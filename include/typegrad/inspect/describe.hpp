@@ -96,11 +96,11 @@ struct plan_ref {
     std::size_t loop_count = 0;
     const std::size_t* members = nullptr;
     const bool* computed = nullptr;
+    const bool* saved = nullptr;
     const std::size_t* stage = nullptr;
     const std::size_t* stores = nullptr;
     const std::size_t* ids = nullptr;
     std::size_t size = 0;
-    const bool* saved = nullptr;
 };
 
 struct step_ref {
@@ -117,9 +117,9 @@ struct step_ref {
 
 template <class PP, class ToView>
 constexpr plan_ref plan_ref_of(const ToView& ids) {
-    return {PP::plan.loops.data(),    PP::plan.loop_count, PP::plan.members.data(),
-            PP::plan.computed.data(), PP::plan.stage.data(), PP::stores.data(),
-            ids.data(),               PP::M,               PP::plan.saved.data()};
+    return {PP::plan.loops.data(),    PP::plan.loop_count,   PP::plan.members.data(),
+            PP::plan.computed.data(), PP::plan.saved.data(), PP::plan.stage.data(),
+            PP::stores.data(),        ids.data(),            PP::M};
 }
 
 template <class... Ns>
@@ -240,7 +240,7 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
         lv.reductions = ids(lp.red_begin, lp.red_end);
         const auto [mb, me] = materialized_range(lp);
         for (std::size_t k = mb; k < me; ++k)  // values saved for later stages, apart
-            (p.saved != nullptr && p.saved[p.members[k]] ? lv.saved : lv.materialized).push_back(p.ids[p.members[k]]);
+            (p.saved[p.members[k]] ? lv.saved : lv.materialized).push_back(p.ids[p.members[k]]);
         for (std::size_t k = lp.store_begin; k < lp.store_end; ++k)  // members hold store indices
             lv.stores.push_back(p.ids[p.stores[p.members[k]]]);
         v.loops.push_back(std::move(lv));
