@@ -5,11 +5,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 namespace tg = typegrad;
 using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::uniform;
+using tg::testing::values_of;
 
 namespace {
 constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
@@ -174,4 +177,109 @@ TEST_CASE("a long prod is one pass, the same bits on any thread count", "[ops][r
     CHECK(std::memcmp(g1.data(), g2.data(), n * sizeof(float)) == 0);
     CHECK_THAT(double(p1), Catch::Matchers::WithinRel(exact, 2e-4));
     for (std::size_t i = 0; i < n; i += 9973) CHECK_THAT(g1[i], Catch::Matchers::WithinRel(p1 / d[i], 1e-6f));
+}
+
+namespace {
+// Each kind of reduction over a vector of length n and along the rows of a 3 x n matrix, against
+// double references: sums and products within rounding, max and min exact. Lengths around one
+// and four SIMD batches (float and double) and past them, with a scalar tail: a kernel that
+// splits a row's accumulation over several registers (benchmarks/README.md, "Four
+// accumulators") must pass these unchanged.
+template <class T>
+void check_cheap_reductions(std::size_t n) {
+    constexpr auto v = tg::param<"v", T, tg::shape<tg::dyn>>;
+    constexpr auto w = tg::param<"w", T, tg::shape<3, tg::dyn>>;
+    std::vector<T> d(3 * n);
+    const auto u = uniform(3 * n, 0.5, 1.5, unsigned(n) + 7);
+    for (std::size_t i = 0; i < 3 * n; ++i) d[i] = T(i % 3 == 0 ? -u[i] : u[i]);
+    const std::vector<T> head(d.begin(), d.begin() + std::ptrdiff_t(n));
+    const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-13;
+    // row r's (or the head's, r = 0) reference
+    auto reference = [&](std::size_t r, int kind) {
+        double acc = kind == 0 ? 0.0 : kind == 3 ? 1.0 : kind == 1 ? double(d[r * n]) : -double(d[r * n]);
+        for (std::size_t i = r * n; i < (r + 1) * n; ++i) {
+            const double x = double(d[i]);
+            acc = kind == 0 ? acc + x * x : kind == 1 ? std::max(acc, x) : kind == 2 ? std::min(acc, -x) : acc * x;
+        }
+        return acc;
+    };
+    INFO("n = " << n << (std::is_same_v<T, float> ? ", float" : ", double"));
+    const auto vb = tg::bind(v, head, {n});
+    const auto wb = tg::bind(w, d, {3, n});
+    auto close = [&](double got, double want) { CHECK_THAT(got, Catch::Matchers::WithinRel(want, tol)); };
+    close(values_of(tg::compile(tg::sum(v * v), tg::wrt()), vb)[0], reference(0, 0));
+    CHECK(values_of(tg::compile(tg::max(v), tg::wrt()), vb)[0] == reference(0, 1));
+    CHECK(values_of(tg::compile(tg::min(-v), tg::wrt()), vb)[0] == reference(0, 2));
+    close(values_of(tg::compile(tg::prod(v), tg::wrt()), vb)[0], reference(0, 3));
+    const auto rows_sum = values_of(tg::compile(tg::sum(w * w, tg::axes<1>), tg::wrt()), wb);
+    const auto rows_max = values_of(tg::compile(tg::max(w, tg::axes<1>), tg::wrt()), wb);
+    const auto rows_min = values_of(tg::compile(tg::min(-w, tg::axes<1>), tg::wrt()), wb);
+    const auto rows_prod = values_of(tg::compile(tg::prod(w, tg::axes<1>), tg::wrt()), wb);
+    for (std::size_t r = 0; r < 3; ++r) {
+        close(rows_sum[r], reference(r, 0));
+        CHECK(rows_max[r] == reference(r, 1));
+        CHECK(rows_min[r] == reference(r, 2));
+        close(rows_prod[r], reference(r, 3));
+    }
+    // a NaN anywhere, in the vector body or the tail, reaches the result of every kind
+    for (std::size_t at_ : {std::size_t(0), n / 2, n - 1}) {
+        std::vector<T> nan_head = head;
+        nan_head[at_] = std::numeric_limits<T>::quiet_NaN();
+        const auto nb = tg::bind(v, nan_head, {n});
+        CHECK(std::isnan(values_of(tg::compile(tg::sum(v * v), tg::wrt()), nb)[0]));
+        CHECK(std::isnan(values_of(tg::compile(tg::max(v), tg::wrt()), nb)[0]));
+        CHECK(std::isnan(values_of(tg::compile(tg::min(-v), tg::wrt()), nb)[0]));
+        CHECK(std::isnan(values_of(tg::compile(tg::prod(v), tg::wrt()), nb)[0]));
+    }
+}
+}  // namespace
+
+TEST_CASE("reductions with a cheap body: every kind, every length around the SIMD batches", "[ops][reduce]") {
+    for (std::size_t n : {1u, 15u, 16u, 17u, 31u, 32u, 33u, 63u, 64u, 65u, 79u, 127u, 128u, 129u, 200u, 1000u}) {
+        check_cheap_reductions<float>(n);
+        check_cheap_reductions<double>(n);
+    }
+}
+
+TEST_CASE("a long sum with a cheap body gives the same bits on any thread count", "[ops][reduce][threads]") {
+    // 300007 elements: the loop splits into blocks, each accumulating on its own
+    constexpr auto f = tg::param<"f", float, tg::shape<tg::dyn>>;
+    const std::size_t n = 300007;
+    const auto u = uniform(n, -1.0, 1.0, 5);
+    std::vector<float> d(u.begin(), u.end());
+    double exact = 0, hi = -INFINITY;
+    for (float e : d) exact += double(e) * double(e), hi = std::max(hi, double(e));
+    auto step = tg::compile(tg::sum(f * f) + tg::max(f), tg::wrt(f));
+    std::vector<float> g1(n), g3(n);
+    tg::set_num_threads(1);
+    const float v1 = step.value_and_grad(tg::bind(f, d, {n}), tg::grad_into(f, g1));
+    tg::set_num_threads(3);
+    const float v3 = step.value_and_grad(tg::bind(f, d, {n}), tg::grad_into(f, g3));
+    tg::set_num_threads(0);
+    CHECK(std::memcmp(&v1, &v3, sizeof v1) == 0);
+    CHECK(std::memcmp(g1.data(), g3.data(), n * sizeof(float)) == 0);
+    CHECK_THAT(double(v1), Catch::Matchers::WithinRel(exact + hi, 1e-5));
+}
+
+TEST_CASE("a reduction gets the same bits from forward() and value_and_grad()", "[ops][reduce][plan]") {
+    // value_and_grad's first loop also computes the gradient (two more divisions), the forward
+    // plan's loop only the loss: the order in which the reduction adds must not depend on what
+    // else its loop computes (a kernel choosing its accumulation by the body's cost broke this)
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto rows = tg::param<"r", float, tg::shape<3, tg::dyn>>;
+    auto step = tg::compile(tg::sum(a / b / b), tg::wrt(a));
+    auto row_step = tg::compile(tg::sum(tg::sum(rows / tg::lit<3> / tg::lit<7>, tg::axes<1>)), tg::wrt(rows));
+    for (std::size_t n : {std::size_t(100), std::size_t(1027), std::size_t(300007)}) {
+        const auto u = uniform(3 * n, 0.5, 2.0, unsigned(n));
+        std::vector<float> x(u.begin(), u.begin() + std::ptrdiff_t(n)), y(u.begin() + std::ptrdiff_t(n), u.begin() + std::ptrdiff_t(2 * n));
+        std::vector<float> m(u.begin(), u.end()), g(n), gm(3 * n);
+        INFO("n = " << n);
+        const float v1 = step.value_and_grad(tg::bind(a, x, {n}), tg::bind(b, y, {n}), tg::grad_into(a, g));
+        const float v2 = step.forward(tg::bind(a, x, {n}), tg::bind(b, y, {n})).value();
+        CHECK(std::memcmp(&v1, &v2, sizeof v1) == 0);
+        const float r1 = row_step.value_and_grad(tg::bind(rows, m, {3, n}), tg::grad_into(rows, gm));
+        const float r2 = row_step.forward(tg::bind(rows, m, {3, n})).value();
+        CHECK(std::memcmp(&r1, &r2, sizeof r1) == 0);
+    }
 }
