@@ -44,6 +44,15 @@ constexpr std::uint64_t hash_text(std::uint64_t h, std::string_view s) {
     for (char c : s) h = hash_mix(h, static_cast<unsigned char>(c));
     return h;
 }
+// An op node's hash: its op's kind and name, then each operand's hash in order, so that sin(x)
+// and cos(x), a * b and b * a, x * x and y * y differ (the search's and the id tables' probes
+// stay short; an XOR of the operands' hashes gave those equal hashes and, in a 2000-op chain's
+// backward, g++'s constant-evaluation limit was spent probing).
+constexpr std::uint64_t hash_op(std::uint64_t kind, std::string_view name, std::initializer_list<std::uint64_t> children) {
+    std::uint64_t h = hash_text(hash_mix(kind + 3, children.size()), name);
+    for (std::uint64_t c : children) h = hash_mix(h, c);
+    return h;
+}
 template <class Shape>
 constexpr std::uint64_t hash_shape(std::uint64_t h) {
     h = hash_mix(h, Shape::rank);
@@ -207,7 +216,7 @@ struct node
     // Identity and structure hash for the graph algorithms (not API).
     static constexpr detail::node_desc desc{
         sizeof...(Children),
-        detail::hash_shape<shape_type>((detail::hash_mix(std::uint64_t(Op::kind) + 3, Children::desc.hash) ^ ... ^ 0)),
+        detail::hash_shape<shape_type>(detail::hash_op(std::uint64_t(Op::kind), Op::name, {Children::desc.hash...})),
         {&Children::desc...},
         alias_op<Op>};
 };

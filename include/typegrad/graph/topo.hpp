@@ -31,13 +31,6 @@ namespace typegrad::detail {
 
 inline constexpr std::size_t no_parent = static_cast<std::size_t>(-1);
 
-struct topo_table {
-    cvec<const node_desc*> order;  // post-order
-    cvec<std::size_t> parent;      // id of the node that discovered it, or no_parent (a root)
-    cvec<std::size_t> slot;        // its operand position there, or the root's index
-    cvec<std::size_t> child;       // ids of the operands, max_arity per node
-};
-
 // Where the references of a backward graph point (graph/node.hpp, node_ref): the descriptors of
 // the forward graph's nodes and of the adjoint definitions, by index (none for a plain graph).
 struct ref_tables {
@@ -66,8 +59,8 @@ constexpr const node_desc* seen(const node_desc* d, ref_tables r) {
 constexpr std::size_t hash_slot(std::uint64_t h, std::size_t mask) {
     return static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> 17) & mask;
 }
-// The id table of the search and of topo_arrays: open addressing over node ids (no_parent marks
-// an empty bucket), keyed by the descriptor's hash, over raw pointers (see run_topo).
+// The id table of the search: open addressing over node ids (no_parent marks an empty bucket),
+// keyed by the descriptor's hash, over raw pointers (see topo_search).
 constexpr void hash_insert(std::size_t* table, std::size_t mask, std::uint64_t hash, std::size_t id) {
     std::size_t s = hash_slot(hash, mask);
     while (table[s] != no_parent) s = (s + 1) & mask;
@@ -80,82 +73,90 @@ constexpr std::size_t hash_find(const std::size_t* table, std::size_t mask, cons
     return table[s];  // no_parent when absent
 }
 
+struct topo_frame {
+    const node_desc* d;
+    std::size_t next;  // the next operand to look at
+    std::size_t slot;  // its operand position in the parent frame, or the root's index
+    std::size_t head;  // tree children finished so far (a list through `link`)
+};
+// What the search writes: `cap` entries of each array (finished nodes and the stack's are
+// distinct, a graph having no cycles, so `cap` entries hold both) and a hash table of mask + 1
+// buckets.
+struct topo_space {
+    const node_desc** order;
+    std::size_t* parent;  // id of the node that discovered it, or no_parent (a root)
+    std::size_t* slot;    // its operand position there, or the root's index
+    std::size_t* link;
+    std::size_t* table;
+    topo_frame* stack;
+    std::size_t cap, mask;
+};
+
 // Iterative depth-first search (no recursion: a 1000-op chain is 1000 levels deep), written
 // over raw pointers: clang allows 2^20 steps per constant evaluation and charges every statement
 // evaluated, those of each operator[] called included (see cvec), so an 8-block model's search
-// through cvec and std::array subscripts went past the limit.
-template <bool Alias, std::size_t NRoots>
-constexpr topo_table run_topo(const std::array<const node_desc*, NRoots>& roots, ref_tables refs) {
-    struct frame {
-        const node_desc* d;
-        std::size_t next;  // the next operand to look at
-        std::size_t slot;  // its operand position in the parent frame, or the root's index
-        std::size_t head;  // tree children finished so far (a list through `link`)
-    };
-    topo_table t;
-    cvec<std::size_t> table, link;  // table: open addressing, id or empty
-    cvec<frame> stack;
-    // Finished nodes and the stack's are distinct (a graph has no cycles), so `cap` entries hold
-    // both; the hash table has 2 cap buckets.
-    std::size_t cap = 0, m = 0, depth = 0, mask = 0;
-    const node_desc** order = nullptr;
-    std::size_t *parent = nullptr, *slot = nullptr, *lk = nullptr, *tb = nullptr;
-    frame* st = nullptr;
-    auto grow = [&] {
-        cap = cap ? 2 * cap : 64;
-        t.order.resize(cap), t.parent.resize(cap), t.slot.resize(cap), link.resize(cap), stack.resize(cap);
-        order = t.order.data(), parent = t.parent.data(), slot = t.slot.data(), lk = link.data();
-        st = stack.data();
-        table.assign(2 * cap, no_parent);
-        tb = table.data();
-        mask = 2 * cap - 1;
-        for (std::size_t i = 0; i < m; ++i) hash_insert(tb, mask, order[i]->hash, i);
-    };
-    auto find = [&](const node_desc* d) { return hash_find(tb, mask, order, d); };
-    grow();
+// through cvec and std::array subscripts went past the limit. grow(space, m) makes room when the
+// search has filled `cap`; the result is the number of nodes.
+template <bool Alias, std::size_t NRoots, class Grow>
+constexpr std::size_t topo_search(const std::array<const node_desc*, NRoots>& roots, ref_tables refs, topo_space& s,
+                                  Grow grow) {
+    std::size_t m = 0, depth = 0;
     for (std::size_t r = 0; r < NRoots; ++r) {
         const node_desc* root = seen<Alias>(roots[r], refs);
-        if (find(root) != no_parent) continue;  // reached from an earlier root
-        if (m + depth == cap) grow();
-        st[depth++] = {root, 0, r, no_parent};
+        if (hash_find(s.table, s.mask, s.order, root) != no_parent) continue;  // reached from an earlier root
+        if (m + depth == s.cap) grow(s, m);
+        s.stack[depth++] = {root, 0, r, no_parent};
         while (depth) {
-            frame& f = st[depth - 1];
+            topo_frame& f = s.stack[depth - 1];
             if (f.next < f.d->arity) {
                 const node_desc* c = seen<Alias>(f.d->child[f.next], refs);
-                const std::size_t s = f.next++;
+                const std::size_t at = f.next++;
                 // a graph type has no cycles: an unfinished node is never reached again
-                if (find(c) == no_parent) {
-                    if (m + depth == cap) grow();
-                    st[depth++] = {c, 0, s, no_parent};
+                if (hash_find(s.table, s.mask, s.order, c) == no_parent) {
+                    if (m + depth == s.cap) grow(s, m);
+                    s.stack[depth++] = {c, 0, at, no_parent};
                 }
                 continue;
             }
             const std::size_t id = m++;
-            order[id] = f.d, slot[id] = f.slot, parent[id] = no_parent;
-            hash_insert(tb, mask, f.d->hash, id);
-            for (std::size_t c = f.head; c != no_parent; c = lk[c]) parent[c] = id;
+            s.order[id] = f.d, s.slot[id] = f.slot, s.parent[id] = no_parent;
+            hash_insert(s.table, s.mask, f.d->hash, id);
+            for (std::size_t c = f.head; c != no_parent; c = s.link[c]) s.parent[c] = id;
             if (--depth) {
-                lk[id] = st[depth - 1].head;
-                st[depth - 1].head = id;
+                s.link[id] = s.stack[depth - 1].head;
+                s.stack[depth - 1].head = id;
             }
         }
     }
-    t.order.resize(m), t.parent.resize(m), t.slot.resize(m);
-    t.child.assign(m * max_arity, no_parent);
-    std::size_t* child = t.child.data();
-    for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t k = 0; k < order[i]->arity; ++k) child[i * max_arity + k] = find(seen<Alias>(order[i]->child[k], refs));
-    return t;
+    return m;
+}
+
+// The number of nodes, in growable arrays (the size is not known yet).
+template <bool Alias, std::size_t NRoots>
+constexpr std::size_t topo_size(const std::array<const node_desc*, NRoots>& roots, ref_tables refs) {
+    cvec<const node_desc*> order;
+    cvec<std::size_t> parent, slot, link, table;
+    cvec<topo_frame> stack;
+    auto grow = [&](topo_space& s, std::size_t m) {
+        const std::size_t cap = s.cap ? 2 * s.cap : 64;
+        order.resize(cap), parent.resize(cap), slot.resize(cap), link.resize(cap), stack.resize(cap);
+        table.assign(2 * cap, no_parent);
+        s = {order.data(), parent.data(), slot.data(), link.data(), table.data(), stack.data(), cap, 2 * cap - 1};
+        for (std::size_t i = 0; i < m; ++i) hash_insert(s.table, s.mask, s.order[i]->hash, i);
+    };
+    topo_space s{};
+    grow(s, 0);
+    return topo_search<Alias>(roots, refs, s, grow);
 }
 
 // The search's result in fixed-size arrays (a constexpr static member cannot hold vectors),
-// with a hash table for id look-ups.
+// with its hash table for id look-ups.
 template <std::size_t M>
 struct topo_arrays {
     static constexpr std::size_t buckets = std::bit_ceil(2 * M + 2);
     std::array<const node_desc*, M> order{};
     std::array<std::size_t, M> parent{}, slot{};
-    std::array<std::size_t, M * max_arity> child{};
+    std::array<std::size_t, M * max_arity> child{};  // operand ids, no_parent past a node's arity
     std::array<std::size_t, buckets> table{};
 
     constexpr std::size_t find(const node_desc* d) const {
@@ -163,18 +164,27 @@ struct topo_arrays {
     }
 };
 
+// The search again, M known: it writes straight into the result (no growth, no copy), so this
+// evaluation, the larger of the two, costs clang about as many steps as topo_size.
 template <bool Alias, std::size_t M, std::size_t NRoots>
 constexpr topo_arrays<M> topo_fixed(const std::array<const node_desc*, NRoots>& roots, ref_tables refs) {
-    const topo_table t = run_topo<Alias>(roots, refs);
     topo_arrays<M> r;
-    const node_desc** order = r.order.data();
-    std::size_t *parent = r.parent.data(), *slot = r.slot.data(), *child = r.child.data(), *tb = r.table.data();
-    const node_desc* const* t_order = t.order.data();
-    const std::size_t *t_parent = t.parent.data(), *t_slot = t.slot.data(), *t_child = t.child.data();
-    for (std::size_t i = 0; i < M; ++i) order[i] = t_order[i], parent[i] = t_parent[i], slot[i] = t_slot[i];
-    for (std::size_t i = 0; i < M * max_arity; ++i) child[i] = t_child[i];
+    cvec<std::size_t> link;
+    cvec<topo_frame> stack;
+    link.reserve(M), stack.reserve(M);
+    std::size_t* tb = r.table.data();
     for (std::size_t i = 0; i < r.buckets; ++i) tb[i] = no_parent;
-    for (std::size_t i = 0; i < M; ++i) hash_insert(tb, r.buckets - 1, t_order[i]->hash, i);
+    topo_space s{r.order.data(), r.parent.data(), r.slot.data(), link.data(), tb, stack.data(), M, r.buckets - 1};
+    // M is the node count of the same search: it never needs room (and growing would not be a
+    // constant expression)
+    topo_search<Alias>(roots, refs, s, [](topo_space&, std::size_t) { throw "typegrad: topo_fixed outgrew M"; });
+    const node_desc** order = r.order.data();
+    std::size_t* child = r.child.data();
+    for (std::size_t i = 0; i < M; ++i) {
+        std::size_t k = 0;
+        for (; k < order[i]->arity; ++k) child[i * max_arity + k] = hash_find(tb, s.mask, order, seen<Alias>(order[i]->child[k], refs));
+        for (; k < max_arity; ++k) child[i * max_arity + k] = no_parent;
+    }
     return r;
 }
 
@@ -214,7 +224,7 @@ struct basic_topo {
     using refs = Refs;
     using roots = type_list<Roots...>;
     static constexpr std::array<const node_desc*, sizeof...(Roots)> root_descs{&Roots::desc...};
-    static constexpr std::size_t size = run_topo<Alias>(root_descs, Refs::tables).order.size();
+    static constexpr std::size_t size = topo_size<Alias>(root_descs, Refs::tables);
     static constexpr topo_arrays<size> table = topo_fixed<Alias, size>(root_descs, Refs::tables);
     using type = typename topo_list<basic_topo>::type;
     template <class N>

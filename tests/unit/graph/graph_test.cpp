@@ -1,8 +1,10 @@
 // Compile-time facts: graph types, common subexpressions, gradient types, shape rules.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -246,6 +248,47 @@ TEST_CASE("graphs deeper than the compilers' template depth", "[graph][depth]") 
     STATIC_REQUIRE(unique_nodes<g3> == 3);
     using g = decltype(tg::grad(tg::sum(deep{}), x));
     STATIC_REQUIRE(unique_nodes<g> == 1200);
+}
+
+namespace {
+// The number of distinct structural hashes among a graph's nodes (graph/node.hpp's node_desc).
+template <class Topo>
+constexpr std::size_t distinct_hashes() {
+    std::array<std::uint64_t, Topo::size> h{};
+    for (std::size_t i = 0; i < Topo::size; ++i) h[i] = Topo::table.order[i]->hash;
+    std::sort(h.begin(), h.end());
+    return static_cast<std::size_t>(std::unique(h.begin(), h.end()) - h.begin());
+}
+template <class N>
+constexpr std::uint64_t hash_of = N::desc.hash;
+template <class PP>
+struct graph_of_plan;
+template <class Nodes, class Stores, class Required, class Given, class T>
+struct graph_of_plan<tg::detail::plan_provider<Nodes, Stores, Required, Given, T>> {
+    using type = Nodes;
+};
+// Eight ops of benchmarks/compile_time's chain (gen.py), each on the last.
+template <tg::expression E>
+constexpr auto chain_block(E v) {
+    return tg::square(tg::cos(tg::sigmoid(tg::tanh(tg::exp(tg::tanh(tg::sin(v))))))) * tg::lit<0.75>;
+}
+}  // namespace
+
+TEST_CASE("distinct nodes have distinct hashes, so the graph searches probe once", "[graph][hash]") {
+    // The searches' hash tables key nodes by this hash; with equal hashes every look-up probes
+    // past all of them (a 2000-op chain's backward spent g++'s whole constant-evaluation budget
+    // so). Equal types still have equal hashes (the identity is the descriptor's address).
+    STATIC_REQUIRE(hash_of<node_t<decltype(tg::sin(x))>> != hash_of<node_t<decltype(tg::cos(x))>>);
+    STATIC_REQUIRE(hash_of<node_t<decltype(x * tg::exp(x))>> != hash_of<node_t<decltype(tg::exp(x) * x)>>);
+    STATIC_REQUIRE(hash_of<node_t<decltype(x * x)>> != hash_of<node_t<decltype(tg::exp(x) * tg::exp(x))>>);
+    STATIC_REQUIRE(hash_of<node_t<decltype(x - y)>> != hash_of<node_t<decltype(y - x)>>);
+    STATIC_REQUIRE(hash_of<node_t<decltype(tg::sin(x))>> == hash_of<node_t<decltype(tg::sin(x))>>);
+    // value_and_grad's joint graph (forward, backward by reference, gradients) of 24 chained ops
+    auto loss = tg::sum(chain_block(chain_block(chain_block(x))));
+    using S = decltype(tg::compile(loss, tg::wrt(x)));
+    using joint = typename graph_of_plan<typename S::template plans<>::joint>::type;
+    STATIC_REQUIRE(joint::size > 60);
+    STATIC_REQUIRE(distinct_hashes<joint>() == joint::size);
 }
 
 namespace {
