@@ -16,7 +16,7 @@
 
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/exec/program.hpp>
+#include <typegrad/ops/op_base.hpp>
 #include <typegrad/ops/reduce.hpp>
 
 namespace typegrad {

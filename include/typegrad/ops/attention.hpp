@@ -28,10 +28,10 @@
 
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/log_sum_exp.hpp>
 #include <typegrad/ops/matmul.hpp>
+#include <typegrad/ops/op_base.hpp>
 #include <typegrad/ops/view.hpp>
 
 namespace typegrad {

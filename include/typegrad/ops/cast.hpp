@@ -6,8 +6,8 @@
 #include <cstddef>
 
 #include <typegrad/core/half_simd.hpp>
-#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/op_base.hpp>
 
 namespace typegrad {
 namespace detail {

@@ -22,8 +22,8 @@
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/core/philox.hpp>
-#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/op_base.hpp>
 
 namespace typegrad {
 namespace detail {

@@ -33,9 +33,9 @@
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/buffer_pool.hpp>
-#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
+#include <typegrad/ops/op_base.hpp>
 #include <typegrad/ops/view.hpp>
 
 namespace typegrad {
@@ -99,7 +99,7 @@ inline bool is_padding(std::int64_t id, std::size_t rows) {
 }
 
 // ---- device kernels of the index ops (cuda/codegen.hpp emits this once per module) ----------
-// Element codes as exec/program.hpp's device_type_code; I: the ids' type. A bad id records its
+// Element codes as core/device_kernel.hpp's device_type_code; I: the ids' type. A bad id records its
 // position (tg_report) and the host throws the CPU's message. Scatter-adds run one thread per
 // output line, adding in the CPU's order: the same bits as the CPU, run after run.
 inline constexpr const char* index_device_source = R"CUDA(

@@ -8,9 +8,9 @@
 #include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/cpu/gemm.hpp>
 #include <typegrad/exec/cpu/gemm_half.hpp>
-#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/op_base.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/view.hpp>
 

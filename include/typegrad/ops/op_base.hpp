@@ -5,8 +5,10 @@
 // operands, T the loop's element type, tg_* the functions of the generated prelude
 // (cuda/codegen.hpp); the CUDA backend turns a plan into source from these strings.
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/dtype.hpp>
 #include <typegrad/core/shape.hpp>
 #include <typegrad/graph/node.hpp>
@@ -46,6 +48,37 @@ struct elementwise_op {
 struct nondifferentiable_elementwise_op : elementwise_op {
     static constexpr bool differentiable = false;
 };
+
+// The element type of a node's buffer: its dtype's storage type, except that a reduction with a
+// bf16/f16 result accumulates in a float buffer (its readers round it once, on load) and a view
+// shares its input's buffer (and an alias node is its operand).
+template <class N>
+struct buffer_type {
+    using type = storage_t<typename N::value_type>;
+};
+template <class Op, class X>
+    requires alias_op<Op>
+struct buffer_type<node<Op, X>> : buffer_type<X> {};
+template <class Op, class C0, class... Cs>
+struct buffer_type<node<Op, C0, Cs...>> {
+    using value = storage_t<typename node<Op, C0, Cs...>::value_type>;
+    using type = std::conditional_t<
+        Op::kind == op_kind::view, typename buffer_type<C0>::type,
+        std::conditional_t<Op::kind == op_kind::reduce && is_reduced_precision_v<value>, float, value>>;
+};
+template <class N>
+using buffer_t = typename buffer_type<N>::type;
+
+// The usual device_call of a kernel op (core/device_kernel.hpp): kernel<I, T, V, B>, I the element
+// type of operand IdsAt (ids, a start, an rng), T the node's buffer type, V and B the value and
+// buffer types of operand SrcAt (the values the kernel reads).
+template <class N, std::size_t IdsAt, std::size_t SrcAt>
+std::string device_call_of(const char* kernel) {
+    using Src = type_at_t<SrcAt, typename N::children>;
+    return device_template_call(kernel, {device_type_code<typename type_at_t<IdsAt, typename N::children>::value_type>(),
+                                         device_type_code<buffer_t<N>>(), device_type_code<typename Src::value_type>(),
+                                         device_type_code<buffer_t<Src>>()});
+}
 
 template <class A, class B>
 inline constexpr bool same_shape_v = std::is_same_v<typename A::shape_type, typename B::shape_type>;

@@ -27,9 +27,9 @@
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/cpu/thread_pool.hpp>
-#include <typegrad/exec/program.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/conv.hpp>
+#include <typegrad/ops/op_base.hpp>
 
 namespace typegrad {
 namespace detail {
