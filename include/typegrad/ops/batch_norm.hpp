@@ -26,6 +26,7 @@
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/norm.hpp>
 #include <typegrad/ops/view.hpp>
+#include <typegrad/exec/cpu/thread_pool.hpp>
 
 namespace typegrad {
 namespace detail {
@@ -107,22 +108,41 @@ struct batch_norm_running_update {
         const std::size_t count = n * inner;
         if (count < 2)  // PyTorch: "Expected more than 1 value per channel when training"
             throw shape_error("typegrad: batch_norm in training mode needs more than one value per channel");
-        for (std::size_t ch = 0; ch < c; ++ch) {
-            double s = 0;
-            for (std::size_t b = 0; b < n; ++b)
-                for (std::size_t e = 0; e < inner; ++e) s += double(x[(b * c + ch) * inner + e]);
-            const double mu = s / double(count);
-            double ss = 0;
-            for (std::size_t b = 0; b < n; ++b)
-                for (std::size_t e = 0; e < inner; ++e) {
-                    const double d = double(x[(b * c + ch) * inner + e]) - mu;
-                    ss += d * d;
-                }
-            const double var = ss / double(count - 1);  // unbiased, as PyTorch's running_var
-            using T = std::remove_cvref_t<decltype(rm[0])>;
-            rm[ch] = T((1 - momentum) * double(rm[ch]) + momentum * mu);
-            rv[ch] = T((1 - momentum) * double(rv[ch]) + momentum * var);
+        // Per channel, in double: sums over eight lanes (a chain of dependent adds ran at one add
+        // per four cycles), combined in a fixed order, so any thread count gives the same bits.
+        using T = std::remove_cvref_t<decltype(rm[0])>;
+        const auto* xp = x.data();
+        T* rmp = rm.data();
+        T* rvp = rv.data();
+        parallel_ranges(c, 2 * count, [&](std::size_t c0, std::size_t c1) {
+            for (std::size_t ch = c0; ch < c1; ++ch) {
+                const double mu = channel_sum<false>(xp, n, c, inner, ch, 0.0) / double(count);
+                const double var = channel_sum<true>(xp, n, c, inner, ch, mu) / double(count - 1);  // unbiased, as PyTorch's running_var
+                rmp[ch] = T((1 - momentum) * double(rmp[ch]) + momentum * mu);
+                rvp[ch] = T((1 - momentum) * double(rvp[ch]) + momentum * var);
+            }
+        });
+    }
+    // The sum over channel ch of [n, c, inner] x of x, or of (x - mu)^2, in double over eight lanes
+    // (element k of the channel into lane k mod 8, whatever the rows).
+    template <bool Squares, class X>
+    static double channel_sum(const X* x, std::size_t n, std::size_t c, std::size_t inner, std::size_t ch, double mu) {
+        constexpr std::size_t lanes = 8;
+        double acc[lanes] = {};
+        auto add = [&](std::size_t l, X xe) {
+            const double v = double(xe);
+            acc[l] += Squares ? (v - mu) * (v - mu) : v;
+        };
+        std::size_t l = 0;
+        for (std::size_t b = 0; b < n; ++b) {
+            const X* row = x + (b * c + ch) * inner;
+            std::size_t e = 0;
+            for (; e < inner && l != 0; ++e, l = (l + 1) % lanes) add(l, row[e]);  // up to lane 0
+            for (; e + lanes <= inner; e += lanes)                                  // whole blocks: vectorised
+                for (std::size_t k = 0; k < lanes; ++k) add(k, row[e + k]);
+            for (; e < inner; ++e, l = (l + 1) % lanes) add(l, row[e]);
         }
+        return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
     template <std::size_t I, class G, class Out, class... Xs>
     static constexpr auto vjp(G g, Out, Xs...) {

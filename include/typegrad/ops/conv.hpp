@@ -6,11 +6,15 @@
 //   x [N, C, H, W], w [O, C / G, KH, KW] -> [N, O, Ho, Wo],
 //   Ho = (H + 2P - D (KH - 1) - 1) / S + 1 (floor), Wo likewise
 //
-// Three kernel ops on the packed GEMM (exec/cpu/gemm.hpp), image by image through an im2col
-// buffer ([C * KH * KW, Ho * Wo], zeros where the (dilated) window leaves the padded input):
+// Three kernel ops on the packed GEMM (exec/cpu/gemm.hpp) through an im2col buffer
+// ([C * KH * KW, Ho * Wo] per image, zeros where the (dilated) window leaves the padded input):
 //   conv2d          y_n  = W . im2col(x_n)
 //   conv2d_input    dx_n = col2im(W^T . g_n)          (the VJP for x)
 //   conv2d_weight   dW   = sum_n g_n . im2col(x_n)^T  (the VJP for W)
+// Images go in chunks: the im2col blocks of a chunk's images sit side by side ([C KH KW, nb Ho Wo]),
+// so each product is one GEMM with nb times the columns (small images were one narrow GEMM each;
+// the wide one is threaded and packs W once per chunk). A chunk holds as many images as fit
+// conv_chunk_elements of im2col, at least one.
 // With G groups, channels [g C/G, (g+1) C/G) meet only output channels [g O/G, (g+1) O/G): each
 // product above is G GEMMs over the matching row blocks of W, im2col(x_n) and g_n (block-diagonal
 // W, never materialised).
@@ -30,6 +34,7 @@
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/exec/cpu/gemm.hpp>
+#include <typegrad/exec/cpu/thread_pool.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/op_base.hpp>
@@ -62,6 +67,14 @@ struct conv_geometry {
     std::size_t pixels() const { return ho * wo; }
 };
 
+// im2col elements per chunk of images (2^21: 8 MB of float, within L2/L3 reach of the GEMM's
+// blocks); a chunk takes at least one image.
+inline constexpr std::size_t conv_chunk_elements = std::size_t(1) << 21;
+inline std::size_t conv_chunk_images(const conv_geometry& g) {
+    const std::size_t per = std::max<std::size_t>(1, g.ckk() * g.pixels());
+    return std::clamp<std::size_t>(conv_chunk_elements / per, 1, std::max<std::size_t>(1, g.n));
+}
+
 // A strided rank-4 operand as a dense buffer of C.
 // (Kernel temporaries come from the per-thread buffer pool: fresh vectors of this size were
 // page-faulted in and zeroed on every call.)
@@ -82,20 +95,67 @@ pooled_buffer<C> dense_of(const Ref& r) {
             }
     return out;
 }
-template <class T, class C>
-void store_dense(const pooled_buffer<C>& v, T* out) {
-    if constexpr (std::is_same_v<T, C>) std::copy(v.begin(), v.end(), out);
-    else
-        for (std::size_t e = 0; e < v.size(); ++e) out[e] = T(v[e]);
-}
-
-// col [C * KH * KW, Ho * Wo] of image x (dense [C, H, W])
+// An operand as a dense array of C: the caller's buffer itself when it already is one (most
+// operands: a copy cost as much as im2col), else a dense copy.
 template <class C>
-void im2col(const conv_geometry& g, const C* x, C* col) {
-    for (std::size_t c = 0; c < g.c; ++c)
+struct dense_input {
+    pooled_buffer<C> copy;  // empty when the operand is read in place
+    const C* data;
+};
+template <class Ref>
+bool is_row_major(const Ref& r) {
+    std::ptrdiff_t expect = 1;
+    for (std::size_t a = 4; a-- > 0;) {
+        if (r.ext[a] != 1 && r.stride[a] != expect) return false;
+        expect *= std::ptrdiff_t(r.ext[a]);
+    }
+    return true;
+}
+template <class C, class V, class B, class Ref>
+dense_input<C> dense_input_of(const Ref& r) {
+    if constexpr (std::is_same_v<B, C>)
+        if (is_row_major(r)) return {pooled_buffer<C>(), static_cast<const C*>(r.data)};
+    dense_input<C> d{dense_of<C, V, B>(r), nullptr};
+    d.data = d.copy.data();
+    return d;
+}
+// The result as a dense array of C: the output buffer itself when it has the compute dtype, else
+// a buffer rounded into it by store() (once, at the end). Kernel outputs never overlap operands.
+template <class C, class T>
+struct dense_output {
+    pooled_buffer<C> own;
+    C* data;
+    dense_output(T* out, std::size_t n) {
+        if constexpr (std::is_same_v<T, C>) data = out;
+        else {
+            own = pooled_buffer<C>(n);
+            data = own.data();
+        }
+    }
+    void store(T* out) const {
+        if constexpr (!std::is_same_v<T, C>)
+            for (std::size_t e = 0; e < own.size(); ++e) out[e] = T(own[e]);
+    }
+};
+
+// The output columns [lo, hi) whose kernel column j reads inside the input row (the others read
+// padding): iw = ow sw + j dw - pw in [0, w).
+inline void conv_inner_columns(const conv_geometry& g, std::size_t j, std::size_t& lo, std::size_t& hi) {
+    const std::size_t off = j * g.dw;
+    lo = off >= g.pw ? 0 : (g.pw - off + g.sw - 1) / g.sw;
+    hi = g.w - 1 + g.pw < off ? 0 : std::min(g.wo, (g.w - 1 + g.pw - off) / g.sw + 1);
+    lo = std::min(lo, hi);
+}
+// col [C * KH * KW, Ho * Wo] of image x (dense [C, H, W]), rows ld apart (ld >= Ho * Wo: the
+// image's block of a chunk's buffer); channels [c0, c1) only
+template <class C>
+void im2col(const conv_geometry& g, const C* x, C* col, std::size_t ld, std::size_t c0, std::size_t c1) {
+    for (std::size_t c = c0; c < c1; ++c)
         for (std::size_t i = 0; i < g.kh; ++i)
             for (std::size_t j = 0; j < g.kw; ++j) {
-                C* dst = col + ((c * g.kh + i) * g.kw + j) * g.pixels();
+                C* dst = col + ((c * g.kh + i) * g.kw + j) * ld;
+                std::size_t lo, hi;
+                conv_inner_columns(g, j, lo, hi);
                 for (std::size_t oh = 0; oh < g.ho; ++oh) {
                     const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
                     C* d = dst + oh * g.wo;
@@ -103,32 +163,67 @@ void im2col(const conv_geometry& g, const C* x, C* col) {
                         std::fill_n(d, g.wo, C(0));
                         continue;
                     }
-                    const C* src = x + (c * g.h + std::size_t(ih)) * g.w;
-                    for (std::size_t ow = 0; ow < g.wo; ++ow) {
-                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j * g.dw) - std::ptrdiff_t(g.pw);
-                        d[ow] = iw < 0 || iw >= std::ptrdiff_t(g.w) ? C(0) : src[iw];
-                    }
+                    std::fill_n(d, lo, C(0));
+                    std::fill_n(d + hi, g.wo - hi, C(0));
+                    if (lo == hi) continue;
+                    const C* src = x + (c * g.h + std::size_t(ih)) * g.w + (j * g.dw + lo * g.sw - g.pw);
+                    if (g.sw == 1) std::copy_n(src, hi - lo, d + lo);
+                    else
+                        for (std::size_t ow = lo; ow < hi; ++ow) d[ow] = src[(ow - lo) * g.sw];
                 }
             }
 }
-// x (dense [C, H, W]) += col2im(col)
+// x (dense [C, H, W]) += col2im(col), col's rows ld apart; channels [c0, c1) only
 template <class C>
-void col2im_add(const conv_geometry& g, const C* col, C* x) {
-    for (std::size_t c = 0; c < g.c; ++c)
+void col2im_add(const conv_geometry& g, const C* col, C* x, std::size_t ld, std::size_t c0, std::size_t c1) {
+    for (std::size_t c = c0; c < c1; ++c)
         for (std::size_t i = 0; i < g.kh; ++i)
             for (std::size_t j = 0; j < g.kw; ++j) {
-                const C* srcc = col + ((c * g.kh + i) * g.kw + j) * g.pixels();
+                const C* srcc = col + ((c * g.kh + i) * g.kw + j) * ld;
+                std::size_t lo, hi;
+                conv_inner_columns(g, j, lo, hi);
                 for (std::size_t oh = 0; oh < g.ho; ++oh) {
                     const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
-                    if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
-                    C* dst = x + (c * g.h + std::size_t(ih)) * g.w;
+                    if (ih < 0 || ih >= std::ptrdiff_t(g.h) || lo == hi) continue;
+                    C* dst = x + (c * g.h + std::size_t(ih)) * g.w + (j * g.dw + lo * g.sw - g.pw);
                     const C* s = srcc + oh * g.wo;
-                    for (std::size_t ow = 0; ow < g.wo; ++ow) {
-                        const std::ptrdiff_t iw = std::ptrdiff_t(ow * g.sw + j * g.dw) - std::ptrdiff_t(g.pw);
-                        if (iw >= 0 && iw < std::ptrdiff_t(g.w)) dst[iw] += s[ow];
-                    }
+                    if (g.sw == 1)  // contiguous: vectorised
+                        for (std::size_t ow = lo; ow < hi; ++ow) dst[ow - lo] += s[ow];
+                    else
+                        for (std::size_t ow = lo; ow < hi; ++ow) dst[(ow - lo) * g.sw] += s[ow];
                 }
             }
+}
+
+// The chunk [n0, n0 + nb)'s im2col ([C KH KW, nb Ho Wo]: image i in columns [i Ho Wo, (i + 1) Ho Wo))
+// and its col2im: every channel writes only its own rows (im2col) or its own planes (col2im), so
+// the channels are split over the thread pool with the results of one thread.
+template <class C>
+void im2col_chunk(const conv_geometry& g, const C* x, std::size_t n0, std::size_t nb, C* col) {
+    parallel_ranges(g.c, g.kh * g.kw * nb * g.pixels(), [&](std::size_t c0, std::size_t c1) {
+        for (std::size_t i = 0; i < nb; ++i)
+            im2col(g, x + (n0 + i) * g.c * g.h * g.w, col + i * g.pixels(), nb * g.pixels(), c0, c1);
+    });
+}
+template <class C>
+void col2im_chunk_add(const conv_geometry& g, const C* col, std::size_t n0, std::size_t nb, C* x) {
+    parallel_ranges(g.c, g.kh * g.kw * nb * g.pixels(), [&](std::size_t c0, std::size_t c1) {
+        for (std::size_t i = 0; i < nb; ++i)
+            col2im_add(g, col + i * g.pixels(), x + (n0 + i) * g.c * g.h * g.w, nb * g.pixels(), c0, c1);
+    });
+}
+// [N, O, P] images n0.. n0 + nb  <->  [O, nb P] (a chunk's GEMM layout; P = Ho Wo)
+template <class C>
+void images_to_rows(const conv_geometry& g, const C* y, std::size_t n0, std::size_t nb, C* rows) {
+    for (std::size_t i = 0; i < nb; ++i)
+        for (std::size_t o = 0; o < g.o; ++o)
+            std::copy_n(y + ((n0 + i) * g.o + o) * g.pixels(), g.pixels(), rows + (o * nb + i) * g.pixels());
+}
+template <class C>
+void rows_to_images(const conv_geometry& g, const C* rows, std::size_t n0, std::size_t nb, C* y) {
+    for (std::size_t i = 0; i < nb; ++i)
+        for (std::size_t o = 0; o < g.o; ++o)
+            std::copy_n(rows + (o * nb + i) * g.pixels(), g.pixels(), y + ((n0 + i) * g.o + o) * g.pixels());
 }
 
 // The padding is no input: a padded position takes part in no product (oneDNN's and cuDNN's
@@ -137,9 +232,9 @@ void col2im_add(const conv_geometry& g, const C* col, C* x) {
 // is NaN): then these direct loops, which skip the padding, run instead (docs/reliability.md,
 // finding 19).
 template <class C>
-bool all_finite(const pooled_buffer<C>& v) {
-    for (const C& e : v)
-        if (!(e - e == C(0))) return false;
+bool all_finite(const C* v, std::size_t n) {
+    for (std::size_t e = 0; e < n; ++e)
+        if (!(v[e] - v[e] == C(0))) return false;
     return true;
 }
 // y [N, O, Ho, Wo] = conv(x [N, C, H, W], w [O, C / groups, KH, KW]); output channel o reads
@@ -255,23 +350,26 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
         using W = type_at_t<1, typename N::children>;
         using C = compute_t<T>;
         const conv_geometry g = conv_geometry_of<P>(in[0].ext, in[1].ext, "conv2d(x, w)");
-        const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[0]);
-        const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
-        pooled_buffer<C> y(g.n * g.o * g.pixels());
-        if ((P.ph > 0 || P.pw > 0) && !all_finite(w)) {
-            conv_direct(g, x.data(), w.data(), y.data());
-            store_dense(y, out);
+        const auto x = dense_input_of<C, typename X::value_type, buffer_t<X>>(in[0]);
+        const auto w = dense_input_of<C, typename W::value_type, buffer_t<W>>(in[1]);
+        dense_output<C, T> y(out, g.n * g.o * g.pixels());
+        if ((P.ph > 0 || P.pw > 0) && !all_finite(w.data, g.o * g.group_ckk())) {
+            conv_direct(g, x.data, w.data, y.data);
+            y.store(out);
             return;
         }
-        pooled_buffer<C> col(g.ckk() * g.pixels());
-        for (std::size_t n = 0; n < g.n; ++n) {
-            im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
+        const std::size_t nb = conv_chunk_images(g);
+        pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
+        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
+            const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
+            im2col_chunk(g, x.data, n0, cnt, col.data());
+            C* dst = cnt > 1 ? rows.data() : y.data + n0 * g.o * g.pixels();  // one image: its rows are y's
             for (std::size_t b = 0; b < g.groups; ++b)
-                gemm(transpose::no, transpose::no, g.group_o(), g.pixels(), g.group_ckk(),
-                     w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(), col.data() + b * g.group_ckk() * g.pixels(),
-                     g.pixels(), y.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(), false);
+                gemm(transpose::no, transpose::no, g.group_o(), ld, g.group_ckk(), w.data + b * g.group_o() * g.group_ckk(),
+                     g.group_ckk(), col.data() + b * g.group_ckk() * ld, ld, dst + b * g.group_o() * ld, ld, false);
+            if (cnt > 1) rows_to_images(g, rows.data(), n0, cnt, y.data);
         }
-        store_dense(y, out);
+        y.store(out);
     }
     template <std::size_t I, class G, class Out, class X, class W>
     static constexpr auto vjp(G g, Out, X x, W w) {
@@ -303,18 +401,25 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         using W = type_at_t<1, typename N::children>;
         using C = compute_t<T>;
         const conv_geometry g = conv_geometry_of<P>(in[2].ext, in[1].ext, "conv2d backward (input)");
-        const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
-        const auto w = dense_of<C, typename W::value_type, buffer_t<W>>(in[1]);
-        pooled_buffer<C> col(g.ckk() * g.pixels()), dx(g.n * g.c * g.h * g.w, C(0));
-        for (std::size_t n = 0; n < g.n; ++n) {
+        const auto gy = dense_input_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
+        const auto w = dense_input_of<C, typename W::value_type, buffer_t<W>>(in[1]);
+        dense_output<C, T> dx(out, g.n * g.c * g.h * g.w);
+        std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));
+        const std::size_t nb = conv_chunk_images(g);
+        pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
+        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
+            const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
+            const C* src = gy.data + n0 * g.o * g.pixels();  // one image: g_n's rows as they are
+            if (cnt > 1) {
+                images_to_rows(g, gy.data, n0, cnt, rows.data());
+                src = rows.data();
+            }
             for (std::size_t b = 0; b < g.groups; ++b)
-                gemm(transpose::yes, transpose::no, g.group_ckk(), g.pixels(), g.group_o(),
-                     w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(),
-                     gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(),
-                     col.data() + b * g.group_ckk() * g.pixels(), g.pixels(), false);
-            col2im_add(g, col.data(), dx.data() + n * g.c * g.h * g.w);
+                gemm(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w.data + b * g.group_o() * g.group_ckk(),
+                     g.group_ckk(), src + b * g.group_o() * ld, ld, col.data() + b * g.group_ckk() * ld, ld, false);
+            col2im_chunk_add(g, col.data(), n0, cnt, dx.data);
         }
-        store_dense(dx, out);
+        dx.store(out);
     }
     // <conv2d_input(g, w), h> = <g, conv2d(h, w)>
     template <std::size_t I, class H, class Out, class G, class W, class X>
@@ -348,34 +453,41 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
         using X = type_at_t<1, typename N::children>;
         using C = compute_t<T>;
         const conv_geometry g = conv_geometry_of<P>(in[1].ext, in[2].ext, "conv2d backward (weight)");
-        const auto gy = dense_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
-        const auto x = dense_of<C, typename X::value_type, buffer_t<X>>(in[1]);
-        pooled_buffer<C> dw(g.o * g.group_ckk(), C(0));
-        if ((P.ph > 0 || P.pw > 0) && !all_finite(gy)) {
-            conv_weight_direct(g, gy.data(), x.data(), dw.data());
-            store_dense(dw, out);
+        const auto gy = dense_input_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
+        const auto x = dense_input_of<C, typename X::value_type, buffer_t<X>>(in[1]);
+        dense_output<C, T> dw(out, g.o * g.group_ckk());
+        if ((P.ph > 0 || P.pw > 0) && !all_finite(gy.data, g.n * g.o * g.pixels())) {
+            conv_weight_direct(g, gy.data, x.data, dw.data);
+            dw.store(out);
             return;
         }
         // dW^T = im2col(x) g^T, so that the large operand (im2col: ckk x pixels) is the GEMM's A,
         // packed once per block, and the small one (g: o x pixels) its B; dW = g im2col(x)^T
         // made the large operand B, repacked for every row panel of a small A (o rows): -15% of
         // a C = 64, 56x56 step, within noise at 14x14 (benchmarks/README.md, "Op benchmarks").
-        pooled_buffer<C> col(g.ckk() * g.pixels());
+        // A chunk of images is one product with nb Ho Wo as its k: the sum over the chunk's
+        // pixels, then chunk after chunk (a fixed order: the chunk size depends on the extents only).
+        const std::size_t nb = conv_chunk_images(g);
+        pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
         pooled_buffer<C> dwt(g.o * g.group_ckk(), C(0));
         const std::size_t block = g.group_o() * g.group_ckk();
-        for (std::size_t n = 0; n < g.n; ++n) {
-            im2col(g, x.data() + n * g.c * g.h * g.w, col.data());
+        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
+            const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
+            im2col_chunk(g, x.data, n0, cnt, col.data());
+            const C* src = gy.data + n0 * g.o * g.pixels();
+            if (cnt > 1) {
+                images_to_rows(g, gy.data, n0, cnt, rows.data());
+                src = rows.data();
+            }
             for (std::size_t b = 0; b < g.groups; ++b)
-                gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), g.pixels(),
-                     col.data() + b * g.group_ckk() * g.pixels(), g.pixels(),
-                     gy.data() + (n * g.o + b * g.group_o()) * g.pixels(), g.pixels(), dwt.data() + b * block,
-                     g.group_o(), true);
+                gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), ld, col.data() + b * g.group_ckk() * ld, ld,
+                     src + b * g.group_o() * ld, ld, dwt.data() + b * block, g.group_o(), true);
         }
         for (std::size_t b = 0; b < g.groups; ++b)
             for (std::size_t i = 0; i < g.group_ckk(); ++i)
                 for (std::size_t o = 0; o < g.group_o(); ++o)
-                    dw[b * block + o * g.group_ckk() + i] = dwt[b * block + i * g.group_o() + o];
-        store_dense(dw, out);
+                    dw.data[b * block + o * g.group_ckk() + i] = dwt[b * block + i * g.group_o() + o];
+        dw.store(out);
     }
     // <conv2d_weight(g, x), h> = <g, conv2d(x, h)>
     template <std::size_t I, class H, class Out, class G, class X, class W>

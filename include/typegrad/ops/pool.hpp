@@ -19,8 +19,11 @@
 //
 // Kernel ops; the CUDA backend has no device kernels for them yet (a typegrad: static_assert names
 // the op when device buffers are bound). Autocast leaves them alone (they keep their dtype).
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 
@@ -62,22 +65,55 @@ inline bool pool_in_bounds(const pool_geometry& g, std::size_t i, std::size_t j,
     iw = std::size_t(c);
     return true;
 }
+// The in-bounds part of window (i, j): rows [a0, a1) and columns [b0, b1) of the K x K window,
+// starting at input row r0 + a0 and column c0 + b0 (one bounds computation per window, not per element)
+template <std::size_t K, std::size_t S, std::size_t P>
+struct pool_window {
+    std::size_t a0, a1, b0, b1, r, c;  // r, c: the input row and column of (a0, b0)
+    pool_window(const pool_geometry& g, std::size_t i, std::size_t j) {
+        const std::ptrdiff_t r0 = std::ptrdiff_t(i * S) - std::ptrdiff_t(P), c0 = std::ptrdiff_t(j * S) - std::ptrdiff_t(P);
+        a0 = std::size_t(std::max<std::ptrdiff_t>(0, -r0));
+        b0 = std::size_t(std::max<std::ptrdiff_t>(0, -c0));
+        a1 = std::size_t(std::clamp<std::ptrdiff_t>(std::ptrdiff_t(g.h) - r0, std::ptrdiff_t(a0), std::ptrdiff_t(K)));
+        b1 = std::size_t(std::clamp<std::ptrdiff_t>(std::ptrdiff_t(g.w) - c0, std::ptrdiff_t(b0), std::ptrdiff_t(K)));
+        r = std::size_t(r0 + std::ptrdiff_t(a0));
+        c = std::size_t(c0 + std::ptrdiff_t(b0));
+    }
+};
 // The flat input index of window (i, j)'s maximum in plane p (x dense of C); none for an all-padding window
 template <std::size_t K, std::size_t S, std::size_t P, class C>
 std::size_t window_argmax(const pool_geometry& g, const C* x, std::size_t p, std::size_t i, std::size_t j) {
+    const pool_window<K, S, P> win(g, i, j);
+    // PyTorch's rule: the first in-bounds element, then strictly greater or NaN (so the last NaN)
+    if (win.a1 - win.a0 == K && win.b1 - win.b0 == K) {  // the whole window: K x K, unrolled
+        const std::size_t first = (p * g.h + win.r) * g.w + win.c;
+        std::size_t best = first;
+        C m = x[first];
+        for (std::size_t a = 0; a < K; ++a)
+            for (std::size_t b = 0; b < K; ++b) {
+                const std::size_t e = first + a * g.w + b;
+                const C v = x[e];
+                // a select by masks: compilers branch on `take ? v : m`, and a max over data
+                // mispredicts about once per window
+                using U = std::conditional_t<sizeof(C) == 4, std::uint32_t, std::uint64_t>;
+                const bool take = (v > m) | (v != v);
+                best ^= (best ^ e) & (std::size_t(0) - std::size_t(take));
+                m = std::bit_cast<C>(std::bit_cast<U>(m) ^ ((std::bit_cast<U>(m) ^ std::bit_cast<U>(v)) & (U(0) - U(take))));
+            }
+        return best;
+    }
     std::size_t best = std::size_t(-1);
     C m = -std::numeric_limits<C>::infinity();
-    for (std::size_t a = 0; a < K; ++a)
-        for (std::size_t b = 0; b < K; ++b) {
-            std::size_t ih, iw;
-            if (!pool_in_bounds<K, S, P>(g, i, j, a, b, ih, iw)) continue;
-            const std::size_t e = (p * g.h + ih) * g.w + iw;
-            // PyTorch's rule: the first in-bounds element, then strictly greater or NaN (so the last NaN)
-            if (best == std::size_t(-1) || x[e] > m || std::isnan(x[e])) {
+    for (std::size_t a = win.a0; a < win.a1; ++a) {
+        const std::size_t row = (p * g.h + win.r + (a - win.a0)) * g.w + win.c;
+        for (std::size_t b = 0; b < win.b1 - win.b0; ++b) {
+            const std::size_t e = row + b;
+            if (best == std::size_t(-1) || x[e] > m || x[e] != x[e]) {
                 best = e;
                 m = x[e];
             }
         }
+    }
     return best;
 }
 

@@ -137,3 +137,39 @@ TEST_CASE("batch_norm in float", "[ops][batch_norm]") {
                          std::vector<double>(bs.begin(), bs.end())),
                   1e-5);
 }
+
+TEST_CASE("batch_norm's running statistics over many elements: the same bits on any thread count",
+          "[ops][batch_norm]") {
+    // 9984 values per channel in float: the statistics are summed in double over several lanes
+    // (rows of 156, so every other row starts mid-lane) and the channels split over the thread
+    // pool; the result is the double reference's, rounded
+    constexpr std::size_t n = 64, c = 4, inner = 156;
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, c, 12, 13>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<c>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<c>>;
+    constexpr auto rm = tg::input<"rm", float, tg::shape<c>>;
+    constexpr auto rv = tg::input<"rv", float, tg::shape<c>>;
+    const auto xd = uniform(n * c * inner, -3.0, 5.0, 41);
+    const std::vector<float> xv(xd.begin(), xd.end()), wv(c, 1.0f), bv(c, 0.0f);
+    const std::vector<double> xr(xv.begin(), xv.end());  // the float inputs, exactly
+    const auto st = stats_of(xr, n, c, inner);
+    auto step = tg::compile(tg::sum(tg::batch_norm<true, 0.5>(x, rm, rv, w, b)), tg::wrt(w));
+    std::vector<std::vector<float>> means, vars;
+    for (std::size_t threads : {1u, 2u, 3u}) {
+        tg::set_num_threads(threads);
+        std::vector<float> mean(c, 1.0f), var(c, 2.0f), gw(c);
+        step.value_and_grad(tg::bind(x, xv, {n, c, 12, 13}), tg::bind(w, wv), tg::bind(b, bv), tg::bind(rm, mean),
+                            tg::bind(rv, var), tg::grad_into(w, gw));
+        for (std::size_t ch = 0; ch < c; ++ch) {
+            CHECK(mean[ch] == float(0.5 * 1.0 + 0.5 * st.mean[ch]));
+            CHECK(var[ch] == float(0.5 * 2.0 + 0.5 * st.unbiased[ch]));
+        }
+        means.push_back(mean);
+        vars.push_back(var);
+    }
+    tg::set_num_threads(0);
+    CHECK(means[1] == means[0]);
+    CHECK(means[2] == means[0]);
+    CHECK(vars[1] == vars[0]);
+    CHECK(vars[2] == vars[0]);
+}

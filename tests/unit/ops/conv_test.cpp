@@ -208,3 +208,49 @@ TEST_CASE("conv2d under CPU bf16 autocast: lower precision, then pooling in bf16
     }
     CHECK(std::sqrt(num / den) < 0.02);
 }
+
+TEST_CASE("conv2d over several chunks of images (the last one partial): values and both gradients",
+          "[ops][conv][gradient]") {
+    // 16 channels of 70 x 70 with a 3 x 3 kernel: 144 x 4900 im2col elements per image, so a chunk
+    // holds two images and three images make a full chunk and a partial one; groups 2, padding 1
+    constexpr std::size_t n = 3, c = 16, h = 70, o = 4;
+    const tg::detail::conv_geometry geo{n, c, h, h, o, 3, 3, h, h, 1, 1, 1, 1, 1, 1, 2};
+    REQUIRE(tg::detail::conv_chunk_images(geo) == 2);
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, c, h, h>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<o, c / 2, 3, 3>>;
+    constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, o, h, h>>;
+    auto xv = uniform(n * c * h * h, -1.0, 1.0, 31), wv = uniform(o * c / 2 * 9, -1.0, 1.0, 32),
+         qv = uniform(n * o * h * h, -1.0, 1.0, 33);
+    std::vector<double> gx(xv.size()), gw(wv.size());
+    const double v = tg::compile(tg::sum(tg::conv2d<1, 1, 1, 2>(x, w) * q), tg::wrt(x, w))
+                         .value_and_grad(tg::bind(x, xv, {n, c, h, h}), tg::bind(w, wv), tg::bind(q, qv, {n, o, h, h}),
+                                         tg::grad_into(x, gx), tg::grad_into(w, gw));
+    // the loss from the direct convolution; the gradients by their definitions: every product
+    // x[a, ic, ih, iw] w[oc, k, p, r] of y[a, oc, i, j] contributes q[a, oc, i, j] times the other factor
+    const auto y = ref_conv2d(xv, wv, n, c, h, h, o, 3, 3, 1, 1, 1, 1, {}, 1, 1, 2);
+    double ref = 0, mag = 0;
+    for (std::size_t e = 0; e < y.size(); ++e) {
+        ref += y[e] * qv[e];
+        mag += std::abs(y[e] * qv[e]);
+    }
+    CHECK(std::abs(v - ref) <= 1e-13 * mag);
+    std::vector<double> rx(xv.size(), 0.0), rw(wv.size(), 0.0);
+    for (std::size_t a = 0; a < n; ++a)
+        for (std::size_t oc = 0; oc < o; ++oc)
+            for (std::size_t i = 0; i < h; ++i)
+                for (std::size_t j = 0; j < h; ++j) {
+                    const double g = qv[((a * o + oc) * h + i) * h + j];
+                    for (std::size_t k = 0; k < c / 2; ++k)
+                        for (std::size_t p = 0; p < 3; ++p)
+                            for (std::size_t r = 0; r < 3; ++r) {
+                                const long ih = long(i + p) - 1, iw = long(j + r) - 1;
+                                if (ih < 0 || iw < 0 || ih >= long(h) || iw >= long(h)) continue;
+                                const std::size_t xe = ((a * c + oc / 2 * (c / 2) + k) * h + std::size_t(ih)) * h + std::size_t(iw),
+                                                  we = ((oc * (c / 2) + k) * 3 + p) * 3 + r;
+                                rx[xe] += g * wv[we];
+                                rw[we] += g * xv[xe];
+                            }
+                }
+    require_close(gx, rx);
+    require_close(gw, rw, 1e-10);  // sums of 14,700 products, in another order
+}
