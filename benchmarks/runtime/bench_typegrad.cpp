@@ -209,8 +209,46 @@ struct sv_layout {
     }
 };
 
+// The recurrence as one op: h - mu = linear_recurrence(phi, u), u_t = sigma z_t (u_0 scaled by
+// 1 / sqrt(1 - phi^2)); its backward is the reverse recurrence, as in the hand-written loop.
 template <class T>
 void bm_stochastic_volatility(benchmark::State& state) {
+    const auto& fx = fixture_of<tgb::stochastic_volatility, T>(state);
+    using vec = tg::shape<tg::dyn>;
+    constexpr auto mu = tg::param<"mu", T>;
+    constexpr auto phi = tg::param<"phi", T>;
+    constexpr auto sigma = tg::param<"sigma", T>;
+    constexpr auto z = tg::param<"h_std", T, vec>;
+    constexpr auto y = tg::input<"y", T, vec>;
+    constexpr auto e0 = tg::input<"e0", T, vec>;  // 1 at t = 0, else 0
+    constexpr auto one_ = tg::lit<1>;
+    constexpr double c = tgb::log_sqrt_2pi;
+    constexpr double prior_const = -6.894629957686892;  // as in the blocked form below
+
+    const auto s0 = one_ / tg::sqrt(one_ - tg::square(phi));
+    const auto u = sigma * z * (one_ + e0 * (s0 - one_));
+    const auto h = tg::linear_recurrence<0>(phi, u) + mu;
+    const auto lp = tg::sum(tg::lit<-0.5> * (tg::square(z) + h + tg::square(y) * tg::exp(-h)) - tg::lit<2 * c>)
+                    - tg::log(one_ + tg::square(sigma) * tg::lit<1.0 / 25>)
+                    - tg::log(one_ + tg::square(mu) * tg::lit<1.0 / 100>) + tg::lit<prior_const>;
+    const auto step = tg::compile(lp, tg::wrt(mu, phi, sigma, z));
+
+    const size_t t_len = fx.in.y.size();
+    std::vector<T> e0v(t_len, T(0)), grad(t_len + 3);
+    e0v[0] = T(1);
+    auto f = [&] {
+        return step.value_and_grad(tg::bind(mu, one(fx.in.mu)), tg::bind(phi, one(fx.in.phi)),
+                                   tg::bind(sigma, one(fx.in.sigma)), tg::bind(z, fx.in.h_std), tg::bind(y, fx.in.y),
+                                   tg::bind(e0, e0v), tg::grad_into(mu, one(grad[0])), tg::grad_into(phi, one(grad[1])),
+                                   tg::grad_into(sigma, one(grad[2])), tg::grad_into(z, std::span<T>(grad).subspan(3)));
+    };
+    if (!tgb::check_result<T>(state, fx.ref, f(), {std::span<const T>(grad)})) return;
+    time_loop(state, f);
+}
+
+// Before linear_recurrence: the recurrence as blocked matrix products (O(T sqrt T) work).
+template <class T>
+void bm_stochastic_volatility_blocked(benchmark::State& state) {
     const auto& fx = fixture_of<tgb::stochastic_volatility, T>(state);
     using mat = tg::shape<tg::dyn, tg::dyn>;
     using vec = tg::shape<tg::dyn>;
@@ -307,6 +345,8 @@ void bm_copy(benchmark::State& state) {
     tgb::register_bench(tgb::regression::name, "typegrad_rowsum", bm_regression<float, true>,
                         bm_regression<double, true>, tgb::regression::sizes);
     TGB_REGISTER(stochastic_volatility);
+    tgb::register_bench(tgb::stochastic_volatility::name, "typegrad_blocked", bm_stochastic_volatility_blocked<float>,
+                        bm_stochastic_volatility_blocked<double>, tgb::stochastic_volatility::sizes);
     TGB_REGISTER(expmul);
     TGB_REGISTER(mlp_layer);
     tgb::register_bench("copy", "memcpy", bm_copy<float>, bm_copy<double>, tgb::vector_sizes);

@@ -30,6 +30,7 @@
 #include <typegrad/ops/norm.hpp>
 #include <typegrad/ops/pool.hpp>
 #include <typegrad/ops/piecewise.hpp>
+#include <typegrad/ops/recurrence.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/special.hpp>
 #include <typegrad/ops/trig.hpp>

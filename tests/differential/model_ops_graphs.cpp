@@ -170,6 +170,18 @@ T graph_2111(const tensors<T>& in, const extents& ext, tensors<T>& grad) {
                                       tg::wrt(x));
     return step.value_and_grad(tg::bind(x, in[0], {ext[0][0], 5}), tg::bind(q, in[1], {ext[0][0]}), tg::grad_into(x, grad[0]));
 }
+// linear_recurrence along the time axis with a decay per channel ([3] against [2, T, 3]), and
+// cumsum along the first and the last axis
+template <class T>
+T graph_2112(const tensors<T>& in, const extents& ext, tensors<T>& grad) {
+    constexpr auto a = tg::param<"a", T, tg::shape<3>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2, tg::dyn, 3>>;
+    constexpr auto step = tg::compile(tg::sum(tg::tanh(tg::linear_recurrence<1>(a, b))) +
+                                          tg::sum(tg::square(tg::cumsum<0>(b))) + tg::sum(tg::sin(tg::cumsum<-1>(b))),
+                                      tg::wrt(a, b));
+    return step.value_and_grad(tg::bind(a, in[0]), tg::bind(b, in[1], {2, ext[1][1], 3}), tg::grad_into(a, grad[0]),
+                               tg::grad_into(b, grad[1]));
+}
 
 // ---- under tg::autocast<tg::cpu_bf16> ---------------------------------------------------------
 
@@ -262,6 +274,29 @@ double autocast_2152(const tensors<double>& in, const extents& ext, tensors<doub
     grad = {widened(gm), widened(gw), widened(gb)};
     return r;
 }
+// cumsum of a bf16 matmul (stays bf16, f32 accumulation) and a linear recurrence with a float
+// decay over it (promoted to f32, as LibTorch's mul and add)
+double autocast_2153(const tensors<double>& in, const extents& ext, tensors<double>& grad,
+                     std::vector<std::string_view>* dtypes) {
+    constexpr auto x = tg::input<"x", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto m = tg::param<"m", float, tg::shape<4, 6>>;
+    constexpr auto a = tg::param<"a", float, tg::shape<6>>;
+    constexpr auto h = tg::matmul(x, m);
+    constexpr auto c = tg::cumsum<0>(h);
+    constexpr auto r = tg::linear_recurrence<0>(a, h);
+    constexpr auto loss = tg::sum(tg::square(c)) + tg::sum(tg::tanh(r));
+    if (dtypes != nullptr) {
+        *dtypes = {dtype_in_region(h), dtype_in_region(c), dtype_in_region(r), dtype_in_region(loss)};
+        return 0;
+    }
+    const std::vector<float> xv(in[0].begin(), in[0].end()), mv(in[1].begin(), in[1].end()), av(in[2].begin(), in[2].end());
+    std::vector<float> gm(mv.size()), ga(av.size());
+    constexpr auto step = tg::compile(tg::autocast<tg::cpu_bf16>(loss), tg::wrt(m, a));
+    const double v = double(float(step.value_and_grad(tg::bind(x, xv, {ext[0][0], 4}), tg::bind(m, mv), tg::bind(a, av),
+                                                      tg::grad_into(m, gm), tg::grad_into(a, ga))));
+    grad = {widened(gm), widened(ga)};
+    return v;
+}
 
 const bool registered = [] {
     auto& r = registry();
@@ -322,6 +357,10 @@ const bool registered = [] {
                  "tg::sum(tg::prod(tg::relu(x + tg::lit<1>), tg::axes<1>) * q) + "
                  "tg::sum(tg::square(tg::prod(x, tg::axes<0>, tg::keepdim)))",
                  {{"x", par, 2, {-1, 5}, -1.5, 1.5}, {"q", in_, 1, {-1}, -1, 1}}, &graph_2111<double>, &graph_2111<float>});
+    r.push_back({2112, 1, 1,
+                 "tg::sum(tg::tanh(tg::linear_recurrence<1>(a, b))) + tg::sum(tg::square(tg::cumsum<0>(b))) + "
+                 "tg::sum(tg::sin(tg::cumsum<-1>(b)))",
+                 {{"a", par, 1, {3}, -1.2, 1.2}, {"b", par, 3, {2, -1, 3}, -1, 1}}, &graph_2112<double>, &graph_2112<float>});
     r.push_back({2150, 0, 1, "tg::autocast<tg::cpu_bf16>(tg::sum(tg::square(tg::conv2d<1, 2, 2, 2>(x, w, b))))",
                  {{"x", in_, 4, {2, 4, 6, 5}, -1, 1}, {"w", par, 4, {6, 2, 3, 3}, -0.5, 0.5}, {"b", par, 1, {6}, -1, 1}},
                  nullptr, nullptr, nullptr, &autocast_2150});
@@ -338,6 +377,11 @@ const bool registered = [] {
                  {{"x", in_, 2, {-1, 4}, -1, 1}, {"m", par, 2, {4, 6}, -1, 1}, {"w", par, 1, {6}, 0.5, 1.5},
                   {"b", par, 1, {6}, -1, 1}},
                  nullptr, nullptr, nullptr, &autocast_2152});
+    r.push_back({2153, 1, 2,  // at least two rows: with one, a is not read (LibTorch: no gradient)
+                 "h = tg::matmul(x, m): tg::autocast<tg::cpu_bf16>(tg::sum(tg::square(tg::cumsum<0>(h))) + "
+                 "tg::sum(tg::tanh(tg::linear_recurrence<0>(a, h))))",
+                 {{"x", in_, 2, {-1, 4}, -1, 1}, {"m", par, 2, {4, 6}, -1, 1}, {"a", par, 1, {6}, -0.9, 0.9}},
+                 nullptr, nullptr, nullptr, &autocast_2153});
     return true;
 }();
 

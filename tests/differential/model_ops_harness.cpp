@@ -67,6 +67,14 @@ T conv2d(const T& x, const T& w, const c10::optional<T>& b, std::int64_t s, std:
     return torch::conv2d(x, w, b, vs, vp, vd, g);
 }
 
+// h_0 = b_0, h_t = a h_{t-1} + b_t along dim, a broadcast against one step of b: the loop a user
+// of LibTorch writes (it has no linear-recurrence op)
+T recurrence(const T& a, const T& b, std::int64_t dim) {
+    std::vector<T> hs{b.select(dim, 0)};
+    for (std::int64_t t = 1; t < b.size(dim); ++t) hs.push_back(a * hs.back() + b.select(dim, t));
+    return torch::stack(hs, dim);
+}
+
 const std::map<int, reference>& references() {
     static const std::map<int, reference> refs = {
         {2100, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
@@ -140,6 +148,19 @@ const std::map<int, reference>& references() {
                                   torch::scalar_tensor(double(int(c.scalar_type()))),
                                   torch::scalar_tensor(double(int(s.scalar_type()))),
                                   torch::scalar_tensor(double(int(loss.scalar_type())))});
+         }},
+        {2112, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
+             return recurrence(L[0], L[1], 1).tanh().sum() + torch::cumsum(L[1], 0).square().sum() +
+                    torch::cumsum(L[1], -1).sin().sum();
+         }},
+        {2153, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
+             const auto h = torch::matmul(L[0], L[1]);
+             const auto c = torch::cumsum(h, 0);
+             const auto r = recurrence(L[2], h, 0);
+             const auto loss = c.square().sum() + r.tanh().sum();
+             std::vector<T> out{loss.to(torch::kFloat)};
+             for (const T* t : {&h, &c, &r, &loss}) out.push_back(torch::scalar_tensor(double(int(t->scalar_type()))));
+             return torch::stack(out);
          }},
         {2152, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
              const auto h = torch::matmul(L[0], L[1]);
