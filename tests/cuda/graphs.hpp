@@ -181,6 +181,11 @@ void for_each_graph(F&& f) {
     f("concat_stack", tg::compile(tg::sum(tg::square(tg::concat<1>(A, tg::exp(B), tg::cast<float>(D)))) +
                                       tg::sum(tg::stack<0>(v, w5) * tg::stack<0>(w5, v)),
                                   tg::wrt(A, B, D, v, w5)));
+    f("recurrence", tg::compile(tg::sum(tg::square(tg::linear_recurrence<0>(w5 * lit<0.5>, A)) * B) +
+                                    tg::sum(tg::cumsum<-1>(tg::transpose(B)) * tg::transpose(A)),
+                                tg::wrt(A, B, w5)));
+    f("bf16_recurrence", tg::compile(tg::sum(tg::cast<float>(tg::cumsum<0>(Ah) * tg::linear_recurrence<1>(Bh, Ah))),
+                                     tg::wrt(Ah, Bh)));
     f("dropout", tg::compile(tg::sum(tg::square(tg::dropout<0.3>(A, seed_offset)) * B), tg::wrt(A, B)));
     f("attention_causal", tg::compile(tg::sum(tg::square(tg::scaled_dot_product_attention(X3, X3 * lit<0.5>, X3, tg::causal))),
                                       tg::wrt(X3)));

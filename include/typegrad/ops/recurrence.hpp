@@ -6,9 +6,8 @@
 //
 // the state update of linear RNNs and diagonal state-space models, an AR(1) process, a discounted
 // return (a = gamma, read backwards), and cumsum itself (a = 1). JAX writes it as an
-// associative_scan over (a, b) pairs; a hand-written loop is the same sequence of multiply-adds,
-// and so is this kernel (one pass, each line of the axis in order: the same bits as the loop;
-// cumsum adds without multiplying by one).
+// associative_scan over (a, b) pairs; this kernel runs the multiply-adds of a hand-written loop,
+// in its order (one pass per line of the axis; cumsum adds without multiplying by one).
 // a broadcasts to b's shape (a scalar decay, a per-channel decay [D] against [B, T, D]).
 //
 // Gradients, with g the incoming gradient and h the result:
@@ -20,12 +19,15 @@
 // derivative is these kernel ops.
 //
 // Kernel ops over strided operands, computed in the compute dtype (f32 for bf16/f16, as
-// torch.cumsum accumulates) and rounded once per element. Autocast: f32 on CUDA (cumsum is on
-// PyTorch's fp32 list there), the operands' dtype on the CPU. The CUDA backend has no device
-// kernels for them yet (a typegrad: static_assert names the op when device buffers are bound).
+// torch.cumsum accumulates) and rounded once per element, each with its device kernel beside it
+// (one thread per line: the same operations in the same order, so the same values). Autocast:
+// f32 on CUDA (cumsum is on PyTorch's fp32 list there), the operands' dtype on the CPU.
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <type_traits>
 
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
@@ -77,13 +79,73 @@ struct recurrence_op {
                                         : Mode == recurrence_mode::cumsum         ? "cumsum"
                                         : Mode == recurrence_mode::cumsum_reverse ? "cumsum_reverse"
                                         : Mode == recurrence_mode::shift_right    ? "shift_right"
-                                                                            : "shift_left";
+                                                                                  : "shift_left";
     static constexpr bool shape_only(std::size_t) { return false; }
     static constexpr autocast_class autocast_on(device_kind d) { return fp32_on_cuda(d); }
+    // the device kernel: one thread per line of the axis, the CPU's operations in its order
+    static constexpr const char* device_source = R"CUDA(
+// linear_recurrence, cumsum and their adjoints (ops/recurrence.hpp). Mode: 0 forward, 1 reverse,
+// 2 cumsum, 3 cumsum_reverse, 4 shift right, 5 shift left. w: out, axis, x ref, a ref (modes 0, 1)
+template <int Mode, int T, int B, int BA> __device__ void tg_recurrence(const tg_node_args& p) {
+    typedef typename tg_ty<T>::C C;
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int axis = (int)p.w[1];
+    const tg_ref x = tg_ref_at(p, 2);
+    const tg_ref a = Mode < 2 ? tg_ref_at(p, 4 + 2 * x.rank) : x;
+    const typename tg_ty<B>::S* xp = (const typename tg_ty<B>::S*)x.p;
+    const typename tg_ty<BA>::S* ap = (const typename tg_ty<BA>::S*)a.p;
+    const tg_i64 len = (tg_i64)x.ext[axis];
+    tg_i64 outer = 1, inner = 1;
+    for (int d = 0; d < x.rank; ++d) {
+        if (d < axis) outer *= (tg_i64)x.ext[d];
+        else if (d > axis) inner *= (tg_i64)x.ext[d];
+    }
+    if (len == 0) return;
+    TG_GRID_LOOP(line, outer * inner) {
+        const tg_i64 first = (line / inner) * len * inner + line % inner;  // (o, 0, i), row-major
+        auto xv = [&](tg_i64 t) { return (C)tg_ty<B>::from(xp[tg_ref_offset(x, first + t * inner)]); };
+        auto av = [&](tg_i64 t) { return (C)tg_ty<BA>::from(ap[tg_ref_offset(a, first + t * inner)]); };
+        if (Mode >= 4) {
+            for (tg_i64 t = 0; t < len; ++t) {
+                const bool edge = Mode == 4 ? t == 0 : t + 1 == len;
+                out[first + t * inner] = tg_ty<T>::to(edge ? (C)0 : xv(Mode == 4 ? t - 1 : t + 1));
+            }
+        } else if (Mode == 0 || Mode == 2) {
+            C h = xv(0);
+            out[first] = tg_ty<T>::to(h);
+            for (tg_i64 t = 1; t < len; ++t) {
+                h = Mode == 0 ? av(t) * h + xv(t) : h + xv(t);
+                out[first + t * inner] = tg_ty<T>::to(h);
+            }
+        } else {
+            C r = xv(len - 1);
+            out[first + (len - 1) * inner] = tg_ty<T>::to(r);
+            for (tg_i64 t = len - 1; t-- > 0;) {
+                r = Mode == 1 ? av(t + 1) * r + xv(t) : r + xv(t);
+                out[first + t * inner] = tg_ty<T>::to(r);
+            }
+        }
+    }
+}
+)CUDA";
     template <class N>
-    static void no_device_kernel() {
-        static_assert(always_false<N>, "typegrad: cuda: linear_recurrence/cumsum have no device kernel yet; evaluate "
-                                       "this step with host bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using X = type_at_t<binary ? 1 : 0, typename N::children>;
+        using A = type_at_t<0, typename N::children>;
+        return device_template_call("tg_recurrence", {int(Mode), device_type_code<buffer_t<N>>(),
+                                                      device_type_code<buffer_t<X>>(), device_type_code<buffer_t<A>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t*, std::uint64_t* w, void*) {
+        const Ref& x = in[binary ? 1 : 0];
+        w[0] = device_word(out);
+        w[1] = Axis;
+        const std::size_t next = put_device_ref(w, 2, x);
+        if constexpr (binary) put_device_ref(w, next, in[0]);
+        std::size_t lines = 1;
+        for (std::size_t a = 0; a < x.rank; ++a)
+            if (a != Axis) lines *= x.ext[a];
+        return x.ext[Axis] == 0 ? 0 : lines;
     }
     template <class... Cs>
     struct rule {
@@ -153,10 +215,10 @@ struct recurrence_op {
     // Unary modes: each one's adjoint is its mirror image.
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) {
-        constexpr recurrence_mode mirror = Mode == recurrence_mode::cumsum        ? recurrence_mode::cumsum_reverse
-                                     : Mode == recurrence_mode::cumsum_reverse ? recurrence_mode::cumsum
-                                     : Mode == recurrence_mode::shift_right    ? recurrence_mode::shift_left
-                                                                         : recurrence_mode::shift_right;
+        constexpr recurrence_mode mirror = Mode == recurrence_mode::cumsum           ? recurrence_mode::cumsum_reverse
+                                           : Mode == recurrence_mode::cumsum_reverse ? recurrence_mode::cumsum
+                                           : Mode == recurrence_mode::shift_right    ? recurrence_mode::shift_left
+                                                                                     : recurrence_mode::shift_right;
         return make_node<recurrence_op<mirror, Axis>>(g);
     }
     // The recurrences: the mirror recurrence of g is the gradient of b; a_t multiplies h_{t-1}
@@ -164,11 +226,13 @@ struct recurrence_op {
     // the other shifted by one (a_0 is not read: its gradient is 0).
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out out, A a, B) {
-        constexpr recurrence_mode mirror = Mode == recurrence_mode::forward ? recurrence_mode::reverse : recurrence_mode::forward;
+        using shift_right_op = recurrence_op<recurrence_mode::shift_right, Axis>;
+        constexpr recurrence_mode mirror =
+            Mode == recurrence_mode::forward ? recurrence_mode::reverse : recurrence_mode::forward;
         auto gb = make_node<recurrence_op<mirror, Axis>>(a, g);
         if constexpr (I == 1) return gb;
-        else if constexpr (Mode == recurrence_mode::forward) return gb * make_node<recurrence_op<recurrence_mode::shift_right, Axis>>(out);
-        else return make_node<recurrence_op<recurrence_mode::shift_right, Axis>>(gb) * out;
+        else if constexpr (Mode == recurrence_mode::forward) return gb * make_node<shift_right_op>(out);
+        else return make_node<shift_right_op>(gb) * out;
     }
 };
 
