@@ -404,9 +404,9 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         const auto gy = dense_input_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto w = dense_input_of<C, typename W::value_type, buffer_t<W>>(in[1]);
         dense_output<C, T> dx(out, g.n * g.c * g.h * g.w);
-        std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));
         const std::size_t nb = conv_chunk_images(g);
         pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
+        std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));  // after the buffers: nothing written if they throw
         for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
             const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
             const C* src = gy.data + n0 * g.o * g.pixels();  // one image: g_n's rows as they are
