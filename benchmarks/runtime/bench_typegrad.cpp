@@ -209,6 +209,10 @@ struct sv_layout {
     }
 };
 
+// Stochastic volatility's priors' constants: -log 2 (phi ~ U(-1, 1)) - log(5 pi) (sigma's Cauchy)
+// - log(10 pi) (mu's Cauchy).
+constexpr double sv_prior_const = -6.894629957686892;
+
 // The recurrence as one op: h - mu = linear_recurrence(phi, u), u_t = sigma z_t (u_0 scaled by
 // 1 / sqrt(1 - phi^2)); its backward is the reverse recurrence, as in the hand-written loop.
 template <class T>
@@ -223,14 +227,13 @@ void bm_stochastic_volatility(benchmark::State& state) {
     constexpr auto e0 = tg::input<"e0", T, vec>;  // 1 at t = 0, else 0
     constexpr auto one_ = tg::lit<1>;
     constexpr double c = tgb::log_sqrt_2pi;
-    constexpr double prior_const = -6.894629957686892;  // as in the blocked form below
 
     const auto s0 = one_ / tg::sqrt(one_ - tg::square(phi));
     const auto u = sigma * z * (one_ + e0 * (s0 - one_));
     const auto h = tg::linear_recurrence<0>(phi, u) + mu;
     const auto lp = tg::sum(tg::lit<-0.5> * (tg::square(z) + h + tg::square(y) * tg::exp(-h)) - tg::lit<2 * c>)
                     - tg::log(one_ + tg::square(sigma) * tg::lit<1.0 / 25>)
-                    - tg::log(one_ + tg::square(mu) * tg::lit<1.0 / 100>) + tg::lit<prior_const>;
+                    - tg::log(one_ + tg::square(mu) * tg::lit<1.0 / 100>) + tg::lit<sv_prior_const>;
     const auto step = tg::compile(lp, tg::wrt(mu, phi, sigma, z));
 
     const size_t t_len = fx.in.y.size();
@@ -266,8 +269,6 @@ void bm_stochastic_volatility_blocked(benchmark::State& state) {
     constexpr auto e0 = tg::input<"e0", T, mat>;
     constexpr auto one_ = tg::lit<1>;
     constexpr double c = tgb::log_sqrt_2pi;
-    // -log 2 (phi ~ U(-1, 1)) - log(5 pi) (sigma's Cauchy) - log(10 pi) (mu's Cauchy).
-    constexpr double prior_const = -6.894629957686892;
 
     const auto s0 = one_ / tg::sqrt(one_ - tg::square(phi));
     const auto u = sigma * z * (one_ + e0 * (s0 - one_));
@@ -278,7 +279,7 @@ void bm_stochastic_volatility_blocked(benchmark::State& state) {
     // Per time step: log N(z | 0, 1) + log N(y | 0, exp(h / 2)).
     const auto lp = tg::sum(tg::lit<-0.5> * (tg::square(z) + h + tg::square(y) * tg::exp(-h)) - tg::lit<2 * c>)
                     - tg::log(one_ + tg::square(sigma) * tg::lit<1.0 / 25>)
-                    - tg::log(one_ + tg::square(mu) * tg::lit<1.0 / 100>) + tg::lit<prior_const>;
+                    - tg::log(one_ + tg::square(mu) * tg::lit<1.0 / 100>) + tg::lit<sv_prior_const>;
     const auto step = tg::compile(lp, tg::wrt(mu, phi, sigma, z));
 
     const size_t t_len = fx.in.y.size();

@@ -219,6 +219,13 @@ void images_to_rows(const conv_geometry& g, const C* y, std::size_t n0, std::siz
         for (std::size_t o = 0; o < g.o; ++o)
             std::copy_n(y + ((n0 + i) * g.o + o) * g.pixels(), g.pixels(), rows + (o * nb + i) * g.pixels());
 }
+// g's rows for the chunk [n0, n0 + nb) as [O, nb P]: g's own rows for one image, else copied into rows
+template <class C>
+const C* chunk_rows(const conv_geometry& g, const C* gy, std::size_t n0, std::size_t nb, C* rows) {
+    if (nb == 1) return gy + n0 * g.o * g.pixels();
+    images_to_rows(g, gy, n0, nb, rows);
+    return rows;
+}
 template <class C>
 void rows_to_images(const conv_geometry& g, const C* rows, std::size_t n0, std::size_t nb, C* y) {
     for (std::size_t i = 0; i < nb; ++i)
@@ -409,11 +416,7 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));  // after the buffers: nothing written if they throw
         for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
             const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
-            const C* src = gy.data + n0 * g.o * g.pixels();  // one image: g_n's rows as they are
-            if (cnt > 1) {
-                images_to_rows(g, gy.data, n0, cnt, rows.data());
-                src = rows.data();
-            }
+            const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data());
             for (std::size_t b = 0; b < g.groups; ++b)
                 gemm(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w.data + b * g.group_o() * g.group_ckk(),
                      g.group_ckk(), src + b * g.group_o() * ld, ld, col.data() + b * g.group_ckk() * ld, ld, false);
@@ -474,11 +477,7 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
         for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
             const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
             im2col_chunk(g, x.data, n0, cnt, col.data());
-            const C* src = gy.data + n0 * g.o * g.pixels();
-            if (cnt > 1) {
-                images_to_rows(g, gy.data, n0, cnt, rows.data());
-                src = rows.data();
-            }
+            const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data());
             for (std::size_t b = 0; b < g.groups; ++b)
                 gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), ld, col.data() + b * g.group_ckk() * ld, ld,
                      src + b * g.group_o() * ld, ld, dwt.data() + b * block, g.group_o(), true);

@@ -180,7 +180,8 @@ template <int Mode, int T, int B, int BA> __device__ void tg_recurrence(const tg
         for (std::size_t o = 0; o < outer; ++o)
             for (std::size_t i = 0; i < inner; ++i) {
                 T* dst = out + o * len * inner + i;  // the output is dense, row-major
-                const std::ptrdiff_t xb = xl.line(o, i), xs = xl.step(), ab = al.line(o, i), as = al.step();
+                const std::ptrdiff_t xb = xl.line(o, i), xs = xl.step();
+                const std::ptrdiff_t ab = binary ? al.line(o, i) : 0, as = al.step();  // a is read by the recurrences only
                 auto x_at = [&](std::size_t t) {
                     return C(static_cast<compute_t<buffer_t<X>>>(xp[xb + std::ptrdiff_t(t) * xs]));
                 };
