@@ -106,6 +106,34 @@ TEST_CASE("an invalid class label on the device is a shape_error before any grad
 
 // On the device when there is one, else in host emulation: kernel ops report bad ids from their
 // kernels, and the host throws the CPU's error before any gradient is written.
+TEST_CASE("a device backward checks its seed as the host's does: size, null address, overlap", "[cuda][emulation]") {
+    std::optional<cuda_emulation::scoped_emulator> emulate;
+    if (!tg::cuda::available()) emulate.emplace();
+    using cuda_tests::A;
+    using cuda_tests::B;
+    using dense = tg::cuda::tensor<float, tg::shape<tg::dyn, 5>>;
+    auto step = tg::compile(tg::exp(A) * B, tg::wrt(A, B));
+    const std::vector<float> a(10, 0.5f), b(10, 2.f), ones(10, 1.f), untouched(10, -7.f);
+    auto da = dense::from_host(a, {2, 5});
+    auto db = dense::from_host(b, {2, 5});
+    auto seed = dense::from_host(ones, {2, 5});
+    dense ga({2, 5});
+    ga.copy_from(untouched);
+    auto ctx = step.forward(tg::bind(A, da), tg::bind(B, db));
+    CHECK_THROWS_AS(step.backward(ctx, tg::grad_into(A, ga), tg::cuda::seed(tg::cuda::device_ptr<const float>{seed.data()}, 9)),
+                    tg::shape_error);
+    CHECK_THROWS_AS(step.backward(ctx, tg::grad_into(A, ga), tg::cuda::seed(tg::cuda::device_ptr<const float>{}, 10)),
+                    tg::binding_error);
+    // a gradient written over the seed it reads, or over a bound input
+    CHECK_THROWS_AS(step.backward(ctx, tg::grad_into(A, seed), tg::seed(seed)), tg::aliasing_error);
+    CHECK_THROWS_AS(step.backward(ctx, tg::grad_into(A, ga), tg::grad_into(B, da), tg::seed(seed)), tg::aliasing_error);
+    CHECK(ga.to_host() == untouched);
+    CHECK(seed.to_host() == ones);
+    CHECK(da.to_host() == a);
+    step.backward(ctx, tg::grad_into(A, ga), tg::seed(seed));
+    for (float g : ga.to_host()) CHECK(g == Approx(2.0 * std::exp(0.5)).epsilon(1e-6));
+}
+
 TEST_CASE("a bad id or start in a device kernel is the CPU's shape_error, gradients untouched", "[cuda][emulation]") {
     std::optional<cuda_emulation::scoped_emulator> emulate;
     if (!tg::cuda::available()) emulate.emplace();

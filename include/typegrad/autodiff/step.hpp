@@ -15,6 +15,9 @@
 #include <vector>
 
 
+#include <typegrad/autodiff/call.hpp>
+#include <typegrad/autodiff/forward_context.hpp>
+#include <typegrad/autodiff/policy.hpp>
 #include <typegrad/autodiff/reverse.hpp>
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/custom.hpp>
@@ -30,124 +33,8 @@ namespace typegrad {
 // The number of distinct plans (graph x call signature) run so far in this process.
 inline std::size_t plan_count();
 
-// The leaves a step differentiates with respect to, as built by tg::wrt.
-template <class... Leaves>
-struct wrt_t {
-    // The leaf types, in the order given to tg::wrt.
-    using leaves = detail::type_list<Leaves...>;
-};
-
-// The params to differentiate with respect to: tg::compile(loss, tg::wrt(W, b)) (torch.autograd.grad's
-// inputs, jax.grad's argnums). Expressions, inputs and repeated leaves are static_asserts.
-template <class... Es>
-constexpr auto wrt(Es...) {
-    static_assert(detail::all_true({is_leaf_v<typename Es::node_type>...}),
-                  "typegrad: wrt(...) takes leaves (tg::param), not expressions.");
-    static_assert(detail::all_true({(Es::node_type::role == leaf_role::param)...}),
-                  "typegrad: wrt(...) got a tg::input; only a tg::param has a gradient (declare "
-                  "the leaf with tg::param to differentiate with respect to it).");
-    static_assert(detail::distinct<typename Es::node_type...>(),
-                  "typegrad: wrt(...) names the same leaf twice.");
-    return wrt_t<typename Es::node_type...>{};
-}
-
-// Passed to backward(): the caller will differentiate the gradient again.
-struct create_graph_t {
-    // Whether the gradient will be differentiated again (as create_graph=True).
-    bool enabled = true;
-};
-// Pass to backward(ctx, ..., tg::create_graph) when the caller will differentiate the gradient
-// again (torch.autograd.grad(create_graph=True)); throws mutation_error if a custom op's backward
-// mutates an input that requires grad.
-inline constexpr create_graph_t create_graph{};
-
-// Policy for compile<>: check every forward and backward value for NaN/Inf and throw
-// tg::anomaly_error naming the first node that produced one (a checked dry run precedes the
-// real one, so no caller buffer is written when it throws).
-struct detect_anomaly {};
-
 
 namespace detail {
-
-template <class Binding, class Leaf>
-inline constexpr bool grads_leaf_v = false;
-template <class Leaf, bool A>
-inline constexpr bool grads_leaf_v<grad_binding<Leaf, A>, Leaf> = true;
-
-template <class B> struct binding_leaf { using type = void; };
-template <class L> struct binding_leaf<leaf_binding<L>> { using type = L; };
-template <class L, bool A> struct binding_leaf<grad_binding<L, A>> { using type = L; };
-
-// Compile-time checks of a call's arguments are class templates with static_asserts, forced by
-// sizeof: g++ gives every function and variable it instantiates a mangled name, and these are
-// named with the graph (or with every argument): for each such name g++ makes a large allocation,
-// and past a few blocks each one walks its whole list of free pages (about 10 ms a name at 8 GPT
-// blocks). A class with only static_asserts is never named. Counts are builtin comparisons in a
-// braced list (a fold over 256 operands is rejected by clang; a variable per pair is named).
-template <class Leaf, class Nodes>
-struct check_leaf_binding_usable {
-    static_assert(contains_v<Leaf, Nodes>,
-                  "typegrad: a tg::bind(...) names a leaf that the compiled graph does not use.");
-};
-template <class Leaf, std::size_t Count>
-struct check_bound_once {
-    static_assert(Count <= 1, "typegrad: a leaf is bound twice in one call; bind each leaf once.");
-};
-template <class Leaf, bool Bound, bool Needed>
-struct check_has_binding {
-    static_assert(Bound || !Needed,
-                  "typegrad: the call has no tg::bind(...) for a leaf that the graph reads (the "
-                  "leaf is named in the instantiation below); bind every leaf of the loss.");
-};
-template <class Leaf, bool Bound, bool DynamicShape>
-struct check_shape_known {
-    static_assert(Bound || !DynamicShape,
-                  "typegrad: a leaf with a dynamic extent has no binding, so its size is unknown; "
-                  "bind it (tg::bind) in this call.");
-};
-template <class Leaf, class WrtList, class LossGraph>
-struct check_grad_target {
-    static_assert(contains_v<Leaf, WrtList> ||
-                      (retained_node_v<Leaf> && LossGraph::template id_of<Leaf>::value != no_parent),
-                  "typegrad: grad_into(leaf, buffer) names a leaf that is not in the step's "
-                  "tg::wrt(...) list.");
-};
-// One argument of a call (Args: all of them, for the counts).
-template <class Nodes, class WrtList, class LossGraph, class Arg, class... Args>
-struct arg_check {
-    static_assert(is_seed_binding_v<Arg> || __is_same(Arg, create_graph_t),
-                  "typegrad: arguments of value_and_grad/forward/backward are tg::bind(...), "
-                  "tg::grad_into(...) and tg::seed(...).");
-};
-template <class Nodes, class WrtList, class LossGraph, class L, class... Args>
-struct arg_check<Nodes, WrtList, LossGraph, leaf_binding<L>, Args...> {
-    static_assert(sizeof(check_leaf_binding_usable<L, Nodes>) &&
-                  sizeof(check_bound_once<L, count_true({__is_same(Args, leaf_binding<L>)...})>));
-};
-template <class Nodes, class WrtList, class LossGraph, class L, bool A, class... Args>
-struct arg_check<Nodes, WrtList, LossGraph, grad_binding<L, A>, Args...> {
-    static_assert(sizeof(check_grad_target<L, WrtList, LossGraph>));
-    static_assert(count_true({(__is_same(Args, grad_binding<L, true>) || __is_same(Args, grad_binding<L, false>))...}) <= 1,
-                  "typegrad: grad_into names the same leaf twice in one call.");
-};
-// A leaf node of the plan: bound when needed, and when its shape is dynamic.
-template <class Node, bool BoundLeaf, bool Needed, class... Args>
-struct leaf_node_check {};
-template <class Node, bool Needed, class... Args>
-struct leaf_node_check<Node, true, Needed, Args...> {
-    static_assert(sizeof(check_has_binding<Node, any_true({__is_same(Args, leaf_binding<Node>)...}), Needed>) &&
-                  sizeof(check_shape_known<Node, any_true({__is_same(Args, leaf_binding<Node>)...}),
-                                           !Node::shape_type::is_static>));
-};
-
-template <class T>
-struct span_c {
-    const void* begin;
-    const void* end;
-};
-inline bool overlaps(const void* a0, const void* a1, const void* b0, const void* b1) {
-    return std::less<>{}(a0, b1) && std::less<>{}(b0, a1);
-}
 
 // Thread-local scratch per plan: steps are immutable and reentrant across threads, and after
 // the first call at a given size nothing is allocated.
@@ -172,64 +59,9 @@ void note_plan_use() {
     (void)counted;
 }
 
-// A readable name for messages: a leaf's, or the op of a retained node.
-template <class N>
-constexpr std::string_view display_name() {
-    if constexpr (is_leaf_v<N>) return N::name();
-    else return "retain_grad(...)";
-}
-
-// A leaf bound by the caller (every leaf but a backward seed).
-template <class N>
-constexpr bool is_bound_leaf() {
-    if constexpr (is_leaf_v<N>) return N::role != leaf_role::seed;
-    else return false;
-}
-
 }  // namespace detail
 
 namespace detail {
-template <class P>
-inline constexpr bool is_backward_policy_v = std::is_same_v<P, backward_autocast::same_as_forward> ||
-                                             std::is_same_v<P, backward_autocast::off>;
-template <class S>
-inline constexpr bool is_backward_policy_v<backward_autocast::custom<S>> = true;
-template <class P>
-inline constexpr bool is_known_policy_v = is_backward_policy_v<P> || std::is_same_v<P, detect_anomaly> ||
-                                          std::is_same_v<P, on_autocast_mismatch::raise> ||
-                                          std::is_same_v<P, on_autocast_mismatch::ignore>;
-
-// The backward's autocast spec under policy P, given the forward's ambient spec.
-template <class P, class Ambient>
-struct backward_spec_of {
-    using type = Ambient;  // same_as_forward
-};
-template <class Ambient>
-struct backward_spec_of<backward_autocast::off, Ambient> {
-    using type = no_autocast;
-};
-template <class S, class Ambient>
-struct backward_spec_of<backward_autocast::custom<S>, Ambient> {
-    using type = S;
-};
-
-// compile<Ps...>'s policies, with the ambient autocast spec of the compiled expression.
-template <class Ambient, class... Ps>
-struct step_policy {
-    static_assert((is_known_policy_v<Ps> && ...),
-                  "typegrad: compile<...> got an unknown policy; the policies are tg::backward_autocast::"
-                  "same_as_forward, ::off, ::custom<Spec>, tg::detect_anomaly and tg::on_autocast_mismatch::ignore.");
-    static_assert((std::size_t(is_backward_policy_v<Ps>) + ... + 0) <= 1,
-                  "typegrad: compile<...> got more than one backward_autocast policy.");
-    using backward_policy = type_at_t<0, decltype((type_list<>{} + ... +
-                                                   std::conditional_t<is_backward_policy_v<Ps>, type_list<Ps>, type_list<>>{}) +
-                                                  type_list<backward_autocast::same_as_forward>{})>;
-    using ambient = Ambient;
-    using backward_spec = typename backward_spec_of<backward_policy, Ambient>::type;
-    static constexpr bool anomaly = (std::is_same_v<Ps, detect_anomaly> || ...);
-    static constexpr bool check_mismatch = !(std::is_same_v<Ps, on_autocast_mismatch::ignore> || ...);
-};
-
 
 template <class N>
 constexpr std::string_view op_name_of() {
@@ -245,18 +77,6 @@ template <class... Ms>
 type_list<typename Ms::value_type...> value_types(type_list<Ms...>);
 template <fixed_string Name, class... Ns>
 auto op_dtypes(type_list<Ns...>) -> decltype(detail::value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
-
-// Whether the forward plan FwdPP computed node N, a reduction or a kernel (matmul, custom ops),
-// which the backward then reads: they are never recomputed, and a custom op's forward mutations
-// must not run twice. A class, not a function of N: g++ names every function it instantiates,
-// constant-evaluated ones too, and a function of N is named with N's subgraph (one per node of a
-// backward).
-template <class FwdPP, class N, bool Candidate = N::kind == op_kind::reduce || N::kind == op_kind::kernel>
-struct saved_by : std::false_type {};
-template <class FwdPP, class N>
-struct saved_by<FwdPP, N, true>
-    : std::bool_constant<FwdPP::program::template contains<N>::value &&
-                         FwdPP::plan.computed[FwdPP::program::template id_of<N>::value]> {};
 
 // A step's gradient nodes (`node<Leaf>`) and the context that resolves their references
 // (`refs`, for graph_of_t). Without a backward autocast spec, the backward graph of the reverse
@@ -288,83 +108,6 @@ template <class... Ts>
 using type_list = detail::type_list<Ts...>;
 
 namespace detail {
-// The id of the leaf an argument binds (PP::M for other arguments); a type, not a variable (see
-// arg_check).
-template <class PP, class Arg>
-struct bound_leaf_id : std::integral_constant<std::size_t, PP::M> {};
-template <class PP, class Leaf>
-struct bound_leaf_id<PP, leaf_binding<Leaf>> : PP::program::template id_of<Leaf> {};
-
-template <class Arg>
-void check_leaf_size(const Arg& b, [[maybe_unused]] std::size_t need, [[maybe_unused]] const std::size_t* ext) {
-    if constexpr (is_leaf_binding_v<Arg>) {
-        using L = typename Arg::leaf_type;
-        if (b.size != unknown_size && b.size != need)
-            throw shape_error(message("typegrad: bind(", L::name(), ", ...): the buffer has ", b.size,
-                                      " elements but extents ", extents_text(ext, L::shape_type::rank), " need ", need));
-    }
-}
-// A leaf's binding: its extents (checked against the leaf's static ones), data and writable data.
-template <class Arg>
-void bind_leaf(const Arg& b, [[maybe_unused]] std::size_t* e, [[maybe_unused]] const void** ptr,
-               [[maybe_unused]] void** mut, [[maybe_unused]] std::size_t id, [[maybe_unused]] bool needed) {
-    if constexpr (is_leaf_binding_v<Arg>) {
-        using L = typename Arg::leaf_type;
-        using S = typename L::shape_type;
-        for (std::size_t a = 0; a < S::rank; ++a) {
-            if (S::extents[a] != dyn && b.extents[a] != S::extents[a])
-                throw shape_error(message("typegrad: bind(", L::name(), ", ...): axis ", a, " has extent ",
-                                          b.extents[a], " but the leaf declares ", S::extents[a]));
-            // tg::dyn (SIZE_MAX) marks a dynamic extent inside the plan: never a size
-            if (b.extents[a] == dyn)
-                throw shape_error(message("typegrad: bind(", L::name(), ", ...): axis ", a,
-                                          " has extent tg::dyn (SIZE_MAX), which is not a size"));
-            e[a] = b.extents[a];
-        }
-        if (b.data == nullptr && needed) {
-            std::size_t n = 1;
-            for (std::size_t a = 0; a < S::rank; ++a) n *= e[a];
-            if (n != 0) throw binding_error(message("typegrad: bind(", L::name(), ", ...) got a null pointer"));
-        }
-        ptr[id] = b.data;
-        mut[id] = b.mutable_data;
-    }
-}
-// The byte range of a bound buffer, for the aliasing checks (numel: a leaf's element count when
-// its binding does not give one).
-template <class B>
-void note_range(const B& b, [[maybe_unused]] std::size_t numel, [[maybe_unused]] const void** in_ranges,
-                [[maybe_unused]] std::size_t& n_in, [[maybe_unused]] const void** out_ranges,
-                [[maybe_unused]] std::size_t& n_out) {
-    if constexpr (is_leaf_binding_v<B> || is_seed_binding_v<B> || is_grad_binding_v<B>) {
-        std::size_t n = b.size;
-        if constexpr (is_leaf_binding_v<B>)
-            if (n == unknown_size) n = numel;
-        if (b.data == nullptr) return;  // rejected elsewhere (or empty): no arithmetic on null
-        const auto* p = reinterpret_cast<const unsigned char*>(b.data);
-        const void** r = is_grad_binding_v<B> ? out_ranges : in_ranges;
-        std::size_t& k = is_grad_binding_v<B> ? n_out : n_in;
-        r[2 * k] = p;
-        r[2 * k + 1] = p + n * sizeof(typename B::value_type);
-        ++k;
-    }
-}
-// A grad_into destination: store gi of the plan (the gradient node has the leaf's shape; the leaf
-// itself may not be in a backward plan at all: the gradient of B in sum(detach(A) * B) is detach(A)).
-template <class Arg>
-void bind_grad(const Arg& b, [[maybe_unused]] void** out, [[maybe_unused]] const std::size_t* need,
-               [[maybe_unused]] std::size_t& gi) {
-    if constexpr (is_grad_binding_v<Arg>) {
-        using L = typename Arg::leaf_type;
-        if (b.size != need[gi])
-            throw shape_error(message("typegrad: grad_into(", display_name<L>(), ", ...): the buffer has ", b.size,
-                                      " elements but the gradient has ", need[gi]));
-        if (b.data == nullptr && need[gi] != 0)
-            throw binding_error(message("typegrad: grad_into(", display_name<L>(), ", ...) got a null pointer"));
-        out[gi++] = b.data;
-    }
-}
-
 // ---- post-accumulate hooks inside the schedule ------------------------------------------------
 // A hook node's callables on a param buffer and its gradient: one function per (callables, dtype,
 // rank), never per graph; the schedule walk calls it through post_hook_schedule's table.
@@ -453,9 +196,6 @@ void check_post_hook_params(const post_hook_table<K>& t, void* const* mut, const
 
 }  // namespace detail
 
-template <class Step, class FwdPP>
-class forward_context;
-
 // A compiled value-and-gradient step, as returned by tg::compile(loss, tg::wrt(...)): the
 // forward and backward plans are derived from the graph type at compile time (PyTorch:
 // torch.compile'd forward plus AOTAutograd's backward; JAX: jax.jit(jax.value_and_grad(f))).
@@ -508,17 +248,14 @@ public:
                       "typegrad: value_and_grad(...) needs a scalar loss; for a non-scalar output "
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
         using grads = grads_of<Args...>;
-        using stores = detail::concat_t<decltype(grad_nodes<grads, false>()), decltype(loss_store())>;
-        using nodes = detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, stores>, grad_refs<false>>;
-        using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
-                                         value_type>;
+        using PP = typename calls::template joint_plan<grads>;
         typename PP::state_type st{};
-        check_calls<PP, grads>(args...);
+        check_calls<PP, true, Args...>();
         check_autocast_context();
-        bind_leaves<PP>(st, args...);
+        calls::template bind_leaves<PP>(st, args...);
         detail::compute_shapes<PP>(st);
-        check_leaf_sizes<PP>(st, args...);
-        bind_grads<PP, grads>(st, args...);
+        calls::template check_leaf_sizes<PP>(st, args...);
+        calls::template bind_grads<PP>(st, args...);
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
         detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
@@ -545,15 +282,12 @@ public:
     template <class... Args>
         requires(!detail::any_device_argument<Args...>)
     auto forward(const Args&... args) const {
-        using stores = decltype(loss_store());
-        using nodes = detail::topo<Loss>;
-        using PP = detail::plan_provider<nodes, stores, decltype(loss_required()), detail::type_list<>,
-                                         value_type>;
+        using PP = typename calls::forward_plan;
         forward_context<step, PP> ctx;
-        check_calls<PP, detail::type_list<>>(args...);
-        bind_leaves<PP>(ctx.state_, args...);
+        check_calls<PP, true, Args...>();
+        calls::template bind_leaves<PP>(ctx.state_, args...);
         detail::compute_shapes<PP>(ctx.state_);
-        check_leaf_sizes<PP>(ctx.state_, args...);
+        calls::template check_leaf_sizes<PP>(ctx.state_, args...);
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t n = detail::scratch_layout<PP>(ctx.state_, offset);
         const std::size_t loss_n = detail::node_numel<PP>(ctx.state_, PP::program::template id_of<Loss>::value);
@@ -592,19 +326,16 @@ public:
                       "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
                       "tg::seed(buffer) with the output's shape.");
         using grads = grads_of<Args...>;
-        using stores = decltype(grad_nodes<grads, seeded>());
-        using nodes = detail::graph_of_t<stores, grad_refs<seeded>>;
-        using given = decltype(saved_reductions<typename nodes::type, FwdPP>());
-        using PP = detail::plan_provider<nodes, stores, detail::type_list<>, given, value_type>;
+        using PP = typename calls::template backward_plan<grads, seeded, FwdPP>;
         typename PP::state_type st{};
-        check_calls<PP, grads, false>(args...);
+        check_calls<PP, false, Args...>();
         check_autocast_context();
         // Leaves come from the forward call, the seed from this one.
-        restore_nodes<PP, FwdPP>(st, ctx.state_);
-        if constexpr (seeded) bind_seed<PP, FwdPP>(st, ctx.state_, args...);
+        calls::template restore_nodes<PP, FwdPP>(st, ctx.state_);
+        if constexpr (seeded) calls::template bind_seed<PP, FwdPP>(st, ctx.state_, args...);
         detail::compute_shapes<PP>(st);
-        if constexpr (seeded) check_seed_size<PP>(st, args...);
-        bind_grads<PP, grads>(st, args...);
+        if constexpr (seeded) calls::template check_seed_size<PP>(st, args...);
+        calls::template bind_grads<PP>(st, args...);
         std::array<std::size_t, PP::M + 1> offset{};
         const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
         detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
@@ -646,168 +377,27 @@ public:
     }
 
 private:
-    template <class Arg>
-    struct is_grad_arg : std::bool_constant<detail::is_grad_binding_v<Arg>> {};
-    template <class... Bs>
-    static detail::type_list<typename Bs::leaf_type...> leaves_of(detail::type_list<Bs...>);
-    // The leaves of the call's grad_into bindings, in order.
+    // The call layer shared with the device backend (autodiff/call.hpp).
+    using calls = detail::call_layer<step>;
     template <class... Args>
-    using grads_of = decltype(leaves_of(detail::filter_t<detail::type_list<Args...>, is_grad_arg>{}));
-    template <class Grads, bool Seeded>
-    static constexpr auto grad_nodes() {
-        return []<class... Ls>(detail::type_list<Ls...>) {
-            return detail::type_list<grad_node<Ls, Seeded>...>{};
-        }(Grads{});
-    }
-    static constexpr auto loss_store() {
-        if constexpr (Loss::kind == op_kind::elementwise) return detail::type_list<Loss>{};
-        else return detail::type_list<>{};
-    }
-    static constexpr auto loss_required() {
-        if constexpr (Loss::kind != op_kind::elementwise && Loss::kind != op_kind::constant)
-            return detail::type_list<Loss>{};
-        else return detail::type_list<>{};
-    }
-    // Reductions the forward pass computed that the backward reads instead of recomputing.
-
-    template <class FwdPP>
-    struct saved_in {
-        template <class N>
-        struct test : detail::saved_by<FwdPP, N> {};
-    };
-    template <class Nodes, class FwdPP>
-    static constexpr auto saved_reductions() {
-        return detail::filter_t<Nodes, saved_in<FwdPP>::template test>{};
-    }
-
-    // One bit per grad_into binding, in call order: set where it accumulates.
-    template <class Grads, class... Args>
-    static constexpr auto accumulate_words() {
-        constexpr bool is_grad[] = {detail::is_grad_binding_v<Args>..., false};
-        constexpr bool accumulates[] = {detail::accumulates<Args>::value..., false};
-        std::array<std::uint64_t, Grads::size / 64 + 1> words{};
-        for (std::size_t a = 0, i = 0; a < sizeof...(Args); ++a) {
-            if (!is_grad[a]) continue;
-            if (accumulates[a]) words[i / 64] |= std::uint64_t(1) << (i % 64);
-            ++i;
-        }
-        return words;
-    }
+    using grads_of = typename calls::template grads_of<Args...>;
     template <class Grads, class... Args>
     struct accumulate_mask_of {
-        static constexpr auto words = accumulate_words<Grads, Args...>();
+        static constexpr auto words = calls::template accumulate_words<Grads, Args...>();
         template <std::size_t... Ws>
         static detail::grad_mask<words[Ws]...> make(std::index_sequence<Ws...>);
         using type = decltype(make(std::make_index_sequence<words.size()>{}));
     };
+    // The run loops' accumulate flags: one bit per grad_into binding, in call order.
     template <class Grads, class... Args>
     using accumulate_mask = typename accumulate_mask_of<Grads, Args...>::type;
 
-    template <class PP, class Grads, bool LeavesFromArgs = true, class... Args>
-    static void check_calls(const Args&...) {
+    template <class PP, bool LeavesFromArgs, class... Args>
+    static void check_calls() {
         detail::log_graphs_once<step>();  // TYPEGRAD_LOG=graphs: describe() on the first call
-        // Compile-time checks, class templates forced by sizeof (see arg_check): no function or
-        // variable per argument or per leaf is instantiated (each would spell the plan in its name).
-        static_assert(detail::all_true(
-            {(sizeof(detail::arg_check<typename PP::program::nodes, wrt_list, detail::topo<Loss>, Args, Args...>) >
-              0)...}));
-        if constexpr (!LeavesFromArgs) {
-            static_assert(!detail::any_true({detail::is_leaf_binding_v<Args>...}),
-                          "typegrad: backward(ctx, ...) reads the inputs bound in forward(...); it "
-                          "takes only tg::grad_into(...) and tg::seed(...).");
-        } else {
-            // every leaf the plan reads must be bound; dynamic leaves needed for shapes too
-            // (leaves only: see exec/node_filter.hpp)
-            static_assert(sizeof(leaf_nodes_check<PP, std::make_index_sequence<
-                                                          detail::node_ids_of_kind<typename PP::program, op_kind::leaf>.size()>,
-                                                  Args...>));
-        }
-    }
-    template <class PP, class Seq, class... Args>
-    struct leaf_nodes_check;
-    template <class PP, std::size_t... Is, class... Args>
-    struct leaf_nodes_check<PP, std::index_sequence<Is...>, Args...> {
-        template <std::size_t I>
-        using node = typename PP::program::template node_at<detail::node_ids_of_kind<typename PP::program, op_kind::leaf>[I]>;
-        static_assert(detail::all_true(
-            {(sizeof(detail::leaf_node_check<node<Is>, detail::is_bound_leaf<node<Is>>(),
-                                             PP::plan.needed[detail::node_ids_of_kind<typename PP::program, op_kind::leaf>[Is]],
-                                             Args...>) > 0)...}));
-    };
-
-    template <class PP, class... Args>
-    static void bind_leaves(typename PP::state_type& st, const Args&... args) {
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>::value..., PP::M};
-        // Leaves no argument binds have static shapes (check_calls): their extents.
-        constexpr std::array<bool, PP::M + 1> unbound = [&] {
-            std::array<bool, PP::M + 1> r{};
-            for (std::size_t n = 0; n < PP::M; ++n) r[n] = PP::program::info[n].kind == op_kind::leaf;
-            for (std::size_t i = 0; i < sizeof...(Args); ++i) r[ids[i]] = false;
-            return r;
-        }();
-        for (std::size_t n = 0; n < PP::M; ++n)
-            if (unbound[n])
-                for (std::size_t a = 0; a < PP::program::info[n].rank; ++a)
-                    st.ext[PP::rank_offset[n] + a] = PP::program::info[n].ext[a];
-        constexpr std::array<bool, sizeof...(Args) + 1> needed = [&] {
-            std::array<bool, sizeof...(Args) + 1> r{};
-            for (std::size_t i = 0; i < sizeof...(Args); ++i) r[i] = ids[i] < PP::M && PP::plan.needed[ids[i]];
-            return r;
-        }();
-        std::size_t i = 0;
-        [[maybe_unused]] const int in_order[] = {
-            0, (detail::bind_leaf(args, st.ext.data() + PP::rank_offset[ids[i]], st.ptr.data(), st.mut.data(), ids[i],
-                                  needed[i]),
-                ++i, 0)...};
-    }
-    // Per-argument checks are free functions of the argument's type alone, fed run-time values
-    // (a function per argument named by the plan would make symbol text quadratic).
-    template <class PP, class... Args>
-    static void check_leaf_sizes(const typename PP::state_type& st, const Args&... args) {
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>::value..., PP::M};
-        std::array<std::size_t, sizeof...(Args) + 1> need{};
-        for (std::size_t i = 0; i < sizeof...(Args); ++i)
-            if (ids[i] != PP::M) need[i] = detail::checked_numel<PP>(st, ids[i]);
-        std::size_t i = 0;
-        [[maybe_unused]] const int in_order[] = {
-            0, (detail::check_leaf_size(args, need[i], st.ext.data() + PP::rank_offset[ids[i]]), ++i, 0)...};
+        static_assert(sizeof(typename calls::template call_check<PP, LeavesFromArgs, Args...>));
     }
 
-    // Grad destinations: sizes, then aliasing against every input and each other.
-    template <class PP, class Grads, class... Args>
-    static void bind_grads(typename PP::state_type& st, const Args&... args) {
-        std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> in_ranges{};
-        std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> out_ranges{};
-        std::size_t n_in = 0, n_out = 0;
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{detail::bound_leaf_id<PP, Args>::value..., PP::M};
-        std::size_t arg = 0;
-        [[maybe_unused]] const int ranges_in_order[] = {
-            0, (detail::note_range(args, ids[arg] < PP::M ? detail::node_numel<PP>(st, ids[arg]) : 0, in_ranges.data(),
-                                   n_in, out_ranges.data(), n_out),
-                ++arg, 0)...};
-        // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
-        for (std::size_t n = 0; n < PP::M; ++n) {
-            if (PP::program::info[n].kind != op_kind::leaf || st.ptr[n] == nullptr) continue;
-            const auto* p = static_cast<const unsigned char*>(st.ptr[n]);
-            in_ranges[2 * n_in] = p;
-            in_ranges[2 * n_in + 1] = p + detail::node_numel<PP>(st, n) * PP::program::info[n].elem_size;
-            ++n_in;
-        }
-        std::array<std::size_t, PP::NS + 1> need{};
-        for (std::size_t g = 0; g < PP::NS; ++g) need[g] = detail::node_numel<PP>(st, PP::stores[g]);
-        std::size_t gi = 0;
-        [[maybe_unused]] const int in_order[] = {0, (detail::bind_grad(args, st.out.data(), need.data(), gi), 0)...};
-        for (std::size_t i = 0; i < n_out; ++i) {
-            if (out_ranges[2 * i] == out_ranges[2 * i + 1]) continue;
-            for (std::size_t j = 0; j < n_in; ++j)
-                if (detail::overlaps(out_ranges[2 * i], out_ranges[2 * i + 1], in_ranges[2 * j], in_ranges[2 * j + 1]))
-                    throw aliasing_error("typegrad: a grad_into buffer overlaps a bound input; "
-                                         "gradients are written while inputs are read");
-            for (std::size_t j = 0; j < i; ++j)
-                if (detail::overlaps(out_ranges[2 * i], out_ranges[2 * i + 1], out_ranges[2 * j], out_ranges[2 * j + 1]))
-                    throw aliasing_error("typegrad: two grad_into buffers overlap");
-        }
-    }
     // The graph's post-accumulate hook nodes, in registration order; a call runs those whose
     // leaf it writes a gradient for, inside the schedule (detail::post_hook_schedule).
     template <class N>
@@ -943,83 +533,6 @@ private:
         }
     }
 
-    // A run-time walk over a table of forward ids (a function per node would spell the plan in
-    // each of O(N) symbol names).
-    template <class PP, class FwdPP, std::size_t... Ns>
-    static constexpr std::array<std::size_t, PP::M + 1> forward_ids(std::index_sequence<Ns...>) {
-        return {FwdPP::program::template id_of<typename PP::program::template node_at<Ns>>::value..., FwdPP::M};
-    }
-    template <class N, bool InForward>
-    static constexpr bool restorable = InForward || !detail::is_bound_leaf<N>() || N::shape_type::is_static;
-    template <class PP, class FwdPP, std::size_t... Ns>
-    static constexpr bool all_restorable(std::index_sequence<Ns...>) {
-        return detail::all_true({restorable<typename PP::program::template node_at<Ns>,
-                                            FwdPP::program::template contains<typename PP::program::template node_at<Ns>>::value>...});
-    }
-    template <class PP, class FwdPP, class FwdState>
-    static void restore_nodes(typename PP::state_type& st, const FwdState& fst) {
-        static_assert(all_restorable<PP, FwdPP>(std::make_index_sequence<PP::M>{}),
-                      "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
-                      "forward pass did not bind; bind it in forward(...).");
-        constexpr auto fwd = forward_ids<PP, FwdPP>(std::make_index_sequence<PP::M>{});
-        constexpr std::size_t seed = PP::program::template id_of<seed_leaf>::value;
-        constexpr auto& info = PP::program::info;
-        for (std::size_t n = 0; n < PP::M; ++n) {
-            const std::size_t f = fwd[n];
-            if (f != FwdPP::M) {
-                if (info[n].kind == op_kind::leaf) {
-                    for (std::size_t a = 0; a < info[n].rank; ++a)
-                        st.ext[PP::rank_offset[n] + a] = fst.ext[FwdPP::rank_offset[f] + a];
-                    st.ptr[n] = fst.ptr[f];
-                    st.mut[n] = fst.mut[f];
-                } else if (FwdPP::plan.computed[f]) {
-                    st.ptr[n] = fst.ptr[f];
-                }
-            } else if (info[n].kind == op_kind::leaf && n != seed) {
-                for (std::size_t a = 0; a < info[n].rank; ++a) st.ext[PP::rank_offset[n] + a] = info[n].ext[a];
-            }
-        }
-    }
-    template <class PP, class FwdPP, class FwdState, class... Args>
-    static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
-        if constexpr (!PP::program::template contains<seed_leaf>::value) {
-            return;  // no gradient requested: nothing reads the seed
-        } else {
-        constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
-        static_assert(detail::count_true({detail::is_seed_binding_v<Args>...}) == 1,
-                      "typegrad: backward(ctx, ...) takes one tg::seed(...).");
-        auto set = [&](const auto& b) {
-            using B = std::remove_cvref_t<decltype(b)>;
-            if constexpr (detail::is_seed_binding_v<B>) {
-                static_assert(std::is_same_v<typename B::value_type, value_type>,
-                              "typegrad: tg::seed(buffer) needs the output's dtype.");
-                st.ptr[id] = b.data;
-            }
-        };
-        detail::for_each_arg(set, args...);
-        using S = typename seed_leaf::shape_type;
-        for (std::size_t a = 0; a < S::rank; ++a)
-            st.ext[PP::rank_offset[id] + a] =
-                fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
-        }
-    }
-    template <class PP, class... Args>
-    static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
-        if constexpr (PP::program::template contains<seed_leaf>::value) {
-            constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
-            auto check = [&](const auto& b) {
-                using B = std::remove_cvref_t<decltype(b)>;
-                if constexpr (detail::is_seed_binding_v<B>) {
-                    const std::size_t need = detail::node_numel<PP>(st, id);
-                    if (b.size != need)
-                        throw shape_error(detail::message("typegrad: tg::seed(buffer) has ", b.size,
-                                                          " elements but the output has ", need));
-                }
-            };
-            detail::for_each_arg(check, args...);
-        }
-    }
-
     template <class, class>
     friend class forward_context;
     template <class>
@@ -1031,56 +544,14 @@ public:
     template <class Unused = void>
     struct plans {
         // The gradient nodes of every wrt leaf.
-        using grad_stores = decltype(grad_nodes<wrt_list, false>());
+        using grad_stores = typename calls::template grad_stores<wrt_list, false>;
         // The gradients and the loss: what value_and_grad stores.
-        using joint_stores = detail::concat_t<grad_stores, decltype(loss_store())>;
+        using joint_stores = typename calls::template joint_stores<wrt_list>;
         // The plan of value_and_grad.
-        using joint = detail::plan_provider<
-            detail::graph_of_t<detail::concat_t<detail::type_list<Loss>, joint_stores>, grad_refs<false>>,
-            joint_stores, decltype(loss_required()), detail::type_list<>, value_type>;
+        using joint = typename calls::template joint_plan<wrt_list>;
         // The plan of forward.
-        using forward = detail::plan_provider<detail::topo<Loss>,
-                                              decltype(loss_store()), decltype(loss_required()),
-                                              detail::type_list<>, value_type>;
+        using forward = typename calls::forward_plan;
     };
-};
-
-// The saved context of a forward pass: the loss value, the extents and addresses of the bound
-// inputs (they must stay alive and unchanged until backward), and the reductions the backward
-// reads. Move-only: the saved addresses point into its own storage.
-template <class Step, class FwdPP>
-class forward_context {
-public:
-    // The step that made the context.
-    using step_type = Step;
-    // The forward plan (its saved values are what backward reads).
-    using plan_type = FwdPP;
-    // The output's dtype.
-    using value_type = typename Step::value_type;
-
-    forward_context() = default;
-    // Moves the saved state; contexts are not copyable.
-    forward_context(forward_context&&) noexcept = default;
-    // Move assignment.
-    forward_context& operator=(forward_context&&) noexcept = default;
-    forward_context(const forward_context&) = delete;
-    forward_context& operator=(const forward_context&) = delete;
-
-    // The scalar loss.
-    value_type value() const {
-        static_assert(Step::scalar_loss, "typegrad: value() is for scalar outputs; use values().");
-        return *loss_;
-    }
-    // The output's elements in row-major order.
-    std::span<const value_type> values() const { return {loss_, loss_size_}; }
-
-private:
-    typename FwdPP::state_type state_{};
-    detail::pooled_buffer<detail::scratch_unit> storage_;  // (reused across calls: exec/cpu/buffer_pool.hpp)
-    const value_type* loss_ = nullptr;
-    std::size_t loss_size_ = 0;
-    template <class, class, class...>
-    friend class step;
 };
 
 inline std::size_t plan_count() { return detail::plan_counter().load(); }

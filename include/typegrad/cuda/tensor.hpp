@@ -101,39 +101,13 @@ private:
     std::size_t bytes_ = 0;
 };
 
+// Device bindings: the call layer's binding templates in device memory (exec/bind.hpp).
 template <class Leaf>
-struct device_leaf_binding {
-    static constexpr bool typegrad_device_argument = true;
-    using leaf_type = Leaf;
-    using value_type = typename Leaf::value_type;
-    static constexpr std::size_t rank = Leaf::shape_type::rank;
-    const value_type* data = nullptr;  // device address
-    std::size_t size = typegrad::detail::unknown_size;
-    std::array<std::size_t, rank> extents{};
-};
+using device_leaf_binding = typegrad::detail::leaf_binding<Leaf, typegrad::detail::memory_space::device>;
 template <class Leaf, bool Accumulate>
-struct device_grad_binding {
-    static constexpr bool typegrad_device_argument = true;
-    using leaf_type = Leaf;
-    using value_type = typename Leaf::value_type;
-    static constexpr bool accumulate = Accumulate;
-    value_type* data = nullptr;  // device address
-    std::size_t size = 0;
-};
+using device_grad_binding = typegrad::detail::grad_binding<Leaf, Accumulate, typegrad::detail::memory_space::device>;
 template <class T>
-struct device_seed_binding {
-    static constexpr bool typegrad_device_argument = true;
-    using value_type = T;
-    const T* data = nullptr;  // device address
-    std::size_t size = 0;
-};
-
-template <class T> inline constexpr bool is_device_leaf_binding_v = false;
-template <class L> inline constexpr bool is_device_leaf_binding_v<device_leaf_binding<L>> = true;
-template <class T> inline constexpr bool is_device_grad_binding_v = false;
-template <class L, bool A> inline constexpr bool is_device_grad_binding_v<device_grad_binding<L, A>> = true;
-template <class T> inline constexpr bool is_device_seed_binding_v = false;
-template <class T> inline constexpr bool is_device_seed_binding_v<device_seed_binding<T>> = true;
+using device_seed_binding = typegrad::detail::seed_binding<T, typegrad::detail::memory_space::device>;
 
 }  // namespace detail
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/device.hpp>
 #include <typegrad/graph/node.hpp>
 
 namespace typegrad {
@@ -43,20 +44,25 @@ namespace detail {
 
 inline constexpr std::size_t unknown_size = static_cast<std::size_t>(-1);
 
-template <class Leaf>
+// A call's bindings, one template each for host and device memory (Space): the call layer
+// (autodiff/call.hpp) checks and attaches both alike; a device binding sends the call to the
+// device backend (exec/device.hpp).
+template <class Leaf, memory_space Space = memory_space::host>
 struct leaf_binding {
+    static constexpr memory_space space = Space;
     using leaf_type = Leaf;
     using value_type = typename Leaf::value_type;
     static constexpr std::size_t rank = Leaf::shape_type::rank;
     const value_type* data = nullptr;
-    value_type* mutable_data = nullptr;  // set when bound from a writable buffer (post hooks write)
+    value_type* mutable_data = nullptr;  // set when bound from a writable host buffer (post hooks write)
     std::size_t size = unknown_size;  // elements available, when known
     std::array<std::size_t, rank> extents{};
     bool extents_given = false;
 };
 
-template <class Leaf, bool Accumulate>
+template <class Leaf, bool Accumulate, memory_space Space = memory_space::host>
 struct grad_binding {
+    static constexpr memory_space space = Space;
     using leaf_type = Leaf;
     using value_type = typename Leaf::value_type;
     static constexpr bool accumulate = Accumulate;
@@ -64,22 +70,33 @@ struct grad_binding {
     std::size_t size = unknown_size;
 };
 
-template <class T>
+template <class T, memory_space Space = memory_space::host>
 struct seed_binding {
+    static constexpr memory_space space = Space;
     using value_type = T;
     const T* data = nullptr;
     std::size_t size = unknown_size;
 };
 
+// Binding kinds, in either memory space.
 template <class T> inline constexpr bool is_leaf_binding_v = false;
-template <class L> inline constexpr bool is_leaf_binding_v<leaf_binding<L>> = true;
+template <class L, memory_space S> inline constexpr bool is_leaf_binding_v<leaf_binding<L, S>> = true;
 template <class T> inline constexpr bool is_grad_binding_v = false;
-template <class L, bool A> inline constexpr bool is_grad_binding_v<grad_binding<L, A>> = true;
+template <class L, bool A, memory_space S> inline constexpr bool is_grad_binding_v<grad_binding<L, A, S>> = true;
 // Whether an argument is a grad_into that adds to its buffer (tg::accumulate).
 template <class T> struct accumulates : std::false_type {};
-template <class L, bool A> struct accumulates<grad_binding<L, A>> : std::bool_constant<A> {};
+template <class L, bool A, memory_space S> struct accumulates<grad_binding<L, A, S>> : std::bool_constant<A> {};
 template <class T> inline constexpr bool is_seed_binding_v = false;
-template <class T> inline constexpr bool is_seed_binding_v<seed_binding<T>> = true;
+template <class T, memory_space S> inline constexpr bool is_seed_binding_v<seed_binding<T, S>> = true;
+// The memory space of an argument's buffer (host for arguments that are not bindings).
+template <class T> inline constexpr memory_space binding_space_v = memory_space::host;
+template <class L, memory_space S> inline constexpr memory_space binding_space_v<leaf_binding<L, S>> = S;
+template <class L, bool A, memory_space S> inline constexpr memory_space binding_space_v<grad_binding<L, A, S>> = S;
+template <class T, memory_space S> inline constexpr memory_space binding_space_v<seed_binding<T, S>> = S;
+// The leaf a leaf or gradient binding names (void for other arguments).
+template <class B> struct binding_leaf { using type = void; };
+template <class L, memory_space S> struct binding_leaf<leaf_binding<L, S>> { using type = L; };
+template <class L, bool A, memory_space S> struct binding_leaf<grad_binding<L, A, S>> { using type = L; };
 
 template <class R>
 using range_value_t = std::remove_cv_t<std::ranges::range_value_t<R>>;

@@ -1,7 +1,7 @@
 #pragma once
-// The seam between a compiled step and an optional device backend (docs/cuda.md). A binding or
-// forward context that lives on a device says so with a member `typegrad_device_argument`; a
-// step call with any such argument is handed to device_backend<Step>, which the backend
+// The seam between a compiled step and an optional device backend (docs/cuda.md). A binding in
+// device memory (its `space`) or a forward context that lives on a device (a member
+// `typegrad_device_argument`) is a device argument; a step call with any such argument is handed to device_backend<Step>, which the backend
 // (typegrad/cuda.hpp) defines. Nothing here depends on CUDA.
 #include <type_traits>
 
@@ -9,8 +9,12 @@
 
 namespace typegrad::detail {
 
+// Where a binding's buffer lives (exec/bind.hpp's bindings carry it as their `space`).
+enum class memory_space { host, device };
+
 template <class T>
-concept device_argument = requires { std::remove_cvref_t<T>::typegrad_device_argument; };
+concept device_argument = requires { std::remove_cvref_t<T>::typegrad_device_argument; } ||
+                          requires { requires std::remove_cvref_t<T>::space == memory_space::device; };
 
 // not a fold: clang refuses one over more than 256 operands (a 12-block model's call binds 289)
 template <class... Ts>
