@@ -17,7 +17,9 @@
 
 #include <typegrad/autodiff/call.hpp>
 #include <typegrad/autodiff/forward_context.hpp>
+#include <typegrad/autodiff/gradients.hpp>
 #include <typegrad/autodiff/policy.hpp>
+#include <typegrad/autodiff/post_hooks.hpp>
 #include <typegrad/autodiff/reverse.hpp>
 #include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/custom.hpp>
@@ -57,141 +59,6 @@ template <class PP>
 void note_plan_use() {
     static const bool counted = (plan_counter().fetch_add(1, std::memory_order_relaxed), true);
     (void)counted;
-}
-
-}  // namespace detail
-
-namespace detail {
-
-template <class N>
-constexpr std::string_view op_name_of() {
-    if constexpr (requires { N::op::name; }) return N::op::name;
-    else return "";
-}
-template <fixed_string Name>
-struct named {
-    template <class N>
-    struct test : std::bool_constant<op_name_of<N>() == Name.view()> {};
-};
-template <class... Ms>
-type_list<typename Ms::value_type...> value_types(type_list<Ms...>);
-template <fixed_string Name, class... Ns>
-auto op_dtypes(type_list<Ns...>) -> decltype(detail::value_types(filter_t<type_list<Ns...>, named<Name>::template test>{}));
-
-// A step's gradient nodes (`node<Leaf>`) and the context that resolves their references
-// (`refs`, for graph_of_t). Without a backward autocast spec, the backward graph of the reverse
-// pass, whose nodes read forward values and adjoints through references; with one, the nested
-// gradient graph, whose backward nodes (those not in the forward graph) the autocast rewrite
-// reads and rewrites under the spec.
-template <class Loss, class Seed, class Spec, bool Rewrite = Spec::enabled>
-struct step_gradients {
-    using refs = reverse_pass<Loss, Seed>;
-    template <class Leaf>
-    using node = gradient_ref_t<refs, Leaf>;
-};
-template <class Loss, class Seed, class Spec>
-struct step_gradients<Loss, Seed, Spec, true> {
-    using refs = no_refs;
-    template <class Leaf>
-    using node = typename canonical_gradient<Leaf, rewrite_t<gradient_node_t<Loss, Seed, Leaf>, Spec, topo<Loss>>>::type;
-};
-}  // namespace detail
-
-// The dtypes of the nodes named Name (an op name, e.g. "matmul") in a list of node types such as
-// step::backward_nodes, in topological order: compile-time evidence of the dtype a (backward) op
-// runs in, e.g. static_assert(std::is_same_v<tg::op_dtypes_t<S::backward_nodes, "matmul">,
-// tg::type_list<tg::bf16>>).
-template <class Nodes, fixed_string Name>
-using op_dtypes_t = decltype(detail::op_dtypes<Name>(Nodes{}));
-// A list of types (of nodes, dtypes), as op_dtypes_t and backward_nodes_t give them.
-template <class... Ts>
-using type_list = detail::type_list<Ts...>;
-
-namespace detail {
-// ---- post-accumulate hooks inside the schedule ------------------------------------------------
-// A hook node's callables on a param buffer and its gradient: one function per (callables, dtype,
-// rank), never per graph; the schedule walk calls it through post_hook_schedule's table.
-template <class F, class T, std::size_t Rank>
-void call_post_hook(void* param, void* grad, const std::size_t* ext) {
-    const std::span<const std::size_t> e(ext, Rank);
-    F{}(grad_view<T>{static_cast<T*>(param), e}, grad_view<T>{static_cast<T*>(grad), e});
-}
-template <class H>
-using post_hook_leaf_t = typename underlying_leaf<type_at_t<0, typename H::children>>::type;
-
-template <std::size_t K>
-struct post_hook_table {
-    std::size_t count = 0;
-    std::size_t after[K + 1]{};
-    post_hook_fn fn[K + 1]{};
-    std::size_t store[K + 1]{};
-    std::size_t param[K + 1]{};
-    std::size_t param_ext[K + 1]{};
-};
-
-// When each post-accumulate hook of a call runs, as PyTorch: once its param's gradient is final,
-// hooks of different params in the order their gradients complete (so a gradient all-reduce can
-// start while the rest of the backward computes). A hook runs right after the later of two
-// schedule steps of plan PP: the loop that writes the gradient (store Grads-index of its leaf;
-// nothing writes it again), and the last step that reads the param's buffer, because a hook may
-// update the param (an optimizer in the backward) and later loops must still see the old value
-// (dX = dY W^T reads W). Ties keep registration order (the hooks' order in the loss graph).
-// Hooks: the step's post-accumulate hook nodes; those whose leaf has no grad_into do not run.
-// ParamPP: the plan whose state binds the params (value_and_grad: PP; backward: the forward's,
-// which holds every leaf even where the backward plan does not read it).
-template <class PP, class ParamPP, class Grads, class Hooks>
-struct post_hook_schedule;
-template <class PP, class ParamPP, class Grads, class... Hs>
-struct post_hook_schedule<PP, ParamPP, Grads, type_list<Hs...>> {
-    static constexpr std::size_t K = sizeof...(Hs);
-    static constexpr post_hook_table<K> make() {
-        post_hook_table<K> t;
-        if constexpr (K > 0) {
-            constexpr std::size_t store[] = {index_of<post_hook_leaf_t<Hs>, Grads>::value...};
-            constexpr std::size_t in_plan[] = {PP::program::template id_of<post_hook_leaf_t<Hs>>::value...};
-            constexpr std::size_t param[] = {ParamPP::program::template id_of<post_hook_leaf_t<Hs>>::value...};
-            constexpr post_hook_fn fn[] = {
-                &call_post_hook<typename Hs::op::hook_type, typename post_hook_leaf_t<Hs>::value_type,
-                                post_hook_leaf_t<Hs>::shape_type::rank>...};
-            constexpr auto& steps = buffer_steps_v<PP>;
-            for (std::size_t h = 0; h < K; ++h) {
-                if (store[h] >= Grads::size) continue;  // no grad_into: the hook does not run
-                const std::size_t written = steps.store[store[h]];
-                const std::size_t read = in_plan[h] < PP::M ? steps.read[in_plan[h]] : no_step;
-                const std::size_t after = written == no_step ? no_step : read != no_step && read > written ? read : written;
-                // insertion by step, after the entries of the same step (registration order)
-                std::size_t k = t.count++;
-                for (; k > 0 && t.after[k - 1] > after; --k) {
-                    t.after[k] = t.after[k - 1];
-                    t.fn[k] = t.fn[k - 1];
-                    t.store[k] = t.store[k - 1];
-                    t.param[k] = t.param[k - 1];
-                    t.param_ext[k] = t.param_ext[k - 1];
-                }
-                t.after[k] = after;
-                t.fn[k] = fn[h];
-                t.store[k] = store[h];
-                t.param[k] = param[h];
-                t.param_ext[k] = ParamPP::rank_offset[param[h]];
-            }
-        }
-        return t;
-    }
-    static constexpr post_hook_table<K> table = make();
-};
-// The calls for run_loops (functions of the table's size, not of the plan: see exec/execute.hpp);
-// mut and ext: the state of the plan that binds the params.
-template <std::size_t K>
-post_hook_calls post_hook_calls_of(const post_hook_table<K>& t, void* const* mut, const std::size_t* ext) {
-    return {t.count, t.after, t.fn, t.store, t.param, t.param_ext, mut, ext};
-}
-// A hook may update its param: it must have been bound writable (checked before anything runs).
-template <std::size_t K>
-void check_post_hook_params(const post_hook_table<K>& t, void* const* mut, const node_info* info) {
-    for (std::size_t k = 0; k < t.count; ++k)
-        if (mut[t.param[k]] == nullptr)
-            throw binding_error(message("typegrad: post_accumulate_grad_hook on ", info[t.param[k]].name,
-                                        " writes the param, but it was bound read-only; bind a writable buffer"));
 }
 
 }  // namespace detail
@@ -555,24 +422,6 @@ public:
 };
 
 inline std::size_t plan_count() { return detail::plan_counter().load(); }
-
-namespace detail {
-template <class Loss>
-struct not_in_forward {
-    template <class N>
-    struct test : std::bool_constant<topo<Loss>::template id_of<N>::value == no_parent> {};
-};
-template <class Step, class... Ls>
-auto backward_nodes_of(type_list<Ls...>)
-    -> filter_t<topo_of_t<type_list<typename Step::template grad_node<Ls, !Step::scalar_loss>...>,
-                          typename Step::template grad_refs<!Step::scalar_loss>>,
-                not_in_forward<typename Step::loss_node>::template test>;
-}  // namespace detail
-
-// The nodes of a step's backward graph for all its wrt leaves (forward nodes excluded), e.g. to
-// static_assert the dtype a backward op runs in: tg::op_dtypes_t<tg::backward_nodes_t<S>, "matmul">.
-template <class Step>
-using backward_nodes_t = decltype(detail::backward_nodes_of<Step>(typename Step::wrt_list{}));
 
 // compile<Policies...>(loss, wrt(...)): derives the backward of `loss` for the wrt leaves and returns
 // a step (the C++ form of torch.compile with AOTAutograd; JAX: jax.jit(jax.value_and_grad(f))).
