@@ -2,10 +2,12 @@
 // differences for [N, C], [N, C, L], [N, C, H, W]; the running statistics' in-place update
 // (PyTorch's momentum rule, unbiased variance); evaluation mode; errors.
 #include <check_gradient.hpp>
+#include <special_values.hpp>
 
 #include <cmath>
 
 namespace tg = typegrad;
+using tg::testing::inf;
 using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::fixed;
@@ -172,4 +174,36 @@ TEST_CASE("batch_norm's running statistics over many elements: the same bits on 
     CHECK(means[2] == means[0]);
     CHECK(vars[1] == vars[0]);
     CHECK(vars[2] == vars[0]);
+}
+
+TEST_CASE("batch_norm's gradient with an infinite incoming gradient is PyTorch's, not NaN everywhere",
+          "[ops][batch_norm][edge]") {
+    // Finding 19 (graph 2006). PyTorch (batch_norm_cpu_backward_contiguous_impl), per channel:
+    // dx = (dy - sum(dy) / N - (x - mean) dotp invstd^2 / N) invstd w, dotp = sum((x - mean) dy).
+    constexpr auto x = tg::param<"x", double, tg::shape<4, 1>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<1>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<1>>;
+    constexpr auto q = tg::input<"q", double, tg::shape<4, 1>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> xd{1, 2, 4, -3}, qd{0.5, dinf, 0, 1}, wd{2}, bd{0.5}, gx(4), gw(1), gb(1);
+    tg::compile(tg::sum(tg::batch_norm(x, w, b) * q), tg::wrt(x, w, b))
+        .value_and_grad(tg::bind(x, xd), tg::bind(w, wd), tg::bind(b, bd), tg::bind(q, qd), tg::grad_into(x, gx),
+                        tg::grad_into(w, gw), tg::grad_into(b, gb));
+    double mean = 0, var = 0, sum = 0, dotp = 0;
+    for (double v : xd) mean += v / 4;
+    for (double v : xd) var += (v - mean) * (v - mean) / 4;
+    for (int i = 0; i < 4; ++i) {
+        sum += qd[i];
+        dotp += (xd[i] - mean) * qd[i];
+    }
+    const double invstd = 1 / std::sqrt(var + 1e-5), k = dotp * invstd * invstd / 4;
+    for (int i = 0; i < 4; ++i) {
+        const double want = (qd[i] - sum / 4 - (xd[i] - mean) * k) * invstd * wd[0];
+        INFO("i = " << i << ": " << gx[i] << " against " << want);
+        CHECK((std::isnan(want) ? std::isnan(gx[i]) : gx[i] == want));
+    }
+    // mean 1, dotp = +inf: NaN at x = mean (0 * inf), at the inf and at x < mean; -inf at x = 4
+    CHECK(gx[2] == -dinf);
+    CHECK(gw[0] == dinf);  // dotp invstd
+    CHECK(gb[0] == dinf);  // sum(dy)
 }

@@ -3,10 +3,13 @@
 // dynamic batch; second order (the backward ops are each other's adjoints); float; run-time shape
 // errors.
 #include <check_gradient.hpp>
+#include <special_values.hpp>
 
 #include <cmath>
 
 namespace tg = typegrad;
+using tg::testing::float_values_of;
+using tg::testing::inf;
 using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::fixed;
@@ -253,4 +256,83 @@ TEST_CASE("conv2d over several chunks of images (the last one partial): values a
                 }
     require_close(gx, rx);
     require_close(gw, rw, 1e-10);  // sums of 14,700 products, in another order
+}
+
+TEST_CASE("conv1d/conv2d: the padding takes part in no product, so an infinite weight or gradient stays +-inf",
+          "[ops][conv][edge]") {
+    // Finding 19 (graph 2003): the im2col GEMM multiplied the zeros standing for the padding by the
+    // other operand, and 0 * inf is NaN; PyTorch's float CPU path (oneDNN) and cuDNN read no
+    // padding. x = [1, 2, 3], w = [w0, w1, w2], padding 1: y_l = w0 x_{l-1} + w1 x_l + w2 x_{l+1}.
+    constexpr auto x = tg::param<"x", float, tg::shape<1, 1, 3>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<1, 1, 3>>;
+    constexpr auto q = tg::input<"q", float, tg::shape<1, 1, 3>>;
+    std::vector<float> xd{1, 2, 3}, wd{inf, 1, 1}, qd{1, 1, 1}, gx(3), gw(3);
+    auto y = tg::compile(tg::conv1d<1, 1>(x, w), tg::wrt(x));
+    const auto yv = float_values_of(y, tg::bind(x, xd), tg::bind(w, wd));
+    CHECK(yv[0] == 3.f);  // w0 meets the padding only: 1 * 1 + 1 * 2 (was NaN)
+    CHECK(yv[1] == inf);
+    CHECK(yv[2] == inf);
+    // dw_k = sum_l q_l x_{l+k-1} over the positions inside x; q_0 = inf meets the padding at k = 0
+    wd = {1, 1, 1};
+    qd = {inf, 1, 1};
+    tg::compile(tg::sum(tg::conv1d<1, 1>(x, w) * q), tg::wrt(x, w))
+        .value_and_grad(tg::bind(x, xd), tg::bind(w, wd), tg::bind(q, qd), tg::grad_into(x, gx), tg::grad_into(w, gw));
+    CHECK(gw[0] == 3.f);  // 1 * x_0 + 1 * x_1 (was NaN)
+    CHECK(gw[1] == inf);
+    CHECK(gw[2] == inf);
+    CHECK(gx[0] == inf);  // dx_j = sum_l q_l w_{j-l+1}
+    CHECK(gx[1] == inf);
+    CHECK(gx[2] == 2.f);
+    // conv2d, stride 2: the same through the direct loops
+    constexpr auto x2 = tg::param<"x2", double, tg::shape<1, 1, 3, 3>>;
+    constexpr auto w2 = tg::param<"w2", double, tg::shape<1, 1, 2, 2>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> x2d{1, 2, 3, 4, 5, 6, 7, 8, 9}, w2d{dinf, 1, 1, 1}, g2(4);
+    // outputs 2 x 2 of windows at rows/cols {-1, 1}: y_00 = w3 x_00, y_01 = w2 x_01 + w3 x_02, ...
+    const auto y2 = tg::compile(tg::conv2d<2, 1>(x2, w2), tg::wrt(x2)).forward(tg::bind(x2, x2d), tg::bind(w2, w2d));
+    const std::vector<double> v2(y2.values().begin(), y2.values().end());
+    CHECK(v2[0] == 1);
+    CHECK(v2[1] == 2 + 3);
+    CHECK(v2[2] == 4 + 7);
+    CHECK(v2[3] == dinf);
+}
+
+TEST_CASE("conv2d with groups and dilation: the direct loops for non-finite operands read each group's own channels",
+          "[ops][conv][edge]") {
+    // An infinite weight of output channel 2 (group 1) sends conv2d through the direct loops; every
+    // other output channel must equal the GEMM path's result with that weight set to 0, and so must
+    // channel 2 where that tap reads the padding.
+    constexpr auto x = tg::param<"x", double, tg::shape<1, 4, 5, 5>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<4, 2, 2, 2>>;  // groups 2: 2 input channels each
+    constexpr auto q = tg::input<"q", double, tg::shape<1, 4, 7, 7>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> xd(100), wd(32), qd(196, 1.0);
+    for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = std::sin(0.37 * double(i) + 0.1);
+    for (std::size_t i = 0; i < wd.size(); ++i) wd[i] = std::cos(0.53 * double(i) + 0.2);
+    // stride 1, padding 2, dilation 2 (a 3 x 3 span), groups 2: 7 x 7 outputs
+    const auto conv = tg::conv2d<1, 2, 2, 2>(x, w);
+    const auto step = tg::compile(conv, tg::wrt(x));
+    std::vector<double> w_zero = wd, w_inf = wd;
+    w_zero[2 * 8 + 3] = 0;  // channel 2, input channel 0 of its group, tap (1, 1): reads x[oh, ow]
+    w_inf[2 * 8 + 3] = dinf;
+    const auto ref = float_values_of(step, tg::bind(x, xd), tg::bind(w, w_zero));
+    const auto got = float_values_of(step, tg::bind(x, xd), tg::bind(w, w_inf));
+    REQUIRE(got.size() == 196);
+    for (std::size_t o = 0; o < 4; ++o)
+        for (std::size_t oh = 0; oh < 7; ++oh)
+            for (std::size_t ow = 0; ow < 7; ++ow) {
+                const std::size_t e = (o * 7 + oh) * 7 + ow;
+                if (o == 2 && oh < 5 && ow < 5) CHECK(std::isinf(got[e]));
+                else CHECK(got[e] == Approx(ref[e]).epsilon(1e-12));
+            }
+    // the weight gradient with an infinite incoming gradient at one pixel of channel 0 (group 0):
+    // channels 1 to 3 get the GEMM path's gradient
+    std::vector<double> q_inf = qd, gw_ref(32), gw_got(32), gx(100);
+    q_inf[0] = dinf;
+    const auto grad_step = tg::compile(tg::sum(conv * q), tg::wrt(x, w));
+    grad_step.value_and_grad(tg::bind(x, xd), tg::bind(w, wd), tg::bind(q, qd), tg::grad_into(x, gx),
+                             tg::grad_into(w, gw_ref));
+    grad_step.value_and_grad(tg::bind(x, xd), tg::bind(w, wd), tg::bind(q, q_inf), tg::grad_into(x, gx),
+                             tg::grad_into(w, gw_got));
+    for (std::size_t i = 8; i < 32; ++i) CHECK(gw_got[i] == Approx(gw_ref[i]).epsilon(1e-12));
 }

@@ -3,12 +3,14 @@
 // several normalised axes, broadcast weights), values against closed forms, f32 statistics for
 // bf16 input, autocast classes, and PyTorch's index rules (first of ties, NaN, empty axes).
 #include <check_gradient.hpp>
+#include <special_values.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 namespace tg = typegrad;
+using tg::testing::inf;
 using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::uniform;
@@ -209,36 +211,68 @@ TEST_CASE("norm autocast classes follow PyTorch's lists", "[ops][norm][autocast]
     STATIC_REQUIRE(all_float(tg::op_dtypes_t<typename all_nodes<typename ln::node_type>::type, "sum">{}));
 }
 
-TEST_CASE("argmax and argmin follow PyTorch's rules", "[ops][argmax]") {
-    constexpr auto v = tg::param<"v", double, tg::shape<tg::dyn, 4>>;
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    // rows: a tie (first index wins), a NaN (its index wins, for both), all equal, a plain row
-    const std::vector<double> d{1, 3, 3, 2,   5, nan, 9, nan,   7, 7, 7, 7,   -1, -4, 0, -4};
-    auto idx = [&](auto e) {
-        auto ctx = tg::compile(e, tg::wrt(v)).forward(tg::bind(v, d, {4, 4}));
-        STATIC_REQUIRE(std::is_same_v<typename std::remove_cvref_t<decltype(ctx.values())>::value_type, std::int64_t>);
-        return std::vector<std::int64_t>(ctx.values().begin(), ctx.values().end());
-    };
-    CHECK(idx(tg::argmax(v, tg::axes<1>)) == std::vector<std::int64_t>{1, 1, 0, 2});
-    CHECK(idx(tg::argmin(v, tg::axes<-1>)) == std::vector<std::int64_t>{0, 1, 0, 1});
-    CHECK(idx(tg::argmax(v, tg::axes<1>, tg::keepdim)) == std::vector<std::int64_t>{1, 1, 0, 2});
-    STATIC_REQUIRE(std::is_same_v<decltype(tg::argmax(v, tg::axes<1>, tg::keepdim))::shape_type, tg::shape<tg::dyn, 1>>);
-    STATIC_REQUIRE(std::is_same_v<decltype(tg::argmax(v, tg::axes<0>))::shape_type, tg::shape<4>>);
-    // along axis 0 (strided reads): column maxima / minima
-    CHECK(idx(tg::argmax(v, tg::axes<0>)) == std::vector<std::int64_t>{2, 1, 1, 1});
-    CHECK(idx(tg::argmin(v, tg::axes<0>)) == std::vector<std::int64_t>{3, 1, 3, 1});
-    // over all elements: the index into the flattened tensor (the first NaN)
-    CHECK(idx(tg::argmax(v)) == std::vector<std::int64_t>{5});
-    // of an expression (materialised for the kernel) and of a transposed view
-    CHECK(idx(tg::argmin(-v * v, tg::axes<1>)) == std::vector<std::int64_t>{1, 1, 0, 1});
-    CHECK(idx(tg::argmax(tg::transpose(v), tg::axes<1>)) == std::vector<std::int64_t>{2, 1, 1, 1});
-    // no elements to reduce: an error, before anything is written
-    auto step = tg::compile(tg::argmax(v, tg::axes<0>), tg::wrt(v));
-    const std::vector<double> none;
-    CHECK_THROWS_AS(step.forward(tg::bind(v, none, {0, 4})), tg::shape_error);
-    // bf16 input, float32 and a float reduction input
-    constexpr auto vb = tg::param<"vb", tg::bf16, tg::shape<3>>;
-    const std::vector<tg::bf16> db{tg::bf16(1.0f), tg::bf16(-2.0f), tg::bf16(1.5f)};
-    auto ctx = tg::compile(tg::argmin(vb), tg::wrt(vb)).forward(tg::bind(vb, db));
-    CHECK(ctx.values()[0] == 1);
+namespace {
+// PyTorch's CPU layer_norm backward for x (LayerNormBackwardKernelImplInternal, LibTorch 1.13), in
+// double, over one row: ds = sum(dY x gamma), db = sum(dY gamma), dx = a dY gamma + b x + c.
+std::vector<double> torch_layer_norm_dx(const std::vector<double>& x, const std::vector<double>& dy,
+                                        const std::vector<double>& gamma, double eps) {
+    const double n = double(x.size());
+    double mean = 0, var = 0, db = 0, ds = 0;
+    for (double v : x) mean += v / n;
+    for (double v : x) var += (v - mean) * (v - mean) / n;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        ds += dy[i] * x[i] * gamma[i];
+        db += dy[i] * gamma[i];
+    }
+    const double a = 1 / std::sqrt(var + eps), scale = 1 / n;
+    const double b = (db * mean - ds) * a * a * a * scale, c = -b * mean - db * a * scale;
+    std::vector<double> dx(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) dx[i] = a * dy[i] * gamma[i] + b * x[i] + c;
+    return dx;
+}
+}  // namespace
+
+TEST_CASE("layer_norm's gradient with an infinite incoming gradient is PyTorch's, not NaN everywhere",
+          "[ops][norm][edge]") {
+    // Finding 19 (graph 2002): the derivative of the composite sums the gradient through the mean
+    // and through the variance separately, and an infinite g made every element NaN; PyTorch's
+    // kernel gives +-inf where its formula a g + b x + c does (NaN where x or a g cancel it).
+    constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, 6>>;
+    constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, 6>>;
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> xd{1, 2, 3, 1, -100, 0, 0.5, -1, 2, 3, -4, 1}, qd{0.5, 0, 0, -dinf, 0, 0.25, 1, -1, 2, 0.5, 0, 1},
+        g(12);
+    const auto step = tg::compile(tg::sum(tg::layer_norm(x) * q), tg::wrt(x));
+    step.value_and_grad(tg::bind(x, xd, {2, 6}), tg::bind(q, qd, {2, 6}), tg::grad_into(x, g));
+    for (std::size_t r = 0; r < 2; ++r) {
+        const std::vector<double> xr(xd.begin() + 6 * r, xd.begin() + 6 * r + 6), qr(qd.begin() + 6 * r, qd.begin() + 6 * r + 6);
+        const auto want = torch_layer_norm_dx(xr, qr, std::vector<double>(6, 1.0), 1e-5);
+        for (std::size_t i = 0; i < 6; ++i) {
+            INFO("row " << r << ", i = " << i << ": " << g[6 * r + i] << " against " << want[i]);
+            if (std::isfinite(want[i])) CHECK(std::abs(g[6 * r + i] - want[i]) <= 1e-12 * (1 + std::abs(want[i])));
+            else CHECK((std::isnan(want[i]) ? std::isnan(g[6 * r + i]) : g[6 * r + i] == want[i]));
+        }
+    }
+    // row 0 by hand: b = +inf (db = -inf, mean < 0), so +inf where x > 0 and NaN at x <= 0
+    CHECK(g[0] == dinf);
+    CHECK(g[1] == dinf);
+    CHECK(std::isnan(g[3]));
+    CHECK(std::isnan(g[4]));
+    // with a weight, the kernel's order of products: dY gamma = -720 * 1e306 overflows to -inf, but
+    // dY x gamma at x = 0 is 0, so ds is finite and dx is +inf where LibTorch's is (graph 2002)
+    constexpr auto w = tg::param<"w", double, tg::shape<6>>;
+    std::vector<double> x1{-2.0949096326959271, 2.3092231435622619, 0.76731257638245953, 0.47851377568577025,
+                           -0.88742855058058367, 0},
+        w1{1.3147260750630738, 1.182002930117819, -720, 709.5, 1.3427477734532451, 1e306},
+        q1{-0.83302792870116715, -1, 0.97591607830086979, -0.64701204457559003, -0.22842579285386655, -720}, g1(6), gw(6);
+    tg::compile(tg::sum(tg::layer_norm(x, w) * q), tg::wrt(x, w))
+        .value_and_grad(tg::bind(x, x1, {1, 6}), tg::bind(w, w1), tg::bind(q, q1, {1, 6}), tg::grad_into(x, g1),
+                        tg::grad_into(w, gw));
+    const auto want1 = torch_layer_norm_dx(x1, q1, w1, 1e-5);
+    for (std::size_t i = 0; i < 6; ++i) {
+        INFO("i = " << i << ": " << g1[i] << " against " << want1[i]);
+        if (std::isfinite(want1[i])) CHECK(std::abs(g1[i] - want1[i]) <= 1e-12 * (1 + std::abs(want1[i])));
+        else CHECK((std::isnan(want1[i]) ? std::isnan(g1[i]) : g1[i] == want1[i]));
+    }
+    CHECK(g1[0] == dinf);  // LibTorch 1.13: inf (was NaN: ds = sum((dY gamma) x) = -inf * 0)
 }

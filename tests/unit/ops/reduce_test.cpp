@@ -294,3 +294,22 @@ TEST_CASE("a reduction gets the same bits from forward() and value_and_grad()", 
         CHECK(std::memcmp(&r1, &r2, sizeof r1) == 0);
     }
 }
+
+TEST_CASE("axis reductions with and without keepdim", "[ops][reduce][gradient]") {
+    constexpr auto m = tg::param<"m", double, tg::shape<tg::dyn, 3>>;
+    constexpr auto t = tg::param<"t", double, tg::shape<2, 3, 4>>;
+    auto tv = uniform(24, -1.0, 1.0, 21);
+    check_gradient(tg::sum(tg::square(tg::sum(t, tg::axes<1>))), at(t, tv));
+    check_gradient(tg::sum(tg::exp(tg::mean(t, tg::axes<0, 2>))), at(t, tv));
+    check_gradient(tg::sum(t * tg::mean(t, tg::axes<-1>, tg::keepdim)), at(t, tv));
+    check_gradient(tg::sum(tg::max(t, tg::axes<2>) * tg::min(t, tg::axes<2>)), at(t, tv));
+    check_gradient(tg::sum(t / tg::max(tg::abs(t), tg::axes<0, 1>, tg::keepdim)), at(t, tv));
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::sum(t, tg::axes<1>))::shape_type, tg::shape<2, 4>>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::sum(t, tg::axes<1>, tg::keepdim))::shape_type, tg::shape<2, 1, 4>>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::mean(m, tg::axes<0>))::shape_type, tg::shape<3>>);
+    for (std::size_t rows : {1u, 3u}) {
+        auto mv = uniform(rows * 3, -2.0, 2.0, 7 + rows);
+        check_gradient(tg::sum(tg::square(tg::mean(m, tg::axes<0>))), at(m, mv, {rows, 3}));
+        check_gradient(tg::sum(tg::sum(m, tg::axes<1>) * tg::sum(m, tg::axes<1>)), at(m, mv, {rows, 3}));
+    }
+}

@@ -1,0 +1,68 @@
+// matmul, dot and linear (ops/matmul.hpp): every rank combination against finite differences in
+// double, and dynamic batch extents that never broadcast.
+#include <check_gradient.hpp>
+
+#include <vector>
+
+namespace tg = typegrad;
+using tg::testing::at;
+using tg::testing::check_gradient;
+using tg::testing::fixed;
+using tg::testing::uniform;
+
+namespace {
+constexpr auto m = tg::param<"m", double, tg::shape<tg::dyn, 3>>;
+constexpr auto t = tg::param<"t", double, tg::shape<2, 3, 4>>;
+constexpr auto u = tg::param<"u", double, tg::shape<4, 1>>;
+}  // namespace
+
+TEST_CASE("matmul for every rank combination, dot and linear", "[ops][matmul][gradient]") {
+    constexpr auto a = tg::param<"a", double, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", double, tg::shape<4, 3>>;
+    constexpr auto c = tg::param<"c", double, tg::shape<2, 3, 4>>;
+    constexpr auto d = tg::param<"d", double, tg::shape<2, 4, 5>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<4>>;
+    constexpr auto bias = tg::param<"bias", double, tg::shape<3>>;
+    for (std::size_t rows : {1u, 3u, 7u}) {
+        auto av = uniform(rows * 4, -1.0, 1.0, rows);
+        auto bv = uniform(12, -1.0, 1.0, 40);
+        check_gradient(tg::sum(tg::square(tg::matmul(a, b))), at(a, av, {rows, 4}), at(b, bv));
+        check_gradient(tg::sum(tg::tanh(tg::linear(a, tg::transpose(b), bias))), at(a, av, {rows, 4}), at(b, bv),
+                       at(bias, uniform(3, -1.0, 1.0, 41)));
+        check_gradient(tg::sum(tg::matmul(tg::transpose(a), tg::exp(a))), at(a, av, {rows, 4}));
+    }
+    auto cv = uniform(24, -1.0, 1.0, 50), dv = uniform(40, -1.0, 1.0, 51), wv = uniform(4, -1.0, 1.0, 52);
+    check_gradient(tg::sum(tg::sin(tg::matmul(c, d))), at(c, cv), at(d, dv));                  // batched
+    check_gradient(tg::sum(tg::square(tg::matmul(c, b))), at(c, cv), at(b, uniform(12, -1.0, 1.0, 53)));  // batch x 2-D
+    check_gradient(tg::sum(tg::matmul(c, w)), at(c, cv), at(w, wv));                            // 3-D x 1-D
+    check_gradient(tg::sum(tg::square(tg::matmul(w, b))), at(w, wv), at(b, uniform(12, -1.0, 1.0, 54)));  // 1-D x 2-D
+    check_gradient(tg::square(tg::dot(w, w)), at(w, wv));                                        // 1-D x 1-D
+    // closed form: [[1, 1]] x [[1, 2], [3, 4]] = [[4, 6]]
+    constexpr auto p = tg::param<"p", float, tg::shape<1, 2>>;
+    constexpr auto q = tg::param<"q", float, tg::shape<2, 2>>;
+    std::vector<float> pv{1, 1}, qv{1, 2, 3, 4}, gp(2), gq(4);
+    const float l = tg::compile(tg::sum(tg::matmul(p, q)), tg::wrt(p, q))
+                        .value_and_grad(tg::bind(p, pv), tg::bind(q, qv), tg::grad_into(p, gp), tg::grad_into(q, gq));
+    CHECK(l == 10.f);
+    CHECK(gp == std::vector<float>{3, 7});
+    CHECK(gq == std::vector<float>{1, 1, 1, 1});
+}
+
+TEST_CASE("a dynamic matmul batch extent bound as 1 does not broadcast, in forward() as in value_and_grad()",
+          "[ops][matmul][dynamic][edge]") {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2, 3>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<2, 3, 4>>;
+    auto step = tg::compile(tg::sum(tg::matmul(a, w)), tg::wrt(a, w));
+    std::vector<float> ad(6, 1.f), wd(24, 1.f), ga(6, 7.f), gw(24, 7.f);
+    CHECK_THROWS_AS(step.forward(tg::bind(a, ad, {1, 2, 3}), tg::bind(w, wd)), tg::shape_error);
+    CHECK_THROWS_AS(step.value_and_grad(tg::bind(a, ad, {1, 2, 3}), tg::bind(w, wd), tg::grad_into(a, ga),
+                                        tg::grad_into(w, gw)),
+                    tg::shape_error);
+    CHECK(ga == std::vector<float>(6, 7.f));
+    // a static 1 broadcasts, in both
+    constexpr auto a1 = tg::param<"a1", float, tg::shape<1, 2, 3>>;
+    auto bcast = tg::compile(tg::sum(tg::matmul(a1, w)), tg::wrt(a1, w));
+    CHECK(bcast.forward(tg::bind(a1, ad), tg::bind(w, wd)).value() == 48.f);
+    CHECK(bcast.value_and_grad(tg::bind(a1, ad), tg::bind(w, wd), tg::grad_into(a1, ga), tg::grad_into(w, gw)) == 48.f);
+    CHECK(ga == std::vector<float>(6, 8.f));
+}
