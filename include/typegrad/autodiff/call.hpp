@@ -406,7 +406,7 @@ struct call_layer {
                                     FwdPP::program::template contains<typename PP::program::template node_at<Ns>>::value>...});
     }
     template <class PP, class FwdPP, class FwdState>
-    static void restore_nodes(typename PP::state_type& st, const FwdState& fst) {
+    static void restore_nodes(typename PP::state_type& st, const FwdState& fwd_state) {
         static_assert(all_restorable<PP, FwdPP>(std::make_index_sequence<PP::M>{}),
                       "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
                       "forward pass did not bind; bind it in forward(...).");
@@ -418,11 +418,11 @@ struct call_layer {
             if (f != FwdPP::M) {
                 if (info[n].kind == op_kind::leaf) {
                     for (std::size_t a = 0; a < info[n].rank; ++a)
-                        st.ext[PP::rank_offset[n] + a] = fst.ext[FwdPP::rank_offset[f] + a];
-                    st.ptr[n] = fst.ptr[f];
-                    st.mut[n] = fst.mut[f];
+                        st.ext[PP::rank_offset[n] + a] = fwd_state.ext[FwdPP::rank_offset[f] + a];
+                    st.ptr[n] = fwd_state.ptr[f];
+                    st.mut[n] = fwd_state.mut[f];
                 } else if (FwdPP::plan.computed[f]) {
-                    st.ptr[n] = fst.ptr[f];
+                    st.ptr[n] = fwd_state.ptr[f];
                 }
             } else if (info[n].kind == op_kind::leaf && n != seed) {
                 for (std::size_t a = 0; a < info[n].rank; ++a) st.ext[PP::rank_offset[n] + a] = info[n].ext[a];
@@ -431,7 +431,7 @@ struct call_layer {
     }
     // The seed of a non-scalar output's backward: its buffer, with the output's extents.
     template <class PP, class FwdPP, class FwdState, class... Args>
-    static void bind_seed(typename PP::state_type& st, const FwdState& fst, const Args&... args) {
+    static void bind_seed(typename PP::state_type& st, const FwdState& fwd_state, const Args&... args) {
         if constexpr (PP::program::template contains<seed_leaf>::value) {  // else nothing reads the seed
             constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
             static_assert(count_true({is_seed_binding_v<Args>...}) == 1, "typegrad: backward(ctx, ...) takes one tg::seed(...).");
@@ -445,7 +445,7 @@ struct call_layer {
             for_each_arg(set, args...);
             using S = typename seed_leaf::shape_type;
             for (std::size_t a = 0; a < S::rank; ++a)
-                st.ext[PP::rank_offset[id] + a] = fst.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
+                st.ext[PP::rank_offset[id] + a] = fwd_state.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
         }
     }
     template <class PP, class... Args>

@@ -219,21 +219,22 @@ inline std::vector<group_desc> loop_groups(const plan_view& pv, std::size_t L) {
 
 // Operands of a group kernel, in parameter order: the loop's inputs, the group's reductions,
 // then (first group) the materialisations and stores. For stores, `store_index` is set.
+enum class operand_role { input, reduction, materialisation, store };
 struct operand_desc {
     std::size_t node;
-    int role;  // 0 input, 1 reduction, 2 materialisation, 3 store
+    operand_role role;
     std::size_t store_index = 0;
 };
 
 inline std::vector<operand_desc> group_operands(const plan_view& pv, const group_desc& g) {
     const td::loop_plan& lp = pv.loops[g.loop];
     std::vector<operand_desc> ops;
-    for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) ops.push_back({pv.members[m], 0});
-    for (std::size_t r : g.reds) ops.push_back({r, 1});
+    for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) ops.push_back({pv.members[m], operand_role::input});
+    for (std::size_t r : g.reds) ops.push_back({r, operand_role::reduction});
     if (g.outputs) {
-        for (std::size_t m = lp.mat_begin; m < lp.mat_end; ++m) ops.push_back({pv.members[m], 2});
+        for (std::size_t m = lp.mat_begin; m < lp.mat_end; ++m) ops.push_back({pv.members[m], operand_role::materialisation});
         for (std::size_t m = lp.store_begin; m < lp.store_end; ++m)
-            ops.push_back({pv.stores[pv.members[m]], 3, pv.members[m]});
+            ops.push_back({pv.stores[pv.members[m]], operand_role::store, pv.members[m]});
     }
     return ops;
 }
@@ -258,7 +259,7 @@ inline word_layout layout_of(const plan_view& pv, const group_desc& g, const std
     word_layout w;
     w.rank = pv.info[pv.loops[g.loop].iter].rank;
     w.n_ops = ops.size();
-    for (const auto& o : ops) w.n_stores += o.role == 3;
+    for (const auto& o : ops) w.n_stores += o.role == operand_role::store;
     w.n_reds = g.reds.size();
     return w;
 }
@@ -645,7 +646,7 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     s += "    }\n";
     // loads of materialised values (a value per element: vN[u]; a scalar meta value: vN)
     for (std::size_t o = 0; o < ops.size(); ++o) {
-        if (ops[o].role != 0) continue;
+        if (ops[o].role != operand_role::input) continue;
         const std::size_t n = ops[o].node;
         if (info[n].kind == op_kind::constant) continue;  // inlined at each use
         if (info[n].kind == op_kind::meta) {
@@ -680,9 +681,9 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     }
     std::size_t store_k = 0;
     for (std::size_t o = 0; o < ops.size(); ++o) {
-        if (ops[o].role == 2) {
+        if (ops[o].role == operand_role::materialisation) {
             s += std::string("        ") + store(ops[o].node, W(w.operand(o)), offset(o), value_of(ops[o].node), "") + "\n";
-        } else if (ops[o].role == 3) {
+        } else if (ops[o].role == operand_role::store) {
             s += std::string("        ") + store(ops[o].node, W(w.operand(o)), offset(o), value_of(ops[o].node), W(w.flag(store_k))) + "\n";
             ++store_k;
         }

@@ -289,7 +289,7 @@ inline void run_loop(const plan_view& pv, const state_view& sv, const compiled_m
         for (std::size_t o = 0; o < ops.size(); ++o) {
             const std::size_t n = ops[o].node;
             const std::size_t lead = rank - info[n].rank;
-            if (ops[o].role == 0) {
+            if (ops[o].role == operand_role::input) {
                 if (info[n].kind == op_kind::meta) std::memcpy(&words[w.operand(o)], &sv.meta[n], 8);
                 else words[w.operand(o)] = reinterpret_cast<std::uintptr_t>(sv.ptr[n]);
                 if (info[n].kind == op_kind::constant || info[n].kind == op_kind::meta) continue;
@@ -299,7 +299,7 @@ inline void run_loop(const plan_view& pv, const state_view& sv, const compiled_m
                 continue;
             }
             words[w.operand(o)] =
-                reinterpret_cast<std::uintptr_t>(ops[o].role == 3 ? sv.out[ops[o].store_index] : sv.ptr[n]);
+                reinterpret_cast<std::uintptr_t>(ops[o].role == operand_role::store ? sv.out[ops[o].store_index] : sv.ptr[n]);
             // outputs are dense in their own shape
             for (std::size_t a = 0; a < rank; ++a) {
                 if (output_broadcast_axis(pv, n, iter, a)) continue;
@@ -308,7 +308,7 @@ inline void run_loop(const plan_view& pv, const state_view& sv, const compiled_m
                     if (b >= lead) stride *= sv.ext[sv.rank_offset[n] + (b - lead)];
                 words[w.stride(o, a)] = stride;
             }
-            if (ops[o].role == 3) words[w.flag(store_k++)] = accumulate[ops[o].store_index] ? 1 : 0;
+            if (ops[o].role == operand_role::store) words[w.flag(store_k++)] = accumulate[ops[o].store_index] ? 1 : 0;
         }
         const auto& partials = ll.partials[L][gi];
         for (std::size_t r = 0; r < partials.size(); ++r)

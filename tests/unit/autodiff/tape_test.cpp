@@ -6,22 +6,6 @@
 
 namespace tg = typegrad;
 
-namespace {
-constexpr auto x = tg::param<"x", float, tg::shape<10, 10>>;
-constexpr auto p = tg::param<"p", float, tg::shape<3>>;
-
-// A tensor hook: clip the whole gradient to a global L2 norm of 1.
-struct clip_to_unit_norm {
-    void operator()(tg::grad_view<float> g) const {
-        double n = 0;
-        for (float v : g) n += double(v) * v;
-        n = std::sqrt(n);
-        if (n > 1)
-            for (float& v : g) v = float(v / n);
-    }
-};
-}  // namespace
-
 TEST_CASE("a tape runs one backward through run-time segments", "[tape]") {
     SECTION("x + 10 | + 10 | sum in three segments gives ones") {
         constexpr auto v = tg::param<"v", float, tg::shape<tg::dyn>>;

@@ -10,10 +10,6 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::uniform;
 
-namespace {
-constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
-}  // namespace
-
 TEST_CASE("dropout: Philox mask, scale, regenerated in the backward", "[ops][dropout]") {
     constexpr auto v = tg::param<"v", double, tg::shape<tg::dyn, 7>>;
     constexpr auto rng = tg::input<"rng", std::int64_t, tg::shape<2>>;

@@ -19,8 +19,6 @@ using tg::testing::same_special;
 
 namespace {
 constexpr auto m = tg::param<"m", double, tg::shape<tg::dyn, 3>>;
-constexpr auto t = tg::param<"t", double, tg::shape<2, 3, 4>>;
-constexpr auto u = tg::param<"u", double, tg::shape<4, 1>>;
 }  // namespace
 
 TEST_CASE("log_sum_exp, softmax and log_softmax over an axis", "[ops][softmax][gradient]") {

@@ -18,12 +18,6 @@ using tg::testing::inf;
 using tg::testing::qnan;
 using tg::testing::same_special;
 
-namespace {
-constexpr auto m = tg::param<"m", double, tg::shape<tg::dyn, 3>>;
-constexpr auto t = tg::param<"t", double, tg::shape<2, 3, 4>>;
-constexpr auto u = tg::param<"u", double, tg::shape<4, 1>>;
-}  // namespace
-
 TEST_CASE("losses", "[ops][loss][gradient]") {
     constexpr auto logits = tg::param<"logits", double, tg::shape<tg::dyn, 4>>;
     constexpr auto labels = tg::input<"labels", std::int32_t, tg::shape<tg::dyn>>;

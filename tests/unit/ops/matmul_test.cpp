@@ -10,12 +10,6 @@ using tg::testing::check_gradient;
 using tg::testing::fixed;
 using tg::testing::uniform;
 
-namespace {
-constexpr auto m = tg::param<"m", double, tg::shape<tg::dyn, 3>>;
-constexpr auto t = tg::param<"t", double, tg::shape<2, 3, 4>>;
-constexpr auto u = tg::param<"u", double, tg::shape<4, 1>>;
-}  // namespace
-
 TEST_CASE("matmul for every rank combination, dot and linear", "[ops][matmul][gradient]") {
     constexpr auto a = tg::param<"a", double, tg::shape<tg::dyn, 4>>;
     constexpr auto b = tg::param<"b", double, tg::shape<4, 3>>;
