@@ -80,8 +80,12 @@ TEST_CASE("device bindings are checked on the host before anything runs", "[cuda
                     tg::aliasing_error);
     // tg::dyn marks a run-time extent inside a plan, never a size: the host's check (a shape_error
     // before any device call, not the missing device's device_error)
-    CHECK_THROWS_AS(step.value_and_grad(tg::cuda::bind(A, dev, {tg::dyn, 5}), tg::cuda::bind(B, dev, {tg::dyn, 5})),
-                    tg::shape_error);
+    try {
+        step.value_and_grad(tg::cuda::bind(A, dev, {tg::dyn, 5}), tg::cuda::bind(B, dev, {tg::dyn, 5}));
+        FAIL("no error");
+    } catch (const tg::shape_error& e) {
+        CHECK(std::string(e.what()).find("has extent tg::dyn (SIZE_MAX), which is not a size") != std::string::npos);
+    }
     try {
         step.value_and_grad(tg::cuda::bind(A, dev, {2, 5}), tg::cuda::bind(B, dev, {2, 5}),
                             tg::cuda::grad_into(A, dev_grad, 9));
