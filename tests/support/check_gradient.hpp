@@ -133,4 +133,16 @@ void check_gradient(Loss loss, fixed_bindings<Fixed...> f, leaf_data<Leaves>... 
     check_gradient(loss, tolerance{}, f, data...);
 }
 
+// The points of the elementwise finite-difference checks: sizes below, at and past the SIMD
+// widths; a unary op's `any` values in [-2, 2] and `pos` values in [0.2, 3]; a binary op's `a` in
+// [-2, 2] and `b` in [0.5, 2]. f(n, values...) runs the checks at each size.
+template <class F>
+void at_unary_points(F f) {
+    for (std::size_t n : {1u, 7u, 16u, 33u}) f(n, uniform(n, -2.0, 2.0, unsigned(n)), uniform(n, 0.2, 3.0, unsigned(n + 1)));
+}
+template <class F>
+void at_binary_points(F f) {
+    for (std::size_t n : {1u, 9u, 17u}) f(n, uniform(n, -2.0, 2.0, unsigned(3 * n)), uniform(n, 0.5, 2.0, unsigned(3 * n + 1)));
+}
+
 }  // namespace typegrad::testing

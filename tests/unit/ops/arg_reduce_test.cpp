@@ -8,16 +8,6 @@
 
 namespace tg = typegrad;
 
-namespace {
-template <class Step, class... Bs>
-std::vector<double> forward_values(const Step& step, const Bs&... bs) {
-    auto ctx = step.forward(bs...);
-    std::vector<double> r;
-    for (auto v : ctx.values()) r.push_back(double(v));
-    return r;
-}
-}  // namespace
-
 TEST_CASE("argmax and argmin follow PyTorch's rules", "[ops][argmax]") {
     constexpr auto v = tg::param<"v", double, tg::shape<tg::dyn, 4>>;
     const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -5,7 +5,8 @@
 namespace tg = typegrad;
 using tg::testing::at;
 using tg::testing::check_gradient;
-using tg::testing::uniform;
+using tg::testing::at_binary_points;
+using tg::testing::at_unary_points;
 
 namespace {
 constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn>>;
@@ -13,22 +14,18 @@ constexpr auto y = tg::param<"y", double, tg::shape<tg::dyn>>;
 }  // namespace
 
 TEST_CASE("negation matches finite differences", "[ops][arithmetic][gradient]") {
-    for (std::size_t n : {1u, 7u, 16u, 33u}) {
-        [[maybe_unused]] auto any = uniform(n, -2.0, 2.0, n);
-        [[maybe_unused]] auto pos = uniform(n, 0.2, 3.0, n + 1);
+    at_unary_points([](std::size_t n, const auto& any, const auto&) {
         check_gradient(tg::sum(-x), at(x, any, {n}));
-    }
+    });
 }
 
 TEST_CASE("+, -, * and / match finite differences, both operands", "[ops][arithmetic][gradient]") {
-    for (std::size_t n : {1u, 9u, 17u}) {
-        auto a = uniform(n, -2.0, 2.0, 3 * n);
-        auto b = uniform(n, 0.5, 2.0, 3 * n + 1);
+    at_binary_points([](std::size_t n, const auto& a, const auto& b) {
         check_gradient(tg::sum(x + y), at(x, a, {n}), at(y, b, {n}));
         check_gradient(tg::sum(x - y), at(x, a, {n}), at(y, b, {n}));
         check_gradient(tg::sum(x * y), at(x, a, {n}), at(y, b, {n}));
         check_gradient(tg::sum(x / y), at(x, a, {n}), at(y, b, {n}));
-    }
+    });
 }
 
 TEST_CASE("op(x, x).sum() at [1, 2, 3]", "[ops][closed-form]") {

@@ -12,7 +12,8 @@
 namespace tg = typegrad;
 using tg::testing::at;
 using tg::testing::check_gradient;
-using tg::testing::uniform;
+using tg::testing::at_binary_points;
+using tg::testing::at_unary_points;
 using tg::testing::float_values_of;
 using tg::testing::inf;
 using tg::testing::qnan;
@@ -24,24 +25,20 @@ constexpr auto y = tg::param<"y", double, tg::shape<tg::dyn>>;
 }  // namespace
 
 TEST_CASE("exp, log, sqrt, square and pow match finite differences", "[ops][exp_log][gradient]") {
-    for (std::size_t n : {1u, 7u, 16u, 33u}) {
-        [[maybe_unused]] auto any = uniform(n, -2.0, 2.0, n);
-        [[maybe_unused]] auto pos = uniform(n, 0.2, 3.0, n + 1);
+    at_unary_points([](std::size_t n, const auto& any, const auto& pos) {
         check_gradient(tg::sum(tg::exp(x)), at(x, any, {n}));
         check_gradient(tg::sum(tg::log(x)), at(x, pos, {n}));
         check_gradient(tg::sum(tg::sqrt(x)), at(x, pos, {n}));
         check_gradient(tg::sum(tg::square(x)), at(x, any, {n}));
         check_gradient(tg::sum(tg::pow(x, tg::lit<3>)), at(x, any, {n}));
         check_gradient(tg::sum(tg::pow(x, tg::lit<2.5>)), at(x, pos, {n}));
-    }
+    });
 }
 
 TEST_CASE("pow with a tensor exponent matches finite differences, both operands", "[ops][pow][gradient]") {
-    for (std::size_t n : {1u, 9u, 17u}) {
-        auto a = uniform(n, -2.0, 2.0, 3 * n);
-        auto b = uniform(n, 0.5, 2.0, 3 * n + 1);
+    at_binary_points([](std::size_t n, const auto& a, const auto& b) {
         check_gradient(tg::sum(tg::pow(y, x)), at(x, a, {n}), at(y, b, {n}));
-    }
+    });
 }
 
 TEMPLATE_TEST_CASE("sum(exp(x) * y) at known points", "[ops][closed-form]", float, double) {

@@ -10,7 +10,8 @@
 namespace tg = typegrad;
 using tg::testing::at;
 using tg::testing::check_gradient;
-using tg::testing::uniform;
+using tg::testing::at_binary_points;
+using tg::testing::at_unary_points;
 using tg::testing::float_values_of;
 using tg::testing::inf;
 using tg::testing::qnan;
@@ -22,21 +23,17 @@ constexpr auto y = tg::param<"y", double, tg::shape<tg::dyn>>;
 }  // namespace
 
 TEST_CASE("relu and abs match finite differences", "[ops][piecewise][gradient]") {
-    for (std::size_t n : {1u, 7u, 16u, 33u}) {
-        [[maybe_unused]] auto any = uniform(n, -2.0, 2.0, n);
-        [[maybe_unused]] auto pos = uniform(n, 0.2, 3.0, n + 1);
+    at_unary_points([](std::size_t n, const auto& any, const auto&) {
         check_gradient(tg::sum(tg::relu(x)), at(x, any, {n}));
         check_gradient(tg::sum(tg::abs(x)), at(x, any, {n}));
-    }
+    });
 }
 
 TEST_CASE("max and min match finite differences, both operands", "[ops][piecewise][gradient]") {
-    for (std::size_t n : {1u, 9u, 17u}) {
-        auto a = uniform(n, -2.0, 2.0, 3 * n);
-        auto b = uniform(n, 0.5, 2.0, 3 * n + 1);
+    at_binary_points([](std::size_t n, const auto& a, const auto& b) {
         check_gradient(tg::sum(tg::max(x, y)), at(x, a, {n}), at(y, b, {n}));
         check_gradient(tg::sum(tg::min(x, y)), at(x, a, {n}), at(y, b, {n}));
-    }
+    });
 }
 
 TEST_CASE("relu, abs and max at their kinks follow PyTorch: relu'(0) = 0, sgn, ties split", "[ops][piecewise]") {
