@@ -37,10 +37,10 @@ inline std::vector<double> uniform(std::size_t n, double lo, double hi, unsigned
 }
 
 // The values a step's forward pass computes, in double.
-template <class Step, class... Bs>
-std::vector<double> values_of(const Step& step, const Bs&... bs) {
+template <class T = double, class Step, class... Bs>
+std::vector<T> values_of(const Step& step, const Bs&... bs) {
     auto ctx = step.forward(bs...);
-    return std::vector<double>(ctx.values().begin(), ctx.values().end());
+    return std::vector<T>(ctx.values().begin(), ctx.values().end());
 }
 
 // Element-wise closeness to a reference, relative to (1 + |reference|).

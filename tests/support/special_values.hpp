@@ -1,21 +1,13 @@
 #pragma once
-// PyTorch's special values in tests: infinities and NaN in float, forward values kept in float
-// (bits compared), and a comparison that tells NaN, signed zeros and infinities apart.
+// PyTorch's special values in tests: infinities and NaN in float, and a comparison that tells NaN,
+// signed zeros and infinities apart (forward values in float: values_of<float>, check_gradient.hpp).
 #include <cmath>
 #include <limits>
-#include <vector>
 
 namespace typegrad::testing {
 
 inline constexpr float inf = std::numeric_limits<float>::infinity();
 inline constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
-
-// The forward values of a float step, as floats.
-template <class Step, class... Bs>
-std::vector<float> float_values_of(Step& step, Bs... bs) {
-    auto ctx = step.forward(bs...);
-    return std::vector<float>(ctx.values().begin(), ctx.values().end());
-}
 
 // Same value, with NaN equal to NaN and the sign of zeros and infinities compared.
 inline bool same_special(float got, double want) {

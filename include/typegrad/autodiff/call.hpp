@@ -230,17 +230,10 @@ struct call_layer {
     // The gradient nodes of Grads: the stores of a backward plan.
     template <class Grads, bool Seeded>
     using grad_stores = decltype(grad_nodes<Grads, Seeded>());
-    static constexpr auto loss_store_list() {
-        if constexpr (Loss::kind == op_kind::elementwise) return type_list<Loss>{};
-        else return type_list<>{};
-    }
-    static constexpr auto loss_required_list() {
-        if constexpr (Loss::kind != op_kind::elementwise && Loss::kind != op_kind::constant) return type_list<Loss>{};
-        else return type_list<>{};
-    }
     // A fused loss is stored by the plan; a reduction or kernel loss is read from its buffer.
-    using loss_store = decltype(loss_store_list());
-    using loss_required = decltype(loss_required_list());
+    using loss_store = std::conditional_t<Loss::kind == op_kind::elementwise, type_list<Loss>, type_list<>>;
+    using loss_required = std::conditional_t<Loss::kind != op_kind::elementwise && Loss::kind != op_kind::constant,
+                                             type_list<Loss>, type_list<>>;
 
     // Reductions the forward pass computed that the backward reads instead of recomputing.
     template <class FwdPP>

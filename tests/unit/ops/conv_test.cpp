@@ -8,7 +8,6 @@
 #include <cmath>
 
 namespace tg = typegrad;
-using tg::testing::float_values_of;
 using tg::testing::inf;
 using tg::testing::at;
 using tg::testing::check_gradient;
@@ -268,7 +267,7 @@ TEST_CASE("conv1d/conv2d: the padding takes part in no product, so an infinite w
     constexpr auto q = tg::input<"q", float, tg::shape<1, 1, 3>>;
     std::vector<float> xd{1, 2, 3}, wd{inf, 1, 1}, qd{1, 1, 1}, gx(3), gw(3);
     auto y = tg::compile(tg::conv1d<1, 1>(x, w), tg::wrt(x));
-    const auto yv = float_values_of(y, tg::bind(x, xd), tg::bind(w, wd));
+    const auto yv = values_of<float>(y, tg::bind(x, xd), tg::bind(w, wd));
     CHECK(yv[0] == 3.f);  // w0 meets the padding only: 1 * 1 + 1 * 2 (was NaN)
     CHECK(yv[1] == inf);
     CHECK(yv[2] == inf);
@@ -315,8 +314,8 @@ TEST_CASE("conv2d with groups and dilation: the direct loops for non-finite oper
     std::vector<double> w_zero = wd, w_inf = wd;
     w_zero[2 * 8 + 3] = 0;  // channel 2, input channel 0 of its group, tap (1, 1): reads x[oh, ow]
     w_inf[2 * 8 + 3] = dinf;
-    const auto ref = float_values_of(step, tg::bind(x, xd), tg::bind(w, w_zero));
-    const auto got = float_values_of(step, tg::bind(x, xd), tg::bind(w, w_inf));
+    const auto ref = values_of<float>(step, tg::bind(x, xd), tg::bind(w, w_zero));
+    const auto got = values_of<float>(step, tg::bind(x, xd), tg::bind(w, w_inf));
     REQUIRE(got.size() == 196);
     for (std::size_t o = 0; o < 4; ++o)
         for (std::size_t oh = 0; oh < 7; ++oh)

@@ -14,8 +14,8 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::at_binary_points;
 using tg::testing::at_unary_points;
-using tg::testing::float_values_of;
 using tg::testing::inf;
+using tg::testing::values_of;
 using tg::testing::qnan;
 using tg::testing::same_special;
 
@@ -78,7 +78,7 @@ TEST_CASE("pow follows C's (and PyTorch's) special values, zero bases included",
     std::vector<float> xd, yd;
     for (float a : special)
         for (float b : special) xd.push_back(a), yd.push_back(b);
-    const auto r = float_values_of(step, tg::bind(x, xd, {xd.size()}), tg::bind(y, yd, {yd.size()}));
+    const auto r = values_of<float>(step, tg::bind(x, xd, {xd.size()}), tg::bind(y, yd, {yd.size()}));
     for (std::size_t i = 0; i < xd.size(); ++i) {
         const double want = double(std::pow(xd[i], yd[i]));  // float pow, rounded as typegrad's
         INFO("pow(" << xd[i] << ", " << yd[i] << ") = " << r[i] << ", C gives " << want);
@@ -107,7 +107,7 @@ TEST_CASE("exp reaches subnormal results and overflows only past the largest flo
     xd[3] = 88.7f;
     xd[20] = 89.f;
     xd[32] = -104.f;
-    const auto r = float_values_of(step, tg::bind(x, xd));
+    const auto r = values_of<float>(step, tg::bind(x, xd));
     CHECK(r[0] == std::exp(-90.f));  // 8.2e-40, was 0
     CHECK(r[3] == std::exp(88.7f));  // 3.3e38, was inf
     CHECK(r[20] == inf);
@@ -119,7 +119,7 @@ TEST_CASE("exp reaches subnormal results and overflows only past the largest flo
     xi[2] = inf;
     xi[3] = std::numeric_limits<float>::quiet_NaN();
     xi[17] = inf;
-    const auto ri = float_values_of(step, tg::bind(x, xi));
+    const auto ri = values_of<float>(step, tg::bind(x, xi));
     CHECK(ri[0] == 0.f);
     CHECK(ri[1] == std::exp(-90.f));
     CHECK(ri[2] == inf);

@@ -12,8 +12,8 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::fixed;
 using tg::testing::uniform;
-using tg::testing::float_values_of;
 using tg::testing::inf;
+using tg::testing::values_of;
 using tg::testing::qnan;
 using tg::testing::same_special;
 
@@ -45,8 +45,8 @@ TEST_CASE("log_softmax and softmax keep their precision at large inputs (float)"
     for (float c : {0.f, 1e3f, 1e5f, -1e6f}) {
         INFO("c = " << c);
         std::vector<float> xd{c, c + 1, c + 2};
-        const auto l = float_values_of(ls, tg::bind(x, xd));
-        const auto s = float_values_of(sm, tg::bind(x, xd));
+        const auto l = values_of<float>(ls, tg::bind(x, xd));
+        const auto s = values_of<float>(sm, tg::bind(x, xd));
         for (int i = 0; i < 3; ++i) {
             CHECK(std::abs(l[i] - (i - lse)) <= 1e-6);  // was 1e-3 at c = 1e5: rounded at c's scale
             CHECK(std::abs(s[i] - std::exp(i - lse)) <= 1e-6 * std::exp(i - lse));
@@ -108,8 +108,8 @@ TEST_CASE("softmax and log_softmax of a row holding +inf are NaN everywhere, as 
     std::vector<float> xd{inf, 0.f, 0.f, inf, -inf, -inf, 0.f, -inf, inf, inf, qnan, 1.f}, g(12);
     auto sm = tg::compile(tg::softmax(x), tg::wrt(x));
     auto ls = tg::compile(tg::log_softmax(x), tg::wrt(x));
-    const auto s = float_values_of(sm, tg::bind(x, xd, {6, 2}));
-    const auto l = float_values_of(ls, tg::bind(x, xd, {6, 2}));
+    const auto s = values_of<float>(sm, tg::bind(x, xd, {6, 2}));
+    const auto l = values_of<float>(ls, tg::bind(x, xd, {6, 2}));
     const double nan = std::nan("");
     const std::vector<double> want_s{nan, nan, nan, nan, nan, nan, 1, 0, nan, nan, nan, nan};
     const std::vector<double> want_l{nan, nan, nan, nan, nan, nan, 0, -INFINITY, nan, nan, nan, nan};

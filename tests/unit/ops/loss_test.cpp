@@ -13,7 +13,6 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::fixed;
 using tg::testing::uniform;
-using tg::testing::float_values_of;
 using tg::testing::inf;
 using tg::testing::qnan;
 using tg::testing::same_special;

@@ -12,8 +12,8 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::at_binary_points;
 using tg::testing::at_unary_points;
-using tg::testing::float_values_of;
 using tg::testing::inf;
+using tg::testing::values_of;
 using tg::testing::qnan;
 using tg::testing::same_special;
 
@@ -83,7 +83,7 @@ TEST_CASE("NaN propagates through relu, min/max and reductions in SIMD batches, 
         // where: a NaN condition is nonzero, so true
         constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn>>;
         auto w = tg::compile(tg::where(c, c * tg::lit<0>, y), tg::wrt(y));
-        const auto v = float_values_of(w, tg::bind(c, xd), tg::bind(y, yd));
+        const auto v = values_of<float>(w, tg::bind(c, xd), tg::bind(y, yd));
         CHECK(std::isnan(v[at]));
     }
 }
