@@ -19,8 +19,8 @@
 //       -DTYPEGRAD_BENCH_HAVE_OPENBLAS -lopenblas -lbenchmark -lbenchmark_main -pthread
 #include <benchmark/benchmark.h>
 
-#include <typegrad/exec/cpu/gemm.hpp>
-#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/core/cpu/gemm.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -5,9 +5,9 @@
 //
 //   tg::cuda::tensor<float, tg::shape<tg::dyn, 3>> x = tg::cuda::tensor<...>::from_host(xs, {n, 3});
 //   float loss = step.value_and_grad(tg::bind(X, x), tg::bind(W, w), tg::grad_into(W, gw));
+#include <typegrad/exec/cuda/codegen.hpp>
+#include <typegrad/exec/cuda/execute.hpp>
+#include <typegrad/exec/cuda/runtime.hpp>
+#include <typegrad/exec/cuda/step.hpp>
+#include <typegrad/exec/cuda/tensor.hpp>
 #include <typegrad/typegrad.hpp>
-#include <typegrad/cuda/codegen.hpp>
-#include <typegrad/cuda/execute.hpp>
-#include <typegrad/cuda/runtime.hpp>
-#include <typegrad/cuda/step.hpp>
-#include <typegrad/cuda/tensor.hpp>

@@ -13,7 +13,6 @@
 #include <typegrad/ops/arg_reduce.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/attention.hpp>
-#include <typegrad/ops/autocast.hpp>
 #include <typegrad/ops/batch_norm.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
@@ -28,18 +27,22 @@
 #include <typegrad/ops/loss.hpp>
 #include <typegrad/ops/matmul.hpp>
 #include <typegrad/ops/norm.hpp>
-#include <typegrad/ops/pool.hpp>
 #include <typegrad/ops/piecewise.hpp>
+#include <typegrad/ops/pool.hpp>
 #include <typegrad/ops/recurrence.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/special.hpp>
 #include <typegrad/ops/trig.hpp>
 #include <typegrad/ops/view.hpp>
+#include <typegrad/autocast/guard.hpp>
+#include <typegrad/autocast/policy.hpp>
+#include <typegrad/autocast/rewrite.hpp>
+#include <typegrad/autocast/spec.hpp>
 #include <typegrad/autodiff/reverse.hpp>
-#include <typegrad/autodiff/scan.hpp>
-#include <typegrad/autodiff/step.hpp>
-#include <typegrad/autodiff/tape.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/exec/scan.hpp>
+#include <typegrad/exec/step.hpp>
+#include <typegrad/exec/tape.hpp>
 #include <typegrad/inspect/describe.hpp>
 #include <typegrad/inspect/dot.hpp>
 // Training: parameter sets (Boost.Hana), optimizers, schedules, initialisers. Checkpoints need

@@ -38,7 +38,7 @@ TEST_CASE("every test graph gives the CPU's values and gradients on the device",
 }
 
 // Without a GPU: the same comparisons with the generated kernels compiled by the host compiler and
-// run block by block (cuda/runtime.hpp: emulator). A subset of the graphs by default (each module
+// run block by block (exec/cuda/runtime.hpp: emulator). A subset of the graphs by default (each module
 // is a host compile); TYPEGRAD_CUDA_EMULATE_ALL=1 runs them all.
 TEST_CASE("every test graph gives the CPU's values and gradients in host emulation", "[cuda][emulation]") {
     if (tg::cuda::available()) {

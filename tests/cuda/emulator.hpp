@@ -1,5 +1,5 @@
 #pragma once
-// A host emulator for the CUDA backend (cuda/runtime.hpp: emulator): each generated module is
+// A host emulator for the CUDA backend (exec/cuda/runtime.hpp: emulator): each generated module is
 // compiled by the host C++ compiler into a shared library with TG_EMULATION defined and a small
 // header that maps CUDA's built-ins to host code, and kernels run block by block, one thread per
 // block. GEMMs follow cuBLAS's column-major contract. No GPU, driver or NVRTC is involved.

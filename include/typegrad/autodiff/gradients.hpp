@@ -5,10 +5,10 @@
 #include <string_view>
 #include <type_traits>
 
+#include <typegrad/autocast/rewrite.hpp>
 #include <typegrad/autodiff/reverse.hpp>
 #include <typegrad/graph/topo.hpp>
 #include <typegrad/graph/type_list.hpp>
-#include <typegrad/ops/autocast.hpp>
 
 namespace typegrad {
 

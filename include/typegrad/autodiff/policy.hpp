@@ -5,9 +5,10 @@
 #include <cstddef>
 #include <type_traits>
 
+#include <typegrad/autocast/policy.hpp>
+#include <typegrad/autocast/spec.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/graph/type_list.hpp>
-#include <typegrad/ops/autocast.hpp>
 
 namespace typegrad {
 

@@ -14,7 +14,7 @@
 
 namespace typegrad::detail {
 
-// Element types by code, as tg_ty<K> of the CUDA prelude (cuda/codegen.hpp): 0 f32, 1 f64,
+// Element types by code, as tg_ty<K> of the CUDA prelude (exec/cuda/prelude.hpp): 0 f32, 1 f64,
 // 2 bf16, 3 f16, 4 int32, 5 int64 (storage types).
 template <class T>
 constexpr int device_type_code() {
@@ -54,7 +54,7 @@ inline std::string device_template_call(const char* name, std::initializer_list<
     return s + '>';
 }
 
-// A host copy from device memory, handed to a kernel op's device_check (cuda/execute.hpp).
+// A host copy from device memory, handed to a kernel op's device_check (exec/cuda/execute.hpp).
 using device_copy = void (*)(void* dst, const void* src, std::size_t bytes);
 
 // The device kernels of the scatter-add backwards accumulate in their output's type.

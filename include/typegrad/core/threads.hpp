@@ -6,7 +6,7 @@
 // Process-wide, like torch::set_num_threads; calls already running keep their count.
 #include <cstddef>
 
-#include <typegrad/exec/cpu/thread_pool.hpp>
+#include <typegrad/core/cpu/thread_pool.hpp>
 
 namespace typegrad {
 

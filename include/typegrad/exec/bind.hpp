@@ -45,7 +45,7 @@ namespace detail {
 inline constexpr std::size_t unknown_size = static_cast<std::size_t>(-1);
 
 // A call's bindings, one template each for host and device memory (Space): the call layer
-// (autodiff/call.hpp) checks and attaches both alike; a device binding sends the call to the
+// (exec/call.hpp) checks and attaches both alike; a device binding sends the call to the
 // device backend (exec/device.hpp).
 template <class Leaf, memory_space Space = memory_space::host>
 struct leaf_binding {

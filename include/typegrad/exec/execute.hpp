@@ -13,6 +13,7 @@
 #include <typegrad/exec/cpu/kernel.hpp>
 #include <typegrad/exec/node_filter.hpp>
 #include <typegrad/exec/program.hpp>
+#include <typegrad/exec/state.hpp>
 
 namespace typegrad::detail {
 
@@ -465,7 +466,7 @@ inline constexpr buffer_steps<PP::M, PP::NS> buffer_steps_v = make_buffer_steps<
 // Post-accumulate hooks run by the schedule walk: entry k runs right after schedule step
 // after[k] (ascending; a step past the schedule: after its last one), on param buffer
 // mut[param[k]] with extents ext + param_ext[k] and the gradient in store store[k]. The tables
-// are constexpr data of the caller (autodiff/step.hpp); mut and ext belong to the call.
+// are constexpr data of the caller (exec/step.hpp); mut and ext belong to the call.
 using post_hook_fn = void (*)(void* param, void* grad, const std::size_t* extents);
 struct post_hook_calls {
     std::size_t count = 0;

@@ -66,7 +66,7 @@ constexpr std::uint64_t hash_shape(std::uint64_t h) {
 enum class op_kind { leaf, constant, elementwise, reduce, meta, view, kernel };
 
 // An op whose node is its one operand under another name: the autocast markers, which only the
-// autocast rewrite reads (ops/autocast.hpp). Every other graph algorithm sees through such a node
+// autocast rewrite reads (autocast/rewrite.hpp). Every other graph algorithm sees through such a node
 // (graph/topo.hpp, `unalias_t`), so a graph with markers is lowered as the graph without them,
 // and no marker-free copy of the graph above a marker is ever built as types.
 template <class Op>

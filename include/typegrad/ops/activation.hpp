@@ -12,7 +12,7 @@
 // (leaky_relu'(0) = slope, elu'(0) = alpha); clamp passes the gradient where lo <= x <= hi.
 #include <limits>
 
-#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/exp_log.hpp>

@@ -21,12 +21,12 @@
 #include <cstdint>
 #include <utility>
 
+#include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/norm.hpp>
 #include <typegrad/ops/view.hpp>
-#include <typegrad/exec/cpu/thread_pool.hpp>
 
 namespace typegrad {
 namespace detail {

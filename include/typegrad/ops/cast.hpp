@@ -5,7 +5,7 @@
 // conversions where the input is dense. Within the float family it is elementwise (convert_op).
 #include <cstddef>
 
-#include <typegrad/core/half_simd.hpp>
+#include <typegrad/core/cpu/half_simd.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/op_base.hpp>
 
@@ -82,7 +82,7 @@ struct convert_op : elementwise_op {
     };
     template <class V>
     static V apply(const V& x) { return x; }  // the loop rounds a bf16/f16 result
-    static constexpr const char* device = "{0}";  // so does the CUDA loop (cuda/codegen.hpp)
+    static constexpr const char* device = "{0}";  // so does the CUDA loop (exec/cuda/codegen.hpp)
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X);
 };

@@ -1,6 +1,6 @@
 #pragma once
 // Comparison masks (0/1 in the operands' dtype, no gradient), where(), detach().
-#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/ops/op_base.hpp>
 
 namespace typegrad {

@@ -6,7 +6,7 @@
 //   x [N, C, H, W], w [O, C / G, KH, KW] -> [N, O, Ho, Wo],
 //   Ho = (H + 2P - D (KH - 1) - 1) / S + 1 (floor), Wo likewise
 //
-// Three kernel ops on the packed GEMM (exec/cpu/gemm.hpp) through an im2col buffer
+// Three kernel ops on the packed GEMM (core/cpu/gemm.hpp) through an im2col buffer
 // ([C * KH * KW, Ho * Wo] per image, zeros where the (dilated) window leaves the padded input):
 //   conv2d          y_n  = W . im2col(x_n)
 //   conv2d_input    dx_n = col2im(W^T . g_n)          (the VJP for x)
@@ -31,12 +31,12 @@
 #include <cstddef>
 #include <type_traits>
 
+#include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/gemm.hpp>
+#include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/exec/cpu/buffer_pool.hpp>
-#include <typegrad/exec/cpu/gemm.hpp>
-#include <typegrad/exec/cpu/thread_pool.hpp>
 #include <typegrad/ops/arithmetic.hpp>
-#include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/autocast_entry.hpp>
 #include <typegrad/ops/op_base.hpp>
 #include <typegrad/ops/view.hpp>
 

@@ -1,6 +1,6 @@
 #pragma once
 // exp, log, sqrt, square, pow.
-#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/compare.hpp>
 

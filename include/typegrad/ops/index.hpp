@@ -30,9 +30,9 @@
 #include <type_traits>
 #include <utility>
 
+#include <typegrad/core/cpu/buffer_pool.hpp>
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/exec/cpu/buffer_pool.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/op_base.hpp>
@@ -98,7 +98,7 @@ inline bool is_padding(std::int64_t id, std::size_t rows) {
     else return id == (Padding < 0 ? Padding + std::int64_t(rows) : Padding);
 }
 
-// ---- device kernels of the index ops (cuda/codegen.hpp emits this once per module) ----------
+// ---- device kernels of the index ops (exec/cuda/codegen.hpp emits this once per module) ----------
 // Element codes as core/device_kernel.hpp's device_type_code; I: the ids' type. A bad id records its
 // position (tg_report) and the host throws the CPU's message. Scatter-adds run one thread per
 // output line, adding in the CPU's order: the same bits as the CPU, run after run.
@@ -504,7 +504,7 @@ struct embedding_backward_op {
         const auto* idp = static_cast<const Id*>(ids.data);
         const auto* gp = static_cast<const B*>(g.data);
         // accumulate in the compute type (f32 for bf16/f16 tables), then store once
-        pooled_buffer<C> wide;  // (kernel temporaries: exec/cpu/buffer_pool.hpp)
+        pooled_buffer<C> wide;  // (kernel temporaries: core/cpu/buffer_pool.hpp)
         C* acc = nullptr;
         if constexpr (std::is_same_v<C, T>) {
             acc = out;

@@ -3,7 +3,7 @@
 // detached, so the gradient is exactly softmax and no exp overflows.
 #include <limits>
 
-#include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/autocast_entry.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/reduce.hpp>
 

@@ -6,7 +6,7 @@
 
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/autocast_entry.hpp>
 #include <typegrad/ops/exp_log.hpp>
 #include <typegrad/ops/log_sum_exp.hpp>
 #include <typegrad/ops/piecewise.hpp>

@@ -4,12 +4,12 @@
 // to the GEMM as transpose flags instead of copies) and writes a dense result.
 #include <algorithm>
 
+#include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/gemm.hpp>
+#include <typegrad/core/cpu/gemm_half.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/exec/cpu/buffer_pool.hpp>
-#include <typegrad/exec/cpu/gemm.hpp>
-#include <typegrad/exec/cpu/gemm_half.hpp>
 #include <typegrad/ops/arithmetic.hpp>
-#include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/autocast_entry.hpp>
 #include <typegrad/ops/op_base.hpp>
 #include <typegrad/ops/reduce.hpp>
 #include <typegrad/ops/view.hpp>
@@ -80,7 +80,7 @@ struct matmul_op {
         transpose trans;
         std::size_t ld;
         std::size_t batch_stride;
-        pooled_buffer<T> copy;  // (kernel temporaries: exec/cpu/buffer_pool.hpp)
+        pooled_buffer<T> copy;  // (kernel temporaries: core/cpu/buffer_pool.hpp)
         operand(const Ref& r, std::size_t batch) {
             const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
             const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];

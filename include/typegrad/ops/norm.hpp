@@ -16,7 +16,7 @@
 #include <utility>
 
 #include <typegrad/ops/arithmetic.hpp>
-#include <typegrad/ops/autocast.hpp>
+#include <typegrad/ops/autocast_entry.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/exp_log.hpp>

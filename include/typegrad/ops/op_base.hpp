@@ -3,7 +3,7 @@
 // their shape, and its shape/dtype rule. Elementwise ops broadcast like numpy and promote.
 // An elementwise op also names its CUDA expression, `device`: {0}, {1}, ... are its value
 // operands, T the loop's element type, tg_* the functions of the generated prelude
-// (cuda/codegen.hpp); the CUDA backend turns a plan into source from these strings.
+// (exec/cuda/prelude.hpp); the CUDA backend turns a plan into source from these strings.
 #include <cstddef>
 #include <string>
 #include <type_traits>
@@ -14,7 +14,7 @@
 #include <typegrad/graph/node.hpp>
 
 namespace typegrad {
-// Autocast (ops/autocast.hpp): the devices an autocast spec names, and the class an op belongs
+// Autocast (autocast/): the devices an autocast spec names, and the class an op belongs
 // to there (PyTorch's autocast op lists). An op declares its class with
 // `static constexpr autocast_class autocast_on(device_kind)`; without one it promotes.
 enum class device_kind : unsigned char { cpu, cuda };
@@ -25,6 +25,15 @@ enum class autocast_class : unsigned char { lower_precision, fp32, promote };
 }  // namespace typegrad
 
 namespace typegrad::detail {
+
+// What a view or kernel op sees of a materialised operand (its run(in, out, ext) and
+// extents(in, ext) get one per input; the backends fill them).
+struct tensor_ref {
+    const void* data;
+    const std::size_t* ext;
+    const std::ptrdiff_t* stride;
+    std::size_t rank;
+};
 
 constexpr autocast_class fp32_on_cuda(device_kind d) {
     return d == device_kind::cuda ? autocast_class::fp32 : autocast_class::promote;

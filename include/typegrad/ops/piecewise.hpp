@@ -1,6 +1,6 @@
 #pragma once
 // relu, abs, and elementwise minimum/maximum (binary tg::min / tg::max).
-#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/compare.hpp>
 

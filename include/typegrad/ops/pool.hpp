@@ -27,9 +27,9 @@
 #include <limits>
 #include <type_traits>
 
+#include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/exec/cpu/buffer_pool.hpp>
-#include <typegrad/exec/cpu/thread_pool.hpp>
 #include <typegrad/ops/compare.hpp>
 #include <typegrad/ops/conv.hpp>
 #include <typegrad/ops/op_base.hpp>

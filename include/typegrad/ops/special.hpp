@@ -6,7 +6,7 @@
 //
 // Device expressions call CUDA's erff/erf (and log1pf/log1p, expm1f/expm1) chosen by the loop's
 // compute type; the branch not taken is a compile-time constant the compiler drops.
-#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 #include <typegrad/ops/exp_log.hpp>
 

@@ -1,6 +1,6 @@
 #pragma once
 // sin, cos, tanh, sigmoid.
-#include <typegrad/exec/cpu/simd.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 
 namespace typegrad {

@@ -15,8 +15,6 @@
 namespace typegrad {
 namespace detail {
 
-struct tensor_ref;  // exec/cpu/kernel.hpp
-
 template <class Derived>
 struct view_op_base {
     static constexpr op_kind kind = op_kind::view;

@@ -32,8 +32,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/core/error.hpp>
-#include <typegrad/exec/cpu/simd.hpp>
 #include <typegrad/ops/hook.hpp>
 #include <typegrad/train/params.hpp>
 

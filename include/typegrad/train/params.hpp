@@ -44,10 +44,10 @@
 #include <boost/hana/string.hpp>
 #include <boost/hana/tuple.hpp>
 
-#include <typegrad/autodiff/step.hpp>
 #include <typegrad/core/dtype.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/exec/step.hpp>
 #include <typegrad/graph/topo.hpp>
 
 namespace typegrad {

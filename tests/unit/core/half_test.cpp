@@ -1,7 +1,7 @@
 // bf16 / f16: exact rounding cases, exhaustive round trips, a slow independent reference over a
 // large float/double sample, and bulk (SIMD) conversions against the scalar ones.
 #include <typegrad/core/half.hpp>
-#include <typegrad/core/half_simd.hpp>
+#include <typegrad/core/cpu/half_simd.hpp>
 
 #include <catch2/catch.hpp>
 

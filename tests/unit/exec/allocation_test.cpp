@@ -36,7 +36,7 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-// The aligned forms (the buffers of forward contexts, exec/cpu/buffer_pool.hpp).
+// The aligned forms (the buffers of forward contexts, core/cpu/buffer_pool.hpp).
 void* operator new(std::size_t n, std::align_val_t a) {
     if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
     const std::size_t al = static_cast<std::size_t>(a);

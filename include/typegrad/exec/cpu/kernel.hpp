@@ -13,10 +13,11 @@
 #include <limits>
 #include <utility>
 
-#include <typegrad/exec/cpu/buffer_pool.hpp>
-#include <typegrad/exec/cpu/simd.hpp>
-#include <typegrad/exec/cpu/thread_pool.hpp>
+#include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/simd.hpp>
+#include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/exec/program.hpp>
+#include <typegrad/exec/state.hpp>
 
 namespace typegrad::detail {
 
@@ -30,25 +31,6 @@ struct grad_mask {
         constexpr std::uint64_t words[] = {Words..., 0};
         return i / 64 < sizeof...(Words) && ((words[i / 64] >> (i % 64)) & 1u);
     }
-};
-
-// Where a loop's operands live at run time.
-template <std::size_t M, std::size_t NStores, std::size_t TotalRank>
-struct exec_state {
-    std::array<const void*, M> ptr{};                // materialised node buffers
-    std::array<void*, NStores> out{};                // store destinations
-    std::array<std::size_t, TotalRank + 1> ext{};    // run-time extents, node by node
-    std::array<std::ptrdiff_t, TotalRank + 1> stride{};  // element strides of materialised nodes
-    std::array<std::ptrdiff_t, M> view_offset{};     // element offset of a view into its input
-    std::array<void*, M> mut{};                      // writable leaf buffers (post hooks)
-};
-
-// What a view or kernel op sees of a materialised operand.
-struct tensor_ref {
-    const void* data;
-    const std::size_t* ext;
-    const std::ptrdiff_t* stride;
-    std::size_t rank;
 };
 
 template <class T, reduce_kind K>
@@ -148,7 +130,7 @@ inline constexpr std::size_t flag_view = 1, flag_constant = 2;
 //    combined into the result in block order afterwards. The blocks depend on the loop's extents
 //    only: one thread computes the same blocks in the same order.
 // So a loop's results are bitwise the same on any number of threads.
-// (Thresholds: parallel_min_work and parallel_task_work, exec/cpu/thread_pool.hpp.)
+// (Thresholds: parallel_min_work and parallel_task_work, core/cpu/thread_pool.hpp.)
 inline constexpr std::size_t loop_block = std::size_t(1) << 13;          // elements per block, at least
 inline constexpr std::size_t loop_max_blocks = 64;
 inline constexpr std::size_t loop_block_copies = std::size_t(1) << 20;   // elements of all blocks' copies, at most

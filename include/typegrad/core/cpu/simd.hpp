@@ -20,7 +20,7 @@
 
 #include <xsimd/xsimd.hpp>
 
-#include <typegrad/core/half_simd.hpp>
+#include <typegrad/core/cpu/half_simd.hpp>
 
 namespace typegrad::simd {
 

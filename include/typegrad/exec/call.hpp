@@ -1,6 +1,6 @@
 #pragma once
-// The call layer of a compiled step, shared by the host step (autodiff/step.hpp) and the device
-// backend (cuda/step.hpp): which plan each entry point runs, the compile-time checks of a call's
+// The call layer of a compiled step, shared by the host step (exec/step.hpp) and the device
+// backend (exec/cuda/step.hpp): which plan each entry point runs, the compile-time checks of a call's
 // arguments, and the run-time binding of leaves, gradient destinations and seeds into a plan's
 // state (extents, sizes, null buffers, aliasing), all before anything runs. The two backends
 // differ only in where the bindings' buffers live (exec/bind.hpp's memory_space, which words the
@@ -204,7 +204,7 @@ void bind_grad(const Arg& b, [[maybe_unused]] void** out, [[maybe_unused]] const
     }
 }
 
-// The plans and the call checks of a step (autodiff/step.hpp's detail::step), for both backends.
+// The plans and the call checks of a step (exec/step.hpp's detail::step), for both backends.
 // Step provides loss_node, value_type, wrt_list, scalar_loss, seed_leaf, grad_node<Leaf, Seeded>
 // and grad_refs<Seeded>.
 template <class Step>

@@ -15,20 +15,22 @@
 #include <vector>
 
 
-#include <typegrad/autodiff/call.hpp>
-#include <typegrad/autodiff/forward_context.hpp>
+#include <typegrad/autocast/guard.hpp>
+#include <typegrad/autocast/rewrite.hpp>
 #include <typegrad/autodiff/gradients.hpp>
 #include <typegrad/autodiff/policy.hpp>
-#include <typegrad/autodiff/post_hooks.hpp>
 #include <typegrad/autodiff/reverse.hpp>
-#include <typegrad/ops/autocast.hpp>
-#include <typegrad/ops/custom.hpp>
+#include <typegrad/core/cpu/buffer_pool.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
-#include <typegrad/exec/cpu/buffer_pool.hpp>
+#include <typegrad/exec/call.hpp>
+#include <typegrad/exec/custom_checks.hpp>
 #include <typegrad/exec/device.hpp>
 #include <typegrad/exec/execute.hpp>
-#include <typegrad/inspect/describe.hpp>
+#include <typegrad/exec/forward_context.hpp>
+#include <typegrad/exec/post_hooks.hpp>
+#include <typegrad/exec/step_view.hpp>
+#include <typegrad/ops/custom.hpp>
 
 namespace typegrad {
 
@@ -244,7 +246,7 @@ public:
     }
 
 private:
-    // The call layer shared with the device backend (autodiff/call.hpp).
+    // The call layer shared with the device backend (exec/call.hpp).
     using calls = detail::call_layer<step>;
     template <class... Args>
     using grads_of = typename calls::template grads_of<Args...>;

@@ -11,9 +11,9 @@
 #include <type_traits>
 #include <vector>
 
-#include <typegrad/autodiff/step.hpp>
-#include <typegrad/cuda/execute.hpp>
-#include <typegrad/cuda/tensor.hpp>
+#include <typegrad/exec/cuda/execute.hpp>
+#include <typegrad/exec/cuda/tensor.hpp>
+#include <typegrad/exec/step.hpp>
 
 namespace typegrad::cuda {
 
@@ -71,7 +71,7 @@ private:
 namespace typegrad::detail {
 
 // The device side of a step's three entry points: the call layer is the host's
-// (autodiff/call.hpp: plans, checks, binding, seeds, aliasing); what differs is the run
+// (exec/call.hpp: plans, checks, binding, seeds, aliasing); what differs is the run
 // (generated kernels on device memory) and where the output is read.
 template <class Policy, class Loss, class... Wrt>
 struct device_backend<step<Policy, Loss, Wrt...>> {

@@ -5,7 +5,7 @@
 // the kernel when freed (glibc returns blocks above its mmap/trim thresholds), so every call
 // faulted its pages in again and zeroed them: a quarter of a GPT training step's time. A
 // pooled_buffer takes its memory from a per-thread cache of freed buffers instead, so a steady
-// state of calls allocates nothing, as the step's own scratch arena (autodiff/step.hpp).
+// state of calls allocates nothing, as the step's own scratch arena (exec/step.hpp).
 //
 // The cache holds at most `max_cached` buffers per thread; a miss (no cached buffer is large
 // enough) drops the smallest cached one, so a run whose sizes grow does not keep stale buffers.

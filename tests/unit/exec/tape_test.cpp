@@ -1,4 +1,4 @@
-// tg::tape (autodiff/tape.hpp): one backward through run-time segments.
+// tg::tape (exec/tape.hpp): one backward through run-time segments.
 #include <check_gradient.hpp>
 
 #include <cmath>

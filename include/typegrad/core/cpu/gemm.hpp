@@ -26,8 +26,8 @@
 #include <type_traits>
 #include <utility>
 
-#include <typegrad/exec/cpu/simd.hpp>
-#include <typegrad/exec/cpu/thread_pool.hpp>
+#include <typegrad/core/cpu/simd.hpp>
+#include <typegrad/core/cpu/thread_pool.hpp>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

@@ -1,10 +1,10 @@
 #pragma once
 // The saved context of a host forward pass (step.forward(...)), which step.backward(ctx, ...)
-// reads. The device backend has its own (cuda/step.hpp: tg::cuda::forward_context).
+// reads. The device backend has its own (exec/cuda/step.hpp: tg::cuda::forward_context).
 #include <cstddef>
 #include <span>
 
-#include <typegrad/exec/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/buffer_pool.hpp>
 #include <typegrad/exec/execute.hpp>
 
 namespace typegrad {
@@ -43,7 +43,7 @@ public:
 
 private:
     typename FwdPP::state_type state_{};
-    detail::pooled_buffer<detail::scratch_unit> storage_;  // (reused across calls: exec/cpu/buffer_pool.hpp)
+    detail::pooled_buffer<detail::scratch_unit> storage_;  // (reused across calls: core/cpu/buffer_pool.hpp)
     const value_type* loss_ = nullptr;
     std::size_t loss_size_ = 0;
     template <class, class, class...>

@@ -3,7 +3,7 @@
 // broadcast operands, and threaded results bitwise equal to serial ones.
 #include <catch2/catch.hpp>
 
-#include <typegrad/exec/cpu/gemm.hpp>
+#include <typegrad/core/cpu/gemm.hpp>
 
 #include <atomic>
 #include <cmath>

@@ -4,7 +4,7 @@
 // results bitwise equal to serial ones, and subnormal operands (docs/reliability.md, finding 17).
 #include <catch2/catch.hpp>
 
-#include <typegrad/exec/cpu/gemm_half.hpp>
+#include <typegrad/core/cpu/gemm_half.hpp>
 #include <typegrad/typegrad.hpp>
 
 #include <cmath>

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include <typegrad/core/error.hpp>
-#include <typegrad/cuda/runtime.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/exec/cuda/runtime.hpp>
 #include <typegrad/graph/node.hpp>
 
 namespace typegrad::cuda {

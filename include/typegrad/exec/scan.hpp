@@ -49,9 +49,9 @@
 #include <utility>
 #include <vector>
 
-#include <typegrad/autodiff/step.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/exec/bind.hpp>
+#include <typegrad/exec/step.hpp>
 #include <typegrad/graph/node.hpp>
 #include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/reduce.hpp>

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include <typegrad/core/half_simd.hpp>
-#include <typegrad/exec/cpu/gemm.hpp>
+#include <typegrad/core/cpu/gemm.hpp>
+#include <typegrad/core/cpu/half_simd.hpp>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>

@@ -1,4 +1,4 @@
-// Compiled steps (autodiff/step.hpp): dynamic shapes run every size with one plan.
+// Compiled steps (exec/step.hpp): dynamic shapes run every size with one plan.
 #include <check_gradient.hpp>
 
 #include <cmath>

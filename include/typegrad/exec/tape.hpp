@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include <typegrad/autodiff/step.hpp>
 #include <typegrad/core/error.hpp>
+#include <typegrad/exec/step.hpp>
 
 namespace typegrad {
 

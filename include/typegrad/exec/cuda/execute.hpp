@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include <typegrad/cuda/codegen.hpp>
-#include <typegrad/cuda/runtime.hpp>
-#include <typegrad/cuda/tensor.hpp>
+#include <typegrad/exec/cuda/codegen.hpp>
+#include <typegrad/exec/cuda/runtime.hpp>
+#include <typegrad/exec/cuda/tensor.hpp>
+#include <typegrad/exec/custom_checks.hpp>
 #include <typegrad/ops/cast.hpp>
-#include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/loss.hpp>
 #include <typegrad/ops/matmul.hpp>
 

@@ -1,0 +1,2 @@
+#pragma once
+// A fixture of tests/layering: the op header that core/lower.hpp includes against the layers.
