@@ -124,12 +124,12 @@ struct saved_by<FwdPP, N, true>
     : std::bool_constant<FwdPP::program::template contains<N>::value &&
                          FwdPP::plan.computed[FwdPP::program::template id_of<N>::value]> {};
 
-// The id of the leaf an argument binds (PP::M for other arguments); a type, not a variable (see
+// The id of the leaf an argument binds (Plan::M for other arguments); a type, not a variable (see
 // arg_check).
-template <class PP, class Arg>
-struct bound_leaf_id : std::integral_constant<std::size_t, PP::M> {};
-template <class PP, class Leaf, memory_space S>
-struct bound_leaf_id<PP, leaf_binding<Leaf, S>> : PP::program::template id_of<Leaf> {};
+template <class Plan, class Arg>
+struct bound_leaf_id : std::integral_constant<std::size_t, Plan::M> {};
+template <class Plan, class Leaf, memory_space S>
+struct bound_leaf_id<Plan, leaf_binding<Leaf, S>> : Plan::program::template id_of<Leaf> {};
 
 // Per-argument checks are free functions of the argument's type alone, fed run-time values (a
 // function per argument named by the plan would make symbol text quadratic).
@@ -280,25 +280,25 @@ struct call_layer {
     }
 
     // ---- compile-time checks of a call ----------------------------------------------------
-    // Every leaf node of plan PP: bound when needed, and when its shape is dynamic.
-    template <class PP, class Seq, class... Args>
+    // Every leaf node of plan Plan: bound when needed, and when its shape is dynamic.
+    template <class Plan, class Seq, class... Args>
     struct leaf_nodes_check;
-    template <class PP, std::size_t... Is, class... Args>
-    struct leaf_nodes_check<PP, std::index_sequence<Is...>, Args...> {
+    template <class Plan, std::size_t... Is, class... Args>
+    struct leaf_nodes_check<Plan, std::index_sequence<Is...>, Args...> {
         template <std::size_t I>
-        using node = typename PP::program::template node_at<node_ids_of_kind<typename PP::program, op_kind::leaf>[I]>;
+        using node = typename Plan::program::template node_at<node_ids_of_kind<typename Plan::program, op_kind::leaf>[I]>;
         static_assert(all_true({(sizeof(leaf_node_check<node<Is>, is_bound_leaf<node<Is>>(),
-                                                        PP::plan.needed[node_ids_of_kind<typename PP::program, op_kind::leaf>[Is]],
+                                                        Plan::plan.needed[node_ids_of_kind<typename Plan::program, op_kind::leaf>[Is]],
                                                         call_space_v<Args...>, Args...>) > 0)...}));
     };
 
     // Class templates with static_asserts, forced by sizeof (see arg_check): no function or
     // variable per argument or per leaf is instantiated (each would spell the plan in its name).
     // LeavesFromArgs: value_and_grad and forward bind leaves; backward reads the forward's.
-    template <class PP, bool LeavesFromArgs, class... Args>
+    template <class Plan, bool LeavesFromArgs, class... Args>
     struct call_check {
         static_assert(all_true(
-            {(sizeof(arg_check<typename PP::program::nodes, typename Step::wrt_list, topo<Loss>, Args, Args...>) > 0)...}));
+            {(sizeof(arg_check<typename Plan::program::nodes, typename Step::wrt_list, topo<Loss>, Args, Args...>) > 0)...}));
         static_assert(LeavesFromArgs || !any_true({is_leaf_binding_v<Args>...}),
                       "typegrad: backward(ctx, ...) reads the inputs bound in forward(...); it "
                       "takes only tg::grad_into(...) and tg::seed(...).");
@@ -306,71 +306,71 @@ struct call_layer {
         // only: see exec/node_filter.hpp)
         static_assert(sizeof(std::conditional_t<
                              LeavesFromArgs,
-                             leaf_nodes_check<PP, std::make_index_sequence<node_ids_of_kind<typename PP::program, op_kind::leaf>.size()>,
+                             leaf_nodes_check<Plan, std::make_index_sequence<node_ids_of_kind<typename Plan::program, op_kind::leaf>.size()>,
                                               Args...>,
                              std::true_type>));
     };
     // ---- run-time binding: everything is checked before anything runs ---------------------
-    template <class PP, class... Args>
-    static void bind_leaves(typename PP::state_type& st, const Args&... args) {
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{bound_leaf_id<PP, Args>::value..., PP::M};
+    template <class Plan, class... Args>
+    static void bind_leaves(typename Plan::state_type& state, const Args&... args) {
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{bound_leaf_id<Plan, Args>::value..., Plan::M};
         // Leaves no argument binds have static shapes (check_calls): their extents.
-        constexpr std::array<bool, PP::M + 1> unbound = [&] {
-            std::array<bool, PP::M + 1> r{};
-            for (std::size_t n = 0; n < PP::M; ++n) r[n] = PP::program::info[n].kind == op_kind::leaf;
+        constexpr std::array<bool, Plan::M + 1> unbound = [&] {
+            std::array<bool, Plan::M + 1> r{};
+            for (std::size_t n = 0; n < Plan::M; ++n) r[n] = Plan::program::info[n].kind == op_kind::leaf;
             for (std::size_t i = 0; i < sizeof...(Args); ++i) r[ids[i]] = false;
             return r;
         }();
-        for (std::size_t n = 0; n < PP::M; ++n)
+        for (std::size_t n = 0; n < Plan::M; ++n)
             if (unbound[n])
-                for (std::size_t a = 0; a < PP::program::info[n].rank; ++a)
-                    st.ext[PP::rank_offset[n] + a] = PP::program::info[n].ext[a];
+                for (std::size_t a = 0; a < Plan::program::info[n].rank; ++a)
+                    state.ext[Plan::rank_offset[n] + a] = Plan::program::info[n].ext[a];
         constexpr std::array<bool, sizeof...(Args) + 1> needed = [&] {
             std::array<bool, sizeof...(Args) + 1> r{};
-            for (std::size_t i = 0; i < sizeof...(Args); ++i) r[i] = ids[i] < PP::M && PP::plan.needed[ids[i]];
+            for (std::size_t i = 0; i < sizeof...(Args); ++i) r[i] = ids[i] < Plan::M && Plan::plan.needed[ids[i]];
             return r;
         }();
         std::size_t i = 0;
         [[maybe_unused]] const int in_order[] = {
-            0, (bind_leaf(args, st.ext.data() + PP::rank_offset[ids[i]], st.ptr.data(), st.mut.data(), ids[i], needed[i]),
+            0, (bind_leaf(args, state.ext.data() + Plan::rank_offset[ids[i]], state.ptr.data(), state.mut.data(), ids[i], needed[i]),
                 ++i, 0)...};
     }
     // After the shapes are computed: each leaf buffer holds what its extents need.
-    template <class PP, class... Args>
-    static void check_leaf_sizes(const typename PP::state_type& st, const Args&... args) {
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{bound_leaf_id<PP, Args>::value..., PP::M};
+    template <class Plan, class... Args>
+    static void check_leaf_sizes(const typename Plan::state_type& state, const Args&... args) {
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{bound_leaf_id<Plan, Args>::value..., Plan::M};
         std::array<std::size_t, sizeof...(Args) + 1> need{};
         for (std::size_t i = 0; i < sizeof...(Args); ++i)
-            if (ids[i] != PP::M) need[i] = checked_numel<PP>(st, ids[i]);
+            if (ids[i] != Plan::M) need[i] = checked_numel<Plan>(state, ids[i]);
         std::size_t i = 0;
         [[maybe_unused]] const int in_order[] = {
-            0, (check_leaf_size(args, need[i], st.ext.data() + PP::rank_offset[ids[i]]), ++i, 0)...};
+            0, (check_leaf_size(args, need[i], state.ext.data() + Plan::rank_offset[ids[i]]), ++i, 0)...};
     }
 
     // Grad destinations: sizes, then aliasing against every input and each other.
-    template <class PP, class... Args>
-    static void bind_grads(typename PP::state_type& st, const Args&... args) {
-        std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> in_ranges{};
-        std::array<const void*, 2 * (sizeof...(Args) + PP::M) + 2> out_ranges{};
+    template <class Plan, class... Args>
+    static void bind_grads(typename Plan::state_type& state, const Args&... args) {
+        std::array<const void*, 2 * (sizeof...(Args) + Plan::M) + 2> in_ranges{};
+        std::array<const void*, 2 * (sizeof...(Args) + Plan::M) + 2> out_ranges{};
         std::size_t n_in = 0, n_out = 0;
-        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{bound_leaf_id<PP, Args>::value..., PP::M};
+        constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{bound_leaf_id<Plan, Args>::value..., Plan::M};
         std::size_t arg = 0;
         [[maybe_unused]] const int ranges_in_order[] = {
-            0, (note_range(args, ids[arg] < PP::M ? node_numel<PP>(st, ids[arg]) : 0, in_ranges.data(), n_in,
+            0, (note_range(args, ids[arg] < Plan::M ? node_numel<Plan>(state, ids[arg]) : 0, in_ranges.data(), n_in,
                            out_ranges.data(), n_out),
                 ++arg, 0)...};
         // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
-        for (std::size_t n = 0; n < PP::M; ++n) {
-            if (PP::program::info[n].kind != op_kind::leaf || st.ptr[n] == nullptr) continue;
-            const auto* p = static_cast<const unsigned char*>(st.ptr[n]);
+        for (std::size_t n = 0; n < Plan::M; ++n) {
+            if (Plan::program::info[n].kind != op_kind::leaf || state.ptr[n] == nullptr) continue;
+            const auto* p = static_cast<const unsigned char*>(state.ptr[n]);
             in_ranges[2 * n_in] = p;
-            in_ranges[2 * n_in + 1] = p + node_numel<PP>(st, n) * PP::program::info[n].elem_size;
+            in_ranges[2 * n_in + 1] = p + node_numel<Plan>(state, n) * Plan::program::info[n].elem_size;
             ++n_in;
         }
-        std::array<std::size_t, PP::NS + 1> need{};
-        for (std::size_t g = 0; g < PP::NS; ++g) need[g] = node_numel<PP>(st, PP::stores[g]);
+        std::array<std::size_t, Plan::NS + 1> need{};
+        for (std::size_t g = 0; g < Plan::NS; ++g) need[g] = node_numel<Plan>(state, Plan::stores[g]);
         std::size_t gi = 0;
-        [[maybe_unused]] const int in_order[] = {0, (bind_grad(args, st.out.data(), need.data(), gi), 0)...};
+        [[maybe_unused]] const int in_order[] = {0, (bind_grad(args, state.out.data(), need.data(), gi), 0)...};
         constexpr std::string_view buffer = buffer_word<call_space_v<Args...>>;
         for (std::size_t i = 0; i < n_out; ++i) {
             if (out_ranges[2 * i] == out_ranges[2 * i + 1]) continue;
@@ -387,68 +387,68 @@ struct call_layer {
     // A backward's state from its forward's: leaves (extents and buffers), and the values the
     // forward computed. A run-time walk over a table of forward ids (a function per node would
     // spell the plan in each of O(N) symbol names).
-    template <class PP, class FwdPP, std::size_t... Ns>
-    static constexpr std::array<std::size_t, PP::M + 1> forward_ids(std::index_sequence<Ns...>) {
-        return {FwdPP::program::template id_of<typename PP::program::template node_at<Ns>>::value..., FwdPP::M};
+    template <class Plan, class FwdPP, std::size_t... Ns>
+    static constexpr std::array<std::size_t, Plan::M + 1> forward_ids(std::index_sequence<Ns...>) {
+        return {FwdPP::program::template id_of<typename Plan::program::template node_at<Ns>>::value..., FwdPP::M};
     }
     template <class N, bool InForward>
     static constexpr bool restorable = InForward || !is_bound_leaf<N>() || N::shape_type::is_static;
-    template <class PP, class FwdPP, std::size_t... Ns>
+    template <class Plan, class FwdPP, std::size_t... Ns>
     static constexpr bool all_restorable(std::index_sequence<Ns...>) {
-        return all_true({restorable<typename PP::program::template node_at<Ns>,
-                                    FwdPP::program::template contains<typename PP::program::template node_at<Ns>>::value>...});
+        return all_true({restorable<typename Plan::program::template node_at<Ns>,
+                                    FwdPP::program::template contains<typename Plan::program::template node_at<Ns>>::value>...});
     }
-    template <class PP, class FwdPP, class FwdState>
-    static void restore_nodes(typename PP::state_type& st, const FwdState& fwd_state) {
-        static_assert(all_restorable<PP, FwdPP>(std::make_index_sequence<PP::M>{}),
+    template <class Plan, class FwdPP, class FwdState>
+    static void restore_nodes(typename Plan::state_type& state, const FwdState& fwd_state) {
+        static_assert(all_restorable<Plan, FwdPP>(std::make_index_sequence<Plan::M>{}),
                       "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
                       "forward pass did not bind; bind it in forward(...).");
-        constexpr auto fwd = forward_ids<PP, FwdPP>(std::make_index_sequence<PP::M>{});
-        constexpr std::size_t seed = PP::program::template id_of<seed_leaf>::value;
-        constexpr auto& info = PP::program::info;
-        for (std::size_t n = 0; n < PP::M; ++n) {
+        constexpr auto fwd = forward_ids<Plan, FwdPP>(std::make_index_sequence<Plan::M>{});
+        constexpr std::size_t seed = Plan::program::template id_of<seed_leaf>::value;
+        constexpr auto& info = Plan::program::info;
+        for (std::size_t n = 0; n < Plan::M; ++n) {
             const std::size_t f = fwd[n];
             if (f != FwdPP::M) {
                 if (info[n].kind == op_kind::leaf) {
                     for (std::size_t a = 0; a < info[n].rank; ++a)
-                        st.ext[PP::rank_offset[n] + a] = fwd_state.ext[FwdPP::rank_offset[f] + a];
-                    st.ptr[n] = fwd_state.ptr[f];
-                    st.mut[n] = fwd_state.mut[f];
+                        state.ext[Plan::rank_offset[n] + a] = fwd_state.ext[FwdPP::rank_offset[f] + a];
+                    state.ptr[n] = fwd_state.ptr[f];
+                    state.mut[n] = fwd_state.mut[f];
                 } else if (FwdPP::plan.computed[f]) {
-                    st.ptr[n] = fwd_state.ptr[f];
+                    state.ptr[n] = fwd_state.ptr[f];
                 }
             } else if (info[n].kind == op_kind::leaf && n != seed) {
-                for (std::size_t a = 0; a < info[n].rank; ++a) st.ext[PP::rank_offset[n] + a] = info[n].ext[a];
+                for (std::size_t a = 0; a < info[n].rank; ++a) state.ext[Plan::rank_offset[n] + a] = info[n].ext[a];
             }
         }
     }
     // The seed of a non-scalar output's backward: its buffer, with the output's extents.
-    template <class PP, class FwdPP, class FwdState, class... Args>
-    static void bind_seed(typename PP::state_type& st, const FwdState& fwd_state, const Args&... args) {
-        if constexpr (PP::program::template contains<seed_leaf>::value) {  // else nothing reads the seed
-            constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
+    template <class Plan, class FwdPP, class FwdState, class... Args>
+    static void bind_seed(typename Plan::state_type& state, const FwdState& fwd_state, const Args&... args) {
+        if constexpr (Plan::program::template contains<seed_leaf>::value) {  // else nothing reads the seed
+            constexpr std::size_t id = Plan::program::template id_of<seed_leaf>::value;
             static_assert(count_true({is_seed_binding_v<Args>...}) == 1, "typegrad: backward(ctx, ...) takes one tg::seed(...).");
             auto set = [&](const auto& b) {
                 using B = std::remove_cvref_t<decltype(b)>;
                 if constexpr (is_seed_binding_v<B>) {
                     static_assert(std::is_same_v<typename B::value_type, T>, "typegrad: tg::seed(buffer) needs the output's dtype.");
-                    st.ptr[id] = b.data;
+                    state.ptr[id] = b.data;
                 }
             };
             for_each_arg(set, args...);
             using S = typename seed_leaf::shape_type;
             for (std::size_t a = 0; a < S::rank; ++a)
-                st.ext[PP::rank_offset[id] + a] = fwd_state.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
+                state.ext[Plan::rank_offset[id] + a] = fwd_state.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
         }
     }
-    template <class PP, class... Args>
-    static void check_seed_size(const typename PP::state_type& st, const Args&... args) {
-        if constexpr (PP::program::template contains<seed_leaf>::value) {
-            constexpr std::size_t id = PP::program::template id_of<seed_leaf>::value;
+    template <class Plan, class... Args>
+    static void check_seed_size(const typename Plan::state_type& state, const Args&... args) {
+        if constexpr (Plan::program::template contains<seed_leaf>::value) {
+            constexpr std::size_t id = Plan::program::template id_of<seed_leaf>::value;
             auto check = [&](const auto& b) {
                 using B = std::remove_cvref_t<decltype(b)>;
                 if constexpr (is_seed_binding_v<B>) {
-                    const std::size_t need = node_numel<PP>(st, id);
+                    const std::size_t need = node_numel<Plan>(state, id);
                     if (b.size != need)
                         throw shape_error(message("typegrad: tg::seed(buffer) has ", b.size, " elements but the output has ", need));
                     if (b.data == nullptr && need != 0)

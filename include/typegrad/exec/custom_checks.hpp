@@ -90,26 +90,26 @@ struct custom_checks<Prog, std::index_sequence<Is...>> {
         nullptr};
 };
 
-template <class PP, class State>
-void check_custom_mutations(const State& st) {
+template <class Plan, class State>
+void check_custom_mutations(const State& state) {
     // Custom ops are kernel nodes (see exec/node_filter.hpp).
-    constexpr auto& ids = node_ids_of_kind<typename PP::program, op_kind::kernel>;
-    constexpr auto& fns = custom_checks<typename PP::program>::fns;
+    constexpr auto& ids = node_ids_of_kind<typename Plan::program, op_kind::kernel>;
+    constexpr auto& fns = custom_checks<typename Plan::program>::fns;
     for (std::size_t i = 0; i < ids.size(); ++i) {
         const std::size_t n = ids[i];
-        if (fns[i] != nullptr && PP::plan.needed[n] && PP::plan.computed[n])
-            fns[i](PP::program::info.data(), n, st.mut.data());
+        if (fns[i] != nullptr && Plan::plan.needed[n] && Plan::plan.computed[n])
+            fns[i](Plan::program::info.data(), n, state.mut.data());
     }
 }
 
 // (node, input) pairs of custom backward kernels that mutate an input requiring grad: only
 // these can make a create_graph backward fail.
-template <class PP>
+template <class Plan>
 constexpr std::size_t create_graph_hazard_count() {
     std::size_t n = 0;
     // Custom ops are kernel nodes: only those are instantiated (see exec/node_filter.hpp).
-    for_each_node_of_kind<typename PP::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-        using node = typename PP::program::template node_at<N>;
+    for_each_node_of_kind<typename Plan::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+        using node = typename Plan::program::template node_at<N>;
         using ci = custom_kernel_info<node>;
         if constexpr (ci::backward) {
             [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {
@@ -123,13 +123,13 @@ constexpr std::size_t create_graph_hazard_count() {
 struct hazard {
     std::size_t node, input;
 };
-template <class PP>
+template <class Plan>
 constexpr auto create_graph_hazards() {
-    std::array<hazard, create_graph_hazard_count<PP>()> r{};
+    std::array<hazard, create_graph_hazard_count<Plan>()> r{};
     std::size_t k = 0;
     // Custom ops are kernel nodes: only those are instantiated (see exec/node_filter.hpp).
-    for_each_node_of_kind<typename PP::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-        using node = typename PP::program::template node_at<N>;
+    for_each_node_of_kind<typename Plan::program, op_kind::kernel>([&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+        using node = typename Plan::program::template node_at<N>;
         using ci = custom_kernel_info<node>;
         if constexpr (ci::backward) {
             [&]<std::size_t... Ks>(std::index_sequence<Ks...>) {

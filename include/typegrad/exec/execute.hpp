@@ -64,51 +64,51 @@ inline std::string extents_text(const std::size_t* e, std::size_t rank) {
     return s;
 }
 
-template <class PP>
-std::size_t node_numel(const typename PP::state_type& st, std::size_t node) {
+template <class Plan>
+std::size_t node_numel(const typename Plan::state_type& state, std::size_t node) {
     std::size_t n = 1;
-    for (std::size_t a = 0; a < PP::program::info[node].rank; ++a) n *= st.ext[PP::rank_offset[node] + a];
+    for (std::size_t a = 0; a < Plan::program::info[node].rank; ++a) n *= state.ext[Plan::rank_offset[node] + a];
     return n;
 }
 
 // Row-major strides. They are computed before any size check, so their products are checked
 // here: extents whose product overflows are a shape_error, unless one of them is 0 (no element:
 // the strides address nothing, and those past the overflow are set to 0).
-template <class PP>
-void dense_strides(typename PP::state_type& st, std::size_t n) {
-    const std::size_t rank = PP::program::info[n].rank;
-    const std::size_t* ext = st.ext.data() + PP::rank_offset[n];
+template <class Plan>
+void dense_strides(typename Plan::state_type& state, std::size_t n) {
+    const std::size_t rank = Plan::program::info[n].rank;
+    const std::size_t* ext = state.ext.data() + Plan::rank_offset[n];
     const bool empty = std::find(ext, ext + rank, std::size_t(0)) != ext + rank;
     std::ptrdiff_t stride = 1;
     for (std::size_t a = rank; a-- > 0;) {
-        st.stride[PP::rank_offset[n] + a] = stride;
+        state.stride[Plan::rank_offset[n] + a] = stride;
         if (ext[a] > std::size_t(PTRDIFF_MAX) ||
             __builtin_mul_overflow(stride, static_cast<std::ptrdiff_t>(ext[a]), &stride)) {
             if (!empty)
-                throw shape_error(message("typegrad: the extents of '", PP::program::info[n].name, "' (node ", n,
+                throw shape_error(message("typegrad: the extents of '", Plan::program::info[n].name, "' (node ", n,
                                           ") overflow an element count"));
             stride = 0;
         }
     }
 }
 
-template <class PP>
-tensor_ref ref_of(const typename PP::state_type& st, std::size_t n) {
-    return {st.ptr[n], st.ext.data() + PP::rank_offset[n], st.stride.data() + PP::rank_offset[n],
-            PP::program::info[n].rank};
+template <class Plan>
+tensor_ref ref_of(const typename Plan::state_type& state, std::size_t n) {
+    return {state.ptr[n], state.ext.data() + Plan::rank_offset[n], state.stride.data() + Plan::rank_offset[n],
+            Plan::program::info[n].rank};
 }
 
 // Elementwise and reduction extents from the children's, with the broadcasting checks.
-template <class PP>
-void elementwise_shape(typename PP::state_type& st, std::size_t n) {
-    constexpr auto& info = PP::program::info;
+template <class Plan>
+void elementwise_shape(typename Plan::state_type& state, std::size_t n) {
+    constexpr auto& info = Plan::program::info;
     const node_info& ni = info[n];
-    std::size_t* out = st.ext.data() + PP::rank_offset[n];
+    std::size_t* out = state.ext.data() + Plan::rank_offset[n];
     if (ni.kind == op_kind::reduce) {
         const std::size_t c = ni.child[0];
         const std::size_t lead = info[c].rank - ni.rank;
         for (std::size_t a = 0; a < ni.rank; ++a)
-            out[a] = ni.ext[a] != dyn ? ni.ext[a] : st.ext[PP::rank_offset[c] + a + lead];
+            out[a] = ni.ext[a] != dyn ? ni.ext[a] : state.ext[Plan::rank_offset[c] + a + lead];
         return;
     }
     for (std::size_t a = 0; a < ni.rank; ++a) {
@@ -117,7 +117,7 @@ void elementwise_shape(typename PP::state_type& st, std::size_t n) {
             for (std::size_t k = 0; k < ni.arity && e == dyn; ++k) {
                 const node_info& ci = info[ni.child[k]];
                 const std::size_t lead = ni.rank - ci.rank;
-                if (a >= lead && ci.ext[a - lead] != 1) e = st.ext[PP::rank_offset[ni.child[k]] + a - lead];
+                if (a >= lead && ci.ext[a - lead] != 1) e = state.ext[Plan::rank_offset[ni.child[k]] + a - lead];
             }
             if (e == dyn) e = 1;
         }
@@ -126,7 +126,7 @@ void elementwise_shape(typename PP::state_type& st, std::size_t n) {
     for (std::size_t k = 0; k < ni.arity; ++k) {
         const node_info& ci = info[ni.child[k]];
         const std::size_t lead = ni.rank - ci.rank;
-        const std::size_t* ce = st.ext.data() + PP::rank_offset[ni.child[k]];
+        const std::size_t* ce = state.ext.data() + Plan::rank_offset[ni.child[k]];
         for (std::size_t a = 0; a < ci.rank; ++a) {
             if (ci.ext[a] == 1) continue;  // broadcast
             if (ce[a] != out[a + lead])
@@ -264,64 +264,64 @@ struct node_fns_of<node<Op, Cs...>>
                   node<Op, Cs...>> {};
 
 // The per-node routines of a plan and their operand tables: data, one symbol each per plan.
-template <class PP>
+template <class Plan>
 struct node_tables {
-    using prog = typename PP::program;
-    static constexpr std::array<std::size_t, PP::M * node_call_width + 1> ids = [] {
-        std::array<std::size_t, PP::M * node_call_width + 1> r{};
-        for (std::size_t n = 0; n < PP::M; ++n) {
+    using prog = typename Plan::program;
+    static constexpr std::array<std::size_t, Plan::M * node_call_width + 1> ids = [] {
+        std::array<std::size_t, Plan::M * node_call_width + 1> r{};
+        for (std::size_t n = 0; n < Plan::M; ++n) {
             std::size_t* row = r.data() + n * node_call_width;
             const node_info& ni = prog::info[n];
             row[0] = n;
-            row[1] = PP::rank_offset[n];
+            row[1] = Plan::rank_offset[n];
             row[2] = ni.arity;
             for (std::size_t k = 0; k < ni.arity; ++k) {
                 row[3 + 2 * k] = ni.child[k];
-                row[4 + 2 * k] = PP::rank_offset[ni.child[k]];
+                row[4 + 2 * k] = Plan::rank_offset[ni.child[k]];
             }
         }
         return r;
     }();
     template <std::size_t... Is>
-    static constexpr std::array<node_fn, PP::M + 1> shapes(std::index_sequence<Is...>) {
+    static constexpr std::array<node_fn, Plan::M + 1> shapes(std::index_sequence<Is...>) {
         return {node_fns_of<typename prog::template node_at<Is>>::type::shape..., nullptr};
     }
     template <std::size_t... Is>
-    static constexpr std::array<node_fn, PP::M + 1> runs(std::index_sequence<Is...>) {
+    static constexpr std::array<node_fn, Plan::M + 1> runs(std::index_sequence<Is...>) {
         return {node_fns_of<typename prog::template node_at<Is>>::type::run..., nullptr};
     }
     template <std::size_t... Is>
-    static constexpr std::array<node_fn, PP::M + 1> metas(std::index_sequence<Is...>) {
+    static constexpr std::array<node_fn, Plan::M + 1> metas(std::index_sequence<Is...>) {
         return {node_fns_of<typename prog::template node_at<Is>>::type::meta..., nullptr};
     }
-    static constexpr auto shape = shapes(std::make_index_sequence<PP::M>{});
-    static constexpr auto run = runs(std::make_index_sequence<PP::M>{});
-    static constexpr auto meta = metas(std::make_index_sequence<PP::M>{});
+    static constexpr auto shape = shapes(std::make_index_sequence<Plan::M>{});
+    static constexpr auto run = runs(std::make_index_sequence<Plan::M>{});
+    static constexpr auto meta = metas(std::make_index_sequence<Plan::M>{});
 };
-template <class PP>
-node_call node_call_of(typename PP::state_type& st, std::size_t n) {
-    return {st.ptr.data(), st.ext.data(), st.stride.data(), st.view_offset.data(),
-            node_tables<PP>::ids.data() + n * node_call_width};
+template <class Plan>
+node_call node_call_of(typename Plan::state_type& state, std::size_t n) {
+    return {state.ptr.data(), state.ext.data(), state.stride.data(), state.view_offset.data(),
+            node_tables<Plan>::ids.data() + n * node_call_width};
 }
 
 // Meta node N's value into buffer (the CUDA backend keeps it on the host).
-template <class PP, std::size_t N>
-void compute_meta(typename PP::state_type& st, void* buffer) {
-    write_meta<shallow_t<typename PP::program::template node_at<N>>>(
-        st.ext.data() + PP::rank_offset[PP::program::info[N].child[0]], buffer);
+template <class Plan, std::size_t N>
+void compute_meta(typename Plan::state_type& state, void* buffer) {
+    write_meta<shallow_t<typename Plan::program::template node_at<N>>>(
+        state.ext.data() + Plan::rank_offset[Plan::program::info[N].child[0]], buffer);
 }
 
 // Fills extents and strides of every non-leaf node from its children's, checking them. Leaf
 // extents must have been filled by the caller. Throws before anything is written.
-template <class PP>
-void compute_shapes(typename PP::state_type& st) {
-    for (std::size_t n = 0; n < PP::M; ++n) {
-        const op_kind kind = PP::program::info[n].kind;
-        if (kind == op_kind::elementwise || kind == op_kind::reduce) elementwise_shape<PP>(st, n);
-        if (kind == op_kind::view || kind == op_kind::kernel) node_tables<PP>::shape[n](node_call_of<PP>(st, n));
+template <class Plan>
+void compute_shapes(typename Plan::state_type& state) {
+    for (std::size_t n = 0; n < Plan::M; ++n) {
+        const op_kind kind = Plan::program::info[n].kind;
+        if (kind == op_kind::elementwise || kind == op_kind::reduce) elementwise_shape<Plan>(state, n);
+        if (kind == op_kind::view || kind == op_kind::kernel) node_tables<Plan>::shape[n](node_call_of<Plan>(state, n));
         if (kind == op_kind::leaf || kind == op_kind::elementwise || kind == op_kind::reduce ||
             kind == op_kind::kernel)
-            dense_strides<PP>(st, n);
+            dense_strides<Plan>(state, n);
     }
 }
 
@@ -330,58 +330,58 @@ void compute_shapes(typename PP::state_type& st) {
 using scratch_unit = double;
 
 // Element count of a node, or a shape_error when it (or its size in bytes) cannot be represented.
-template <class PP>
-std::size_t checked_numel(const typename PP::state_type& st, std::size_t node) {
-    const std::size_t rank = PP::program::info[node].rank;
-    const std::size_t* ext = st.ext.data() + PP::rank_offset[node];
+template <class Plan>
+std::size_t checked_numel(const typename Plan::state_type& state, std::size_t node) {
+    const std::size_t rank = Plan::program::info[node].rank;
+    const std::size_t* ext = state.ext.data() + Plan::rank_offset[node];
     if (std::find(ext, ext + rank, std::size_t(0)) != ext + rank) return 0;  // however large the others
     std::size_t n = 1;
     for (std::size_t a = 0; a < rank; ++a)
         if (__builtin_mul_overflow(n, ext[a], &n))
-            throw shape_error(message("typegrad: the extents of '", PP::program::info[node].name, "' (node ", node,
+            throw shape_error(message("typegrad: the extents of '", Plan::program::info[node].name, "' (node ", node,
                                       ") overflow an element count"));
     std::size_t bytes = 0;
-    if (__builtin_mul_overflow(n, PP::program::info[node].elem_size, &bytes) ||
+    if (__builtin_mul_overflow(n, Plan::program::info[node].elem_size, &bytes) ||
         bytes > std::size_t(PTRDIFF_MAX) / 2)
-        throw shape_error(message("typegrad: '", PP::program::info[node].name, "' (node ", node, ") would need ", n,
+        throw shape_error(message("typegrad: '", Plan::program::info[node].name, "' (node ", node, ") would need ", n,
                                   " elements, more than memory can address"));
     return n;
 }
 
-template <class PP>
-std::size_t scratch_layout(const typename PP::state_type& st, std::array<std::size_t, PP::M + 1>& offset) {
+template <class Plan>
+std::size_t scratch_layout(const typename Plan::state_type& state, std::array<std::size_t, Plan::M + 1>& offset) {
     std::size_t total = 0;
-    for (std::size_t n = 0; n < PP::M; ++n) {
+    for (std::size_t n = 0; n < Plan::M; ++n) {
         offset[n] = total;
-        if (PP::plan.computed[n])
-            total += (checked_numel<PP>(st, n) * PP::program::info[n].elem_size + 63) / 64 * 8 +
-                     (PP::program::info[n].extra_bytes + 63) / 64 * 8;
+        if (Plan::plan.computed[n])
+            total += (checked_numel<Plan>(state, n) * Plan::program::info[n].elem_size + 63) / 64 * 8 +
+                     (Plan::program::info[n].extra_bytes + 63) / 64 * 8;
     }
-    offset[PP::M] = total;
+    offset[Plan::M] = total;
     return total;
 }
 
 // Points every computed node at its scratch buffer, computes metas, initialises reductions.
-template <class PP>
-void prepare_scratch(typename PP::state_type& st, scratch_unit* scratch,
-                     const std::array<std::size_t, PP::M + 1>& offset) {
-    constexpr auto& info = PP::program::info;
-    for (std::size_t n = 0; n < PP::M; ++n) {
-        if (!PP::plan.computed[n]) continue;
+template <class Plan>
+void prepare_scratch(typename Plan::state_type& state, scratch_unit* scratch,
+                     const std::array<std::size_t, Plan::M + 1>& offset) {
+    constexpr auto& info = Plan::program::info;
+    for (std::size_t n = 0; n < Plan::M; ++n) {
+        if (!Plan::plan.computed[n]) continue;
         void* p = scratch + offset[n];
-        st.ptr[n] = p;
+        state.ptr[n] = p;
         if (info[n].kind == op_kind::reduce) {
-            if (info[n].elem_size == sizeof(double)) fill_identity(static_cast<double*>(p), node_numel<PP>(st, n), info[n].combine);
-            else fill_identity(static_cast<float*>(p), node_numel<PP>(st, n), info[n].combine);
+            if (info[n].elem_size == sizeof(double)) fill_identity(static_cast<double*>(p), node_numel<Plan>(state, n), info[n].combine);
+            else fill_identity(static_cast<float*>(p), node_numel<Plan>(state, n), info[n].combine);
         }
     }
-    for (std::size_t n = 0; n < PP::M; ++n)
-        if (info[n].kind == op_kind::meta && PP::plan.computed[n]) node_tables<PP>::meta[n](node_call_of<PP>(st, n));
+    for (std::size_t n = 0; n < Plan::M; ++n)
+        if (info[n].kind == op_kind::meta && Plan::plan.computed[n]) node_tables<Plan>::meta[n](node_call_of<Plan>(state, n));
     // Views alias their input (children first, so chains of views resolve in one sweep).
-    for (std::size_t n = 0; n < PP::M; ++n) {
-        if (info[n].kind != op_kind::view || !PP::plan.needed[n] || st.ptr[n] != nullptr) continue;
-        const auto* base = static_cast<const char*>(st.ptr[info[n].child[0]]);
-        st.ptr[n] = base ? base + st.view_offset[n] * std::ptrdiff_t(info[n].elem_size) : nullptr;
+    for (std::size_t n = 0; n < Plan::M; ++n) {
+        if (info[n].kind != op_kind::view || !Plan::plan.needed[n] || state.ptr[n] != nullptr) continue;
+        const auto* base = static_cast<const char*>(state.ptr[info[n].child[0]]);
+        state.ptr[n] = base ? base + state.view_offset[n] * std::ptrdiff_t(info[n].elem_size) : nullptr;
     }
 }
 
@@ -390,39 +390,39 @@ struct step_item {
     bool is_loop;
     std::size_t index;  // loop index or kernel node id
 };
-template <class PP>
+template <class Plan>
 constexpr std::size_t schedule_size() {
-    std::size_t n = PP::plan.loop_count;
-    for (std::size_t i = 0; i < PP::M; ++i)
-        if (PP::plan.computed[i] && PP::program::info[i].kind == op_kind::kernel) ++n;
+    std::size_t n = Plan::plan.loop_count;
+    for (std::size_t i = 0; i < Plan::M; ++i)
+        if (Plan::plan.computed[i] && Plan::program::info[i].kind == op_kind::kernel) ++n;
     return n;
 }
 // One counting sort by (stage, kernel before loop), ids ascending within each: a scan of every
 // node and loop per stage was quadratic, and crossed clang's limit of 2^20 steps per constant
 // evaluation at 6 GPT blocks.
-template <class PP>
+template <class Plan>
 constexpr auto schedule() {
-    constexpr auto& plan = PP::plan;
+    constexpr auto& plan = Plan::plan;
     constexpr std::size_t keys = 2 * (plan.max_stage + 1);  // kernels of stage s: 2s, loops: 2s + 1
     auto is_kernel = [](std::size_t i) {
-        return plan.computed[i] && PP::program::info[i].kind == op_kind::kernel && plan.stage[i] <= plan.max_stage;
+        return plan.computed[i] && Plan::program::info[i].kind == op_kind::kernel && plan.stage[i] <= plan.max_stage;
     };
     std::array<std::size_t, keys + 1> start{};
-    for (std::size_t i = 0; i < PP::M; ++i)
+    for (std::size_t i = 0; i < Plan::M; ++i)
         if (is_kernel(i)) ++start[2 * plan.stage[i] + 1];
     for (std::size_t l = 0; l < plan.loop_count; ++l)
         if (plan.loops[l].stage <= plan.max_stage) ++start[2 * plan.loops[l].stage + 2];
     for (std::size_t k = 0; k < keys; ++k) start[k + 1] += start[k];
-    std::array<step_item, schedule_size<PP>() + 1> r{};
-    for (std::size_t i = 0; i < PP::M; ++i)
+    std::array<step_item, schedule_size<Plan>() + 1> r{};
+    for (std::size_t i = 0; i < Plan::M; ++i)
         if (is_kernel(i)) r[start[2 * plan.stage[i]]++] = {false, i};
     for (std::size_t l = 0; l < plan.loop_count; ++l)
         if (plan.loops[l].stage <= plan.max_stage) r[start[2 * plan.loops[l].stage + 1]++] = {true, l};
     return r;
 }
 
-template <class PP>
-inline constexpr auto schedule_v = schedule<PP>();
+template <class Plan>
+inline constexpr auto schedule_v = schedule<Plan>();
 
 // When buffers are final, for running post-accumulate hooks inside the schedule (PyTorch runs a
 // param's hook once its .grad is final, while the rest of the backward goes on): store[g] is the
@@ -435,19 +435,19 @@ struct buffer_steps {
     std::size_t store[NS + 1]{};
     std::size_t read[M + 1]{};
 };
-template <class PP>
-constexpr buffer_steps<PP::M, PP::NS> make_buffer_steps() {
-    constexpr auto& plan = PP::plan;
-    const node_info* const info = PP::program::info.data();
+template <class Plan>
+constexpr buffer_steps<Plan::M, Plan::NS> make_buffer_steps() {
+    constexpr auto& plan = Plan::plan;
+    const node_info* const info = Plan::program::info.data();
     const std::size_t* const members = plan.members.data();
-    const step_item* const items = schedule_v<PP>.data();
-    buffer_steps<PP::M, PP::NS> r;
-    std::size_t base_[PP::M + 1]{};  // the node whose buffer a view aliases (views chain)
+    const step_item* const items = schedule_v<Plan>.data();
+    buffer_steps<Plan::M, Plan::NS> r;
+    std::size_t base_[Plan::M + 1]{};  // the node whose buffer a view aliases (views chain)
     std::size_t* const base = base_;
-    for (std::size_t n = 0; n < PP::M; ++n) base[n] = info[n].kind == op_kind::view ? base[info[n].child[0]] : n;
-    for (std::size_t g = 0; g <= PP::NS; ++g) r.store[g] = no_step;
-    for (std::size_t n = 0; n <= PP::M; ++n) r.read[n] = no_step;
-    for (std::size_t i = 0; i < schedule_size<PP>(); ++i) {
+    for (std::size_t n = 0; n < Plan::M; ++n) base[n] = info[n].kind == op_kind::view ? base[info[n].child[0]] : n;
+    for (std::size_t g = 0; g <= Plan::NS; ++g) r.store[g] = no_step;
+    for (std::size_t n = 0; n <= Plan::M; ++n) r.read[n] = no_step;
+    for (std::size_t i = 0; i < schedule_size<Plan>(); ++i) {
         if (items[i].is_loop) {
             const loop_plan& lp = plan.loops.data()[items[i].index];
             for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) r.read[base[members[m]]] = i;
@@ -460,8 +460,8 @@ constexpr buffer_steps<PP::M, PP::NS> make_buffer_steps() {
     }
     return r;
 }
-template <class PP>
-inline constexpr buffer_steps<PP::M, PP::NS> buffer_steps_v = make_buffer_steps<PP>();
+template <class Plan>
+inline constexpr buffer_steps<Plan::M, Plan::NS> buffer_steps_v = make_buffer_steps<Plan>();
 
 // Post-accumulate hooks run by the schedule walk: entry k runs right after schedule step
 // after[k] (ascending; a step past the schedule: after its last one), on param buffer
@@ -487,10 +487,10 @@ inline void run_post_hooks_until(const post_hook_calls& hooks, std::size_t& next
 }
 
 // After a kernel or loop in anomaly mode: the buffers it wrote must be finite.
-template <class PP>
-void check_buffer(const typename PP::state_type& st, std::size_t n) {
+template <class Plan>
+void check_buffer(const typename Plan::state_type& state, std::size_t n) {
     if (anomaly_node() != no_anomaly) return;
-    const std::size_t count = node_numel<PP>(st, n);
+    const std::size_t count = node_numel<Plan>(state, n);
     auto scan = [&](const auto* p) {
         for (std::size_t i = 0; i < count; ++i)
             if (!std::isfinite(static_cast<double>(p[i]))) {
@@ -498,20 +498,20 @@ void check_buffer(const typename PP::state_type& st, std::size_t n) {
                 return;
             }
     };
-    switch (PP::program::info[n].buffer) {
-        case dtype_code::f64: scan(static_cast<const double*>(st.ptr[n])); break;
-        case dtype_code::f32: scan(static_cast<const float*>(st.ptr[n])); break;
-        case dtype_code::bf16: scan(static_cast<const bf16*>(st.ptr[n])); break;
-        case dtype_code::f16: scan(static_cast<const f16*>(st.ptr[n])); break;
+    switch (Plan::program::info[n].buffer) {
+        case dtype_code::f64: scan(static_cast<const double*>(state.ptr[n])); break;
+        case dtype_code::f32: scan(static_cast<const float*>(state.ptr[n])); break;
+        case dtype_code::bf16: scan(static_cast<const bf16*>(state.ptr[n])); break;
+        case dtype_code::f16: scan(static_cast<const f16*>(state.ptr[n])); break;
         case dtype_code::other: break;
     }
 }
 
 // The loops of a plan: their kernels and operand tables (node ids and extent offsets, one flat
 // array per plan; loop l's starts at 2 * layout.op_start[l] and holds n_ops + 1 of each).
-template <class PP, class AccumulateMask, bool Check>
+template <class Plan, class AccumulateMask, bool Check>
 struct loop_tables {
-    using layout = loop_layout<PP, AccumulateMask, Check>;
+    using layout = loop_layout<Plan, AccumulateMask, Check>;
     template <std::size_t... Ls>
     static constexpr std::array<void (*)(const loop_args&), layout::count + 1> make_fns(std::index_sequence<Ls...>) {
         return {&loop_kernel_of<layout, Ls>::type::run..., nullptr};
@@ -522,30 +522,30 @@ struct loop_tables {
 // The plan's work in order: a run-time walk over constexpr tables, so no function is
 // instantiated per loop or kernel of the plan (each one's routine is keyed by its signature).
 // Post-accumulate hooks (hooks) run between steps, each as soon as its gradient is final.
-template <class PP, class AccumulateMask, bool Check = false>
-void run_loops(typename PP::state_type& st, const post_hook_calls& hooks = {}) {
-    using loops = loop_tables<PP, AccumulateMask, Check>;
-    constexpr std::size_t items = schedule_size<PP>();
+template <class Plan, class AccumulateMask, bool Check = false>
+void run_loops(typename Plan::state_type& state, const post_hook_calls& hooks = {}) {
+    using loops = loop_tables<Plan, AccumulateMask, Check>;
+    constexpr std::size_t items = schedule_size<Plan>();
     std::size_t next = 0;  // the next post-accumulate hook to run
     for (std::size_t i = 0; i < items; ++i) {
-        const step_item item = schedule_v<PP>[i];
+        const step_item item = schedule_v<Plan>[i];
         if (item.is_loop) {
             constexpr auto& t = loops::layout::table;
             const std::size_t* ids = t.ids.data() + 2 * t.op_start[item.index];
-            const loop_args args{st.ptr.data(), st.out.data(), st.ext.data(), st.stride.data(), ids,
+            const loop_args args{state.ptr.data(), state.out.data(), state.ext.data(), state.stride.data(), ids,
                                  ids + t.n_ops[item.index] + 1};
             loops::fns[item.index](args);
             if constexpr (Check) {
-                const loop_plan& lp = PP::plan.loops[item.index];
-                for (std::size_t m = lp.red_begin; m < lp.mat_end; ++m) check_buffer<PP>(st, PP::plan.members[m]);
+                const loop_plan& lp = Plan::plan.loops[item.index];
+                for (std::size_t m = lp.red_begin; m < lp.mat_end; ++m) check_buffer<Plan>(state, Plan::plan.members[m]);
             }
         } else {
-            node_tables<PP>::run[item.index](node_call_of<PP>(st, item.index));
-            if constexpr (Check) check_buffer<PP>(st, item.index);
+            node_tables<Plan>::run[item.index](node_call_of<Plan>(state, item.index));
+            if constexpr (Check) check_buffer<Plan>(state, item.index);
         }
-        if (next < hooks.count) run_post_hooks_until(hooks, next, i, st.out.data());
+        if (next < hooks.count) run_post_hooks_until(hooks, next, i, state.out.data());
     }
-    run_post_hooks_until(hooks, next, no_step, st.out.data());
+    run_post_hooks_until(hooks, next, no_step, state.out.data());
 }
 
 }  // namespace typegrad::detail

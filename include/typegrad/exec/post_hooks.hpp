@@ -35,32 +35,32 @@ struct post_hook_table {
 // When each post-accumulate hook of a call runs, as PyTorch: once its param's gradient is final,
 // hooks of different params in the order their gradients complete (so a gradient all-reduce can
 // start while the rest of the backward computes). A hook runs right after the later of two
-// schedule steps of plan PP: the loop that writes the gradient (store Grads-index of its leaf;
+// schedule steps of plan Plan: the loop that writes the gradient (store Grads-index of its leaf;
 // nothing writes it again), and the last step that reads the param's buffer, because a hook may
 // update the param (an optimizer in the backward) and later loops must still see the old value
 // (dX = dY W^T reads W). Ties keep registration order (the hooks' order in the loss graph).
 // Hooks: the step's post-accumulate hook nodes; those whose leaf has no grad_into do not run.
-// ParamPP: the plan whose state binds the params (value_and_grad: PP; backward: the forward's,
+// ParamPP: the plan whose state binds the params (value_and_grad: Plan; backward: the forward's,
 // which holds every leaf even where the backward plan does not read it).
-template <class PP, class ParamPP, class Grads, class Hooks>
+template <class Plan, class ParamPP, class Grads, class Hooks>
 struct post_hook_schedule;
-template <class PP, class ParamPP, class Grads, class... Hs>
-struct post_hook_schedule<PP, ParamPP, Grads, type_list<Hs...>> {
+template <class Plan, class ParamPP, class Grads, class... Hs>
+struct post_hook_schedule<Plan, ParamPP, Grads, type_list<Hs...>> {
     static constexpr std::size_t K = sizeof...(Hs);
     static constexpr post_hook_table<K> make() {
         post_hook_table<K> t;
         if constexpr (K > 0) {
             constexpr std::size_t store[] = {index_of<post_hook_leaf_t<Hs>, Grads>::value...};
-            constexpr std::size_t in_plan[] = {PP::program::template id_of<post_hook_leaf_t<Hs>>::value...};
+            constexpr std::size_t in_plan[] = {Plan::program::template id_of<post_hook_leaf_t<Hs>>::value...};
             constexpr std::size_t param[] = {ParamPP::program::template id_of<post_hook_leaf_t<Hs>>::value...};
             constexpr post_hook_fn fn[] = {
                 &call_post_hook<typename Hs::op::hook_type, typename post_hook_leaf_t<Hs>::value_type,
                                 post_hook_leaf_t<Hs>::shape_type::rank>...};
-            constexpr auto& steps = buffer_steps_v<PP>;
+            constexpr auto& steps = buffer_steps_v<Plan>;
             for (std::size_t h = 0; h < K; ++h) {
                 if (store[h] >= Grads::size) continue;  // no grad_into: the hook does not run
                 const std::size_t written = steps.store[store[h]];
-                const std::size_t read = in_plan[h] < PP::M ? steps.read[in_plan[h]] : no_step;
+                const std::size_t read = in_plan[h] < Plan::M ? steps.read[in_plan[h]] : no_step;
                 const std::size_t after = written == no_step ? no_step : read != no_step && read > written ? read : written;
                 // insertion by step, after the entries of the same step (registration order)
                 std::size_t k = t.count++;

@@ -452,8 +452,8 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
     cvec<std::size_t> by_stage_(max_stage + 2, 0), fill_(max_stage + 2, 0), order_(R, 0);  // counting sort, stable
     std::size_t *const by_stage = by_stage_.data(), *const fill = fill_.data(), *const order = order_.data();
     for (std::size_t i = 0; i < R; ++i) ++by_stage[roots[i].stage + 1];
-    for (std::size_t st = 0; st <= max_stage; ++st) by_stage[st + 1] += by_stage[st];
-    for (std::size_t st = 0; st <= max_stage + 1; ++st) fill[st] = by_stage[st];
+    for (std::size_t stage = 0; stage <= max_stage; ++stage) by_stage[stage + 1] += by_stage[stage];
+    for (std::size_t stage = 0; stage <= max_stage + 1; ++stage) fill[stage] = by_stage[stage];
     for (std::size_t i = 0; i < R; ++i) order[fill[roots[i].stage]++] = i;
 
     // Each loop's roots and the nodes of its closure, unordered (a node: id * 2 + 1 if the loop
@@ -472,15 +472,15 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
     std::size_t n_loops = 0, n_entries = 0, n_roots = 0;
     entry_.resize(M);
     std::size_t* entry = entry_.data();
-    for (std::size_t st = 0; st <= max_stage; ++st) {
+    for (std::size_t stage = 0; stage <= max_stage; ++stage) {
         // this stage's loops, in the order of their first root; each loop's roots in root order
         // (a list per loop through loop_next, kept in order by its tail in loop_first's slot)
         const std::size_t first_loop = n_loops;
         cvec<std::size_t> tail_(0);
-        for (std::size_t k = by_stage[st]; k < by_stage[st + 1]; ++k) {
+        for (std::size_t k = by_stage[stage]; k < by_stage[stage + 1]; ++k) {
             const std::size_t i = order[k];
-            if (space_seen[space[i]] != st + 1) {
-                space_seen[space[i]] = st + 1;
+            if (space_seen[space[i]] != stage + 1) {
+                space_seen[space[i]] = stage + 1;
                 loop_of_space[space[i]] = n_loops;
                 loop_first[n_loops++] = i;
                 tail_.push_back(i);
@@ -495,7 +495,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
             const std::size_t mark = l + 1;
             loop_plan lp;
             lp.iter = roots[loop_first[l]].iter;
-            lp.stage = st;
+            lp.stage = stage;
             for (std::size_t i = loop_first[l]; i != no_parent; i = loop_next[i]) {
                 root_list[n_roots++] = i;
                 if (roots[i].what == 1) own[roots[i].node] = mark;
@@ -518,7 +518,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
             // computed in this loop, so it is not an input of it; nor is a value saved in this
             // stage, which loops of its stage compute in place).
             auto is_input = [&](std::size_t w) {
-                return materialized[w] && own[w] != mark && !(saved[w] && loop_stage[w] == st);
+                return materialized[w] && own[w] != mark && !(saved[w] && loop_stage[w] == stage);
             };
             while (top) {
                 const node_info& ni = info[work[--top]];
@@ -608,6 +608,33 @@ constexpr plan_data<M, L, K> make_plan(const std::array<node_info, M>& info, con
     for (std::size_t i = 0; i < out.loops.size(); ++i) loops[i] = out_loops[i];
     for (std::size_t i = 0; i < out.members.size(); ++i) members[i] = out_members[i];
     return p;
+}
+
+// A plan by address: one plan_provider's tables (exec/execute.hpp) as plain data, so that code
+// reading a plan (describe()'s flattening, exec/step_view.hpp; the CUDA generator and launcher,
+// exec/cuda/plan_view.hpp) is compiled once, not once per plan type.
+struct plan_tables {
+    std::size_t node_count = 0;
+    const node_info* info = nullptr;
+    const loop_plan* loops = nullptr;
+    std::size_t loop_count = 0;
+    const std::size_t* members = nullptr;
+    const bool* computed = nullptr;
+    const bool* saved = nullptr;
+    const std::size_t* stage = nullptr;
+    const std::size_t* stores = nullptr;  // the store node of each store index
+};
+template <class Plan>
+constexpr plan_tables plan_tables_of() {
+    return {Plan::M,
+            Plan::program::info.data(),
+            Plan::plan.loops.data(),
+            Plan::plan.loop_count,
+            Plan::plan.members.data(),
+            Plan::plan.computed.data(),
+            Plan::plan.saved.data(),
+            Plan::plan.stage.data(),
+            Plan::stores.data()};
 }
 
 }  // namespace typegrad::detail

@@ -42,7 +42,7 @@ namespace detail {
 
 // Thread-local scratch per plan: steps are immutable and reentrant across threads, and after
 // the first call at a given size nothing is allocated.
-template <class PP>
+template <class Plan>
 scratch_unit* scratch_buffer(std::size_t units) {
     thread_local std::vector<scratch_unit> arena;
     if (arena.size() < units + 8) arena.resize(units + 8);
@@ -57,7 +57,7 @@ inline std::atomic<std::size_t>& plan_counter() {
     static std::atomic<std::size_t> n{0};
     return n;
 }
-template <class PP>
+template <class Plan>
 void note_plan_use() {
     static const bool counted = (plan_counter().fetch_add(1, std::memory_order_relaxed), true);
     (void)counted;
@@ -117,33 +117,33 @@ public:
                       "typegrad: value_and_grad(...) needs a scalar loss; for a non-scalar output "
                       "use forward(...) then backward(ctx, ..., tg::seed(buffer)).");
         using grads = grads_of<Args...>;
-        using PP = typename calls::template joint_plan<grads>;
-        typename PP::state_type st{};
-        check_calls<PP, true, Args...>();
+        using Plan = typename calls::template joint_plan<grads>;
+        typename Plan::state_type state{};
+        check_calls<Plan, true, Args...>();
         check_autocast_context();
-        calls::template bind_leaves<PP>(st, args...);
-        detail::compute_shapes<PP>(st);
-        calls::template check_leaf_sizes<PP>(st, args...);
-        calls::template bind_grads<PP>(st, args...);
-        std::array<std::size_t, PP::M + 1> offset{};
-        const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
-        detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
-        using hooks = detail::post_hook_schedule<PP, PP, grads, post_hooks>;  // nothing unless hooked
+        calls::template bind_leaves<Plan>(state, args...);
+        detail::compute_shapes<Plan>(state);
+        calls::template check_leaf_sizes<Plan>(state, args...);
+        calls::template bind_grads<Plan>(state, args...);
+        std::array<std::size_t, Plan::M + 1> offset{};
+        const std::size_t scratch_size = detail::scratch_layout<Plan>(state, offset) + 16;
+        detail::scratch_unit* scratch = detail::scratch_buffer<Plan>(scratch_size);
+        using hooks = detail::post_hook_schedule<Plan, Plan, grads, post_hooks>;  // nothing unless hooked
         if constexpr (post_hooks::size > 0)
-            detail::check_post_hook_params(hooks::table, st.mut.data(), PP::program::info.data());
-        detail::check_custom_mutations<PP>(st);
-        detail::note_plan_use<PP>();
+            detail::check_post_hook_params(hooks::table, state.mut.data(), Plan::program::info.data());
+        detail::check_custom_mutations<Plan>(state);
+        detail::note_plan_use<Plan>();
         value_type loss_slot{};
-        if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = &loss_slot;
-        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>>(st, scratch, offset);
-        detail::prepare_scratch<PP>(st, scratch, offset);
+        if constexpr (Loss::kind == op_kind::elementwise) state.out[Plan::NS - 1] = &loss_slot;
+        if constexpr (anomaly) dry_run<Plan, accumulate_mask<grads, Args...>>(state, scratch, offset);
+        detail::prepare_scratch<Plan>(state, scratch, offset);
         // the post-accumulate hooks run inside, each once its gradient is final
         if constexpr (post_hooks::size > 0)
-            detail::run_loops<PP, accumulate_mask<grads, Args...>>(
-                st, detail::post_hook_calls_of(hooks::table, st.mut.data(), st.ext.data()));
+            detail::run_loops<Plan, accumulate_mask<grads, Args...>>(
+                state, detail::post_hook_calls_of(hooks::table, state.mut.data(), state.ext.data()));
         else
-            detail::run_loops<PP, accumulate_mask<grads, Args...>>(st);
-        return read_loss<PP>(st, loss_slot);
+            detail::run_loops<Plan, accumulate_mask<grads, Args...>>(state);
+        return read_loss<Plan>(state, loss_slot);
     }
 
     // The forward pass alone: returns a forward_context holding the output and what the backward
@@ -151,30 +151,30 @@ public:
     template <class... Args>
         requires(!detail::any_device_argument<Args...>)
     auto forward(const Args&... args) const {
-        using PP = typename calls::forward_plan;
-        forward_context<step, PP> ctx;
-        check_calls<PP, true, Args...>();
-        calls::template bind_leaves<PP>(ctx.state_, args...);
-        detail::compute_shapes<PP>(ctx.state_);
-        calls::template check_leaf_sizes<PP>(ctx.state_, args...);
-        std::array<std::size_t, PP::M + 1> offset{};
-        const std::size_t n = detail::scratch_layout<PP>(ctx.state_, offset);
-        const std::size_t loss_n = detail::node_numel<PP>(ctx.state_, PP::program::template id_of<Loss>::value);
+        using Plan = typename calls::forward_plan;
+        forward_context<step, Plan> ctx;
+        check_calls<Plan, true, Args...>();
+        calls::template bind_leaves<Plan>(ctx.state_, args...);
+        detail::compute_shapes<Plan>(ctx.state_);
+        calls::template check_leaf_sizes<Plan>(ctx.state_, args...);
+        std::array<std::size_t, Plan::M + 1> offset{};
+        const std::size_t n = detail::scratch_layout<Plan>(ctx.state_, offset);
+        const std::size_t loss_n = detail::node_numel<Plan>(ctx.state_, Plan::program::template id_of<Loss>::value);
         ctx.storage_ = detail::pooled_buffer<detail::scratch_unit>(n + loss_n + 8);
         value_type* loss_buf = reinterpret_cast<value_type*>(ctx.storage_.data() + n);
-        if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[PP::NS - 1] = loss_buf;
-        detail::check_custom_mutations<PP>(ctx.state_);
-        detail::note_plan_use<PP>();
-        detail::prepare_scratch<PP>(ctx.state_, ctx.storage_.data(), offset);
+        if constexpr (Loss::kind == op_kind::elementwise) ctx.state_.out[Plan::NS - 1] = loss_buf;
+        detail::check_custom_mutations<Plan>(ctx.state_);
+        detail::note_plan_use<Plan>();
+        detail::prepare_scratch<Plan>(ctx.state_, ctx.storage_.data(), offset);
         if constexpr (anomaly) {
             detail::anomaly_node() = detail::no_anomaly;
-            detail::run_loops<PP, detail::grad_mask<>, true>(ctx.state_);
-            report_anomaly<PP>();
+            detail::run_loops<Plan, detail::grad_mask<>, true>(ctx.state_);
+            report_anomaly<Plan>();
         } else {
-            detail::run_loops<PP, detail::grad_mask<>>(ctx.state_);
+            detail::run_loops<Plan, detail::grad_mask<>>(ctx.state_);
         }
         if constexpr (Loss::kind != op_kind::elementwise)
-            copy_node_value<PP, Loss>(ctx.state_, loss_buf, loss_n);
+            copy_node_value<Plan, Loss>(ctx.state_, loss_buf, loss_n);
         ctx.loss_ = loss_buf;
         ctx.loss_size_ = loss_n;
         return ctx;
@@ -195,33 +195,33 @@ public:
                       "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
                       "tg::seed(buffer) with the output's shape.");
         using grads = grads_of<Args...>;
-        using PP = typename calls::template backward_plan<grads, seeded, FwdPP>;
-        typename PP::state_type st{};
-        check_calls<PP, false, Args...>();
+        using Plan = typename calls::template backward_plan<grads, seeded, FwdPP>;
+        typename Plan::state_type state{};
+        check_calls<Plan, false, Args...>();
         check_autocast_context();
         // Leaves come from the forward call, the seed from this one.
-        calls::template restore_nodes<PP, FwdPP>(st, ctx.state_);
-        if constexpr (seeded) calls::template bind_seed<PP, FwdPP>(st, ctx.state_, args...);
-        detail::compute_shapes<PP>(st);
-        if constexpr (seeded) calls::template check_seed_size<PP>(st, args...);
-        calls::template bind_grads<PP>(st, args...);
-        std::array<std::size_t, PP::M + 1> offset{};
-        const std::size_t scratch_size = detail::scratch_layout<PP>(st, offset) + 16;
-        detail::scratch_unit* scratch = detail::scratch_buffer<PP>(scratch_size);
+        calls::template restore_nodes<Plan, FwdPP>(state, ctx.state_);
+        if constexpr (seeded) calls::template bind_seed<Plan, FwdPP>(state, ctx.state_, args...);
+        detail::compute_shapes<Plan>(state);
+        if constexpr (seeded) calls::template check_seed_size<Plan>(state, args...);
+        calls::template bind_grads<Plan>(state, args...);
+        std::array<std::size_t, Plan::M + 1> offset{};
+        const std::size_t scratch_size = detail::scratch_layout<Plan>(state, offset) + 16;
+        detail::scratch_unit* scratch = detail::scratch_buffer<Plan>(scratch_size);
         // params are bound in the forward's state (the backward plan may not read them)
-        using hooks = detail::post_hook_schedule<PP, FwdPP, grads, post_hooks>;
+        using hooks = detail::post_hook_schedule<Plan, FwdPP, grads, post_hooks>;
         if constexpr (post_hooks::size > 0)
             detail::check_post_hook_params(hooks::table, ctx.state_.mut.data(), FwdPP::program::info.data());
-        detail::check_custom_mutations<PP>(st);
-        check_create_graph<PP>(args...);
-        detail::note_plan_use<PP>();
-        if constexpr (anomaly) dry_run<PP, accumulate_mask<grads, Args...>>(st, scratch, offset);
-        detail::prepare_scratch<PP>(st, scratch, offset);
+        detail::check_custom_mutations<Plan>(state);
+        check_create_graph<Plan>(args...);
+        detail::note_plan_use<Plan>();
+        if constexpr (anomaly) dry_run<Plan, accumulate_mask<grads, Args...>>(state, scratch, offset);
+        detail::prepare_scratch<Plan>(state, scratch, offset);
         if constexpr (post_hooks::size > 0)
-            detail::run_loops<PP, accumulate_mask<grads, Args...>>(
-                st, detail::post_hook_calls_of(hooks::table, ctx.state_.mut.data(), ctx.state_.ext.data()));
+            detail::run_loops<Plan, accumulate_mask<grads, Args...>>(
+                state, detail::post_hook_calls_of(hooks::table, ctx.state_.mut.data(), ctx.state_.ext.data()));
         else
-            detail::run_loops<PP, accumulate_mask<grads, Args...>>(st);
+            detail::run_loops<Plan, accumulate_mask<grads, Args...>>(state);
     }
 
     // A call with a device binding (tg::cuda::tensor, tg::cuda::bind) or a device forward context
@@ -261,10 +261,10 @@ private:
     template <class Grads, class... Args>
     using accumulate_mask = typename accumulate_mask_of<Grads, Args...>::type;
 
-    template <class PP, bool LeavesFromArgs, class... Args>
+    template <class Plan, bool LeavesFromArgs, class... Args>
     static void check_calls() {
         detail::log_graphs_once<step>();  // TYPEGRAD_LOG=graphs: describe() on the first call
-        static_assert(sizeof(typename calls::template call_check<PP, LeavesFromArgs, Args...>));
+        static_assert(sizeof(typename calls::template call_check<Plan, LeavesFromArgs, Args...>));
     }
 
     // The graph's post-accumulate hook nodes, in registration order; a call runs those whose
@@ -276,9 +276,9 @@ private:
     // create_graph: fails exactly when a custom backward mutates an input that requires grad.
     // The list of such (node, input) pairs is a compile-time constant; when it is empty this
     // compiles to nothing.
-    template <class PP, class... Args>
+    template <class Plan, class... Args>
     static void check_create_graph(const Args&... args) {
-        constexpr auto hazards = detail::create_graph_hazards<PP>();
+        constexpr auto hazards = detail::create_graph_hazards<Plan>();
         if constexpr (hazards.size() > 0) {
             bool requested = false;
             auto see = [&](const auto& a) {
@@ -288,7 +288,7 @@ private:
             if (requested) {
                 std::string what = "typegrad: backward(..., tg::create_graph): a custom op's backward mutates input";
                 for (const auto& h : hazards)
-                    what += detail::message(" ", h.input, " (of node ", h.node, " '", PP::program::info[h.node].name, "')");
+                    what += detail::message(" ", h.input, " (of node ", h.node, " '", Plan::program::info[h.node].name, "')");
                 what += ", which requires grad; the backward cannot be differentiated";
                 throw mutation_error(what);
             }
@@ -301,8 +301,8 @@ public:
     static constexpr std::size_t create_graph_hazard_count() {
         using stores = detail::type_list<grad_node<GradLeaves, Seeded>...>;
         using nodes = detail::graph_of_t<stores, grad_refs<Seeded>>;
-        using PP = detail::plan_provider<nodes, stores, detail::type_list<>, detail::type_list<>, value_type>;
-        return detail::create_graph_hazards<PP>().size();
+        using Plan = detail::plan_provider<nodes, stores, detail::type_list<>, detail::type_list<>, value_type>;
+        return detail::create_graph_hazards<Plan>().size();
     }
 
 private:
@@ -324,40 +324,40 @@ private:
 
     // Anomaly mode: run the whole plan once with every value checked and the outputs redirected
     // to temporaries; only a clean run is repeated for real.
-    template <class PP, class Acc>
-    static void dry_run(const typename PP::state_type& st, detail::scratch_unit* scratch,
-                        const std::array<std::size_t, PP::M + 1>& offset) {
-        static_assert(detail::create_graph_hazard_count<PP>() == 0 && !mutates_anything<PP>(),
+    template <class Plan, class Acc>
+    static void dry_run(const typename Plan::state_type& state, detail::scratch_unit* scratch,
+                        const std::array<std::size_t, Plan::M + 1>& offset) {
+        static_assert(detail::create_graph_hazard_count<Plan>() == 0 && !mutates_anything<Plan>(),
                       "typegrad: detect_anomaly runs a step twice (a checked dry run first); it cannot be "
                       "combined with custom ops that mutate their inputs.");
-        typename PP::state_type dry = st;
-        std::array<std::vector<detail::scratch_unit>, PP::NS + 1> temp;
-        for (std::size_t i = 0; i < PP::NS; ++i) {
-            const std::size_t bytes = detail::node_numel<PP>(st, PP::stores[i]) * PP::program::info[PP::stores[i]].elem_size;
+        typename Plan::state_type dry = state;
+        std::array<std::vector<detail::scratch_unit>, Plan::NS + 1> temp;
+        for (std::size_t i = 0; i < Plan::NS; ++i) {
+            const std::size_t bytes = detail::node_numel<Plan>(state, Plan::stores[i]) * Plan::program::info[Plan::stores[i]].elem_size;
             temp[i].assign(bytes / sizeof(detail::scratch_unit) + 1, detail::scratch_unit{});
             dry.out[i] = temp[i].data();
         }
-        detail::prepare_scratch<PP>(dry, scratch, offset);
+        detail::prepare_scratch<Plan>(dry, scratch, offset);
         detail::anomaly_node() = detail::no_anomaly;
-        detail::run_loops<PP, Acc, true>(dry);
-        report_anomaly<PP>();
+        detail::run_loops<Plan, Acc, true>(dry);
+        report_anomaly<Plan>();
     }
-    template <class PP>
+    template <class Plan>
     static void report_anomaly() {
         const std::size_t n = detail::anomaly_node();
         if (n == detail::no_anomaly) return;
         constexpr auto forward_nodes = []<class... Ns>(detail::type_list<Ns...>) {
-            return std::array<bool, PP::M>{(detail::topo<Loss>::template id_of<Ns>::value != detail::no_parent)...};
-        }(typename PP::program::nodes{});
-        throw anomaly_error(detail::message("typegrad: anomaly: node %", n, " '", PP::program::info[n].name, "' (",
+            return std::array<bool, Plan::M>{(detail::topo<Loss>::template id_of<Ns>::value != detail::no_parent)...};
+        }(typename Plan::program::nodes{});
+        throw anomaly_error(detail::message("typegrad: anomaly: node %", n, " '", Plan::program::info[n].name, "' (",
                                             forward_nodes[n] ? "forward" : "backward",
                                             ") produced NaN or Inf; nothing was written"));
     }
-    template <class PP>
+    template <class Plan>
     static constexpr bool mutates_anything() {
         return []<class... Ns>(detail::type_list<Ns...>) {
             return detail::any_true({mutating_custom<Ns>()...});
-        }(typename PP::program::nodes{});
+        }(typename Plan::program::nodes{});
     }
     template <class N>
     static constexpr bool mutating_custom() {
@@ -374,27 +374,27 @@ private:
         if constexpr (std::is_same_v<B, value_type>) return x;
         else return value_type(x);
     }
-    template <class PP>
-    static value_type read_loss(const typename PP::state_type& st, value_type slot) {
+    template <class Plan>
+    static value_type read_loss(const typename Plan::state_type& state, value_type slot) {
         if constexpr (Loss::kind == op_kind::elementwise) return slot;
         else if constexpr (Loss::kind == op_kind::constant) return static_cast<value_type>(Loss::value);
-        else return value_from(*static_cast<const detail::buffer_t<Loss>*>(st.ptr[PP::program::template id_of<Loss>::value]));
+        else return value_from(*static_cast<const detail::buffer_t<Loss>*>(state.ptr[Plan::program::template id_of<Loss>::value]));
     }
-    template <class PP, class N>
-    static void copy_node_value(const typename PP::state_type& st, value_type* dst, std::size_t n) {
+    template <class Plan, class N>
+    static void copy_node_value(const typename Plan::state_type& state, value_type* dst, std::size_t n) {
         if constexpr (N::kind == op_kind::constant) {
             std::fill(dst, dst + n, static_cast<value_type>(N::value));
         } else {
             // the output may be a strided view: walk it in row-major order
-            constexpr std::size_t id = PP::program::template id_of<N>::value;
+            constexpr std::size_t id = Plan::program::template id_of<N>::value;
             constexpr std::size_t rank = N::shape_type::rank;
-            const auto* src = static_cast<const detail::buffer_t<N>*>(st.ptr[id]);
+            const auto* src = static_cast<const detail::buffer_t<N>*>(state.ptr[id]);
             for (std::size_t e = 0; e < n; ++e) {
                 std::size_t r = e;
                 std::ptrdiff_t off = 0;
                 for (std::size_t a = rank; a-- > 0;) {
-                    const std::size_t ext = st.ext[PP::rank_offset[id] + a];
-                    off += std::ptrdiff_t(r % ext) * st.stride[PP::rank_offset[id] + a];
+                    const std::size_t ext = state.ext[Plan::rank_offset[id] + a];
+                    off += std::ptrdiff_t(r % ext) * state.stride[Plan::rank_offset[id] + a];
                     r /= ext;
                 }
                 dst[e] = value_from(src[off]);

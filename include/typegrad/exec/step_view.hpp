@@ -83,17 +83,9 @@ struct facts_of<op_row_key<Op, Arity, Shape, Value, Buffer>> {
                                       .dot_attributes = &describe_node_extra<Op>::dot_attributes};
 };
 
-// A plan_provider's plan, by address (`ids[i]`: the step_view id of the plan's node i).
-struct plan_ref {
-    const loop_plan* loops = nullptr;
-    std::size_t loop_count = 0;
-    const std::size_t* members = nullptr;
-    const bool* computed = nullptr;
-    const bool* saved = nullptr;
-    const std::size_t* stage = nullptr;
-    const std::size_t* stores = nullptr;
+// A plan_provider's tables (exec/execute.hpp), with `ids[i]`: the step_view id of the plan's node i.
+struct plan_ref : plan_tables {
     const std::size_t* ids = nullptr;
-    std::size_t size = 0;
 };
 
 struct step_ref {
@@ -108,11 +100,9 @@ struct step_ref {
     std::size_t wrt_count = 0;
 };
 
-template <class PP, class ToView>
+template <class Plan, class ToView>
 constexpr plan_ref plan_ref_of(const ToView& ids) {
-    return {PP::plan.loops.data(),    PP::plan.loop_count,   PP::plan.members.data(),
-            PP::plan.computed.data(), PP::plan.saved.data(), PP::plan.stage.data(),
-            PP::stores.data(),        ids.data(),            PP::M};
+    return {plan_tables_of<Plan>(), ids.data()};
 }
 
 template <class... Ns>
@@ -213,7 +203,7 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
                                               std::size_t view_size) {
     plan_view v;
     v.computed.assign(view_size, 0);
-    for (std::size_t n = 0; n < p.size; ++n) {
+    for (std::size_t n = 0; n < p.node_count; ++n) {
         if (!p.computed[n]) continue;
         v.computed[p.ids[n]] = 1;
         if (info[p.ids[n]].kind == op_kind::kernel) v.kernels.push_back({p.ids[n], p.stage[n]});
@@ -280,7 +270,7 @@ std::pair<std::size_t, std::size_t> materialized_range(const LP& lp) {
         v.listed[i] = r.first[i] == i;
     }
     v.forward.assign(m, 0);
-    for (std::size_t i = 0; i < r.fwd.size; ++i) v.forward[r.fwd.ids[i]] = 1;
+    for (std::size_t i = 0; i < r.fwd.node_count; ++i) v.forward[r.fwd.ids[i]] = 1;
     v.joint = make_plan_view(r.joint, r.info, m);
     v.fwd = make_plan_view(r.fwd, r.info, m);
     v.loss = r.loss;

@@ -169,18 +169,18 @@ inline std::string_view use_text(backward_use u) {
     std::size_t last_stage = 0;
     for (const loop_view& lp : p.loops) last_stage = std::max(last_stage, lp.stage);
     for (const kernel_view& k : p.kernels) last_stage = std::max(last_stage, k.stage);
-    for (std::size_t st = 0; st <= last_stage; ++st) {
+    for (std::size_t stage = 0; stage <= last_stage; ++stage) {
         for (const kernel_view& k : p.kernels) {
-            if (k.stage != st) continue;
+            if (k.stage != stage) continue;
             out += cat("  kernel ", id_text(k.node), " = ", definition_text(v, k.node), ": stage ",
-                       std::to_string(st), ", ", type_text(v, k.node));
+                       std::to_string(stage), ", ", type_text(v, k.node));
             const std::string labels = output_labels(v, k.node);
             if (!labels.empty()) out += cat(" (", labels, ")");
             out += '\n';
         }
         for (std::size_t l = 0; l < p.loops.size(); ++l) {
             const loop_view& lp = p.loops[l];
-            if (lp.stage != st) continue;
+            if (lp.stage != stage) continue;
             out += cat("  loop ", std::to_string(l), ": stage ", std::to_string(lp.stage), ", over ",
                        shape_text(v.info[lp.iter]), " (shape of ", id_text(lp.iter), ")\n");
             list("reads", lp.inputs, false);

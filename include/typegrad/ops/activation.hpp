@@ -163,20 +163,20 @@ namespace detail {
 template <std::size_t I, class G, class Out, class X>
 constexpr auto gelu_op::vjp(G g, Out, X x) {
     // 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi)
-    return gmul(g, lit<0.5> * (lit<1> + erf(x * lit<sqrt1_2>)) + x * exp(square(x) * lit<-0.5>) * lit<inv_sqrt_2pi>);
+    return grad_mul(g, lit<0.5> * (lit<1> + erf(x * lit<sqrt1_2>)) + x * exp(square(x) * lit<-0.5>) * lit<inv_sqrt_2pi>);
 }
 template <std::size_t I, class G, class Out, class X>
 constexpr auto gelu_tanh_op::vjp(G g, Out, X x) {
     // PyTorch's formula: 0.5 (1 + t) + 0.5 x (1 - t^2) beta (1 + 3 kappa x^2), t = tanh(inner)
     auto x2 = square(x);
     auto t = tanh((x + x * x2 * lit<gelu_kappa>) * lit<gelu_beta>);
-    return gmul(g, lit<0.5> * (lit<1> + t) +
+    return grad_mul(g, lit<0.5> * (lit<1> + t) +
                        lit<0.5> * x * (lit<1> - square(t)) * (lit<1> + x2 * lit<3 * gelu_kappa>) * lit<gelu_beta>);
 }
 template <std::size_t I, class G, class Out, class X>
 constexpr auto silu_op::vjp(G g, Out, X x) {
     auto s = sigmoid(x);
-    return gmul(g, s * (lit<1> + x * (lit<1> - s)));
+    return grad_mul(g, s * (lit<1> + x * (lit<1> - s)));
 }
 template <std::size_t I, class G, class Out, class X, class B, class Th>
 constexpr auto softplus_op::vjp(G g, Out, X x, B beta, Th threshold) {
@@ -184,7 +184,7 @@ constexpr auto softplus_op::vjp(G g, Out, X x, B beta, Th threshold) {
     // PyTorch's softplus_backward: z / (z + 1) with z = exp(beta x), not sigmoid(beta x), which is
     // 1 / (1 + exp(-beta x)) = 0 in float once exp(-beta x) overflows (beta x < -88.7: z is subnormal)
     auto z = exp(x * beta);
-    return where(gt(x * beta, threshold), g, gmul(g, z / (z + lit<1>)));
+    return where(gt(x * beta, threshold), g, grad_mul(g, z / (z + lit<1>)));
 }
 template <std::size_t I, class G, class Out, class X, class S>
 constexpr auto leaky_relu_op::vjp(G g, Out, X x, S slope) {
@@ -194,7 +194,7 @@ constexpr auto leaky_relu_op::vjp(G g, Out, X x, S slope) {
 template <std::size_t I, class G, class Out, class X, class A>
 constexpr auto elu_op::vjp(G g, Out, X x, A alpha) {
     static_assert(I == 0, "typegrad: internal: elu's alpha is a constant");
-    return where(le(x, lit<0>), gmul(g, exp(x) * alpha), g);
+    return where(le(x, lit<0>), grad_mul(g, exp(x) * alpha), g);
 }
 template <std::size_t I, class G, class Out, class X, class L, class H>
 constexpr auto clamp_op::vjp(G g, Out, X x, L lo, H hi) {

@@ -159,12 +159,12 @@ constexpr bool folds_into() {
     else return false;
 }
 template <expression G, expression X>
-constexpr auto gmul(G g, X x) {
+constexpr auto grad_mul(G g, X x) {
     if constexpr (folds_into<G, X>()) return expr<type_at_t<0, typename G::node_type::children>>{} * x;
     else return g * x;
 }
 template <expression G, expression X>
-constexpr auto gdiv(G g, X x) {
+constexpr auto grad_div(G g, X x) {
     if constexpr (folds_into<G, X>()) return expr<type_at_t<0, typename G::node_type::children>>{} / x;
     else return g / x;
 }
@@ -175,11 +175,11 @@ constexpr auto sub_op::vjp(G g, Out, A, B) {
 }
 template <std::size_t I, class G, class Out, class A, class B>
 constexpr auto mul_op::vjp(G g, Out, A a, B b) {
-    if constexpr (I == 0) return gmul(g, b); else return gmul(g, a);
+    if constexpr (I == 0) return grad_mul(g, b); else return grad_mul(g, a);
 }
 template <std::size_t I, class G, class Out, class A, class B>
 constexpr auto div_op::vjp(G g, Out out, A, B b) {
-    if constexpr (I == 0) return gdiv(g, b); else return -(gmul(g, out) / b);
+    if constexpr (I == 0) return grad_div(g, b); else return -(grad_mul(g, out) / b);
 }
 template <std::size_t I, class G, class Out, class A>
 constexpr auto neg_op::vjp(G g, Out, A) { return -g; }

@@ -14,7 +14,7 @@ struct exp_op : elementwise_op {
     static constexpr const char* device = "tg_exp({0})";
     template <class V> static V apply(const V& x) { return simd::exp(x); }
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out out, X) { return gmul(g, out); }
+    static constexpr auto vjp(G g, Out out, X) { return grad_mul(g, out); }
 };
 struct log_op : elementwise_op {
     static constexpr unsigned cost = 12;
@@ -23,7 +23,7 @@ struct log_op : elementwise_op {
     static constexpr const char* device = "tg_log({0})";
     template <class V> static V apply(const V& x) { return simd::log(x); }
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out, X x) { return gdiv(g, x); }
+    static constexpr auto vjp(G g, Out, X x) { return grad_div(g, x); }
 };
 struct sqrt_op : elementwise_op {
     static constexpr unsigned cost = 4;
@@ -31,14 +31,14 @@ struct sqrt_op : elementwise_op {
     static constexpr const char* device = "tg_sqrt({0})";
     template <class V> static V apply(const V& x) { return simd::sqrt(x); }
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out out, X) { return gmul(g, lit<0.5> / out); }
+    static constexpr auto vjp(G g, Out out, X) { return grad_mul(g, lit<0.5> / out); }
 };
 struct square_op : elementwise_op {
     static constexpr const char* name = "square";
     static constexpr const char* device = "({0} * {0})";
     template <class V> static V apply(const V& x) { return x * x; }
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out, X x) { return gmul(g, x * lit<2>); }
+    static constexpr auto vjp(G g, Out, X x) { return grad_mul(g, x * lit<2>); }
 };
 struct pow_op : elementwise_op {
     static constexpr unsigned cost = 24;
@@ -86,10 +86,10 @@ constexpr auto pow_op::vjp(G g, Out out, X x, Y y) {
     // d/dy x^y = x^y log x; taken as 0 where x == 0 and y >= 0, as PyTorch does.
     if constexpr (I == 0) {
         using NY = typename Y::node_type;
-        if constexpr (is_constant_v<NY> && !(constant_of<NY>::value == 0.0)) return gmul(g, y * pow(x, y - lit<1>));
-        else return where(eq(y, lit<0>), lit<0>, gmul(g, y * pow(x, y - lit<1>)));
+        if constexpr (is_constant_v<NY> && !(constant_of<NY>::value == 0.0)) return grad_mul(g, y * pow(x, y - lit<1>));
+        else return where(eq(y, lit<0>), lit<0>, grad_mul(g, y * pow(x, y - lit<1>)));
     }
-    else return gmul(g, where(eq(x, lit<0>) * ge(y, lit<0>), lit<0>, out * log(x)));  // g * 0: NaN for NaN g
+    else return grad_mul(g, where(eq(x, lit<0>) * ge(y, lit<0>), lit<0>, out * log(x)));  // g * 0: NaN for NaN g
 }
 }  // namespace detail
 }  // namespace typegrad

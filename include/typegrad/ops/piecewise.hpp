@@ -23,7 +23,7 @@ struct abs_op : elementwise_op {
     template <class V> static V apply(const V& x) { return simd::abs(x); }
     // sign(x), 0 at 0 (torch.sgn).
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out, X x) { return gmul(g, gt(x, lit<0>) - lt(x, lit<0>)); }
+    static constexpr auto vjp(G g, Out, X x) { return grad_mul(g, gt(x, lit<0>) - lt(x, lit<0>)); }
 };
 // Ties send half the gradient to each side, as torch.maximum / torch.minimum; the side that is
 // not the result gets 0, and with a NaN operand (no order) both get the whole gradient:
@@ -35,8 +35,8 @@ struct maximum_op : elementwise_op {
     template <class V> static V apply(const V& a, const V& b) { return simd::max(a, b); }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b) {
-        if constexpr (I == 0) return where(lt(a, b), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
-        else return where(lt(b, a), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
+        if constexpr (I == 0) return where(lt(a, b), lit<0>, grad_mul(g, lit<1> - lit<0.5> * eq(a, b)));
+        else return where(lt(b, a), lit<0>, grad_mul(g, lit<1> - lit<0.5> * eq(a, b)));
     }
 };
 struct minimum_op : elementwise_op {
@@ -45,8 +45,8 @@ struct minimum_op : elementwise_op {
     template <class V> static V apply(const V& a, const V& b) { return simd::min(a, b); }
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b) {
-        if constexpr (I == 0) return where(gt(a, b), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
-        else return where(gt(b, a), lit<0>, gmul(g, lit<1> - lit<0.5> * eq(a, b)));
+        if constexpr (I == 0) return where(gt(a, b), lit<0>, grad_mul(g, lit<1> - lit<0.5> * eq(a, b)));
+        else return where(gt(b, a), lit<0>, grad_mul(g, lit<1> - lit<0.5> * eq(a, b)));
     }
 };
 

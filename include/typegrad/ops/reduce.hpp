@@ -199,7 +199,7 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
             auto zeros = sum_to<Target>(zero);
             auto rest = make_node<reduce_op<reduce_kind::prod, Target>>(where(zero, lit<1>, x));
             auto others = where(eq(zeros, lit<0>), out / x, where(zero * eq(zeros, lit<1>), rest, lit<0>));
-            return where(ge(zeros, lit<2>), lit<0>, gmul(broadcast_like(g, x), others));
+            return where(ge(zeros, lit<2>), lit<0>, grad_mul(broadcast_like(g, x), others));
         }
     } else {
         // Ties share the gradient evenly (torch.max / torch.amax); a NaN result (max and min

@@ -32,7 +32,7 @@ struct log1p_op : elementwise_op {
     template <class V> static V apply(const V& x) { return simd::log1p(x); }
     // grad / (1 + x), as PyTorch (its -inf at x = -1 included)
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out, X x) { return gdiv(g, x + lit<1>); }
+    static constexpr auto vjp(G g, Out, X x) { return grad_div(g, x + lit<1>); }
 };
 struct expm1_op : elementwise_op {
     static constexpr unsigned cost = 14;
@@ -42,7 +42,7 @@ struct expm1_op : elementwise_op {
     template <class V> static V apply(const V& x) { return simd::expm1(x); }
     // grad * (result + 1), as PyTorch
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out out, X) { return gmul(g, out + lit<1>); }
+    static constexpr auto vjp(G g, Out out, X) { return grad_mul(g, out + lit<1>); }
 };
 
 }  // namespace detail
@@ -58,7 +58,7 @@ namespace detail {
 // d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
 template <std::size_t I, class G, class Out, class X>
 constexpr auto erf_op::vjp(G g, Out, X x) {
-    return gmul(g, exp(-square(x)) * lit<two_over_sqrt_pi>);
+    return grad_mul(g, exp(-square(x)) * lit<two_over_sqrt_pi>);
 }
 }  // namespace detail
 }  // namespace typegrad

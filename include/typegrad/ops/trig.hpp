@@ -28,7 +28,7 @@ struct tanh_op : elementwise_op {
     static constexpr const char* device = "tg_tanh({0})";
     template <class V> static V apply(const V& x) { return simd::tanh(x); }
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out out, X) { return gmul(g, lit<1> - out * out); }
+    static constexpr auto vjp(G g, Out out, X) { return grad_mul(g, lit<1> - out * out); }
 };
 struct sigmoid_op : elementwise_op {
     static constexpr unsigned cost = 14;
@@ -37,7 +37,7 @@ struct sigmoid_op : elementwise_op {
     // 1 / (1 + exp(-x)) overflows to 0 for large negative x and saturates to 1: both correct.
     template <class V> static V apply(const V& x) { return V(1) / (V(1) + simd::exp(-x)); }
     template <std::size_t I, class G, class Out, class X>
-    static constexpr auto vjp(G g, Out out, X) { return gmul(g, out * (lit<1> - out)); }
+    static constexpr auto vjp(G g, Out out, X) { return grad_mul(g, out * (lit<1> - out)); }
 };
 
 }  // namespace detail
@@ -53,8 +53,8 @@ template <expression X> constexpr auto sigmoid(X x) { return detail::make_node<d
 
 namespace detail {
 template <std::size_t I, class G, class Out, class X>
-constexpr auto sin_op::vjp(G g, Out, X x) { return gmul(g, cos(x)); }
+constexpr auto sin_op::vjp(G g, Out, X x) { return grad_mul(g, cos(x)); }
 template <std::size_t I, class G, class Out, class X>
-constexpr auto cos_op::vjp(G g, Out, X x) { return -gmul(g, sin(x)); }
+constexpr auto cos_op::vjp(G g, Out, X x) { return -grad_mul(g, sin(x)); }
 }  // namespace detail
 }  // namespace typegrad

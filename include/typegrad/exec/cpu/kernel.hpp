@@ -553,13 +553,13 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
                             std::size_t j, const InnerStride& inner_stride) {
         using S = buf_t<I>;
         if constexpr (is_view_input(I) && !inner_broadcast(I)) {
-            const std::ptrdiff_t st = inner_stride[I];
+            const std::ptrdiff_t state = inner_stride[I];
             const S* p = static_cast<const buf_t<I>*>(in_ptr[I]) + off[I];
-            if (st == 1) {
+            if (state == 1) {
                 v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(p + j));
             } else {
                 alignas(64) S lanes[W];
-                for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(j + l) * st];
+                for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(j + l) * state];
                 v[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::load_as<T>(lanes));
             }
         } else if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
@@ -642,7 +642,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
 // function and static variable it instantiates a mangled name, and a name that holds the plan
 // is O(N) long: a static member or function per loop of a plan would be O(N^2) symbol text
 // (it was most of a 4-block model's compile time), while a type alias is never named.
-// PP provides: program (a program<>), plan (plan_data), stores (array of store node ids),
+// Plan provides: program (a program<>), plan (plan_data), stores (array of store node ids),
 // rank_offset (array: start of each node's extents in exec_state::ext), value_type.
 // Check: anomaly mode, every value computed or loaded is tested for NaN/Inf.
 struct loop_counts {
@@ -689,21 +689,21 @@ struct loop_tables_data {
     std::array<std::size_t, Desc + 1> desc{};
 };
 
-template <class PP, class AccumulateMask, bool Check>
+template <class Plan, class AccumulateMask, bool Check>
 struct loop_layout {
-    using prog = typename PP::program;
+    using prog = typename Plan::program;
     static constexpr bool check = Check;
-    static constexpr std::size_t count = PP::plan.loop_count;
-    static constexpr loop_totals totals = totals_of(PP::plan.loops, count);
+    static constexpr std::size_t count = Plan::plan.loop_count;
+    static constexpr loop_totals totals = totals_of(Plan::plan.loops, count);
     using tables = loop_tables_data<count, totals.ops, totals.body, totals.desc>;
     // Over raw pointers, as the planner (exec/program.hpp): clang charges every std::array
     // subscript's statements against its 2^20 steps per constant evaluation.
     static constexpr tables make() {
         const node_info* const info = prog::info.data();
-        const loop_plan* const loops = PP::plan.loops.data();
-        const std::size_t* const members = PP::plan.members.data();
-        const std::size_t* const stores = PP::stores.data();
-        const std::size_t* const rank_offset = PP::rank_offset.data();
+        const loop_plan* const loops = Plan::plan.loops.data();
+        const std::size_t* const members = Plan::plan.members.data();
+        const std::size_t* const stores = Plan::stores.data();
+        const std::size_t* const rank_offset = Plan::rank_offset.data();
         tables t;
         std::size_t *const op_start = t.op_start.data(), *const n_ops_of = t.n_ops.data(),
                            *const body_start = t.body_start.data(), *const n_body = t.n_body.data(),

@@ -309,9 +309,9 @@ inline std::string generate_source(const plan_view& pv) {
     }
     return s;
 }
-template <class PP>
+template <class Plan>
 std::string generate_source() {
-    return generate_source(view_of<PP>());
+    return generate_source(view_of<Plan>());
 }
 
 }  // namespace typegrad::cuda::detail

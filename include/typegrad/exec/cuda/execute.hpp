@@ -72,15 +72,15 @@ constexpr void check_node_on_device() {
 // The generator computes an f64 loop in double and an f32/bf16/f16 loop in float, converting
 // each operand from and to its buffer's type; f64 never meets the float family in one loop
 // (promotion rules), which this re-checks.
-template <class PP>
+template <class Plan>
 constexpr bool loops_have_one_compute_type() {
     using td::dtype_code;
-    for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
-        const td::loop_plan& lp = PP::plan.loops[L];
-        const bool f64 = PP::program::info[lp.iter].value == dtype_code::f64;
+    for (std::size_t L = 0; L < Plan::plan.loop_count; ++L) {
+        const td::loop_plan& lp = Plan::plan.loops[L];
+        const bool f64 = Plan::program::info[lp.iter].value == dtype_code::f64;
         for (std::size_t m = lp.in_begin; m < lp.store_end; ++m) {
-            const std::size_t n = m >= lp.store_begin ? PP::stores[PP::plan.members[m]] : PP::plan.members[m];
-            const td::node_info& ni = PP::program::info[n];
+            const std::size_t n = m >= lp.store_begin ? Plan::stores[Plan::plan.members[m]] : Plan::plan.members[m];
+            const td::node_info& ni = Plan::program::info[n];
             if (ni.kind == op_kind::constant || ni.kind == op_kind::meta) continue;
             if (ni.buffer == dtype_code::other || (ni.buffer == dtype_code::f64) != f64) return false;
         }
@@ -88,14 +88,14 @@ constexpr bool loops_have_one_compute_type() {
     return true;
 }
 
-template <class PP>
+template <class Plan>
 constexpr bool check_plan_on_device() {
-    static_assert(loops_have_one_compute_type<PP>(),
+    static_assert(loops_have_one_compute_type<Plan>(),
                   "typegrad: cuda: a fused loop of this graph mixes f64 with f32/bf16/f16 values; the CUDA "
                   "backend computes a loop in double or in float (docs/cuda.md)");
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        (check_node_on_device<typename PP::program::template node_at<Ns>>(), ...);
-    }(std::make_index_sequence<PP::M>{});
+        (check_node_on_device<typename Plan::program::template node_at<Ns>>(), ...);
+    }(std::make_index_sequence<Plan::M>{});
     return true;
 }
 
@@ -133,16 +133,16 @@ inline const std::string& device_architecture() {
 // Generates, compiles (NVRTC) and loads the plan's module. A named function, not a lambda
 // invoked in module_for's initializer: clang tries to evaluate a static local's initializer at
 // compile time, and the failure note of a lambda call spells the lambda's whole body.
-template <class PP>
+template <class Plan>
 compiled_module load_module() {
     compiled_module c;
     emulator* e = active_emulator();
     void* emulated = nullptr;
     const driver_api* a = nullptr;
     if (e) {
-        emulated = e->load(generate_source<PP>());
+        emulated = e->load(generate_source<Plan>());
     } else {
-        const std::string ptx = compile_to_ptx(generate_source<PP>(), device_architecture());
+        const std::string ptx = compile_to_ptx(generate_source<Plan>(), device_architecture());
         a = &api();
         check(a->cuModuleLoadData(&c.module, ptx.c_str()), "cuModuleLoadData");
     }
@@ -152,26 +152,26 @@ compiled_module load_module() {
         else check(a->cuModuleGetFunction(&f, c.module, name.c_str()), "cuModuleGetFunction");
         return f;
     };
-    for (std::size_t L = 0; L < PP::plan.loop_count; ++L) {
-        c.groups.push_back(loop_groups(view_of<PP>(), L));
+    for (std::size_t L = 0; L < Plan::plan.loop_count; ++L) {
+        c.groups.push_back(loop_groups(view_of<Plan>(), L));
         c.functions.emplace_back();
         for (std::size_t g = 0; g < c.groups.back().size(); ++g) c.functions.back().push_back(get(kernel_name(L, g)));
     }
     for (std::size_t i = 0; i < prelude_fn_count; ++i) c.prelude[i] = get(prelude_names[i]);
-    const plan_view pv = view_of<PP>();
-    c.custom.assign(PP::M, nullptr);
-    for (std::size_t n = 0; n < PP::M; ++n)
+    const plan_view pv = view_of<Plan>();
+    c.custom.assign(Plan::M, nullptr);
+    for (std::size_t n = 0; n < Plan::M; ++n)
         if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) c.custom[n] = get(custom_kernel_name(n));
-    c.node_kernel.assign(PP::M, nullptr);
-    for (std::size_t n = 0; n < PP::M; ++n)
+    c.node_kernel.assign(Plan::M, nullptr);
+    for (std::size_t n = 0; n < Plan::M; ++n)
         if (pv.kernel_source[n] != nullptr) c.node_kernel[n] = get(node_kernel_name(n));
     return c;
 }
 // The plan's module, loaded once per plan type; thread-safe (a function-local static; a failure
 // throws and the next call tries again). Modules live until the process ends.
-template <class PP>
+template <class Plan>
 const compiled_module& module_for() {
-    static const compiled_module m = load_module<PP>();
+    static const compiled_module m = load_module<Plan>();
     return m;
 }
 
@@ -410,27 +410,27 @@ void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::te
 // The shape pass of a device call. A kernel op's extents() checks its operands' values when the
 // host can read them (embedding's ids, before anything runs); device memory is not readable from
 // the host, so the pass sees no values and the op's kernel checks them (run_kernel's flag).
-template <class PP>
-void compute_device_shapes(typename PP::state_type& st) {
-    const auto bound = st.ptr;
-    st.ptr.fill(nullptr);
-    td::compute_shapes<PP>(st);
-    st.ptr = bound;
+template <class Plan>
+void compute_device_shapes(typename Plan::state_type& state) {
+    const auto bound = state.ptr;
+    state.ptr.fill(nullptr);
+    td::compute_shapes<Plan>(state);
+    state.ptr = bound;
 }
 
 // ---- one plan run ------------------------------------------------------------------------------
-template <class PP>
+template <class Plan>
 class device_run {
 public:
-    using state = typename PP::state_type;
-    static constexpr auto& info = PP::program::info;
+    using state_type = typename Plan::state_type;
+    static constexpr auto& info = Plan::program::info;
 
     // Layout of the arena for these shapes: computed nodes, split-reduction partials, the
     // flag of a kernel op's device_check, then `extra_bytes` for the caller (loss values).
-    void layout(const state& st, std::size_t extra_bytes) {
-        td::scratch_layout<PP>(st, offset_);
-        std::size_t bytes = offset_[PP::M] * sizeof(td::scratch_unit);
-        bytes = plan_launches(view_of<PP>(), view(st), loops_, bytes);
+    void layout(const state_type& state, std::size_t extra_bytes) {
+        td::scratch_layout<Plan>(state, offset_);
+        std::size_t bytes = offset_[Plan::M] * sizeof(td::scratch_unit);
+        bytes = plan_launches(view_of<Plan>(), view(state), loops_, bytes);
         flag_ = bytes;
         bytes += 256;
         extra_ = bytes;
@@ -441,36 +441,36 @@ public:
     void* extra(void* base) const { return static_cast<char*>(base) + extra_; }
 
     // Points computed nodes at the arena, metas at their values, views at their inputs.
-    void bind(state& st, void* base) {
+    void bind(state_type& state, void* base) {
         base_ = static_cast<char*>(base);
-        for (std::size_t n = 0; n < PP::M; ++n)
-            if (PP::plan.computed[n]) st.ptr[n] = base_ + offset_[n] * sizeof(td::scratch_unit);
+        for (std::size_t n = 0; n < Plan::M; ++n)
+            if (Plan::plan.computed[n]) state.ptr[n] = base_ + offset_[n] * sizeof(td::scratch_unit);
         [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            ((PP::plan.computed[Ns] ? meta_value<Ns>(st) : void()), ...);
-        }(std::make_index_sequence<PP::M>{});
-        for (std::size_t n = 0; n < PP::M; ++n) {
-            if (info[n].kind != op_kind::view || !PP::plan.needed[n] || st.ptr[n] != nullptr) continue;
-            const auto base_address = reinterpret_cast<std::uintptr_t>(st.ptr[info[n].child[0]]);
-            st.ptr[n] = base_address ? reinterpret_cast<const void*>(
-                                           base_address + std::uintptr_t(st.view_offset[n] * std::ptrdiff_t(info[n].elem_size)))
+            ((Plan::plan.computed[Ns] ? meta_value<Ns>(state) : void()), ...);
+        }(std::make_index_sequence<Plan::M>{});
+        for (std::size_t n = 0; n < Plan::M; ++n) {
+            if (info[n].kind != op_kind::view || !Plan::plan.needed[n] || state.ptr[n] != nullptr) continue;
+            const auto base_address = reinterpret_cast<std::uintptr_t>(state.ptr[info[n].child[0]]);
+            state.ptr[n] = base_address ? reinterpret_cast<const void*>(
+                                           base_address + std::uintptr_t(state.view_offset[n] * std::ptrdiff_t(info[n].elem_size)))
                                      : nullptr;
         }
     }
 
     template <std::size_t NS>
-    void run(state& st, const compiled_module& m, const std::array<bool, NS>& accumulate) {
+    void run(state_type& state, const compiled_module& m, const std::array<bool, NS>& accumulate) {
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-            (run_item<Is>(st, m, accumulate), ...);
-        }(std::make_index_sequence<td::schedule_size<PP>()>{});
+            (run_item<Is>(state, m, accumulate), ...);
+        }(std::make_index_sequence<td::schedule_size<Plan>()>{});
     }
 
 private:
     template <std::size_t N>
-    void meta_value(const state& st) {
-        using node = typename PP::program::template node_at<N>;
+    void meta_value(const state_type& state) {
+        using node = typename Plan::program::template node_at<N>;
         if constexpr (node::kind == op_kind::meta) {
             alignas(8) unsigned char slot[8] = {};
-            td::compute_meta<PP, N>(const_cast<state&>(st), slot);
+            td::compute_meta<Plan, N>(const_cast<state_type&>(state), slot);
             using T = compute_t<typename node::value_type>;
             T v;
             std::memcpy(&v, slot, sizeof v);
@@ -479,26 +479,26 @@ private:
     }
 
     template <std::size_t I, std::size_t NS>
-    void run_item(state& st, const compiled_module& m, const std::array<bool, NS>& accumulate) {
-        constexpr td::step_item item = td::schedule_v<PP>[I];
-        if constexpr (item.is_loop) run_loop(view_of<PP>(), view(st), m, loops_, item.index, accumulate.data(), base_, words_);
-        else run_kernel<item.index>(st, m);
+    void run_item(state_type& state, const compiled_module& m, const std::array<bool, NS>& accumulate) {
+        constexpr td::step_item item = td::schedule_v<Plan>[I];
+        if constexpr (item.is_loop) run_loop(view_of<Plan>(), view(state), m, loops_, item.index, accumulate.data(), base_, words_);
+        else run_kernel<item.index>(state, m);
     }
 
-    state_view view(const state& st) const {
-        return {st.ptr.data(), st.out.data(), st.ext.data(), st.stride.data(), PP::rank_offset.data(), meta_.data()};
+    state_view view(const state_type& state) const {
+        return {state.ptr.data(), state.out.data(), state.ext.data(), state.stride.data(), Plan::rank_offset.data(), meta_.data()};
     }
 
     template <std::size_t N>
-    void run_kernel(state& st, const compiled_module& m) {
-        using node = typename PP::program::template node_at<N>;
+    void run_kernel(state_type& state, const compiled_module& m) {
+        using node = typename Plan::program::template node_at<N>;
         using op = typename node::op;
         using T = compute_t<typename node::value_type>;
         using S = storage_t<typename node::value_type>;  // bf16/f16 kernels work on the stored type
-        auto ref = [&](std::size_t k) { return td::ref_of<PP>(st, info[N].child[k]); };
-        void* out = const_cast<void*>(st.ptr[N]);
-        const std::size_t* ext = st.ext.data() + PP::rank_offset[N];
-        const std::size_t n = td::node_numel<PP>(st, N);
+        auto ref = [&](std::size_t k) { return td::ref_of<Plan>(state, info[N].child[k]); };
+        void* out = const_cast<void*>(state.ptr[N]);
+        const std::size_t* ext = state.ext.data() + Plan::rank_offset[N];
+        const std::size_t n = td::node_numel<Plan>(state, N);
         if constexpr (requires { op::device_source; }) {
             // the op's own kernel: it fills the parameter words and says how many elements the
             // grid covers; an op that checks ids gets a flag (the first bad position, or ~0)
@@ -560,8 +560,8 @@ private:
         }
     }
 
-    std::array<std::size_t, PP::M + 1> offset_{};
-    std::array<double, PP::M + 1> meta_{};
+    std::array<std::size_t, Plan::M + 1> offset_{};
+    std::array<double, Plan::M + 1> meta_{};
     loop_launches loops_;
     std::vector<std::uint64_t> words_;
     std::size_t flag_ = 0, extra_ = 0, total_ = 0;
@@ -570,7 +570,7 @@ private:
 
 // The arena of value_and_grad and backward calls: per plan and thread, grown on demand, so
 // steady-state calls allocate nothing.
-template <class PP>
+template <class Plan>
 device_buffer& thread_arena() {
     thread_local device_buffer arena;
     return arena;

@@ -80,21 +80,21 @@ constexpr double constant_value() {
     if constexpr (is_constant_v<N>) return N::value;
     else return 0.0;
 }
-template <class PP>
+template <class Plan>
 inline constexpr auto constant_values = [] {
-    std::array<double, PP::M> r{};
+    std::array<double, Plan::M> r{};
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        ((r[Ns] = constant_value<typename PP::program::template node_at<Ns>>()), ...);
-    }(std::make_index_sequence<PP::M>{});
+        ((r[Ns] = constant_value<typename Plan::program::template node_at<Ns>>()), ...);
+    }(std::make_index_sequence<Plan::M>{});
     return r;
 }();
 
-template <class PP>
+template <class Plan>
 inline constexpr auto device_exprs = [] {
-    std::array<const char*, PP::M> r{};
+    std::array<const char*, Plan::M> r{};
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        ((r[Ns] = op_device_expr<typename node_op<typename PP::program::template node_at<Ns>>::type>::value), ...);
-    }(std::make_index_sequence<PP::M>{});
+        ((r[Ns] = op_device_expr<typename node_op<typename Plan::program::template node_at<Ns>>::type>::value), ...);
+    }(std::make_index_sequence<Plan::M>{});
     return r;
 }();
 // A kernel op with a device implementation carries it beside its CPU `run` (ops/index.hpp is
@@ -111,21 +111,21 @@ struct node_kernel_source<N> {
     static constexpr const char* value = N::op::device_source;
     static std::string call() { return N::op::template device_call<N>(); }
 };
-template <class PP>
+template <class Plan>
 inline constexpr auto kernel_sources = [] {
-    std::array<const char*, PP::M> r{};
+    std::array<const char*, Plan::M> r{};
     [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        ((r[Ns] = node_kernel_source<typename PP::program::template node_at<Ns>>::value), ...);
-    }(std::make_index_sequence<PP::M>{});
+        ((r[Ns] = node_kernel_source<typename Plan::program::template node_at<Ns>>::value), ...);
+    }(std::make_index_sequence<Plan::M>{});
     return r;
 }();
-template <class PP>
+template <class Plan>
 const std::string* kernel_calls() {
     static const auto r = [] {
-        std::array<std::string, PP::M> c;
+        std::array<std::string, Plan::M> c;
         [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            ((c[Ns] = node_kernel_source<typename PP::program::template node_at<Ns>>::call()), ...);
-        }(std::make_index_sequence<PP::M>{});
+            ((c[Ns] = node_kernel_source<typename Plan::program::template node_at<Ns>>::call()), ...);
+        }(std::make_index_sequence<Plan::M>{});
         return c;
     }();
     return r.data();
@@ -134,30 +134,16 @@ inline std::string node_kernel_name(std::size_t n) { return std::string("tg_node
 
 // A plan as plain data, so that the generator (and the launcher) are ordinary functions compiled
 // once, not once per plan type.
-struct plan_view {
-    std::size_t node_count = 0;
-    const node_info* info = nullptr;
-    const td::loop_plan* loops = nullptr;
-    std::size_t loop_count = 0;
-    const std::size_t* members = nullptr;
-    const std::size_t* stores = nullptr;
+struct plan_view : td::plan_tables {
     const char* const* device = nullptr;
     const double* constants = nullptr;
     const char* const* kernel_source = nullptr;  // a kernel op's device_source, or null
     const std::string* kernel_call = nullptr;
 };
-template <class PP>
+template <class Plan>
 plan_view view_of() {
-    return {PP::M,
-            PP::program::info.data(),
-            PP::plan.loops.data(),
-            PP::plan.loop_count,
-            PP::plan.members.data(),
-            PP::stores.data(),
-            device_exprs<PP>.data(),
-            constant_values<PP>.data(),
-            kernel_sources<PP>.data(),
-            kernel_calls<PP>()};
+    return {td::plan_tables_of<Plan>(), device_exprs<Plan>.data(), constant_values<Plan>.data(), kernel_sources<Plan>.data(),
+            kernel_calls<Plan>()};
 }
 
 }  // namespace typegrad::cuda::detail

@@ -109,10 +109,10 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                                        "host memory; nothing was run"));
     }
     // The call's checks, and the plan's on the device.
-    template <class PP, bool LeavesFromArgs, class... Args>
+    template <class Plan, bool LeavesFromArgs, class... Args>
     static void check_calls() {
-        cuda::detail::check_plan_on_device<PP>();
-        static_assert(sizeof(typename calls::template call_check<PP, LeavesFromArgs, Args...>));
+        cuda::detail::check_plan_on_device<Plan>();
+        static_assert(sizeof(typename calls::template call_check<Plan, LeavesFromArgs, Args...>));
     }
     // The kernels' accumulate flags, one per grad_into binding in call order.
     template <class Grads, class... Args>
@@ -133,24 +133,24 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                           "forward(...) then backward(ctx, ..., tg::seed(buffer)).");
             check_policy();
             using grads = typename calls::template grads_of<Args...>;
-            using PP = joint_plan<grads>;
-            check_calls<PP, true, Args...>();
+            using Plan = joint_plan<grads>;
+            check_calls<Plan, true, Args...>();
             step_type::check_autocast_context();
-            typename PP::state_type st{};
-            calls::template bind_leaves<PP>(st, args...);
-            cuda::detail::compute_device_shapes<PP>(st);
-            calls::template check_leaf_sizes<PP>(st, args...);
-            calls::template bind_grads<PP>(st, args...);
-            const cuda::detail::compiled_module& m = cuda::detail::module_for<PP>();
-            cuda::detail::device_run<PP> run;
-            run.layout(st, sizeof(T));
-            cuda::detail::device_buffer& arena = cuda::detail::thread_arena<PP>();
+            typename Plan::state_type state{};
+            calls::template bind_leaves<Plan>(state, args...);
+            cuda::detail::compute_device_shapes<Plan>(state);
+            calls::template check_leaf_sizes<Plan>(state, args...);
+            calls::template bind_grads<Plan>(state, args...);
+            const cuda::detail::compiled_module& m = cuda::detail::module_for<Plan>();
+            cuda::detail::device_run<Plan> run;
+            run.layout(state, sizeof(T));
+            cuda::detail::device_buffer& arena = cuda::detail::thread_arena<Plan>();
             arena.reserve(run.bytes());
-            run.bind(st, arena.data());
+            run.bind(state, arena.data());
             void* loss_slot = run.extra(arena.data());
-            if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = loss_slot;
-            run.run(st, m, accumulate_flags<grads, Args...>());
-            return read_loss<PP>(st, loss_slot);
+            if constexpr (Loss::kind == op_kind::elementwise) state.out[Plan::NS - 1] = loss_slot;
+            run.run(state, m, accumulate_flags<grads, Args...>());
+            return read_loss<Plan>(state, loss_slot);
         } else {
             return T{};
         }
@@ -158,36 +158,36 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
 
     template <class... Args>
     static auto forward(const step_type&, const Args&... args) {
-        using PP = forward_plan;
-        using context = cuda::forward_context<step_type, PP>;
+        using Plan = forward_plan;
+        using context = cuda::forward_context<step_type, Plan>;
         static_assert(!any_true({is_grad_binding_v<Args>...}) && !any_true({is_seed_binding_v<Args>...}),
                       "typegrad: forward(...) takes only tg::bind(...); gradients are requested from backward(ctx, ...).");
         reject_host_arguments<Args...>("forward");
         context ctx;
         if constexpr (all_device<Args...>) {
             check_policy();
-            check_calls<PP, true, Args...>();
-            auto& st = ctx.state_;
-            calls::template bind_leaves<PP>(st, args...);
-            cuda::detail::compute_device_shapes<PP>(st);
-            calls::template check_leaf_sizes<PP>(st, args...);
-            const cuda::detail::compiled_module& m = cuda::detail::module_for<PP>();
-            constexpr std::size_t loss_id = PP::program::template id_of<Loss>::value;
-            const std::size_t loss_n = node_numel<PP>(st, loss_id);
-            cuda::detail::device_run<PP> run;
-            run.layout(st, loss_n * sizeof(T));
+            check_calls<Plan, true, Args...>();
+            auto& state = ctx.state_;
+            calls::template bind_leaves<Plan>(state, args...);
+            cuda::detail::compute_device_shapes<Plan>(state);
+            calls::template check_leaf_sizes<Plan>(state, args...);
+            const cuda::detail::compiled_module& m = cuda::detail::module_for<Plan>();
+            constexpr std::size_t loss_id = Plan::program::template id_of<Loss>::value;
+            const std::size_t loss_n = node_numel<Plan>(state, loss_id);
+            cuda::detail::device_run<Plan> run;
+            run.layout(state, loss_n * sizeof(T));
             ctx.storage_ = cuda::detail::device_buffer(run.bytes());
-            run.bind(st, ctx.storage_.data());
+            run.bind(state, ctx.storage_.data());
             T* out = static_cast<T*>(run.extra(ctx.storage_.data()));
-            if constexpr (Loss::kind == op_kind::elementwise) st.out[PP::NS - 1] = out;
-            run.run(st, m, std::array<bool, PP::NS + 1>{});
+            if constexpr (Loss::kind == op_kind::elementwise) state.out[Plan::NS - 1] = out;
+            run.run(state, m, std::array<bool, Plan::NS + 1>{});
             if constexpr (Loss::kind == op_kind::constant) {
                 std::vector<T> fill(loss_n, static_cast<T>(Loss::value));
                 cuda::detail::copy_to_device(out, fill.data(), loss_n * sizeof(T));
             } else if constexpr (Loss::kind != op_kind::elementwise) {
-                cuda::detail::gather(m, cuda::detail::gather_fn<T>(), st.ptr[loss_id], out, loss_n,
-                                     PP::program::info[loss_id].rank, st.ext.data() + PP::rank_offset[loss_id],
-                                     st.stride.data() + PP::rank_offset[loss_id]);
+                cuda::detail::gather(m, cuda::detail::gather_fn<T>(), state.ptr[loss_id], out, loss_n,
+                                     Plan::program::info[loss_id].rank, state.ext.data() + Plan::rank_offset[loss_id],
+                                     state.stride.data() + Plan::rank_offset[loss_id]);
             }
             ctx.output_ = out;
             ctx.size_ = loss_n;
@@ -212,33 +212,33 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                               "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
                               "tg::seed(buffer) with the output's shape.");
                 using grads = typename calls::template grads_of<Args...>;
-                using PP = backward_plan<grads, seeded, FwdPP>;
-                check_calls<PP, false, Args...>();
+                using Plan = backward_plan<grads, seeded, FwdPP>;
+                check_calls<Plan, false, Args...>();
                 step_type::check_autocast_context();
-                typename PP::state_type st{};
+                typename Plan::state_type state{};
                 // Leaves come from the forward call, the seed from this one.
-                calls::template restore_nodes<PP, FwdPP>(st, ctx.state_);
-                if constexpr (seeded) calls::template bind_seed<PP, FwdPP>(st, ctx.state_, args...);
-                cuda::detail::compute_device_shapes<PP>(st);
-                if constexpr (seeded) calls::template check_seed_size<PP>(st, args...);
-                calls::template bind_grads<PP>(st, args...);
-                const cuda::detail::compiled_module& m = cuda::detail::module_for<PP>();
-                cuda::detail::device_run<PP> run;
-                run.layout(st, 0);
-                cuda::detail::device_buffer& arena = cuda::detail::thread_arena<PP>();
+                calls::template restore_nodes<Plan, FwdPP>(state, ctx.state_);
+                if constexpr (seeded) calls::template bind_seed<Plan, FwdPP>(state, ctx.state_, args...);
+                cuda::detail::compute_device_shapes<Plan>(state);
+                if constexpr (seeded) calls::template check_seed_size<Plan>(state, args...);
+                calls::template bind_grads<Plan>(state, args...);
+                const cuda::detail::compiled_module& m = cuda::detail::module_for<Plan>();
+                cuda::detail::device_run<Plan> run;
+                run.layout(state, 0);
+                cuda::detail::device_buffer& arena = cuda::detail::thread_arena<Plan>();
                 arena.reserve(run.bytes());
-                run.bind(st, arena.data());
-                run.run(st, m, accumulate_flags<grads, Args...>());
+                run.bind(state, arena.data());
+                run.run(state, m, accumulate_flags<grads, Args...>());
             }
         }
     }
 
-    template <class PP>
-    static T read_loss(const typename PP::state_type& st, const void* slot) {
+    template <class Plan>
+    static T read_loss(const typename Plan::state_type& state, const void* slot) {
         T v{};
         if constexpr (Loss::kind == op_kind::constant) return static_cast<T>(Loss::value);
         else if constexpr (Loss::kind == op_kind::elementwise) cuda::detail::copy_to_host(&v, slot, sizeof v);
-        else cuda::detail::copy_to_host(&v, st.ptr[PP::program::template id_of<Loss>::value], sizeof v);
+        else cuda::detail::copy_to_host(&v, state.ptr[Plan::program::template id_of<Loss>::value], sizeof v);
         return v;
     }
 };
