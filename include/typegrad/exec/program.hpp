@@ -68,6 +68,7 @@ constexpr reduce_kind combine_of() {
     if constexpr (Op::kind == op_kind::reduce) return Op::combine;
     else return reduce_kind::sum;
 }
+// (Elementwise ops declare a cost: the op protocol, graph/node.hpp. Other kinds have none.)
 template <class Op>
 constexpr unsigned cost_of() {
     if constexpr (requires { Op::cost; }) return Op::cost;

@@ -72,6 +72,52 @@ enum class op_kind { leaf, constant, elementwise, reduce, meta, view, kernel };
 template <class Op>
 concept alias_op = requires { requires Op::is_alias; };
 
+// ---- the op protocol -------------------------------------------------------------------------
+// What make_node requires of an op struct, one concept per member, so that code can ask and a
+// missing member is named where the node is made (detail::op_protocol_checked, below make_node).
+// The bases in ops/op_base.hpp supply the usual defaults: detail::elementwise_op,
+// view_op_base<Derived>, kernel_op_base. Members that depend on the node (a view's
+// layout<N>, a kernel's extents<N> and run<N>, an elementwise op's apply and vjp) are checked
+// where the planner and the backends call them.
+namespace detail {
+template <template <class...> class>
+struct rule_probe {};
+}  // namespace detail
+// `static constexpr op_kind kind`.
+template <class Op>
+concept op_declares_kind = requires {
+    { Op::kind } -> std::convertible_to<op_kind>;
+};
+// `static constexpr const char* name`: the op in describe(), to_dot() and messages.
+template <class Op>
+concept op_declares_name = requires {
+    { Op::name } -> std::convertible_to<const char*>;
+};
+// `static constexpr bool differentiable`.
+template <class Op>
+concept op_declares_differentiable = requires {
+    { Op::differentiable } -> std::convertible_to<bool>;
+};
+// `static constexpr bool shape_only(std::size_t i)`: whether input i lends only its shape.
+template <class Op>
+concept op_declares_shape_only = requires(std::size_t i) {
+    { Op::shape_only(i) } -> std::convertible_to<bool>;
+};
+// `template <class... Inputs> struct rule { using value_type = ...; using shape_type = ...; };`.
+template <class Op>
+concept op_declares_rule = requires { typename detail::rule_probe<Op::template rule>; };
+// An elementwise op's `static constexpr unsigned cost`: instructions per element, which the
+// planner's save-or-recompute rule reads.
+template <class Op>
+concept op_declares_cost = requires {
+    { Op::cost } -> std::convertible_to<unsigned>;
+};
+// The whole protocol.
+template <class Op>
+concept op_struct = op_declares_kind<Op> && op_declares_name<Op> && op_declares_differentiable<Op> &&
+                    op_declares_shape_only<Op> && op_declares_rule<Op> &&
+                    (Op::kind != op_kind::elementwise || op_declares_cost<Op>);
+
 // A leaf's name as a pack of characters. Graph types hold no class-type template argument
 // (fixed_string, num): g++ 12 gives a type with one no canonical form, so comparing two graph
 // types walks their whole structure, again at every use, which grew exponentially with depth.
@@ -359,7 +405,34 @@ struct desc_forced {
 };
 template <class N>
 using desc_forced_t = typename desc_forced<N>::type;
-template <class Op, class... Es>
+// The op protocol, checked before the node type is formed: the first member Op lacks, as a
+// sentence (Op itself is in the compiler's note, "required from op_protocol_checked<Op>").
+template <class Op>
+constexpr bool elementwise_without_cost() {
+    if constexpr (op_declares_kind<Op>) return Op::kind == op_kind::elementwise && !op_declares_cost<Op>;
+    else return false;
+}
+template <class Op>
+struct op_protocol_checked {
+    static constexpr bool k = op_declares_kind<Op>, n = op_declares_name<Op>, d = op_declares_differentiable<Op>,
+                          s = op_declares_shape_only<Op>, r = op_declares_rule<Op>;
+    static_assert(k, "typegrad: an op struct (Op, in the note below) lacks `static constexpr op_kind kind`; "
+                     "derive it from detail::elementwise_op, view_op_base<Op> or kernel_op_base (ops/op_base.hpp)");
+    static_assert(!k || n, "typegrad: an op struct (Op, in the note below) lacks `static constexpr const char* "
+                           "name`, the op's name in describe(), to_dot() and messages");
+    static_assert(!(k && n) || d, "typegrad: an op struct (Op, in the note below) lacks `static constexpr bool "
+                                  "differentiable`");
+    static_assert(!(k && n && d) || s, "typegrad: an op struct (Op, in the note below) lacks `static constexpr bool "
+                                       "shape_only(std::size_t i)`, whether input i lends only its shape");
+    static_assert(!(k && n && d && s) || r,
+                  "typegrad: an op struct (Op, in the note below) lacks its shape and dtype rule, `template <class... "
+                  "Inputs> struct rule { using value_type = ...; using shape_type = ...; };`");
+    static_assert(!(k && n && d && s && r) || !elementwise_without_cost<Op>(),
+                  "typegrad: an elementwise op struct (Op, in the note below) lacks `static constexpr unsigned cost`, "
+                  "its arithmetic instructions per element (the planner's save-or-recompute rule reads it)");
+    static constexpr bool value = true;
+};
+template <class Op, bool = op_protocol_checked<Op>::value, class... Es>
 constexpr expr<desc_forced_t<node<Op, typename Es::node_type...>>> make_node(Es...) {
     return {};
 }

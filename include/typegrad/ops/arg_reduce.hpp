@@ -39,8 +39,7 @@ struct arg_reduce_shape {
 
 // Axis == rank of the input: over all elements.
 template <bool Largest, std::size_t Axis, bool Keep>
-struct arg_reduce_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct arg_reduce_op : kernel_op_base {
     static constexpr const char* name = Largest ? "argmax" : "argmin";
     // the device kernel: one thread per output element, the CPU's scan (first extreme, first NaN)
     static constexpr const char* device_source = R"CUDA(

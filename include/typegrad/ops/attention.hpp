@@ -47,8 +47,7 @@ namespace detail {
 
 // out[..., i, j] = j > i + Diagonal ? fill : x[..., i, j]
 template <std::int64_t Diagonal, std::uint64_t FillBits>
-struct causal_fill_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct causal_fill_op : kernel_op_base {
     static constexpr const char* name = "causal_mask";
     // the device kernel: one thread per element
     static constexpr const char* device_source = R"CUDA(

@@ -53,6 +53,7 @@ struct expand_op {
     static constexpr op_kind kind = op_kind::elementwise;
     static constexpr const char* name = "expand";
     static constexpr const char* device = "{0}";
+    static constexpr unsigned cost = 0;  // an identity: no instruction to recompute
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return i == 1; }
     template <class X, class Like>

@@ -13,11 +13,8 @@ namespace typegrad {
 namespace detail {
 
 template <class To>
-struct cast_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct cast_op : kernel_op_base {
     static constexpr const char* name = "cast";
-    static constexpr bool differentiable = true;
-    static constexpr bool shape_only(std::size_t) { return false; }
     template <class X>
     struct rule {
         using value_type = To;

@@ -314,9 +314,7 @@ conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, con
 }
 
 template <class Op>
-struct conv_kernel_base {
-    static constexpr op_kind kind = op_kind::kernel;
-    static constexpr bool differentiable = true;
+struct conv_kernel_base : kernel_op_base {
     static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
     template <class N>
     static void no_device_kernel() {

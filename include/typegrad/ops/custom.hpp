@@ -304,11 +304,8 @@ template <class Op>
 struct custom_backward_op;
 
 template <class Op>
-struct custom_forward_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct custom_forward_op : kernel_op_base {
     static constexpr const char* name = "custom";
-    static constexpr bool differentiable = true;
-    static constexpr bool shape_only(std::size_t) { return false; }
     static constexpr std::size_t extra_bytes = saved_of<Op>::bytes;
     using op = Op;
     // inspect/describe.hpp's extension point: the declared mutations, in red in to_dot()
@@ -378,11 +375,8 @@ namespace detail {
 
 // All input gradients of one backward call, packed one after the other.
 template <class Op>
-struct custom_backward_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct custom_backward_op : kernel_op_base {
     static constexpr const char* name = "custom_backward";
-    static constexpr bool differentiable = true;
-    static constexpr bool shape_only(std::size_t) { return false; }
     using op = Op;
     // where the backward's mutations happen (its operands are grad_output, output, inputs...)
     static std::string describe_extra() { return custom_mutations_text<Op>(false); }

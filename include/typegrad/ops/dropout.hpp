@@ -30,8 +30,7 @@ namespace detail {
 
 // p as its double's bits: graph types hold no class-type template argument (graph/node.hpp).
 template <std::uint64_t PBits>
-struct dropout_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct dropout_op : kernel_op_base {
     static constexpr const char* name = "dropout";
     // the device kernel: one thread per Philox block of 4 elements, the CPU's stream bit for bit
     static constexpr const char* device_source = R"CUDA(

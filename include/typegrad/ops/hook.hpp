@@ -69,11 +69,9 @@ struct hook_apply_op : nondifferentiable_elementwise_op {
 };
 
 template <class F>
-struct tensor_hook_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct tensor_hook_op : kernel_op_base {
     static constexpr const char* name = "tensor_hook";
     static constexpr bool differentiable = false;
-    static constexpr bool shape_only(std::size_t) { return false; }
     template <class G>
     struct rule {
         using value_type = typename G::value_type;

@@ -379,8 +379,7 @@ inline std::size_t lines_but(std::size_t axis, const std::size_t* ext, std::size
 // ---- embedding: out[i..., :] = table[ids[i...], :] -------------------------------------------
 // ZeroPadding: rows of padding ids are written as zeros (the adjoint of embedding_backward).
 template <std::int64_t Padding, bool ZeroPadding>
-struct embedding_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct embedding_op : kernel_op_base {
     static constexpr const char* name = "embedding";
     static constexpr const char* device_source = index_device_source;
     template <class N>
@@ -452,8 +451,7 @@ struct embedding_op {
 // The table's gradient: zeros of the table's shape, each row of g added to its id's row, in
 // order; padding rows get nothing. Operands: g, ids, table (shape only).
 template <std::int64_t Padding>
-struct embedding_backward_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct embedding_backward_op : kernel_op_base {
     static constexpr const char* name = "embedding_backward";
     static constexpr const char* device_source = index_device_source;
     template <class N>
@@ -541,8 +539,7 @@ struct embedding_backward_op {
 
 // ---- index_select along Axis: out = x with axis Axis taken at ids (a vector) ------------------
 template <std::size_t Axis>
-struct index_select_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct index_select_op : kernel_op_base {
     static constexpr const char* name = "index_select";
     static constexpr const char* device_source = index_device_source;
     template <class N>
@@ -612,8 +609,7 @@ struct index_select_op {
 // x's gradient: zeros like x, g's slices along Axis added at their ids, in order. Operands:
 // g, ids, x (shape only).
 template <std::size_t Axis>
-struct index_add_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct index_add_op : kernel_op_base {
     static constexpr const char* name = "index_select_backward";
     static constexpr const char* device_source = index_device_source;
     template <class N>
@@ -679,8 +675,7 @@ struct index_add_op {
 // ---- gather along Axis: out[i] = x[i with axis Axis replaced by index[i]] ---------------------
 // index has x's rank; its extents may be smaller than x's on the other axes (torch.gather).
 template <std::size_t Axis>
-struct gather_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct gather_op : kernel_op_base {
     static constexpr const char* name = "gather";
     static constexpr const char* device_source = index_device_source;
     template <class N>
@@ -751,8 +746,7 @@ struct gather_op {
 // x's gradient: zeros like x, each g[i] added at x's position of out[i], in order. Operands:
 // g, index, x (shape only).
 template <std::size_t Axis>
-struct gather_backward_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct gather_backward_op : kernel_op_base {
     static constexpr const char* name = "gather_backward";
     static constexpr const char* device_source = index_device_source;
     template <class N>
@@ -821,8 +815,7 @@ struct gather_backward_op {
 // the end, as torch.narrow); out of range throws tg::shape_error before anything is written (from
 // the shape pass when start is a leaf, otherwise before the kernel writes).
 template <std::size_t Axis, std::size_t Length, int Mode>
-struct dynamic_slice_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct dynamic_slice_op : kernel_op_base {
     static constexpr const char* name = Mode == 0 ? "dynamic_slice" : "dynamic_slice_backward";
     static constexpr const char* device_source = index_device_source;
     template <class N>
@@ -944,8 +937,7 @@ struct dynamic_slice_op {
 
 // ---- concat along Axis of up to 5 operands (longer lists are chained) -----------------------
 template <std::size_t Axis>
-struct concat_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct concat_op : kernel_op_base {
     static constexpr const char* name = "concat";
     static constexpr const char* device_source = index_device_source;
     template <class N>

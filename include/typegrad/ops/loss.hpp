@@ -18,8 +18,7 @@ namespace detail {
 // one_hot_like(labels, like): a (N, C) tensor of like's dtype and shape, 1 where the column is
 // the row's label. Labels outside [0, C) throw before anything is written (labels are leaves,
 // so this kernel runs before every loop).
-struct one_hot_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct one_hot_op : kernel_op_base {
     static constexpr const char* name = "one_hot";
     static constexpr bool differentiable = false;
     static constexpr bool shape_only(std::size_t i) { return i == 1; }

@@ -30,12 +30,9 @@ struct matmul_shape {
     using type = std::conditional_t<batched, shape<batch, m, n>, shape<m, n>>;
 };
 
-struct matmul_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct matmul_op : kernel_op_base {
     static constexpr const char* name = "matmul";
-    static constexpr bool differentiable = true;
     static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
-    static constexpr bool shape_only(std::size_t) { return false; }
     template <class A, class B>
     struct rule {
         using value_type = promote_t<typename A::value_type, typename B::value_type>;

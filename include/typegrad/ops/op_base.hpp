@@ -53,6 +53,15 @@ struct elementwise_op {
     };
 };
 
+// The defaults of a kernel op, an op with a routine of its own: `extents<N>(in, ext)` and
+// `run<N>(in, out, ext)` on the CPU, `device_source`, `device_call<N>()` and `device_words<N>(...)`
+// on CUDA (core/device_kernel.hpp), beside its `name`, `rule` and `vjp`.
+struct kernel_op_base {
+    static constexpr op_kind kind = op_kind::kernel;
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+};
+
 // Masks, detach: values flow forward, gradients do not.
 struct nondifferentiable_elementwise_op : elementwise_op {
     static constexpr bool differentiable = false;

@@ -144,9 +144,7 @@ pooled_buffer<compute_t<typename X::value_type>> pool_dense(const void* data, co
     return out;
 }
 
-struct pool_kernel_base {
-    static constexpr op_kind kind = op_kind::kernel;
-    static constexpr bool differentiable = true;
+struct pool_kernel_base : kernel_op_base {
     template <class N>
     static void no_device_kernel() {
         static_assert(always_false<N>, "typegrad: cuda: max_pool2d/avg_pool2d have no device kernel yet; evaluate this "

@@ -68,9 +68,7 @@ struct axis_lines {
 };
 
 template <recurrence_mode Mode, std::size_t Axis>
-struct recurrence_op {
-    static constexpr op_kind kind = op_kind::kernel;
-    static constexpr bool differentiable = true;
+struct recurrence_op : kernel_op_base {
     static constexpr bool binary = Mode == recurrence_mode::forward || Mode == recurrence_mode::reverse;
     static constexpr bool backwards = Mode == recurrence_mode::reverse || Mode == recurrence_mode::cumsum_reverse;
     static constexpr bool shift = Mode == recurrence_mode::shift_right || Mode == recurrence_mode::shift_left;

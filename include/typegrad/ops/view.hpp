@@ -231,10 +231,8 @@ struct slice_op : view_op_base<slice_op<Axis, Begin, End>> {
 
 // The adjoint of slice: zeros of X's shape with G written into [Begin, End) of Axis.
 template <std::size_t Axis, std::size_t Begin, std::size_t End>
-struct slice_backward_op {
-    static constexpr op_kind kind = op_kind::kernel;
+struct slice_backward_op : kernel_op_base {
     static constexpr const char* name = "slice_backward";
-    static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t i) { return i == 1; }
     template <class G, class X>
     struct rule {

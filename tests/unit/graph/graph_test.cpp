@@ -35,6 +35,44 @@ TEST_CASE("an expression is its type", "[graph]") {
     STATIC_REQUIRE(std::is_same_v<decltype(tg::exp(x)), decltype(tg::exp(x))>);
 }
 
+namespace {
+// Op structs that each lack one member of the op protocol (graph/node.hpp).
+struct nameless_op : tg::detail::elementwise_op {};
+struct costless_op {
+    static constexpr tg::op_kind kind = tg::op_kind::elementwise;
+    static constexpr const char* name = "costless";
+    static constexpr bool differentiable = true;
+    static constexpr bool shape_only(std::size_t) { return false; }
+    template <class X>
+    struct rule {
+        using value_type = typename X::value_type;
+        using shape_type = typename X::shape_type;
+    };
+};
+struct ruleless_op : tg::detail::kernel_op_base {
+    static constexpr const char* name = "ruleless";
+};
+}  // namespace
+
+TEST_CASE("op structs of every kind follow the op protocol", "[graph][protocol]") {
+    // one op of each kind and base: elementwise, reduce, meta, view, kernel (own base and derived)
+    STATIC_REQUIRE(tg::op_struct<tg::detail::exp_op>);
+    STATIC_REQUIRE(tg::op_struct<tg::detail::reduce_op<tg::detail::reduce_kind::sum, tg::scalar_shape>>);
+    STATIC_REQUIRE(tg::op_struct<tg::detail::inv_count_op<tg::scalar_shape>>);
+    STATIC_REQUIRE(tg::op_struct<tg::detail::permute_op<1, 0>>);
+    STATIC_REQUIRE(tg::op_struct<tg::detail::matmul_op>);
+    STATIC_REQUIRE(tg::op_struct<tg::detail::embedding_op<-1, false>>);
+    // and each missing member is seen on its own
+    STATIC_REQUIRE_FALSE(tg::op_declares_name<nameless_op>);
+    STATIC_REQUIRE(tg::op_declares_rule<nameless_op>);
+    STATIC_REQUIRE_FALSE(tg::op_struct<costless_op>);
+    STATIC_REQUIRE(tg::op_declares_rule<costless_op>);
+    STATIC_REQUIRE_FALSE(tg::op_declares_cost<costless_op>);
+    STATIC_REQUIRE_FALSE(tg::op_declares_rule<ruleless_op>);
+    STATIC_REQUIRE(tg::op_declares_shape_only<ruleless_op>);
+    STATIC_REQUIRE_FALSE(tg::op_struct<ruleless_op>);
+}
+
 TEST_CASE("identical subexpressions are one node", "[graph][cse]") {
     using E = decltype(tg::exp(x) * tg::exp(x));
     // x, exp(x), mul: exp(x) appears once in the topological order
