@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -344,20 +345,22 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
         }
     }
 
-    // Loop roots: reductions (iterate over their input), materialisations and stores.
+    // Loop roots: reductions (iterate over their input), materialisations and stores; a loop's
+    // members list them in this order.
+    enum class root_role : unsigned char { reduction, materialisation, store };
     struct root {
         std::size_t iter, stage, node;
-        int what;  // 0 reduction, 1 materialisation into scratch, 2 store to an output
+        root_role role;  // materialisation: into scratch; store: to an output
         std::size_t store_index;
     };
     cvec<root> roots_;
     for (std::size_t n = 0; n < M; ++n) {
         if (!needed[n] || given[n]) continue;
-        if (info[n].kind == op_kind::reduce) roots_.push_back({info[n].child[0], loop_stage[n], n, 0, 0});
-        else if (store_in_scratch[n]) roots_.push_back({n, loop_stage[n], n, 1, 0});
+        if (info[n].kind == op_kind::reduce) roots_.push_back({info[n].child[0], loop_stage[n], n, root_role::reduction, 0});
+        else if (store_in_scratch[n]) roots_.push_back({n, loop_stage[n], n, root_role::materialisation, 0});
     }
     for (std::size_t i = 0; i < req.stores.size(); ++i)
-        roots_.push_back({req.stores[i], loop_stage[req.stores[i]], req.stores[i], 2, i});
+        roots_.push_back({req.stores[i], loop_stage[req.stores[i]], req.stores[i], root_role::store, i});
 
     // Everything below is linear in the graph plus the plan's size (a model's joint graph has
     // thousands of nodes, and g++ stops a constant evaluation after 2^25 operations): roots are
@@ -431,7 +434,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
                 const std::size_t cls = cost[n] >= save_cost && ni.cost > 0 ? class_of(n, false) : no_parent;
                 if (cls != no_parent && pair[pair_slot(cls * stages + at)] != no_parent) {
                     saved[n] = true;
-                    roots_.push_back({n, at, n, 1, 0});
+                    roots_.push_back({n, at, n, root_role::materialisation, 0});
                     space_.push_back(cls);
                 } else {
                     at = last[n];
@@ -499,7 +502,7 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
             lp.stage = stage;
             for (std::size_t i = loop_first[l]; i != no_parent; i = loop_next[i]) {
                 root_list[n_roots++] = i;
-                if (roots[i].what == 1) own[roots[i].node] = mark;
+                if (roots[i].role == root_role::materialisation) own[roots[i].node] = mark;
             }
             // at most M entries more
             if (entry_.size() < n_entries + M) {
@@ -570,13 +573,13 @@ constexpr auto run_planner(const std::array<node_info, M>& info_, const symbolic
         for (std::size_t k = e0; k < e1; ++k)
             if (sorted[k] % 2 == 0) members[k_out++] = sorted[k] / 2;
         lp.body_end = lp.red_begin = k_out;
-        for (int what = 0; what < 3; ++what) {
+        for (const root_role role : {root_role::reduction, root_role::materialisation, root_role::store}) {
             for (std::size_t k = root_begin[l]; k < root_begin[l + 1]; ++k) {
                 const root& r = roots[root_list[k]];
-                if (r.what == what) members[k_out++] = what == 2 ? r.store_index : r.node;
+                if (r.role == role) members[k_out++] = role == root_role::store ? r.store_index : r.node;
             }
-            if (what == 0) lp.red_end = lp.mat_begin = k_out;
-            if (what == 1) lp.mat_end = lp.store_begin = k_out;
+            if (role == root_role::reduction) lp.red_end = lp.mat_begin = k_out;
+            if (role == root_role::materialisation) lp.mat_end = lp.store_begin = k_out;
         }
         lp.store_end = k_out;
         out_loops[l] = lp;

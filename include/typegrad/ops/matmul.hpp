@@ -30,6 +30,27 @@ struct matmul_shape {
     using type = std::conditional_t<batched, shape<batch, m, n>, shape<m, n>>;
 };
 
+// How a GEMM reads one matmul operand, the host's (core/cpu/gemm.hpp) and cuBLAS alike: by rows
+// (unit column stride, leading dimension ld), by columns (transposed: unit row stride), or not at
+// all, when neither inner axis is unit-stride: the backend copies it densely (leading dimension
+// cols). batch_stride is 0 for an operand broadcast over the batch.
+enum class operand_layout : unsigned char { rows, columns, dense_copy };
+struct operand_access {
+    operand_layout layout;
+    std::size_t ld;
+    std::ptrdiff_t batch_stride;
+};
+template <class Ref>
+constexpr operand_access operand_access_of(const Ref& r) {
+    const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
+    const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
+    const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
+    if (sc == 1 && sr >= std::ptrdiff_t(cols) && sr >= 1) return {operand_layout::rows, std::size_t(sr), sb};
+    if (sr == 1 && sc >= std::ptrdiff_t(rows) && sc >= 1) return {operand_layout::columns, std::size_t(sc), sb};
+    const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
+    return {operand_layout::dense_copy, cols > 0 ? cols : 1, nb == 1 ? 0 : std::ptrdiff_t(rows * cols)};
+}
+
 struct matmul_op : kernel_op_base {
     static constexpr const char* name = "matmul";
     static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
@@ -69,8 +90,8 @@ struct matmul_op : kernel_op_base {
         }
     }
 
-    // One operand as the GEMM sees it: a transpose flag and row stride, or a dense copy when
-    // neither of its two inner axes is unit-stride.
+    // One operand as the host GEMM reads it (operand_access_of), densely copied when neither of
+    // its two inner axes is unit-stride.
     template <class T, class Ref>
     struct operand {
         const T* data;
@@ -78,21 +99,16 @@ struct matmul_op : kernel_op_base {
         std::size_t ld;
         std::size_t batch_stride;
         pooled_buffer<T> copy;  // (kernel temporaries: core/cpu/buffer_pool.hpp)
-        operand(const Ref& r, std::size_t batch) {
-            const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
-            const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
-            const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
+        explicit operand(const Ref& r) {
+            const operand_access access = operand_access_of(r);
             data = static_cast<const T*>(r.data);
-            if (sc == 1 && sr >= std::ptrdiff_t(cols)) {
-                trans = transpose::no;
-                ld = std::size_t(sr);
-                batch_stride = std::size_t(sb);
-            } else if (sr == 1 && sc >= std::ptrdiff_t(rows)) {
-                trans = transpose::yes;
-                ld = std::size_t(sc);
-                batch_stride = std::size_t(sb);
-            } else {
+            trans = access.layout == operand_layout::columns ? transpose::yes : transpose::no;
+            ld = access.ld;
+            batch_stride = std::size_t(access.batch_stride);
+            if (access.layout == operand_layout::dense_copy) {
                 const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
+                const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
+                const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
                 copy = pooled_buffer<T>(nb * rows * cols);
                 for (std::size_t b = 0; b < nb; ++b)
                     for (std::size_t i = 0; i < rows; ++i)
@@ -101,11 +117,7 @@ struct matmul_op : kernel_op_base {
                                 data[std::ptrdiff_t(b) * (r.rank == 3 ? r.stride[0] : 0) +
                                      std::ptrdiff_t(i) * sr + std::ptrdiff_t(j) * sc];
                 data = copy.data();
-                trans = transpose::no;
-                ld = cols;
-                batch_stride = nb == 1 ? 0 : rows * cols;
             }
-            (void)batch;
         }
     };
 
@@ -129,7 +141,7 @@ struct matmul_op : kernel_op_base {
                 gemm_reduced<T>(m, n, k, view(in[0], i, static_cast<const SA*>(in[0].data)),
                                 view(in[1], i, static_cast<const SB*>(in[1].data)), out + i * m * n);
         } else {
-            operand<T, Ref> a(in[0], batch), b(in[1], batch);
+            operand<T, Ref> a(in[0]), b(in[1]);
             gemm_batched<T>(batch, a.trans, b.trans, m, n, k, a.data, a.ld, a.batch_stride, b.data, b.ld,
                             b.batch_stride, out, n, m * n, false);
         }

@@ -303,9 +303,7 @@ inline std::string generate_source(const plan_view& pv) {
             s += std::string("// kernel op ") + std::string(pv.info[n].name) + "\n" + std::string(src) + "\n";
         }
         const std::string name = node_kernel_name(n);
-        s += "extern \"C\" __global__ void __launch_bounds__(TG_BLOCK) " + name + "(const tg_node_args p) { " +
-             pv.kernel_call[n] + "(p); }\n";
-        s += host_entry(name, "tg_node_args");
+        s += "TG_ENTRY(" + name + ", tg_node_args, " + pv.kernel_call[n] + "(p))\n";
     }
     return s;
 }

@@ -329,8 +329,8 @@ inline void run_loop(const plan_view& pv, const state_view& sv, const compiled_m
     }
 }
 
-// One matmul operand as cuBLAS sees it (row-major storage, a transpose flag and leading
-// dimension), or a dense device copy when neither inner axis is unit-stride.
+// One matmul operand as cuBLAS reads it (td::operand_access_of, ops/matmul.hpp: the host GEMM's
+// rule), or a dense device copy when neither inner axis is unit-stride.
 template <class T>
 struct matmul_operand {
     const T* data = nullptr;
@@ -339,24 +339,16 @@ struct matmul_operand {
     long long batch_stride = 0;
     device_buffer copy;
     matmul_operand(const compiled_module& m, const td::tensor_ref& r) {
-        const std::size_t rows = r.ext[r.rank - 2], cols = r.ext[r.rank - 1];
-        const std::ptrdiff_t sr = r.stride[r.rank - 2], sc = r.stride[r.rank - 1];
-        const std::ptrdiff_t sb = r.rank == 3 && r.ext[0] != 1 ? r.stride[0] : 0;
+        const td::operand_access access = td::operand_access_of(r);
         data = static_cast<const T*>(r.data);
-        if (sc == 1 && sr >= std::ptrdiff_t(cols) && sr >= 1) {
-            ld = std::size_t(sr);
-            batch_stride = sb;
-        } else if (sr == 1 && sc >= std::ptrdiff_t(rows) && sc >= 1) {
-            transposed = true;
-            ld = std::size_t(sc);
-            batch_stride = sb;
-        } else {
-            const std::size_t nb = r.rank == 3 ? r.ext[0] : 1;
-            copy = device_buffer(nb * rows * cols * sizeof(T));
-            gather(m, gather_fn<T>(), r.data, copy.data(), nb * rows * cols, r.rank, r.ext, r.stride);
+        transposed = access.layout == td::operand_layout::columns;
+        ld = access.ld;
+        batch_stride = access.batch_stride;
+        if (access.layout == td::operand_layout::dense_copy) {
+            const std::size_t nb = r.rank == 3 ? r.ext[0] : 1, numel = nb * r.ext[r.rank - 2] * r.ext[r.rank - 1];
+            copy = device_buffer(numel * sizeof(T));
+            gather(m, gather_fn<T>(), r.data, copy.data(), numel, r.rank, r.ext, r.stride);
             data = static_cast<const T*>(copy.data());
-            ld = cols > 0 ? cols : 1;
-            batch_stride = nb == 1 ? 0 : (long long)(rows * cols);
         }
     }
 };

@@ -22,6 +22,11 @@ typedef long long tg_i64;
 #else
 #define TG_HOST_ENTRY(name, Args)
 #endif
+// An entry point whose body is one call (the finishes and gathers below, kernel ops' kernels):
+// the kernel name(const Args p) { body; } and its host twin.
+#define TG_ENTRY(name, Args, ...) \
+    extern "C" __global__ void __launch_bounds__(TG_BLOCK) name(const Args p) { __VA_ARGS__; } \
+    TG_HOST_ENTRY(name, Args)
 
 __device__ __forceinline__ float tg_exp(float x) { return expf(x); }
 __device__ __forceinline__ double tg_exp(double x) { return exp(x); }
@@ -189,22 +194,14 @@ template <int C, class T> __device__ void tg_finish(const tg_finish_args& p) {
         if (threadIdx.x == 0) out[o] = acc;
     }
 }
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_sum_f32(const tg_finish_args p) { tg_finish<0, float>(p); }
-TG_HOST_ENTRY(tg_finish_sum_f32, tg_finish_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_max_f32(const tg_finish_args p) { tg_finish<1, float>(p); }
-TG_HOST_ENTRY(tg_finish_max_f32, tg_finish_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_min_f32(const tg_finish_args p) { tg_finish<2, float>(p); }
-TG_HOST_ENTRY(tg_finish_min_f32, tg_finish_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_prod_f32(const tg_finish_args p) { tg_finish<3, float>(p); }
-TG_HOST_ENTRY(tg_finish_prod_f32, tg_finish_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_sum_f64(const tg_finish_args p) { tg_finish<0, double>(p); }
-TG_HOST_ENTRY(tg_finish_sum_f64, tg_finish_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_max_f64(const tg_finish_args p) { tg_finish<1, double>(p); }
-TG_HOST_ENTRY(tg_finish_max_f64, tg_finish_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_min_f64(const tg_finish_args p) { tg_finish<2, double>(p); }
-TG_HOST_ENTRY(tg_finish_min_f64, tg_finish_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_finish_prod_f64(const tg_finish_args p) { tg_finish<3, double>(p); }
-TG_HOST_ENTRY(tg_finish_prod_f64, tg_finish_args)
+TG_ENTRY(tg_finish_sum_f32, tg_finish_args, tg_finish<0, float>(p))
+TG_ENTRY(tg_finish_max_f32, tg_finish_args, tg_finish<1, float>(p))
+TG_ENTRY(tg_finish_min_f32, tg_finish_args, tg_finish<2, float>(p))
+TG_ENTRY(tg_finish_prod_f32, tg_finish_args, tg_finish<3, float>(p))
+TG_ENTRY(tg_finish_sum_f64, tg_finish_args, tg_finish<0, double>(p))
+TG_ENTRY(tg_finish_max_f64, tg_finish_args, tg_finish<1, double>(p))
+TG_ENTRY(tg_finish_min_f64, tg_finish_args, tg_finish<2, double>(p))
+TG_ENTRY(tg_finish_prod_f64, tg_finish_args, tg_finish<3, double>(p))
 
 // Strided -> dense copy with conversion (cast, dense operands for cuBLAS, strided outputs).
 struct tg_gather_args { tg_u64 w[20]; };  // n, rank, src, dst, ext[8], stride[8]
@@ -223,17 +220,12 @@ template <class S, class D> __device__ void tg_gather(const tg_gather_args& p) {
         dst[e] = (D)src[off];
     }
 }
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f32_f32(const tg_gather_args p) { tg_gather<float, float>(p); }
-TG_HOST_ENTRY(tg_gather_f32_f32, tg_gather_args)
+TG_ENTRY(tg_gather_f32_f32, tg_gather_args, tg_gather<float, float>(p))
 // bf16/f16 operands and outputs are copied as bit patterns
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_b16_b16(const tg_gather_args p) { tg_gather<unsigned short, unsigned short>(p); }
-TG_HOST_ENTRY(tg_gather_b16_b16, tg_gather_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f64_f64(const tg_gather_args p) { tg_gather<double, double>(p); }
-TG_HOST_ENTRY(tg_gather_f64_f64, tg_gather_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f32_f64(const tg_gather_args p) { tg_gather<float, double>(p); }
-TG_HOST_ENTRY(tg_gather_f32_f64, tg_gather_args)
-extern "C" __global__ void __launch_bounds__(TG_BLOCK) tg_gather_f64_f32(const tg_gather_args p) { tg_gather<double, float>(p); }
-TG_HOST_ENTRY(tg_gather_f64_f32, tg_gather_args)
+TG_ENTRY(tg_gather_b16_b16, tg_gather_args, tg_gather<unsigned short, unsigned short>(p))
+TG_ENTRY(tg_gather_f64_f64, tg_gather_args, tg_gather<double, double>(p))
+TG_ENTRY(tg_gather_f32_f64, tg_gather_args, tg_gather<float, double>(p))
+TG_ENTRY(tg_gather_f64_f32, tg_gather_args, tg_gather<double, float>(p))
 
 )CUDA";
 }
