@@ -112,17 +112,17 @@ constexpr bool is_bound_leaf() {
     else return false;
 }
 
-// Whether the forward plan FwdPP computed node N, a reduction or a kernel (matmul, custom ops),
+// Whether the forward plan ForwardPlan computed node N, a reduction or a kernel (matmul, custom ops),
 // which the backward then reads: they are never recomputed, and a custom op's forward mutations
 // must not run twice. A class, not a function of N: g++ names every function it instantiates,
 // constant-evaluated ones too, and a function of N is named with N's subgraph (one per node of a
 // backward).
-template <class FwdPP, class N, bool Candidate = N::kind == op_kind::reduce || N::kind == op_kind::kernel>
+template <class ForwardPlan, class N, bool Candidate = N::kind == op_kind::reduce || N::kind == op_kind::kernel>
 struct saved_by : std::false_type {};
-template <class FwdPP, class N>
-struct saved_by<FwdPP, N, true>
-    : std::bool_constant<FwdPP::program::template contains<N>::value &&
-                         FwdPP::plan.computed[FwdPP::program::template id_of<N>::value]> {};
+template <class ForwardPlan, class N>
+struct saved_by<ForwardPlan, N, true>
+    : std::bool_constant<ForwardPlan::program::template contains<N>::value &&
+                         ForwardPlan::plan.computed[ForwardPlan::program::template id_of<N>::value]> {};
 
 // The id of the leaf an argument binds (Plan::M for other arguments); a type, not a variable (see
 // arg_check).
@@ -236,14 +236,14 @@ struct call_layer {
                                              type_list<Loss>, type_list<>>;
 
     // Reductions the forward pass computed that the backward reads instead of recomputing.
-    template <class FwdPP>
+    template <class ForwardPlan>
     struct saved_in {
         template <class N>
-        struct test : saved_by<FwdPP, N> {};
+        struct test : saved_by<ForwardPlan, N> {};
     };
-    template <class Nodes, class FwdPP>
+    template <class Nodes, class ForwardPlan>
     static constexpr auto saved_reductions() {
-        return filter_t<Nodes, saved_in<FwdPP>::template test>{};
+        return filter_t<Nodes, saved_in<ForwardPlan>::template test>{};
     }
 
     // ---- the plans of the three entry points ----------------------------------------------
@@ -255,15 +255,15 @@ struct call_layer {
                                      joint_stores<Grads>, loss_required, type_list<>, T>;
     // forward: the loss alone.
     using forward_plan = plan_provider<topo<Loss>, loss_store, loss_required, type_list<>, T>;
-    // backward after forward plan FwdPP: the gradients of Grads, reading what FwdPP saved.
-    template <class Grads, bool Seeded, class FwdPP>
+    // backward after forward plan ForwardPlan: the gradients of Grads, reading what ForwardPlan saved.
+    template <class Grads, bool Seeded, class ForwardPlan>
     struct backward_plan_of {
         using nodes = graph_of_t<grad_stores<Grads, Seeded>, typename Step::template grad_refs<Seeded>>;
-        using given = decltype(saved_reductions<typename nodes::type, FwdPP>());
+        using given = decltype(saved_reductions<typename nodes::type, ForwardPlan>());
         using type = plan_provider<nodes, grad_stores<Grads, Seeded>, type_list<>, given, T>;
     };
-    template <class Grads, bool Seeded, class FwdPP>
-    using backward_plan = typename backward_plan_of<Grads, Seeded, FwdPP>::type;
+    template <class Grads, bool Seeded, class ForwardPlan>
+    using backward_plan = typename backward_plan_of<Grads, Seeded, ForwardPlan>::type;
 
     // One bit per grad_into binding, in call order: set where it accumulates.
     template <class Grads, class... Args>
@@ -387,34 +387,34 @@ struct call_layer {
     // A backward's state from its forward's: leaves (extents and buffers), and the values the
     // forward computed. A run-time walk over a table of forward ids (a function per node would
     // spell the plan in each of O(N) symbol names).
-    template <class Plan, class FwdPP, std::size_t... Ns>
+    template <class Plan, class ForwardPlan, std::size_t... Ns>
     static constexpr std::array<std::size_t, Plan::M + 1> forward_ids(std::index_sequence<Ns...>) {
-        return {FwdPP::program::template id_of<typename Plan::program::template node_at<Ns>>::value..., FwdPP::M};
+        return {ForwardPlan::program::template id_of<typename Plan::program::template node_at<Ns>>::value..., ForwardPlan::M};
     }
     template <class N, bool InForward>
     static constexpr bool restorable = InForward || !is_bound_leaf<N>() || N::shape_type::is_static;
-    template <class Plan, class FwdPP, std::size_t... Ns>
+    template <class Plan, class ForwardPlan, std::size_t... Ns>
     static constexpr bool all_restorable(std::index_sequence<Ns...>) {
         return all_true({restorable<typename Plan::program::template node_at<Ns>,
-                                    FwdPP::program::template contains<typename Plan::program::template node_at<Ns>>::value>...});
+                                    ForwardPlan::program::template contains<typename Plan::program::template node_at<Ns>>::value>...});
     }
-    template <class Plan, class FwdPP, class FwdState>
+    template <class Plan, class ForwardPlan, class FwdState>
     static void restore_nodes(typename Plan::state_type& state, const FwdState& fwd_state) {
-        static_assert(all_restorable<Plan, FwdPP>(std::make_index_sequence<Plan::M>{}),
+        static_assert(all_restorable<Plan, ForwardPlan>(std::make_index_sequence<Plan::M>{}),
                       "typegrad: backward(ctx, ...) needs the extents of a wrt leaf that the "
                       "forward pass did not bind; bind it in forward(...).");
-        constexpr auto fwd = forward_ids<Plan, FwdPP>(std::make_index_sequence<Plan::M>{});
+        constexpr auto fwd = forward_ids<Plan, ForwardPlan>(std::make_index_sequence<Plan::M>{});
         constexpr std::size_t seed = Plan::program::template id_of<seed_leaf>::value;
         constexpr auto& info = Plan::program::info;
         for (std::size_t n = 0; n < Plan::M; ++n) {
             const std::size_t f = fwd[n];
-            if (f != FwdPP::M) {
+            if (f != ForwardPlan::M) {
                 if (info[n].kind == op_kind::leaf) {
                     for (std::size_t a = 0; a < info[n].rank; ++a)
-                        state.ext[Plan::rank_offset[n] + a] = fwd_state.ext[FwdPP::rank_offset[f] + a];
+                        state.ext[Plan::rank_offset[n] + a] = fwd_state.ext[ForwardPlan::rank_offset[f] + a];
                     state.ptr[n] = fwd_state.ptr[f];
                     state.mut[n] = fwd_state.mut[f];
-                } else if (FwdPP::plan.computed[f]) {
+                } else if (ForwardPlan::plan.computed[f]) {
                     state.ptr[n] = fwd_state.ptr[f];
                 }
             } else if (info[n].kind == op_kind::leaf && n != seed) {
@@ -423,7 +423,7 @@ struct call_layer {
         }
     }
     // The seed of a non-scalar output's backward: its buffer, with the output's extents.
-    template <class Plan, class FwdPP, class FwdState, class... Args>
+    template <class Plan, class ForwardPlan, class FwdState, class... Args>
     static void bind_seed(typename Plan::state_type& state, const FwdState& fwd_state, const Args&... args) {
         if constexpr (Plan::program::template contains<seed_leaf>::value) {  // else nothing reads the seed
             constexpr std::size_t id = Plan::program::template id_of<seed_leaf>::value;
@@ -438,7 +438,7 @@ struct call_layer {
             for_each_arg(set, args...);
             using S = typename seed_leaf::shape_type;
             for (std::size_t a = 0; a < S::rank; ++a)
-                state.ext[Plan::rank_offset[id] + a] = fwd_state.ext[FwdPP::rank_offset[FwdPP::program::template id_of<Loss>::value] + a];
+                state.ext[Plan::rank_offset[id] + a] = fwd_state.ext[ForwardPlan::rank_offset[ForwardPlan::program::template id_of<Loss>::value] + a];
         }
     }
     template <class Plan, class... Args>

@@ -15,13 +15,13 @@ class step;
 // The saved context of a forward pass: the loss value, the extents and addresses of the bound
 // inputs (they must stay alive and unchanged until backward), and the reductions the backward
 // reads. Move-only: the saved addresses point into its own storage.
-template <class Step, class FwdPP>
+template <class Step, class ForwardPlan>
 class forward_context {
 public:
     // The step that made the context.
     using step_type = Step;
     // The forward plan (its saved values are what backward reads).
-    using plan_type = FwdPP;
+    using plan_type = ForwardPlan;
     // The output's dtype.
     using value_type = typename Step::value_type;
 
@@ -42,7 +42,7 @@ public:
     std::span<const value_type> values() const { return {loss_, loss_size_}; }
 
 private:
-    typename FwdPP::state_type state_{};
+    typename ForwardPlan::state_type state_{};
     detail::pooled_buffer<detail::scratch_unit> storage_;  // (reused across calls: core/cpu/buffer_pool.hpp)
     const value_type* loss_ = nullptr;
     std::size_t loss_size_ = 0;

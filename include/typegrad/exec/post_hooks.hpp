@@ -40,19 +40,19 @@ struct post_hook_table {
 // update the param (an optimizer in the backward) and later loops must still see the old value
 // (dX = dY W^T reads W). Ties keep registration order (the hooks' order in the loss graph).
 // Hooks: the step's post-accumulate hook nodes; those whose leaf has no grad_into do not run.
-// ParamPP: the plan whose state binds the params (value_and_grad: Plan; backward: the forward's,
+// ParamPlan: the plan whose state binds the params (value_and_grad: Plan; backward: the forward's,
 // which holds every leaf even where the backward plan does not read it).
-template <class Plan, class ParamPP, class Grads, class Hooks>
+template <class Plan, class ParamPlan, class Grads, class Hooks>
 struct post_hook_schedule;
-template <class Plan, class ParamPP, class Grads, class... Hs>
-struct post_hook_schedule<Plan, ParamPP, Grads, type_list<Hs...>> {
+template <class Plan, class ParamPlan, class Grads, class... Hs>
+struct post_hook_schedule<Plan, ParamPlan, Grads, type_list<Hs...>> {
     static constexpr std::size_t K = sizeof...(Hs);
     static constexpr post_hook_table<K> make() {
         post_hook_table<K> t;
         if constexpr (K > 0) {
             constexpr std::size_t store[] = {index_of<post_hook_leaf_t<Hs>, Grads>::value...};
             constexpr std::size_t in_plan[] = {Plan::program::template id_of<post_hook_leaf_t<Hs>>::value...};
-            constexpr std::size_t param[] = {ParamPP::program::template id_of<post_hook_leaf_t<Hs>>::value...};
+            constexpr std::size_t param[] = {ParamPlan::program::template id_of<post_hook_leaf_t<Hs>>::value...};
             constexpr post_hook_fn fn[] = {
                 &call_post_hook<typename Hs::op::hook_type, typename post_hook_leaf_t<Hs>::value_type,
                                 post_hook_leaf_t<Hs>::shape_type::rank>...};
@@ -75,7 +75,7 @@ struct post_hook_schedule<Plan, ParamPP, Grads, type_list<Hs...>> {
                 t.fn[k] = fn[h];
                 t.store[k] = store[h];
                 t.param[k] = param[h];
-                t.param_ext[k] = ParamPP::rank_offset[param[h]];
+                t.param_ext[k] = ParamPlan::rank_offset[param[h]];
             }
         }
         return t;

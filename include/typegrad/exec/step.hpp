@@ -187,7 +187,7 @@ public:
     template <class Ctx, class... Args>
         requires(!detail::any_device_argument<Ctx, Args...>)
     void backward(const Ctx& ctx, const Args&... args) const {
-        using FwdPP = typename Ctx::plan_type;
+        using ForwardPlan = typename Ctx::plan_type;
         static_assert(std::is_same_v<typename Ctx::step_type, step>,
                       "typegrad: backward(ctx, ...) got a context from another step.");
         constexpr bool seeded = detail::any_true({detail::is_seed_binding_v<Args>...});
@@ -195,13 +195,13 @@ public:
                       "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
                       "tg::seed(buffer) with the output's shape.");
         using grads = grads_of<Args...>;
-        using Plan = typename calls::template backward_plan<grads, seeded, FwdPP>;
+        using Plan = typename calls::template backward_plan<grads, seeded, ForwardPlan>;
         typename Plan::state_type state{};
         check_calls<Plan, false, Args...>();
         check_autocast_context();
         // Leaves come from the forward call, the seed from this one.
-        calls::template restore_nodes<Plan, FwdPP>(state, ctx.state_);
-        if constexpr (seeded) calls::template bind_seed<Plan, FwdPP>(state, ctx.state_, args...);
+        calls::template restore_nodes<Plan, ForwardPlan>(state, ctx.state_);
+        if constexpr (seeded) calls::template bind_seed<Plan, ForwardPlan>(state, ctx.state_, args...);
         detail::compute_shapes<Plan>(state);
         if constexpr (seeded) calls::template check_seed_size<Plan>(state, args...);
         calls::template bind_grads<Plan>(state, args...);
@@ -209,9 +209,9 @@ public:
         const std::size_t scratch_size = detail::scratch_layout<Plan>(state, offset) + 16;
         detail::scratch_unit* scratch = detail::scratch_buffer<Plan>(scratch_size);
         // params are bound in the forward's state (the backward plan may not read them)
-        using hooks = detail::post_hook_schedule<Plan, FwdPP, grads, post_hooks>;
+        using hooks = detail::post_hook_schedule<Plan, ForwardPlan, grads, post_hooks>;
         if constexpr (post_hooks::size > 0)
-            detail::check_post_hook_params(hooks::table, ctx.state_.mut.data(), FwdPP::program::info.data());
+            detail::check_post_hook_params(hooks::table, ctx.state_.mut.data(), ForwardPlan::program::info.data());
         detail::check_custom_mutations<Plan>(state);
         check_create_graph<Plan>(args...);
         detail::note_plan_use<Plan>();

@@ -20,7 +20,7 @@ namespace typegrad::cuda {
 // The saved context of a forward pass on the device: the bound device inputs (they must stay
 // alive and unchanged until backward), the reductions and kernel outputs the backward reads,
 // and the output. Move-only.
-template <class Step, class FwdPP>
+template <class Step, class ForwardPlan>
 class forward_context {
 public:
     // Marks the context as a device argument, so that step.backward(ctx, ...) runs on the device.
@@ -28,7 +28,7 @@ public:
     // The step that made the context.
     using step_type = Step;
     // The forward plan (its saved values are what backward reads).
-    using plan_type = FwdPP;
+    using plan_type = ForwardPlan;
     // The output's dtype.
     using value_type = typename Step::value_type;
 
@@ -57,7 +57,7 @@ public:
     std::size_t size() const { return size_; }
 
 private:
-    typename FwdPP::state_type state_{};
+    typename ForwardPlan::state_type state_{};
     detail::device_buffer storage_;
     const value_type* output_ = nullptr;
     std::size_t size_ = 0;
@@ -83,8 +83,8 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
     template <class Grads>
     using joint_plan = typename calls::template joint_plan<Grads>;
     using forward_plan = typename calls::forward_plan;
-    template <class Grads, bool Seeded, class FwdPP>
-    using backward_plan = typename calls::template backward_plan<Grads, Seeded, FwdPP>;
+    template <class Grads, bool Seeded, class ForwardPlan>
+    using backward_plan = typename calls::template backward_plan<Grads, Seeded, ForwardPlan>;
 
     static void check_policy() {
         static_assert(!Policy::anomaly,
@@ -204,7 +204,7 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
         } else {
             reject_host_arguments<Args...>("backward");
             if constexpr (all_device<Args...>) {
-                using FwdPP = typename Ctx::plan_type;
+                using ForwardPlan = typename Ctx::plan_type;
                 static_assert(std::is_same_v<typename Ctx::step_type, step_type>,
                               "typegrad: backward(ctx, ...) got a context from another step.");
                 constexpr bool seeded = any_true({is_seed_binding_v<Args>...});
@@ -212,13 +212,13 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
                               "typegrad: backward(ctx, ...) of a non-scalar output needs a seed: pass "
                               "tg::seed(buffer) with the output's shape.");
                 using grads = typename calls::template grads_of<Args...>;
-                using Plan = backward_plan<grads, seeded, FwdPP>;
+                using Plan = backward_plan<grads, seeded, ForwardPlan>;
                 check_calls<Plan, false, Args...>();
                 step_type::check_autocast_context();
                 typename Plan::state_type state{};
                 // Leaves come from the forward call, the seed from this one.
-                calls::template restore_nodes<Plan, FwdPP>(state, ctx.state_);
-                if constexpr (seeded) calls::template bind_seed<Plan, FwdPP>(state, ctx.state_, args...);
+                calls::template restore_nodes<Plan, ForwardPlan>(state, ctx.state_);
+                if constexpr (seeded) calls::template bind_seed<Plan, ForwardPlan>(state, ctx.state_, args...);
                 cuda::detail::compute_device_shapes<Plan>(state);
                 if constexpr (seeded) calls::template check_seed_size<Plan>(state, args...);
                 calls::template bind_grads<Plan>(state, args...);
