@@ -49,8 +49,8 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
     const bool all = std::getenv("TYPEGRAD_CUDA_EMULATE_ALL") != nullptr;
     const std::vector<std::string> subset = {"exp", "where_masks", "broadcast_row", "broadcast_to", "mean",
                                              "max_min_all", "sum_columns", "max_min_axes", "prod_axes", "prod_all", "softmax_axis0",
-                                             "matmul", "linear", "matmul_batched", "transpose", "slice",
-                                             "cross_entropy", "cast", "hook_device", "mlp", "non_scalar",
+                                             "matmul", "linear", "matmul_batched", "matmul_dense_copy", "transpose", "slice",
+                                             "cross_entropy", "cast", "cast_bf16_to_f64", "hook_device", "mlp", "non_scalar",
                                              "bf16_elementwise", "f16_elementwise", "bf16_reduction", "bf16_slice_transpose",
                                              "bf16_matmul", "autocast_cuda_f16_mlp", "custom_device", "custom_device_f64",
                                              "activations", "special", "layer_norm", "bf16_activations",

@@ -134,6 +134,9 @@ void for_each_graph(F&& f) {
     f("linear", tg::compile(tg::sum(tg::square(tg::linear(A, Wl, bl))), tg::wrt(A, Wl, bl)));
     f("matmul_batched", tg::compile(tg::sum(tg::square(tg::matmul(X3, M))), tg::wrt(X3, M)));
     f("matmul_vector", tg::compile(tg::sum(tg::square(tg::matmul(A, w5))), tg::wrt(A, w5)));
+    // permute<2, 0, 1>(X3) is [5, 2, 3] with neither inner axis unit-stride: a dense copy for cuBLAS
+    f("matmul_dense_copy", tg::compile(tg::sum(tg::square(tg::matmul(tg::permute<2, 0, 1>(X3), tg::slice<0, 0, 3>(M)))),
+                                       tg::wrt(X3, M)));
     f("dot", tg::compile(tg::dot(v, w5), tg::wrt(v, w5)));
     f("reshape", tg::compile(tg::sum(tg::square(tg::reshape<tg::shape<tg::dyn>>(A))), tg::wrt(A)));
     f("transpose", tg::compile(tg::sum(tg::square(tg::transpose(A)) * tg::transpose(B)), tg::wrt(A, B)));
@@ -147,6 +150,10 @@ void for_each_graph(F&& f) {
     f("bce_with_logits", tg::compile(tg::binary_cross_entropy_with_logits(A, tg::sigmoid(B)), tg::wrt(A, B)));
     // dtypes
     f("cast", tg::compile(tg::sum(tg::cast<double>(A) * D), tg::wrt(A, D)));
+    // bf16 -> f64 (exact): a bf16 loop's value, and a bf16 sum held in a float buffer (rounded first)
+    f("cast_bf16_to_f64", tg::compile(tg::sum(tg::cast<double>(Ah * Bh) * D) +
+                                          tg::sum(tg::cast<double>(tg::sum(Ah * Bh, tg::axes<1>)) * tg::sum(D, tg::axes<1>)),
+                                      tg::wrt(D)));
     f("f64", tg::compile(tg::sum(tg::exp(D) * D), tg::wrt(D)));
     // bf16 / f16 (docs/cuda.md): per-op rounding in float loops, reductions in float buffers,
     // mixed promotion, views, cuBLAS GEMMs with f32 accumulation, autocast regions on CUDA

@@ -1,7 +1,17 @@
 #pragma once
-// What a kernel op needs to carry its CUDA kernel beside its CPU `run` (docs/cuda.md, "Kernel ops
-// carry their device kernel"): element type codes for its `device_call`, and the parameter words
-// its `device_words` fills. Plain host code: an op header includes it without the CUDA backend.
+// What a kernel op needs to carry its device implementation beside its CPU `run` (docs/cuda.md,
+// "Kernel ops carry their device kernel"): element type codes for its `device_call`, and the
+// parameter words its `device_words` fills. Plain host code: an op header includes it without the
+// CUDA backend. A kernel op runs on the device through one of two members:
+//  - its own kernel: `device_source` (CUDA text, emitted once per module), `device_call<N>()` (the
+//    node's instantiation) and `device_words<N>(in, out, ext, words, flag)` (the parameter words;
+//    returns the elements the grid covers), optionally `device_check<N>` (ops/index.hpp);
+//  - host code driving the backend: `device_run<N>(in, out, ext, dev)`, where `dev` offers
+//    `gemm(...)` (a column-major strided-batched BLAS product: cuBLAS), `zero(p, bytes)`,
+//    `dense_copy<S>(ref)` (a dense device copy of a strided operand) and `launch(words, threads)`
+//    (the node's own kernel, which `device_definition<N>(fn)` then defines: ops/custom.hpp).
+// Any op may declare `check_device<N>()`, whose static_asserts say what its device path cannot do
+// (or that it has none, naming the op: ops/conv.hpp).
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +37,9 @@ constexpr int device_type_code() {
     else if constexpr (std::is_same_v<S, std::int64_t>) return 5;
     else static_assert(std::is_same_v<S, float>, "typegrad: internal: a kernel op's device element type is not a dtype or index type");
 }
+
+// The parameter words of a kernel op's node (the prelude's tg_node_args).
+inline constexpr std::size_t device_node_words = 128;
 
 // A strided operand as parameter words: address, rank, extents, strides (2 + 2 rank words from
 // `at`; tg_ref_at reads them on the device). Returns the next free word.

@@ -193,18 +193,33 @@ template <class S>
 template <class S>
 [[gnu::noinline]] void node_shape(const node_call& c) {
     const auto in = operand_refs<S>(c);
-    if constexpr (S::kind == op_kind::view)
-        S::op::template layout<S>(in.data(), c.ext + c.ids[1], c.stride + c.ids[1], c.view_offset[c.ids[0]]);
-    else
-        S::op::template extents<S>(in.data(), c.ext + c.ids[1]);
+    if constexpr (S::kind == op_kind::view) {
+        static_assert(view_op_declares_layout<S>,
+                      "typegrad: a view op struct lacks its layout (the op is the node type's first argument, in the note below): "
+                      "template <class N, class Ref> static void layout(const Ref* in, std::size_t* ext, "
+                      "std::ptrdiff_t* stride, std::ptrdiff_t& offset) (docs/design.md, \"Where do I add\")");
+        if constexpr (view_op_declares_layout<S>)
+            S::op::template layout<S>(in.data(), c.ext + c.ids[1], c.stride + c.ids[1], c.view_offset[c.ids[0]]);
+    } else {
+        static_assert(kernel_op_declares_extents<S>,
+                      "typegrad: a kernel op struct lacks its run-time extents (the op is the node type's first argument, in the note below): "
+                      "template <class N, class Ref> static void extents(const Ref* in, std::size_t* ext) "
+                      "(docs/design.md, \"Where do I add\")");
+        if constexpr (kernel_op_declares_extents<S>) S::op::template extents<S>(in.data(), c.ext + c.ids[1]);
+    }
 }
 // Each kernel is its own function: inlined into one body, a plan's loops and kernels make one
 // huge function, and the optimiser's cost grows faster than linearly with a function's size.
 template <class S>
 [[gnu::noinline]] void node_run(const node_call& c) {
     using T = buffer_t<S>;
+    static_assert(kernel_op_declares_run<S>,
+                  "typegrad: a kernel op struct lacks its CPU routine (the op is the node type's first argument, in the note below): "
+                  "template <class N, class Ref, class T> static void run(const Ref* in, T* out, const std::size_t* ext) "
+                  "(docs/design.md, \"Where do I add\")");
     const auto in = operand_refs<S>(c);
-    S::op::template run<S>(in.data(), const_cast<T*>(static_cast<const T*>(c.ptr[c.ids[0]])), c.ext + c.ids[1]);
+    if constexpr (kernel_op_declares_run<S>)
+        S::op::template run<S>(in.data(), const_cast<T*>(static_cast<const T*>(c.ptr[c.ids[0]])), c.ext + c.ids[1]);
 }
 // A shape-derived scalar (1 / the count a mean divides by), from its operand's extents.
 template <class S>

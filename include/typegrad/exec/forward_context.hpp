@@ -12,11 +12,13 @@ namespace typegrad {
 template <class Policy, class Loss, class... Wrt>
 class step;
 
-// The saved context of a forward pass: the loss value, the extents and addresses of the bound
-// inputs (they must stay alive and unchanged until backward), and the reductions the backward
-// reads. Move-only: the saved addresses point into its own storage.
-template <class Step, class ForwardPlan>
-class forward_context {
+namespace detail {
+
+// What the host's and the device's forward contexts share (the device's: exec/cuda/step.hpp):
+// the step and plan they come from, the output's dtype, value() over the context's values(), the
+// plan's bound state; move-only (the saved addresses point into the context's own storage).
+template <class Context, class Step, class ForwardPlan>
+class forward_context_base {
 public:
     // The step that made the context.
     using step_type = Step;
@@ -25,24 +27,37 @@ public:
     // The output's dtype.
     using value_type = typename Step::value_type;
 
-    forward_context() = default;
+    forward_context_base() = default;
     // Moves the saved state; contexts are not copyable.
-    forward_context(forward_context&&) noexcept = default;
-    // Move assignment.
-    forward_context& operator=(forward_context&&) noexcept = default;
-    forward_context(const forward_context&) = delete;
-    forward_context& operator=(const forward_context&) = delete;
+    forward_context_base(forward_context_base&&) noexcept = default;
+    // Move assignment (frees what the context held).
+    forward_context_base& operator=(forward_context_base&&) noexcept = default;
+    forward_context_base(const forward_context_base&) = delete;
+    forward_context_base& operator=(const forward_context_base&) = delete;
 
-    // The scalar loss.
+    // The scalar output.
     value_type value() const {
         static_assert(Step::scalar_loss, "typegrad: value() is for scalar outputs; use values().");
-        return *loss_;
+        return static_cast<const Context&>(*this).values()[0];
     }
+
+protected:
+    typename ForwardPlan::state_type state_{};
+};
+
+}  // namespace detail
+
+// The saved context of a forward pass on the host: the loss value, the extents and addresses of
+// the bound inputs (they must stay alive and unchanged until backward), and the reductions the
+// backward reads.
+template <class Step, class ForwardPlan>
+class forward_context : public detail::forward_context_base<forward_context<Step, ForwardPlan>, Step, ForwardPlan> {
+public:
+    using typename detail::forward_context_base<forward_context, Step, ForwardPlan>::value_type;
     // The output's elements in row-major order.
     std::span<const value_type> values() const { return {loss_, loss_size_}; }
 
 private:
-    typename ForwardPlan::state_type state_{};
     detail::pooled_buffer<detail::scratch_unit> storage_;  // (reused across calls: core/cpu/buffer_pool.hpp)
     const value_type* loss_ = nullptr;
     std::size_t loss_size_ = 0;

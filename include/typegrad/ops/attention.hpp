@@ -108,35 +108,19 @@ template <int T, int V, int B> __device__ void tg_causal_fill(const tg_node_args
         for (std::size_t m = 0; m < mats; ++m)
             for (std::size_t i = 0; i < rows; ++i) {
                 const std::size_t row = m * rows + i;
-                const B* src = xp + strided_offset_of(x, row * cols);
+                const B* src = xp + strided_offset(x, row * cols);
                 T* o = out + row * cols;
                 // columns j <= i + Diagonal keep x (none when i + Diagonal < 0)
                 const std::int64_t last = std::int64_t(i) + Diagonal;
                 const std::size_t keep =
                     last < 0 ? 0 : std::size_t(last) + 1 < cols ? std::size_t(last) + 1 : cols;
-                for (std::size_t j = 0; j < keep; ++j) o[j] = convert<T, V>(src[std::ptrdiff_t(j) * sc]);
+                for (std::size_t j = 0; j < keep; ++j) o[j] = convert_element<T, V>(src[std::ptrdiff_t(j) * sc]);
                 for (std::size_t j = keep; j < cols; ++j) o[j] = f;
             }
     }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) {
         return make_node<causal_fill_op<Diagonal, std::bit_cast<std::uint64_t>(0.0)>>(g);
-    }
-
-private:
-    template <class Ref>
-    static std::ptrdiff_t strided_offset_of(const Ref& ref, std::size_t e) {
-        std::ptrdiff_t off = 0;
-        for (std::size_t a = ref.rank; a-- > 0;) {
-            off += std::ptrdiff_t(e % ref.ext[a]) * ref.stride[a];
-            e /= ref.ext[a];
-        }
-        return off;
-    }
-    template <class T, class V, class B>
-    static T convert(B v) {
-        if constexpr (std::is_same_v<T, B>) return v;
-        else return T(static_cast<compute_t<V>>(static_cast<compute_t<B>>(v)));
     }
 };
 

@@ -1,23 +1,19 @@
 #pragma once
-// broadcast_to (expand) and its adjoint sum_to: the pair that gradients of broadcasting use.
-// Also the run-time scalar 1/(number of elements reduced), which mean() divides by.
+// broadcast_to (expand) and its adjoint, the reduction to a shape (reduce_op, sum_to): the pair
+// that gradients of broadcasting use, each the other's VJP, so they share a header; the user's
+// reductions over axes build on them (ops/reduce.hpp).
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/reduce_kind.hpp>
 
 namespace typegrad {
 namespace detail {
-
-// The combine of a reduction; the order is part of the kernels' tables (a 2-bit field).
-enum class reduce_kind { sum, max, min, prod };
 
 // Reduce X down to Target: Target is X's shape with some axes set to 1 or dropped in front.
 template <reduce_kind K, class Target>
 struct reduce_op {
     static constexpr op_kind kind = op_kind::reduce;
     static constexpr reduce_kind combine = K;
-    static constexpr const char* name = K == reduce_kind::sum   ? "sum"
-                                        : K == reduce_kind::max ? "max"
-                                        : K == reduce_kind::min ? "min"
-                                                                : "prod";
+    static constexpr const char* name = reduce_kinds[std::size_t(K)].name;
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
     // Autocast runs sum in float on CUDA and prod in float on both devices, as PyTorch's lists
@@ -64,21 +60,6 @@ struct expand_op {
     template <class V> static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X, class Like>
     static constexpr auto vjp(G g, Out, X, Like);
-};
-
-// 1 / (product of the extents of X that a reduction to Target removes).
-template <class Target>
-struct inv_count_op {
-    static constexpr op_kind kind = op_kind::meta;
-    static constexpr const char* name = "inv_count";
-    static constexpr bool differentiable = false;
-    static constexpr bool shape_only(std::size_t) { return true; }
-    using target_shape = Target;
-    template <class X>
-    struct rule {
-        using value_type = typename X::value_type;
-        using shape_type = scalar_shape;
-    };
 };
 
 template <class Target, expression X>

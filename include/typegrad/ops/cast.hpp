@@ -2,8 +2,11 @@
 // cast<T>(x) between f64, f32, bf16 and f16; narrowing rounds to nearest even, and the gradient
 // casts back to the input's dtype. To or from f64 it is a kernel boundary (a loop runs in one SIMD
 // width): the conversion reads one materialised buffer and writes another, in bulk SIMD
-// conversions where the input is dense. Within the float family it is elementwise (convert_op).
+// conversions where the input is dense, and one strided conversion kernel on the device. Within
+// the float family it is elementwise (convert_op).
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include <typegrad/core/cpu/half_simd.hpp>
 #include <typegrad/ops/arithmetic.hpp>
@@ -52,15 +55,41 @@ struct cast_op : kernel_op_base {
                 return;
             }
         }
-        for (std::size_t e = 0; e < n; ++e) {
-            std::size_t r = e;
-            std::ptrdiff_t off = 0;
-            for (std::size_t a = rank; a-- > 0;) {
-                off += std::ptrdiff_t(r % ext[a]) * in[0].stride[a];
-                r /= ext[a];
-            }
-            out[e] = convert<V>(x[off]);
-        }
+        for (std::size_t e = 0; e < n; ++e) out[e] = convert<V>(x[strided_offset(in[0], e)]);
+    }
+    // The device: the same conversion (a bf16/f16 value held in a float buffer rounds to its dtype
+    // first), one thread per element. From f64 to bf16/f16 the CPU rounds once, directly; the
+    // device's conversions go through float, so that direction stays on the host.
+    static constexpr const char* device_source = R"CUDA(
+// cast to or from f64: T the output's code, V the input's dtype, B the input's buffer type
+template <int T, int V, int B> __device__ void tg_cast(const tg_node_args& p) {
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const tg_ref x = tg_ref_at(p, 1);
+    const typename tg_ty<B>::S* xp = (const typename tg_ty<B>::S*)x.p;
+    TG_GRID_LOOP(e, tg_numel(x)) {
+        typename tg_ty<B>::C v = tg_ty<B>::from(xp[tg_ref_offset(x, e)]);
+        if (V != B) v = (typename tg_ty<B>::C)tg_ty<V>::from(tg_ty<V>::to((typename tg_ty<V>::C)v));
+        out[e] = tg_ty<T>::to((typename tg_ty<T>::C)v);
+    }
+}
+)CUDA";
+    template <class N>
+    static constexpr void check_device() {
+        static_assert(!is_reduced_precision_v<To>,
+                      "typegrad: cuda: a cast from f64 to bf16/f16 has no device kernel yet (the device would "
+                      "round twice, through float); cast through f32 (tg::cast<float>) first (docs/cuda.md)");
+    }
+    template <class N>
+    static std::string device_call() {
+        using C = type_at_t<0, typename N::children>;
+        return device_template_call("tg_cast", {device_type_code<buffer_t<N>>(), device_type_code<typename C::value_type>(),
+                                                device_type_code<buffer_t<C>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t*, std::uint64_t* w, void*) {
+        w[0] = device_word(out);
+        put_device_ref(w, 1, in[0]);
+        return numel_of(in[0]);
     }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X);

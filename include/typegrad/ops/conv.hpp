@@ -317,7 +317,7 @@ template <class Op>
 struct conv_kernel_base : kernel_op_base {
     static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
     template <class N>
-    static void no_device_kernel() {
+    static constexpr void check_device() {
         static_assert(always_false<N>, "typegrad: cuda: conv1d/conv2d have no device kernel yet; evaluate this step "
                                        "with host bindings (docs/cuda.md)");
     }

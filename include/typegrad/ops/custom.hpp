@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <span>
 #include <string>
@@ -29,6 +30,7 @@
 #include <type_traits>
 
 #include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/arithmetic.hpp>
 
@@ -303,8 +305,103 @@ struct custom_grad_part_op;
 template <class Op>
 struct custom_backward_op;
 
+// A custom op's device path, a base of its forward and backward op structs (docs/cuda.md, "Custom
+// ops on the device", and core/device_kernel.hpp): the op's CUDA statements
+// (`device_forward`, `device_backward`) become the body of the node's kernel, which names the
+// operands. Parameter words: forward out, n, then (in_k, n_k) per input; backward grad_out, n,
+// out, n, then (in_k, n_k, grad_in_k) per input, the packed gradients zeroed before the launch.
+template <class Op, bool Backward>
+struct custom_device {
+    static constexpr const char* statements() {
+        if constexpr (Backward && requires { Op::device_backward; }) return Op::device_backward;
+        else if constexpr (!Backward && requires { Op::device_forward; }) return Op::device_forward;
+        else return nullptr;
+    }
+    template <class N>
+    static constexpr void check_device() {
+        static_assert(statements() != nullptr,
+                      "typegrad: cuda: a custom op (tg::custom) of this graph has no device implementation; "
+                      "give it `static constexpr const char* device_forward` and `device_backward` (CUDA "
+                      "statements, docs/cuda.md) or evaluate this step with host bindings");
+        static_assert(saved_of<Op>::bytes == 0 && std::is_same_v<forward_mutations_t<Op>, mutation_list<>> &&
+                          std::is_same_v<backward_mutations_t<Op>, mutation_list<>>,
+                      "typegrad: cuda: a custom op with saved values or declared mutations runs on the host "
+                      "only; evaluate this step with host bindings (docs/cuda.md)");
+        static_assert(std::is_same_v<storage_t<typename N::value_type>, float> ||
+                          std::is_same_v<storage_t<typename N::value_type>, double>,
+                      "typegrad: cuda: a custom op runs on the device in f32 or f64 only (docs/cuda.md)");
+    }
+    template <class N>
+    static std::string device_definition(const std::string& fn) {
+        constexpr std::size_t inputs = N::children::size - (Backward ? 2 : 0);
+        std::string s = std::string("// custom op ") + (Backward ? "(backward)\n" : "(forward)\n");
+        s += "__device__ void " + fn + "(const tg_node_args& p) {\n";
+        s += std::string("    typedef ") + (std::is_same_v<storage_t<typename N::value_type>, double> ? "double" : "float") +
+             " T;\n";
+        s += "    const tg_i64 tg_thread = blockIdx.x * (tg_i64)blockDim.x + threadIdx.x, tg_threads = (tg_i64)gridDim.x * blockDim.x;\n";
+        std::size_t w = 0;
+        auto word = [&](const std::string& declaration) {  // "T* out = (T*)" and the next word
+            s += "    " + declaration + "p.w[" + std::to_string(w++) + "];\n";
+        };
+        if (Backward) {
+            word("const T* grad_out = (const T*)");
+            word("const tg_i64 n = (tg_i64)");
+            word("const T* out = (const T*)");
+            word("(void)");
+        } else {
+            word("T* out = (T*)");
+            word("const tg_i64 n = (tg_i64)");
+        }
+        for (std::size_t k = 0; k < inputs; ++k) {
+            const std::string i = std::to_string(k);
+            word("const T* in" + i + " = (const T*)");
+            word("const tg_i64 n" + i + " = (tg_i64)");
+            if (Backward) word("T* grad_in" + i + " = (T*)");
+        }
+        for (std::size_t k = 0; k < inputs; ++k) s += "    (void)n" + std::to_string(k) + ";\n";
+        s += "    (void)tg_thread; (void)tg_threads; (void)n; (void)out;\n";
+        if constexpr (statements() != nullptr) s += std::string("    {\n") + statements() + "\n    }\n";
+        return s + "}\n";
+    }
+    // Launches the node's kernel with a grid covering its largest operand.
+    template <class N, class Ref, class Device>
+    static void device_run(const Ref* in, void* out, const std::size_t* ext, Device& dev) {
+        using T = storage_t<typename N::value_type>;
+        std::uint64_t w[device_node_words] = {};
+        std::size_t word = 0, most = 0;
+        auto numel = [](const Ref& r) {
+            std::size_t e = 1;
+            for (std::size_t a = 0; a < r.rank; ++a) e *= r.ext[a];
+            return e;
+        };
+        auto put = [&](const void* p, std::size_t count) {
+            w[word++] = device_word(p);
+            w[word++] = count;
+            most = count > most ? count : most;
+        };
+        if constexpr (Backward) {
+            dev.zero(out, ext[0] * sizeof(T));
+            put(in[0].data, numel(in[0]));
+            put(in[1].data, numel(in[1]));
+            std::size_t offset = 0;
+            for (std::size_t k = 2; k < N::children::size; ++k) {
+                put(in[k].data, numel(in[k]));
+                w[word++] = device_word(static_cast<T*>(out) + offset);
+                offset += numel(in[k]);
+            }
+        } else {
+            std::size_t n = 1;
+            for (std::size_t a = 0; a < N::shape_type::rank; ++a) n *= ext[a];
+            put(out, n);
+            for (std::size_t k = 0; k < N::children::size; ++k) put(in[k].data, numel(in[k]));
+        }
+        if (most) dev.launch(w, most);
+    }
+};
+
+// (the device: custom_device, the op's device_forward statements)
 template <class Op>
-struct custom_forward_op : kernel_op_base {
+struct custom_forward_op : kernel_op_base, custom_device<Op, false> {
     static constexpr const char* name = "custom";
     static constexpr std::size_t extra_bytes = saved_of<Op>::bytes;
     using op = Op;
@@ -374,8 +471,9 @@ constexpr auto custom(Xs... xs) {
 namespace detail {
 
 // All input gradients of one backward call, packed one after the other.
+// (the device: custom_device, the op's device_backward statements)
 template <class Op>
-struct custom_backward_op : kernel_op_base {
+struct custom_backward_op : kernel_op_base, custom_device<Op, true> {
     static constexpr const char* name = "custom_backward";
     using op = Op;
     // where the backward's mutations happen (its operands are grad_output, output, inputs...)

@@ -123,14 +123,9 @@ template <int I, int T, int V, int B> __device__ void tg_dropout(const tg_node_a
         for (std::size_t e = 0; e < n; e += 4) {
             const philox_counter r = philox4x32_10(philox_counter_at(offset + e / 4), key);
             for (std::size_t k = 0; k < 4 && e + k < n; ++k) {
-                std::size_t idx = e + k;
-                std::ptrdiff_t off = 0;
-                for (std::size_t a = x.rank; a-- > 0;) {
-                    off += std::ptrdiff_t(idx % ext[a]) * x.stride[a];
-                    idx /= ext[a];
-                }
                 const bool keep = double(uniform_float(r[k])) < 1.0 - p;
-                const C v = static_cast<C>(static_cast<compute_t<typename X::value_type>>(static_cast<compute_t<B>>(xp[off])));
+                const C v = static_cast<C>(static_cast<compute_t<typename X::value_type>>(
+                    static_cast<compute_t<B>>(xp[strided_offset(x, e + k)])));
                 out[e + k] = T(keep ? v * scale : C(0));
             }
         }

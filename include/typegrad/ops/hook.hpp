@@ -83,20 +83,10 @@ struct tensor_hook_op : kernel_op_base {
     }
     template <class N, class Ref, class T>
     static void run(const Ref* in, T* out, const std::size_t* ext) {
-        const std::size_t rank = in[0].rank;
-        std::size_t n = 1;
-        for (std::size_t a = 0; a < rank; ++a) n *= ext[a];
+        const std::size_t rank = in[0].rank, n = numel_of(in[0]);
         const auto* g = static_cast<const T*>(in[0].data);
         // the gradient is materialised densely by a loop, but may be a strided view
-        for (std::size_t e = 0; e < n; ++e) {
-            std::size_t r = e;
-            std::ptrdiff_t off = 0;
-            for (std::size_t a = rank; a-- > 0;) {
-                off += std::ptrdiff_t(r % ext[a]) * in[0].stride[a];
-                r /= ext[a];
-            }
-            out[e] = g[off];
-        }
+        for (std::size_t e = 0; e < n; ++e) out[e] = g[strided_offset(in[0], e)];
         F{}(grad_view<T>{out, std::span<const std::size_t>(ext, rank)});
     }
 };
@@ -162,6 +152,11 @@ struct post_accumulate_hook_op : elementwise_op {
     static constexpr const char* name = "post_accumulate_grad_hook";
     static constexpr const char* device = "{0}";
     using hook_type = post_hooks_in_order<Fs...>;
+    template <class N>
+    static constexpr void check_device() {
+        static_assert(always_false<N>, "typegrad: cuda: post_accumulate_grad_hook runs host code on the param and its "
+                                       "gradient; it cannot run on the device (docs/cuda.md)");
+    }
     template <class V> static V apply(const V& x) { return x; }
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) { return g; }

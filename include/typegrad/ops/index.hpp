@@ -45,28 +45,6 @@ inline constexpr std::int64_t no_padding = std::numeric_limits<std::int64_t>::mi
 
 namespace detail {
 
-// The element at logical (row-major) position e of a strided operand.
-template <class Ref>
-inline std::ptrdiff_t strided_offset(const Ref& r, std::size_t e) {
-    std::ptrdiff_t off = 0;
-    for (std::size_t a = r.rank; a-- > 0;) {
-        off += std::ptrdiff_t(e % r.ext[a]) * r.stride[a];
-        e /= r.ext[a];
-    }
-    return off;
-}
-template <class Ref>
-inline std::size_t numel_of(const Ref& r) {
-    std::size_t n = 1;
-    for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
-    return n;
-}
-// One element of buffer type B (value dtype V) as the output's storage type T.
-template <class T, class V, class B>
-inline T convert_element(B x) {
-    if constexpr (std::is_same_v<T, B>) return x;
-    else return T(static_cast<compute_t<V>>(static_cast<compute_t<B>>(x)));
-}
 
 // The ids of an index op, checked: each in [0, rows). Throws before the caller writes.
 template <class Id>

@@ -147,6 +147,42 @@ struct matmul_op : kernel_op_base {
         }
     }
 
+    // The device: one strided-batched GEMM of the backend's BLAS (dev.gemm: cuBLAS, column-major),
+    // operands read in place by rows or columns as on the host (operand_access_of), or copied
+    // dense first. bf16/f16 operands accumulate in f32 and round the product once, as the host's
+    // kernel and PyTorch's CUDA matmul do.
+    template <class N, class Ref, class Device>
+    static void device_run(const Ref* in, void* out, const std::size_t* ext, Device& dev) {
+        using S = storage_t<typename N::value_type>;
+        constexpr bool batched = N::shape_type::rank == 3;
+        const std::size_t batch = batched ? ext[0] : 1;
+        const std::size_t rows = ext[batched ? 1 : 0], cols = ext[batched ? 2 : 1];
+        const std::size_t k = in[0].ext[in[0].rank - 1];
+        if (batch == 0 || rows == 0 || cols == 0) return;
+        if (k == 0) return dev.zero(out, batch * rows * cols * sizeof(S));
+        struct device_operand {
+            const S* data;
+            bool transposed;
+            int ld;
+            long long batch_stride;
+            decltype(dev.template dense_copy<S>(in[0])) copy{};
+        };
+        auto operand = [&](const Ref& r) {
+            const operand_access access = operand_access_of(r);
+            device_operand o{static_cast<const S*>(r.data), access.layout == operand_layout::columns, int(access.ld),
+                             (long long)access.batch_stride};
+            if (access.layout == operand_layout::dense_copy) {
+                o.copy = dev.template dense_copy<S>(r);
+                o.data = static_cast<const S*>(o.copy.data());
+            }
+            return o;
+        };
+        const device_operand a = operand(in[0]), b = operand(in[1]);
+        // row-major C = A B is column-major C^T = B^T A^T: the BLAS gets B first
+        dev.gemm(b.transposed, a.transposed, int(cols), int(rows), int(k), b.data, b.ld, b.batch_stride, a.data, a.ld,
+                 a.batch_stride, static_cast<S*>(out), int(cols), (long long)(rows * cols), int(batch));
+    }
+
     template <std::size_t I, class G, class Out, class A, class B>
     static constexpr auto vjp(G g, Out, A a, B b);
 };

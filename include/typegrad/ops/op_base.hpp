@@ -35,6 +35,30 @@ struct tensor_ref {
     std::size_t rank;
 };
 
+// Kernels' helpers (the CUDA prelude's twins: tg_ref_offset, tg_numel, tg_cvt): the element at
+// logical (row-major) position e of a strided operand, an operand's element count, and one
+// element of buffer type B (value dtype V) as the output's storage type T.
+template <class Ref>
+inline std::ptrdiff_t strided_offset(const Ref& r, std::size_t e) {
+    std::ptrdiff_t off = 0;
+    for (std::size_t a = r.rank; a-- > 0;) {
+        off += std::ptrdiff_t(e % r.ext[a]) * r.stride[a];
+        e /= r.ext[a];
+    }
+    return off;
+}
+template <class Ref>
+inline std::size_t numel_of(const Ref& r) {
+    std::size_t n = 1;
+    for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
+    return n;
+}
+template <class T, class V, class B>
+inline T convert_element(B x) {
+    if constexpr (std::is_same_v<T, B>) return x;
+    else return T(static_cast<compute_t<V>>(static_cast<compute_t<B>>(x)));
+}
+
 constexpr autocast_class fp32_on_cuda(device_kind d) {
     return d == device_kind::cuda ? autocast_class::fp32 : autocast_class::promote;
 }
@@ -86,6 +110,23 @@ struct buffer_type<node<Op, C0, Cs...>> {
 };
 template <class N>
 using buffer_t = typename buffer_type<N>::type;
+
+// The op protocol's members that take the node (graph/node.hpp checks the others at make_node,
+// before the node type exists): a kernel op's run-time extents and CPU routine, a view's layout.
+// The CPU executor checks them where it first calls them (exec/execute.hpp).
+template <class N>
+concept kernel_op_declares_extents = requires(const tensor_ref* in, std::size_t* ext) {
+    N::op::template extents<N>(in, ext);
+};
+template <class N>
+concept kernel_op_declares_run = requires(const tensor_ref* in, buffer_t<N>* out, const std::size_t* ext) {
+    N::op::template run<N>(in, out, ext);
+};
+template <class N>
+concept view_op_declares_layout = requires(const tensor_ref* in, std::size_t* ext, std::ptrdiff_t* stride,
+                                           std::ptrdiff_t& offset) {
+    N::op::template layout<N>(in, ext, stride, offset);
+};
 
 // The usual device_call of a kernel op (core/device_kernel.hpp): kernel<I, T, V, B>, I the element
 // type of operand IdsAt (ids, a start, an rng), T the node's buffer type, V and B the value and

@@ -146,7 +146,7 @@ pooled_buffer<compute_t<typename X::value_type>> pool_dense(const void* data, co
 
 struct pool_kernel_base : kernel_op_base {
     template <class N>
-    static void no_device_kernel() {
+    static constexpr void check_device() {
         static_assert(always_false<N>, "typegrad: cuda: max_pool2d/avg_pool2d have no device kernel yet; evaluate this "
                                        "step with host bindings (docs/cuda.md)");
     }
@@ -278,7 +278,7 @@ template <std::size_t OH, std::size_t OW, int Mode>
 struct adaptive_avg_pool_op : pool_kernel_base {
     static constexpr const char* name = Mode == 0 ? "adaptive_avg_pool2d" : "adaptive_avg_pool2d_backward";
     template <class N>
-    static void no_device_kernel() {
+    static constexpr void check_device() {
         static_assert(always_false<N>, "typegrad: cuda: adaptive_avg_pool2d has no device kernel yet; evaluate this "
                                        "step with host bindings (docs/cuda.md)");
     }

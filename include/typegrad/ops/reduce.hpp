@@ -23,6 +23,21 @@ inline constexpr keepdim_t keepdim{};
 
 namespace detail {
 
+// mean's divisor: 1 / (product of the extents of X that a reduction to Target removes).
+template <class Target>
+struct inv_count_op {
+    static constexpr op_kind kind = op_kind::meta;
+    static constexpr const char* name = "inv_count";
+    static constexpr bool differentiable = false;
+    static constexpr bool shape_only(std::size_t) { return true; }
+    using target_shape = Target;
+    template <class X>
+    struct rule {
+        using value_type = typename X::value_type;
+        using shape_type = scalar_shape;
+    };
+};
+
 template <class S, int... Axes>
 constexpr bool axes_valid() {
     std::array<bool, max_rank> seen{};

@@ -60,3 +60,23 @@ TEST_CASE("a dynamic matmul batch extent bound as 1 does not broadcast, in forwa
     CHECK(bcast.value_and_grad(tg::bind(a1, ad), tg::bind(w, wd), tg::grad_into(a1, ga), tg::grad_into(w, gw)) == 48.f);
     CHECK(ga == std::vector<float>(6, 8.f));
 }
+
+TEST_CASE("a matmul operand with neither inner axis unit-stride is read through a dense copy", "[ops][matmul][gradient]") {
+    constexpr auto c = tg::param<"c", double, tg::shape<2, 3, 4>>;
+    constexpr auto e = tg::param<"e", double, tg::shape<3, 5>>;
+    constexpr auto k = tg::input<"k", double, tg::shape<4, 2, 5>>;
+    // permute<2, 0, 1>(c) is [4, 2, 3] with strides (1, 12, 4): neither rows nor columns
+    const auto loss = tg::sum(tg::matmul(tg::permute<2, 0, 1>(c), e) * k);
+    const auto cv = uniform(24, -1.0, 1.0, 60), ev = uniform(15, -1.0, 1.0, 61), kv = uniform(40, -1.0, 1.0, 62);
+    double expected = 0;
+    for (std::size_t i = 0; i < 4; ++i)
+        for (std::size_t j = 0; j < 2; ++j)
+            for (std::size_t m = 0; m < 5; ++m) {
+                double dot = 0;
+                for (std::size_t l = 0; l < 3; ++l) dot += cv[(j * 3 + l) * 4 + i] * ev[l * 5 + m];
+                expected += dot * kv[(i * 2 + j) * 5 + m];
+            }
+    auto step = tg::compile(loss, tg::wrt(c, e));
+    CHECK(step.forward(tg::bind(c, cv), tg::bind(e, ev), tg::bind(k, kv)).value() == Approx(expected).epsilon(1e-12));
+    check_gradient(loss, fixed(tg::bind(k, kv)), at(c, cv), at(e, ev));
+}

@@ -18,6 +18,7 @@
 #include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/exec/program.hpp>
 #include <typegrad/exec/state.hpp>
+#include <typegrad/ops/reduce_kind.hpp>
 
 namespace typegrad::detail {
 
@@ -33,13 +34,6 @@ struct grad_mask {
     }
 };
 
-template <class T, reduce_kind K>
-constexpr T reduce_identity() {
-    if constexpr (K == reduce_kind::sum) return T(0);
-    else if constexpr (K == reduce_kind::max) return -std::numeric_limits<T>::infinity();
-    else if constexpr (K == reduce_kind::min) return std::numeric_limits<T>::infinity();
-    else return T(1);
-}
 template <reduce_kind K, class V>
 inline V reduce_combine(const V& a, const V& b) {
     if constexpr (K == reduce_kind::sum) return a + b;

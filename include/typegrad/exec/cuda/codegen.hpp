@@ -244,66 +244,23 @@ inline void emit_group(std::string& s, const plan_view& pv, const group_desc& g,
     s += host_entry(name, args) + "\n";
 }
 
-// A custom op's kernel: the op's statements inside a kernel that names its operands. Parameter
-// words: forward out, n, then (in_k, n_k) per input; backward grad_out, n, out, n, then
-// (in_k, n_k) and grad_in_k per input (the gradients are zeroed before the launch).
-inline void emit_custom(std::string& s, const plan_view& pv, std::size_t n) {
-    const node_info& ni = pv.info[n];
-    const bool backward = ni.name == "custom_backward";
-    const std::size_t inputs = ni.arity - (backward ? 2 : 0);
-    const char* T = ni.value == td::dtype_code::f64 ? "double" : "float";
-    auto W = [](std::size_t i) { return std::string("p.w[") + std::to_string(i) + "]"; };
-    s += std::string("// custom op, node ") + std::to_string(n) + (backward ? " (backward)\n" : " (forward)\n");
-    s += "struct " + custom_kernel_name(n) + "_args { tg_u64 w[16]; };\n";
-    s += "extern \"C\" __global__ void __launch_bounds__(TG_BLOCK) " + custom_kernel_name(n) + "(const " +
-         custom_kernel_name(n) + "_args p) {\n";
-    s += std::string("    typedef ") + T + " T;\n";
-    s += "    const tg_i64 tg_thread = blockIdx.x * (tg_i64)blockDim.x + threadIdx.x, tg_threads = (tg_i64)gridDim.x * blockDim.x;\n";
-    std::size_t w = 0;
-    auto word = [&](const std::string& declaration) {  // "T* out = (T*)" -> that plus the next word
-        s += "    " + declaration + W(w) + ";\n";
-        ++w;
-    };
-    if (backward) {
-        word("const T* grad_out = (const T*)");
-        word("const tg_i64 n = (tg_i64)");
-        word("const T* out = (const T*)");
-        word("(void)");
-    } else {
-        word("T* out = (T*)");
-        word("const tg_i64 n = (tg_i64)");
-    }
-    for (std::size_t k = 0; k < inputs; ++k) {
-        const std::string i = std::to_string(k);
-        word("const T* in" + i + " = (const T*)");
-        word("const tg_i64 n" + i + " = (tg_i64)");
-        if (backward) word("T* grad_in" + i + " = (T*)");
-    }
-    for (std::size_t k = 0; k < inputs; ++k) s += "    (void)n" + std::to_string(k) + ";\n";
-    s += "    (void)tg_thread; (void)tg_threads; (void)n; (void)out;\n";
-    s += std::string("    {\n") + pv.device[n] + "\n    }\n}\n";
-    s += host_entry(custom_kernel_name(n), custom_kernel_name(n) + "_args") + "\n";
-}
-
-// The whole module of a plan: the prelude, one kernel per loop group, one per custom op.
+// The whole module of a plan: the prelude, one kernel per loop group, one per kernel op's node.
 inline std::string generate_source(const plan_view& pv) {
     std::string s = prelude();
     for (std::size_t L = 0; L < pv.loop_count; ++L) {
         const auto groups = loop_groups(pv, L);
         for (std::size_t gi = 0; gi < groups.size(); ++gi) emit_group(s, pv, groups[gi], gi);
     }
-    for (std::size_t n = 0; n < pv.node_count; ++n)
-        if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) emit_custom(s, pv, n);
     std::vector<std::string_view> emitted;  // each op's templates once, whatever its parameters
     for (std::size_t n = 0; n < pv.node_count; ++n) {
-        if (pv.kernel_source[n] == nullptr) continue;
-        const std::string_view src = pv.kernel_source[n];
-        if (std::find(emitted.begin(), emitted.end(), src) == emitted.end()) {
-            emitted.push_back(src);
-            s += std::string("// kernel op ") + std::string(pv.info[n].name) + "\n" + std::string(src) + "\n";
+        const node_kernel_text& k = pv.kernel[n];
+        if (k.call.empty()) continue;
+        if (k.shared != nullptr && std::find(emitted.begin(), emitted.end(), std::string_view(k.shared)) == emitted.end()) {
+            emitted.push_back(k.shared);
+            s += std::string("// kernel op ") + std::string(pv.info[n].name) + "\n" + k.shared + "\n";
         }
-        const std::string name = node_kernel_name(n);
-        s += "TG_ENTRY(" + name + ", tg_node_args, " + pv.kernel_call[n] + "(p))\n";
+        s += k.definition;
+        s += "TG_ENTRY(" + node_kernel_name(n) + ", tg_node_args, " + k.call + "(p))\n";
     }
     return s;
 }

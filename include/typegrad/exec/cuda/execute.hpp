@@ -1,9 +1,9 @@
 #pragma once
 // Runs a plan on the device: the host computes shapes and checks everything (the same code as
 // the CPU path: exec/execute.hpp), lays out one device arena, then launches the plan's kernels
-// in schedule order on the legacy default stream: generated loop kernels, cuBLAS for matmul,
-// prelude kernels for casts, and the device kernels that kernel ops carry beside their CPU run
-// (device_source: embedding, one_hot, slice_backward, ...).
+// in schedule order on the legacy default stream: generated loop kernels, and each kernel op's
+// device path, carried beside its CPU run (core/device_kernel.hpp): its own kernel (embedding,
+// one_hot, cast, ...) or host code on the backend's primitives (matmul: cuBLAS; custom ops).
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -15,58 +15,26 @@
 #include <typegrad/exec/cuda/codegen.hpp>
 #include <typegrad/exec/cuda/runtime.hpp>
 #include <typegrad/exec/cuda/tensor.hpp>
-#include <typegrad/exec/custom_checks.hpp>
-#include <typegrad/ops/cast.hpp>
-#include <typegrad/ops/loss.hpp>
-#include <typegrad/ops/matmul.hpp>
 
 namespace typegrad::cuda::detail {
 
 // ---- which nodes the device can run --------------------------------------------------------
-template <class Op> inline constexpr bool is_matmul_v = std::is_same_v<Op, td::matmul_op>;
-template <class Op> inline constexpr bool is_cast_v = false;
-template <class To> inline constexpr bool is_cast_v<td::cast_op<To>> = true;
-
+// An elementwise node needs its op's device expression; a kernel node its op's device path (its
+// own kernel or device_run, core/device_kernel.hpp); any op's check_device says what its device
+// path cannot do.
 template <class N>
 constexpr void check_node_on_device() {
+    if constexpr (requires { N::op::template check_device<N>(); }) N::op::template check_device<N>();
     if constexpr (N::kind == op_kind::elementwise) {
         static_assert(op_device_expr<typename N::op>::value != nullptr,
                       "typegrad: cuda: an elementwise op of this graph has no device expression. An elementwise "
                       "hook runs on the device only when its function object declares one, e.g. "
                       "`static constexpr const char* device = \"{0} + (T)10\";` (docs/cuda.md)");
     } else if constexpr (N::kind == op_kind::kernel) {
-        if constexpr (td::custom_kernel_info<N>::is_custom) {
-            using op = typename td::custom_kernel_info<N>::op;
-            static_assert(op_device_expr<typename N::op>::value != nullptr,
-                          "typegrad: cuda: a custom op (tg::custom) of this graph has no device implementation; "
-                          "give it `static constexpr const char* device_forward` and `device_backward` (CUDA "
-                          "statements, docs/cuda.md) or evaluate this step with host bindings");
-            static_assert(td::saved_of<op>::bytes == 0 && std::is_same_v<td::forward_mutations_t<op>, mutation_list<>> &&
-                              std::is_same_v<td::backward_mutations_t<op>, mutation_list<>>,
-                          "typegrad: cuda: a custom op with saved values or declared mutations runs on the host "
-                          "only; evaluate this step with host bindings (docs/cuda.md)");
-            static_assert(std::is_same_v<storage_t<typename N::value_type>, float> ||
-                              std::is_same_v<storage_t<typename N::value_type>, double>,
-                          "typegrad: cuda: a custom op runs on the device in f32 or f64 only (docs/cuda.md)");
-        }
-        if constexpr (is_cast_v<typename N::op>)
-            static_assert(!is_reduced_precision_v<storage_t<typename N::value_type>> &&
-                              !is_reduced_precision_v<storage_t<typename td::type_at_t<0, typename N::children>::value_type>>,
-                          "typegrad: cuda: a cast to or from f64 with a bf16/f16 side has no device kernel yet; cast "
-                          "through f32 (tg::cast<float>) first (docs/cuda.md)");
-        // a kernel op with its own device implementation (device_source, ops/index.hpp); one
-        // without names itself (ops/conv.hpp, pool.hpp)
-        if constexpr (requires { N::op::device_source; }) {
-        } else if constexpr (requires { N::op::template no_device_kernel<N>(); }) N::op::template no_device_kernel<N>();
-        else static_assert(td::custom_kernel_info<N>::is_custom || is_matmul_v<typename N::op> ||
-                          is_cast_v<typename N::op>,
+        static_assert(has_device_kernel<N> || has_device_run<N> || requires { N::op::template check_device<N>(); },
                       "typegrad: cuda: this graph has a kernel op with no device implementation (tensor hooks, "
                       "which take a host tg::grad_view, are one); evaluate it with host bindings (docs/cuda.md)");
     }
-    if constexpr (requires { typename N::op::hook_type; })
-        static_assert(td::always_false<N>,
-                      "typegrad: cuda: post_accumulate_grad_hook runs host code on the param and its gradient; "
-                      "it cannot run on the device (docs/cuda.md)");
 }
 
 // The generator computes an f64 loop in double and an f32/bf16/f16 loop in float, converting
@@ -104,20 +72,19 @@ enum prelude_fn : std::size_t {
     // in detail::reduce_kind's order, f32 then f64 (a launch adds the kind to finish_sum_*)
     finish_sum_f32, finish_max_f32, finish_min_f32, finish_prod_f32,
     finish_sum_f64, finish_max_f64, finish_min_f64, finish_prod_f64,
-    gather_f32_f32, gather_f64_f64, gather_f32_f64, gather_f64_f32, gather_b16_b16, prelude_fn_count
+    gather_f32, gather_f64, gather_b16, prelude_fn_count
 };
 inline constexpr const char* prelude_names[prelude_fn_count] = {
     "tg_finish_sum_f32", "tg_finish_max_f32", "tg_finish_min_f32", "tg_finish_prod_f32",
     "tg_finish_sum_f64", "tg_finish_max_f64", "tg_finish_min_f64", "tg_finish_prod_f64",
-    "tg_gather_f32_f32", "tg_gather_f64_f64", "tg_gather_f32_f64", "tg_gather_f64_f32", "tg_gather_b16_b16"};
+    "tg_gather_f32", "tg_gather_f64", "tg_gather_b16"};
 
 struct compiled_module {
     CUmodule module = nullptr;
     std::vector<std::vector<group_desc>> groups;       // [loop][group]
     std::vector<std::vector<CUfunction>> functions;    // [loop][group]
     std::array<CUfunction, prelude_fn_count> prelude{};
-    std::vector<CUfunction> custom;                    // [node]: a custom op's kernel, or null
-    std::vector<CUfunction> node_kernel;               // [node]: a kernel op's device_source kernel, or null
+    std::vector<CUfunction> node_kernel;               // [node]: a kernel op's own kernel, or null
 };
 
 // The virtual architecture NVRTC targets for the device in use.
@@ -159,12 +126,9 @@ compiled_module load_module() {
     }
     for (std::size_t i = 0; i < prelude_fn_count; ++i) c.prelude[i] = get(prelude_names[i]);
     const plan_view pv = view_of<Plan>();
-    c.custom.assign(Plan::M, nullptr);
-    for (std::size_t n = 0; n < Plan::M; ++n)
-        if (is_custom_node(pv.info[n]) && pv.device[n] != nullptr) c.custom[n] = get(custom_kernel_name(n));
     c.node_kernel.assign(Plan::M, nullptr);
     for (std::size_t n = 0; n < Plan::M; ++n)
-        if (pv.kernel_source[n] != nullptr) c.node_kernel[n] = get(node_kernel_name(n));
+        if (!pv.kernel[n].call.empty()) c.node_kernel[n] = get(node_kernel_name(n));
     return c;
 }
 // The plan's module, loaded once per plan type; thread-safe (a function-local static; a failure
@@ -204,7 +168,7 @@ inline group_launch configure(std::uint64_t O, std::uint64_t K) {
 
 template <class T>
 constexpr std::size_t gather_fn() {
-    return std::is_same_v<T, float> ? gather_f32_f32 : std::is_same_v<T, double> ? gather_f64_f64 : gather_b16_b16;
+    return std::is_same_v<T, float> ? gather_f32 : std::is_same_v<T, double> ? gather_f64 : gather_b16;
 }
 
 // Strided -> dense copy on the device.
@@ -329,75 +293,51 @@ inline void run_loop(const plan_view& pv, const state_view& sv, const compiled_m
     }
 }
 
-// One matmul operand as cuBLAS reads it (td::operand_access_of, ops/matmul.hpp: the host GEMM's
-// rule), or a dense device copy when neither inner axis is unit-stride.
-template <class T>
-struct matmul_operand {
-    const T* data = nullptr;
-    bool transposed = false;
-    std::size_t ld = 0;
-    long long batch_stride = 0;
-    device_buffer copy;
-    matmul_operand(const compiled_module& m, const td::tensor_ref& r) {
-        const td::operand_access access = td::operand_access_of(r);
-        data = static_cast<const T*>(r.data);
-        transposed = access.layout == td::operand_layout::columns;
-        ld = access.ld;
-        batch_stride = access.batch_stride;
-        if (access.layout == td::operand_layout::dense_copy) {
-            const std::size_t nb = r.rank == 3 ? r.ext[0] : 1, numel = nb * r.ext[r.rank - 2] * r.ext[r.rank - 1];
-            copy = device_buffer(numel * sizeof(T));
-            gather(m, gather_fn<T>(), r.data, copy.data(), numel, r.rank, r.ext, r.stride);
-            data = static_cast<const T*>(copy.data());
+// What a kernel op's device_run drives (core/device_kernel.hpp): cuBLAS, memset, dense copies
+// and the node's own kernel.
+struct node_device {
+    const compiled_module& m;
+    CUfunction kernel;  // the node's own kernel, or null
+
+    void zero(void* p, std::size_t bytes) { zero_on_device(p, bytes); }
+    void launch(std::uint64_t* words, std::size_t threads) { detail::launch(kernel, grid_for(threads), 1, words); }
+    // A dense row-major copy of a strided operand.
+    template <class S>
+    device_buffer dense_copy(const td::tensor_ref& r) {
+        std::size_t numel = 1;
+        for (std::size_t a = 0; a < r.rank; ++a) numel *= r.ext[a];
+        device_buffer copy(numel * sizeof(S));
+        gather(m, gather_fn<S>(), r.data, copy.data(), numel, r.rank, r.ext, r.stride);
+        return copy;
+    }
+    // C = op(A) op(B), column-major, strided batched (cublas<t>gemmStridedBatched, alpha 1, beta
+    // 0); bf16/f16 operands accumulate in f32 and round the product once.
+    template <class S>
+    void gemm(bool ta, bool tb, int m_, int n_, int k_, const S* a, int lda, long long sa, const S* b, int ldb,
+              long long sb, S* c, int ldc, long long sc, int batch) {
+        if (emulator* e = active_emulator())
+            return e->gemm(std::is_same_v<S, double> ? gemm_type::f64 : std::is_same_v<S, bf16> ? gemm_type::bf16
+                           : std::is_same_v<S, f16> ? gemm_type::f16 : gemm_type::f32,
+                           ta, tb, m_, n_, k_, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+        cublasHandle_t h = blas_handle();
+        const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        if constexpr (is_reduced_precision_v<S>) {
+            const float one = 1, zero = 0;
+            const cudaDataType_t dt = std::is_same_v<S, bf16> ? CUDA_R_16BF : CUDA_R_16F;
+            check_cublas(cublasGemmStridedBatchedEx(h, opa, opb, m_, n_, k_, &one, a, dt, lda, sa, b, dt, ldb, sb, &zero, c, dt,
+                                                    ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmStridedBatchedEx");
+        } else if constexpr (std::is_same_v<S, float>) {
+            const S one = 1, zero = 0;
+            check_cublas(cublasSgemmStridedBatched(h, opa, opb, m_, n_, k_, &one, a, lda, sa, b, ldb, sb, &zero, c, ldc, sc, batch),
+                         "cublasSgemmStridedBatched");
+        } else {
+            const S one = 1, zero = 0;
+            check_cublas(cublasDgemmStridedBatched(h, opa, opb, m_, n_, k_, &one, a, lda, sa, b, ldb, sb, &zero, c, ldc, sc, batch),
+                         "cublasDgemmStridedBatched");
         }
     }
 };
-
-template <class T>
-void run_matmul(const compiled_module& m, const td::tensor_ref& ra, const td::tensor_ref& rb, T* out,
-                const std::size_t* ext, bool batched) {
-    const std::size_t batch = batched ? ext[0] : 1;
-    const std::size_t rows = ext[batched ? 1 : 0], cols = ext[batched ? 2 : 1];
-    const std::size_t k = ra.ext[ra.rank - 1];
-    if (batch == 0 || rows == 0 || cols == 0) return;
-    if (k == 0) {
-        zero_on_device(out, batch * rows * cols * sizeof(T));
-        return;
-    }
-    matmul_operand<T> a(m, ra), b(m, rb);
-    // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets B first.
-    const cublasOperation_t opb = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t opa = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (emulator* e = active_emulator())
-        return e->gemm(std::is_same_v<T, double> ? gemm_type::f64 : std::is_same_v<T, bf16> ? gemm_type::bf16
-                       : std::is_same_v<T, f16> ? gemm_type::f16 : gemm_type::f32, b.transposed, a.transposed, int(cols), int(rows), int(k), b.data,
-                       int(b.ld), b.batch_stride, a.data, int(a.ld), a.batch_stride, out, int(cols),
-                       (long long)(rows * cols), int(batch));
-    cublasHandle_t h = blas_handle();
-    const int n_ = int(cols), m_ = int(rows), k_ = int(k);
-    if constexpr (is_reduced_precision_v<T>) {
-        // bf16/f16 operands, f32 accumulation, the product rounded once to bf16/f16 (the CPU's
-        // vdpbf16ps kernel and PyTorch's CUDA matmul do the same).
-        const float one = 1, zero = 0;
-        const cudaDataType_t dt = std::is_same_v<T, bf16> ? CUDA_R_16BF : CUDA_R_16F;
-        check_cublas(cublasGemmStridedBatchedEx(h, opb, opa, n_, m_, k_, &one, b.data, dt, int(b.ld), b.batch_stride,
-                                                a.data, dt, int(a.ld), a.batch_stride, &zero, out, dt, n_,
-                                                (long long)(rows * cols), int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                     "cublasGemmStridedBatchedEx");
-    } else if constexpr (std::is_same_v<T, float>) {
-        const T one = 1, zero = 0;
-        check_cublas(cublasSgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
-                                               a.data, int(a.ld), a.batch_stride, &zero, out, n_,
-                                               (long long)(rows * cols), int(batch)),
-                     "cublasSgemmStridedBatched");
-    } else {
-        const T one = 1, zero = 0;
-        check_cublas(cublasDgemmStridedBatched(h, opb, opa, n_, m_, k_, &one, b.data, int(b.ld), b.batch_stride,
-                                               a.data, int(a.ld), a.batch_stride, &zero, out, n_,
-                                               (long long)(rows * cols), int(batch)),
-                     "cublasDgemmStridedBatched");
-    }
-}
 
 // The shape pass of a device call. A kernel op's extents() checks its operands' values when the
 // host can read them (embedding's ids, before anything runs); device memory is not readable from
@@ -485,18 +425,14 @@ private:
     void run_kernel(state_type& state, const compiled_module& m) {
         using node = typename Plan::program::template node_at<N>;
         using op = typename node::op;
-        using T = compute_t<typename node::value_type>;
-        using S = storage_t<typename node::value_type>;  // bf16/f16 kernels work on the stored type
-        auto ref = [&](std::size_t k) { return td::ref_of<Plan>(state, info[N].child[k]); };
+        std::array<td::tensor_ref, node::children::size> in{};
+        for (std::size_t k = 0; k < in.size(); ++k) in[k] = td::ref_of<Plan>(state, info[N].child[k]);
         void* out = const_cast<void*>(state.ptr[N]);
         const std::size_t* ext = state.ext.data() + Plan::rank_offset[N];
-        const std::size_t n = td::node_numel<Plan>(state, N);
-        if constexpr (requires { op::device_source; }) {
+        if constexpr (has_device_kernel<node>) {
             // the op's own kernel: it fills the parameter words and says how many elements the
             // grid covers; an op that checks ids gets a flag (the first bad position, or ~0)
-            std::uint64_t w[128] = {};
-            std::array<td::tensor_ref, node::children::size> in{};
-            for (std::size_t k = 0; k < in.size(); ++k) in[k] = ref(k);
+            std::uint64_t w[td::device_node_words] = {};
             void* flag = base_ + flag_;
             constexpr bool checks = requires { op::template device_check<node>(in.data(), std::size_t{}, nullptr); };
             if constexpr (checks) {
@@ -510,45 +446,11 @@ private:
                 copy_to_host(&bad, flag, sizeof bad);
                 if (bad != ~std::uint64_t{0}) op::template device_check<node>(in.data(), std::size_t(bad), &copy_to_host);
             }
-        } else if constexpr (is_matmul_v<op>) {
-            run_matmul<S>(m, ref(0), ref(1), static_cast<S*>(out), ext, node::shape_type::rank == 3);
-        } else if constexpr (is_cast_v<op>) {
-            using From = compute_t<typename td::type_at_t<0, typename node::children>::value_type>;
-            const td::tensor_ref x = ref(0);
-            const std::size_t fn = std::is_same_v<From, float> ? (std::is_same_v<T, float> ? gather_f32_f32 : gather_f32_f64)
-                                                               : (std::is_same_v<T, float> ? gather_f64_f32 : gather_f64_f64);
-            gather(m, fn, x.data, out, n, x.rank, ext, x.stride);
-        } else if constexpr (td::custom_kernel_info<node>::is_custom) {
-            // the op's kernel: operands as in emit_custom; a grid covering the largest operand
-            std::uint64_t w[16] = {};
-            std::size_t word = 0, most = n;
-            auto numel = [](const td::tensor_ref& r) {
-                std::size_t e = 1;
-                for (std::size_t a = 0; a < r.rank; ++a) e *= r.ext[a];
-                return e;
-            };
-            auto put = [&](const void* p, std::size_t count) {
-                w[word++] = reinterpret_cast<std::uintptr_t>(p);
-                w[word++] = count;
-                most = count > most ? count : most;
-            };
-            if constexpr (td::custom_kernel_info<node>::backward) {
-                zero_on_device(out, n * sizeof(T));  // the packed input gradients
-                put(ref(0).data, numel(ref(0)));
-                put(ref(1).data, numel(ref(1)));
-                std::size_t offset = 0;
-                for (std::size_t k = 2; k < info[N].arity; ++k) {
-                    put(ref(k).data, numel(ref(k)));
-                    w[word++] = reinterpret_cast<std::uintptr_t>(static_cast<T*>(out) + offset);
-                    offset += numel(ref(k));
-                }
-            } else {
-                put(out, n);
-                for (std::size_t k = 0; k < info[N].arity; ++k) put(ref(k).data, numel(ref(k)));
-            }
-            if (most) launch(m.custom[N], grid_for(most), 1, w);
         } else {
-            static_assert(td::always_false<node>, "typegrad: cuda: internal: kernel op without a device path");
+            // host code on the backend's primitives (matmul: cuBLAS; custom ops: their own kernel)
+            static_assert(has_device_run<node>, "typegrad: cuda: internal: kernel op without a device path");
+            node_device dev{m, m.node_kernel[N]};
+            op::template device_run<node>(in.data(), out, ext, dev);
         }
     }
 

@@ -1,7 +1,7 @@
 #pragma once
 // What the CUDA generator reads of a plan, as plain data (plan_view): the planner's tables
 // (exec/program.hpp), each elementwise node's device expression, constants, and the kernel ops'
-// device sources and calls, so that the generator and the launcher are ordinary functions
+// device kernels as text, so that the generator and the launcher are ordinary functions
 // compiled once, not once per plan type.
 #include <array>
 #include <cstddef>
@@ -9,7 +9,6 @@
 #include <type_traits>
 
 #include <typegrad/exec/execute.hpp>
-#include <typegrad/ops/custom.hpp>
 #include <typegrad/ops/hook.hpp>
 
 namespace typegrad::cuda::detail {
@@ -37,28 +36,6 @@ struct op_device_expr<td::hook_apply_op<F>> {
         else return static_cast<const char*>(nullptr);
     }();
 };
-
-// A custom op runs on the device when it gives CUDA statements for its forward and backward
-// (`static constexpr const char* device_forward = "...";`, `device_backward`): the body of a
-// kernel, see docs/cuda.md "Custom ops on the device".
-template <class Op>
-struct op_device_expr<td::custom_forward_op<Op>> {
-    static constexpr const char* value = [] {
-        if constexpr (requires { Op::device_forward; }) return static_cast<const char*>(Op::device_forward);
-        else return static_cast<const char*>(nullptr);
-    }();
-};
-template <class Op>
-struct op_device_expr<td::custom_backward_op<Op>> {
-    static constexpr const char* value = [] {
-        if constexpr (requires { Op::device_backward; }) return static_cast<const char*>(Op::device_backward);
-        else return static_cast<const char*>(nullptr);
-    }();
-};
-inline bool is_custom_node(const node_info& n) {
-    return n.kind == op_kind::kernel && (n.name == "custom" || n.name == "custom_backward");
-}
-inline std::string custom_kernel_name(std::size_t n) { return std::string("tg_custom_") + std::to_string(n); }
 
 // Leaves and constants have no op.
 template <class N>
@@ -97,53 +74,58 @@ inline constexpr auto device_exprs = [] {
     }(std::make_index_sequence<Plan::M>{});
     return r;
 }();
-// A kernel op with a device implementation carries it beside its CPU `run` (ops/index.hpp is
-// one): `device_source`, CUDA text defining its kernel templates (emitted once per module), and
-// `device_call<N>()`, the call of the node's instantiation on the parameter words `p`.
+// A kernel op carries its device path beside its CPU `run` (core/device_kernel.hpp): its own
+// kernel (device_source: CUDA text defining its templates, emitted once per module, and
+// device_call<N>(), the node's instantiation on the parameter words `p`), or device_run<N>, host
+// code on the backend's primitives, with the node's kernel from device_definition<N>(fn) if it
+// launches one.
 template <class N>
-struct node_kernel_source {
-    static constexpr const char* value = nullptr;
-    static std::string call() { return {}; }
+concept has_device_kernel = requires { N::op::device_source; };
+struct device_probe {};
+template <class N>
+concept has_device_run = requires(const td::tensor_ref* in, device_probe& dev) {
+    N::op::template device_run<N>(in, nullptr, nullptr, dev);
 };
 template <class N>
-    requires requires { N::op::device_source; }
-struct node_kernel_source<N> {
-    static constexpr const char* value = N::op::device_source;
-    static std::string call() { return N::op::template device_call<N>(); }
+concept has_device_definition = requires { N::op::template device_definition<N>(std::string()); };
+
+// A node's device kernel as text: the op's shared templates, the node's own function, and the
+// call of the node's entry point on its parameter words `p`.
+struct node_kernel_text {
+    const char* shared = nullptr;  // the op's device_source, emitted once per module
+    std::string definition;        // device_definition's function
+    std::string call;              // empty: the node has no kernel
 };
+template <class N>
+node_kernel_text node_kernel_text_of(const std::string& fn) {
+    if constexpr (has_device_kernel<N>) return {N::op::device_source, {}, N::op::template device_call<N>()};
+    else if constexpr (has_device_definition<N>) return {nullptr, N::op::template device_definition<N>(fn), fn};
+    else return {};
+}
+inline std::string node_kernel_name(std::size_t n) { return std::string("tg_node_") + std::to_string(n); }
+// Every node's kernel text (empty where it has none), once per plan type.
 template <class Plan>
-inline constexpr auto kernel_sources = [] {
-    std::array<const char*, Plan::M> r{};
-    [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-        ((r[Ns] = node_kernel_source<typename Plan::program::template node_at<Ns>>::value), ...);
-    }(std::make_index_sequence<Plan::M>{});
-    return r;
-}();
-template <class Plan>
-const std::string* kernel_calls() {
+const node_kernel_text* kernel_texts() {
     static const auto r = [] {
-        std::array<std::string, Plan::M> c;
+        std::array<node_kernel_text, Plan::M> t;
         [&]<std::size_t... Ns>(std::index_sequence<Ns...>) {
-            ((c[Ns] = node_kernel_source<typename Plan::program::template node_at<Ns>>::call()), ...);
+            ((t[Ns] = node_kernel_text_of<typename Plan::program::template node_at<Ns>>(node_kernel_name(Ns) + "_body")), ...);
         }(std::make_index_sequence<Plan::M>{});
-        return c;
+        return t;
     }();
     return r.data();
 }
-inline std::string node_kernel_name(std::size_t n) { return std::string("tg_node_") + std::to_string(n); }
 
 // A plan as plain data, so that the generator (and the launcher) are ordinary functions compiled
 // once, not once per plan type.
 struct plan_view : td::plan_tables {
     const char* const* device = nullptr;
     const double* constants = nullptr;
-    const char* const* kernel_source = nullptr;  // a kernel op's device_source, or null
-    const std::string* kernel_call = nullptr;
+    const node_kernel_text* kernel = nullptr;  // [node]: a kernel op's device kernel (empty: none)
 };
 template <class Plan>
 plan_view view_of() {
-    return {td::plan_tables_of<Plan>(), device_exprs<Plan>.data(), constant_values<Plan>.data(), kernel_sources<Plan>.data(),
-            kernel_calls<Plan>()};
+    return {td::plan_tables_of<Plan>(), device_exprs<Plan>.data(), constant_values<Plan>.data(), kernel_texts<Plan>()};
 }
 
 }  // namespace typegrad::cuda::detail

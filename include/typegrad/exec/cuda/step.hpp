@@ -21,28 +21,13 @@ namespace typegrad::cuda {
 // alive and unchanged until backward), the reductions and kernel outputs the backward reads,
 // and the output. Move-only.
 template <class Step, class ForwardPlan>
-class forward_context {
+class forward_context
+    : public typegrad::detail::forward_context_base<forward_context<Step, ForwardPlan>, Step, ForwardPlan> {
 public:
     // Marks the context as a device argument, so that step.backward(ctx, ...) runs on the device.
     static constexpr bool typegrad_device_argument = true;
-    // The step that made the context.
-    using step_type = Step;
-    // The forward plan (its saved values are what backward reads).
-    using plan_type = ForwardPlan;
-    // The output's dtype.
-    using value_type = typename Step::value_type;
+    using typename typegrad::detail::forward_context_base<forward_context, Step, ForwardPlan>::value_type;
 
-    forward_context() = default;
-    // Moves the device buffers; contexts are not copyable.
-    forward_context(forward_context&&) noexcept = default;
-    // Move assignment (frees the previous device buffers).
-    forward_context& operator=(forward_context&&) noexcept = default;
-
-    // The scalar output (copied to the host on first use).
-    value_type value() const {
-        static_assert(Step::scalar_loss, "typegrad: value() is for scalar outputs; use values().");
-        return values()[0];
-    }
     // The output's elements in row-major order, copied to the host on first use.
     std::span<const value_type> values() const {
         if (host_.size() != size_) {
@@ -57,7 +42,6 @@ public:
     std::size_t size() const { return size_; }
 
 private:
-    typename ForwardPlan::state_type state_{};
     detail::device_buffer storage_;
     const value_type* output_ = nullptr;
     std::size_t size_ = 0;
