@@ -26,6 +26,9 @@ constexpr auto start = tg::input<"start", std::int64_t, tg::shape<1>>;
 constexpr auto seed_offset = tg::input<"seed_offset", std::int64_t, tg::shape<2>>;  // {seed, offset} = {1, 4}
 constexpr auto E = tg::param<"E", float, tg::shape<5, 4>>;
 constexpr auto Ed = tg::param<"Ed", double, tg::shape<5, 4>>;
+// NCHW images (pooling)
+constexpr auto Img = tg::param<"Img", float, tg::shape<tg::dyn, 2, 5, 6>>;
+constexpr auto Imgd = tg::param<"Imgd", double, tg::shape<tg::dyn, 2, 5, 6>>;
 // bf16 / f16 leaves
 constexpr auto Ah = tg::param<"Ah", tg::bf16, tg::shape<tg::dyn, 5>>;
 constexpr auto Bh = tg::param<"Bh", tg::bf16, tg::shape<tg::dyn, 5>>;
@@ -134,6 +137,16 @@ void for_each_graph(F&& f) {
     f("linear", tg::compile(tg::sum(tg::square(tg::linear(A, Wl, bl))), tg::wrt(A, Wl, bl)));
     f("matmul_batched", tg::compile(tg::sum(tg::square(tg::matmul(X3, M))), tg::wrt(X3, M)));
     f("matmul_vector", tg::compile(tg::sum(tg::square(tg::matmul(A, w5))), tg::wrt(A, w5)));
+    // pooling: overlapping and padded windows, their backwards (gathers per input element) and
+    // max_pool2d's second order (the gather at the maxima)
+    f("pool", tg::compile(tg::sum(tg::square(tg::max_pool2d<3, 2, 1>(Img))) + tg::sum(tg::exp(tg::avg_pool2d<2, 1, 1>(Img))) +
+                              tg::sum(tg::square(tg::adaptive_avg_pool2d<3, 4>(Img))),
+                          tg::wrt(Img)));
+    f("pool_f64", tg::compile(tg::sum(tg::square(tg::max_pool2d<2>(Imgd))) + tg::sum(tg::square(tg::avg_pool2d<3, 2, 1>(Imgd))) +
+                                  tg::sum(tg::square(tg::adaptive_avg_pool2d<4, 3>(Imgd))),
+                              tg::wrt(Imgd)));
+    f("pool_grad_grad", tg::compile(tg::sum(tg::square(tg::grad(tg::sum(tg::square(tg::max_pool2d<3, 2, 1>(Img))), Img))),
+                                    tg::wrt(Img)));
     // permute<2, 0, 1>(X3) is [5, 2, 3] with neither inner axis unit-stride: a dense copy for cuBLAS
     f("matmul_dense_copy", tg::compile(tg::sum(tg::square(tg::matmul(tg::permute<2, 0, 1>(X3), tg::slice<0, 0, 3>(M)))),
                                        tg::wrt(X3, M)));

@@ -17,14 +17,16 @@
 // windows cover x, overlap when H is not a multiple of OH, and repeat rows when H < OH). Its
 // backward spreads g / (window size) over each window; the two are each other's adjoints.
 //
-// Kernel ops; the CUDA backend has no device kernels for them yet (a typegrad: static_assert names
-// the op when device buffers are bound). Autocast leaves them alone (they keep their dtype).
+// Kernel ops, with device kernels beside their CPU runs (one thread per output element; the
+// backwards gather from the windows holding an input element, in the CPU's window order, so the
+// device adds in the same order without atomics). Autocast leaves them alone (they keep their dtype).
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include <typegrad/core/cpu/buffer_pool.hpp>
@@ -144,17 +146,9 @@ pooled_buffer<compute_t<typename X::value_type>> pool_dense(const void* data, co
     return out;
 }
 
-struct pool_kernel_base : kernel_op_base {
-    template <class N>
-    static constexpr void check_device() {
-        static_assert(always_false<N>, "typegrad: cuda: max_pool2d/avg_pool2d have no device kernel yet; evaluate this "
-                                       "step with host bindings (docs/cuda.md)");
-    }
-};
-
 // Mode: 0 forward (x -> y), 1 backward scatter (g, x -> dx), 2 gather (h, x -> y-shaped)
 template <bool Max, int Mode, std::size_t K, std::size_t S, std::size_t P>
-struct pool_op : pool_kernel_base {
+struct pool_op : kernel_op_base {
     static constexpr const char* name = Max ? (Mode == 0 ? "max_pool2d" : Mode == 1 ? "max_pool2d_backward" : "max_pool2d_gather")
                                             : (Mode == 0 ? "avg_pool2d" : "avg_pool2d_backward");
     // avg's backward reads only x's shape; max's backward and gather read x's values
@@ -247,6 +241,95 @@ struct pool_op : pool_kernel_base {
             }
         }
     }
+    // The device: one thread per output element (per input element for the backward, which
+    // gathers from the windows holding it, in the CPU's window order: the same sums, no atomics).
+    static constexpr const char* device_source = R"CUDA(
+// pooling (ops/pool.hpp). w: out, K, S, P, Max, then src (x; g for the backward; h for max's
+// gather) and x as refs. T the output's code, B and X the buffer codes of src and x.
+template <int T, int B, int X> __device__ typename tg_ty<T>::C tg_pool_at(const tg_ref& r, int code, tg_i64 e) {
+    return code == 0 ? (typename tg_ty<T>::C)tg_ty<B>::from(((const typename tg_ty<B>::S*)r.p)[tg_ref_offset(r, e)])
+                     : (typename tg_ty<T>::C)tg_ty<X>::from(((const typename tg_ty<X>::S*)r.p)[tg_ref_offset(r, e)]);
+}
+// the flat index of window (i, j)'s first maximum in plane p (PyTorch's rule, a NaN wins), or -1
+template <int T, int B, int X> __device__ tg_i64 tg_pool_argmax(const tg_ref& x, int K, int S, int P, tg_i64 h,
+                                                              tg_i64 w, tg_i64 p, tg_i64 i, tg_i64 j) {
+    tg_i64 best = -1;
+    typename tg_ty<T>::C m = 0;
+    for (int a = 0; a < K; ++a)
+        for (int b = 0; b < K; ++b) {
+            const tg_i64 r = i * S + a - P, c = j * S + b - P;
+            if (r < 0 || c < 0 || r >= h || c >= w) continue;
+            const tg_i64 e = (p * h + r) * w + c;
+            const typename tg_ty<T>::C v = tg_pool_at<T, B, X>(x, 1, e);
+            if (best < 0 || v > m || v != v) {
+                best = e;
+                m = v;
+            }
+        }
+    return best;
+}
+template <int Mode, int T, int B, int X> __device__ void tg_pool(const tg_node_args& p) {
+    typedef typename tg_ty<T>::C C;
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const int K = (int)p.w[1], S = (int)p.w[2], P = (int)p.w[3], max = (int)p.w[4];
+    const tg_ref src = tg_ref_at(p, 5);
+    const tg_ref x = Mode == 0 ? src : tg_ref_at(p, 7 + 2 * src.rank);
+    const tg_i64 h = (tg_i64)x.ext[2], w = (tg_i64)x.ext[3];
+    const tg_i64 ho = (h + 2 * P - K) / S + 1, wo = (w + 2 * P - K) / S + 1;
+    const C inv = (C)(1.0 / (double)(K * K));
+    if (Mode == 1) {  // x-shaped: the gradient at input element e
+        TG_GRID_LOOP(e, tg_numel(x)) {
+            const tg_i64 c = e % w, r = (e / w) % h, pl = e / (h * w);
+            const tg_i64 i0 = r + P - K + 1 > 0 ? (r + P - K + 1 + S - 1) / S : 0, i1 = (r + P) / S;
+            const tg_i64 j0 = c + P - K + 1 > 0 ? (c + P - K + 1 + S - 1) / S : 0, j1 = (c + P) / S;
+            C s = 0;
+            for (tg_i64 i = i0; i <= i1 && i < ho; ++i)
+                for (tg_i64 j = j0; j <= j1 && j < wo; ++j) {
+                    const tg_i64 o = (pl * ho + i) * wo + j;
+                    if (!max) s += tg_pool_at<T, B, X>(src, 0, o) * inv;
+                    else if (tg_pool_argmax<T, B, X>(x, K, S, P, h, w, pl, i, j) == e) s += tg_pool_at<T, B, X>(src, 0, o);
+                }
+            out[e] = tg_ty<T>::to(s);
+        }
+        return;
+    }
+    TG_GRID_LOOP(o, (tg_i64)x.ext[0] * (tg_i64)x.ext[1] * ho * wo) {  // y-shaped
+        const tg_i64 j = o % wo, i = (o / wo) % ho, pl = o / (ho * wo);
+        C v = 0;
+        if (max) {
+            const tg_i64 e = tg_pool_argmax<T, B, X>(x, K, S, P, h, w, pl, i, j);
+            if (Mode == 0) v = e < 0 ? -tg_infinity<C>() : tg_pool_at<T, B, X>(x, 1, e);
+            else v = e < 0 ? (C)0 : tg_pool_at<T, B, X>(src, 0, e);
+        } else {
+            for (int a = 0; a < K; ++a)
+                for (int b = 0; b < K; ++b) {
+                    const tg_i64 r = i * S + a - P, c = j * S + b - P;
+                    if (r >= 0 && c >= 0 && r < h && c < w) v += tg_pool_at<T, B, X>(x, 1, (pl * h + r) * w + c);
+                }
+            v = v * inv;
+        }
+        out[o] = tg_ty<T>::to(v);
+    }
+}
+)CUDA";
+    template <class N>
+    static std::string device_call() {
+        using X = type_at_t<Mode == 0 ? 0 : 1, typename N::children>;
+        return device_template_call("tg_pool", {Mode, device_type_code<buffer_t<N>>(),
+                                                device_type_code<buffer_t<type_at_t<0, typename N::children>>>(),
+                                                device_type_code<buffer_t<X>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void*) {
+        w[0] = device_word(out);
+        w[1] = K;
+        w[2] = S;
+        w[3] = P;
+        w[4] = Max ? 1 : 0;
+        const std::size_t at = put_device_ref(w, 5, in[0]);
+        if constexpr (Mode != 0) put_device_ref(w, at, in[1]);
+        return ext[0] * ext[1] * ext[2] * ext[3];
+    }
     // x reaches the max ops' backward detached: the positions of the maxima are piecewise constant
     template <std::size_t I, class G, class Out, class... Cs>
     static constexpr auto vjp(G g, Out, Cs... cs) {
@@ -275,13 +358,8 @@ inline std::size_t adaptive_end(std::size_t i, std::size_t out, std::size_t in) 
 
 // Mode 0: x -> [N, C, OH, OW]; mode 1: (g, x shape only) -> x-shaped, the adjoint.
 template <std::size_t OH, std::size_t OW, int Mode>
-struct adaptive_avg_pool_op : pool_kernel_base {
+struct adaptive_avg_pool_op : kernel_op_base {
     static constexpr const char* name = Mode == 0 ? "adaptive_avg_pool2d" : "adaptive_avg_pool2d_backward";
-    template <class N>
-    static constexpr void check_device() {
-        static_assert(always_false<N>, "typegrad: cuda: adaptive_avg_pool2d has no device kernel yet; evaluate this "
-                                       "step with host bindings (docs/cuda.md)");
-    }
     static constexpr bool shape_only(std::size_t i) { return Mode == 1 && i == 1; }
     template <class... Cs>
     struct rule;
@@ -340,6 +418,58 @@ struct adaptive_avg_pool_op : pool_kernel_base {
                 }
         if constexpr (Mode == 1)
             for (std::size_t e = 0; e < dx.size(); ++e) out[e] = T(dx[e]);
+    }
+    // The device: one thread per output element, or per input element for the backward (the
+    // windows holding it, in the CPU's order: the same sums, no atomics).
+    static constexpr const char* device_source = R"CUDA(
+// adaptive_avg_pool2d (ops/pool.hpp). w: out, OH, OW, then src (x; g for the backward) and x as
+// refs. T the output's code, B the buffer code of src.
+template <int Mode, int T, int B> __device__ void tg_adaptive_pool(const tg_node_args& p) {
+    typedef typename tg_ty<T>::C C;
+    typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[0];
+    const tg_i64 OH = (tg_i64)p.w[1], OW = (tg_i64)p.w[2];
+    const tg_ref src = tg_ref_at(p, 3);
+    const tg_ref x = Mode == 0 ? src : tg_ref_at(p, 5 + 2 * src.rank);
+    const typename tg_ty<B>::S* sp = (const typename tg_ty<B>::S*)src.p;
+    const tg_i64 h = (tg_i64)x.ext[2], w = (tg_i64)x.ext[3], planes = (tg_i64)x.ext[0] * (tg_i64)x.ext[1];
+    TG_GRID_LOOP(e, Mode == 0 ? planes * OH * OW : planes * h * w) {
+        C s = 0;
+        if (Mode == 0) {
+            const tg_i64 j = e % OW, i = (e / OW) % OH, pl = e / (OH * OW);
+            const tg_i64 r0 = i * h / OH, r1 = ((i + 1) * h + OH - 1) / OH, c0 = j * w / OW, c1 = ((j + 1) * w + OW - 1) / OW;
+            for (tg_i64 r = r0; r < r1; ++r)
+                for (tg_i64 c = c0; c < c1; ++c) s += (C)tg_ty<B>::from(sp[tg_ref_offset(src, (pl * h + r) * w + c)]);
+            s = s * ((C)1 / (C)((r1 - r0) * (c1 - c0)));
+        } else {
+            const tg_i64 c = e % w, r = (e / w) % h, pl = e / (h * w);
+            for (tg_i64 i = 0; i < OH; ++i) {
+                const tg_i64 r0 = i * h / OH, r1 = ((i + 1) * h + OH - 1) / OH;
+                if (r < r0 || r >= r1) continue;
+                for (tg_i64 j = 0; j < OW; ++j) {
+                    const tg_i64 c0 = j * w / OW, c1 = ((j + 1) * w + OW - 1) / OW;
+                    if (c < c0 || c >= c1) continue;
+                    const C inv = (C)1 / (C)((r1 - r0) * (c1 - c0));
+                    s += (C)tg_ty<B>::from(sp[tg_ref_offset(src, (pl * OH + i) * OW + j)]) * inv;
+                }
+            }
+        }
+        out[e] = tg_ty<T>::to(s);
+    }
+}
+)CUDA";
+    template <class N>
+    static std::string device_call() {
+        return device_template_call("tg_adaptive_pool", {Mode, device_type_code<buffer_t<N>>(),
+                                                         device_type_code<buffer_t<type_at_t<0, typename N::children>>>()});
+    }
+    template <class N, class Ref>
+    static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void*) {
+        w[0] = device_word(out);
+        w[1] = OH;
+        w[2] = OW;
+        const std::size_t at = put_device_ref(w, 3, in[0]);
+        if constexpr (Mode != 0) put_device_ref(w, at, in[1]);
+        return ext[0] * ext[1] * ext[2] * ext[3];
     }
     template <std::size_t I, class G, class Out, class... Cs>
     static constexpr auto vjp(G g, Out, Cs... cs) {
