@@ -369,11 +369,6 @@ struct custom_device {
         using T = storage_t<typename N::value_type>;
         std::uint64_t w[device_node_words] = {};
         std::size_t word = 0, most = 0;
-        auto numel = [](const Ref& r) {
-            std::size_t e = 1;
-            for (std::size_t a = 0; a < r.rank; ++a) e *= r.ext[a];
-            return e;
-        };
         auto put = [&](const void* p, std::size_t count) {
             w[word++] = device_word(p);
             w[word++] = count;
@@ -381,19 +376,19 @@ struct custom_device {
         };
         if constexpr (Backward) {
             dev.zero(out, ext[0] * sizeof(T));
-            put(in[0].data, numel(in[0]));
-            put(in[1].data, numel(in[1]));
+            put(in[0].data, numel_of(in[0]));
+            put(in[1].data, numel_of(in[1]));
             std::size_t offset = 0;
             for (std::size_t k = 2; k < N::children::size; ++k) {
-                put(in[k].data, numel(in[k]));
+                put(in[k].data, numel_of(in[k]));
                 w[word++] = device_word(static_cast<T*>(out) + offset);
-                offset += numel(in[k]);
+                offset += numel_of(in[k]);
             }
         } else {
             std::size_t n = 1;
             for (std::size_t a = 0; a < N::shape_type::rank; ++a) n *= ext[a];
             put(out, n);
-            for (std::size_t k = 0; k < N::children::size; ++k) put(in[k].data, numel(in[k]));
+            for (std::size_t k = 0; k < N::children::size; ++k) put(in[k].data, numel_of(in[k]));
         }
         if (most) dev.launch(w, most);
     }
