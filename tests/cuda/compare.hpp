@@ -96,7 +96,8 @@ inline auto universe(std::size_t n) {
                          decltype(X3), decltype(D), decltype(labels), decltype(X), decltype(W1), decltype(b1),
                          decltype(W2), decltype(b2), decltype(Ah), decltype(Bh), decltype(Mh), decltype(Hf),
                          decltype(Mf), decltype(tokens), decltype(positions), decltype(start), decltype(seed_offset),
-                         decltype(E), decltype(Ed), decltype(Img), decltype(Imgd)>(n, rng);
+                         decltype(E), decltype(Ed), decltype(Img), decltype(Imgd), decltype(Wc), decltype(Wg),
+                         decltype(Wcd), decltype(Wk), decltype(Imgh), decltype(Wch)>(n, rng);
 }
 
 template <class T>

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,8 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
                                              "activations", "special", "layer_norm", "bf16_activations",
                                              "embedding", "embedding_padding_f64", "embedding_of_argmax", "index_select",
                                              "gather", "dynamic_slice", "concat_stack", "dropout", "attention_causal",
-                                             "recurrence", "bf16_recurrence", "pool", "pool_f64", "pool_grad_grad"};
+                                             "recurrence", "bf16_recurrence", "pool", "pool_f64", "pool_grad_grad",
+                                             "conv", "conv_f64", "conv_grad_grad", "bf16_conv"};
     for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
         cuda_tests::for_each_graph([&](const char* name, const auto& step) {
             if (all || std::find(subset.begin(), subset.end(), name) != subset.end()) compare_with_cpu(name, step, n);
@@ -204,6 +206,66 @@ TEST_CASE("a bad id or start in a device kernel is the CPU's shape_error, gradie
     CHECK(cpu_label.find("label 7 of row 1 is not a class in [0, 5)") != std::string::npos);
     CHECK(gpu_label == cpu_label);
     CHECK(dce.to_host() == twenty);
+}
+
+// conv's padding is no input (ops/conv.hpp): an infinity in W (forward) or in g (the weight
+// gradient) must not turn the GEMM's padding zeros into NaN; the device's fix-up passes give the
+// CPU's direct results.
+TEST_CASE("conv2d on the device: an infinity meets no padding, as on the CPU", "[cuda][emulation]") {
+    std::optional<cuda_emulation::scoped_emulator> emulate;
+    if (!tg::cuda::available()) emulate.emplace();
+    constexpr auto xi = tg::param<"xi", float, tg::shape<2, 2, 4, 5>>;
+    constexpr auto wi = tg::param<"wi", float, tg::shape<3, 2, 3, 3>>;
+    constexpr auto ui = tg::input<"ui", float, tg::shape<2, 3, 4, 5>>;
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);  // no zeros: inf * x is never NaN
+    std::vector<float> x(80), w(54), us(120);
+    for (float& v : x) v = u(rng);
+    for (float& v : w) v = u(rng);
+    for (float& v : us) v = u(rng);
+    const float inf = std::numeric_limits<float>::infinity();
+    auto same = [](float gpu, float cpu) {
+        if (std::isnan(cpu)) return std::isnan(gpu);
+        if (std::isinf(cpu)) return gpu == cpu;
+        return std::abs(gpu - cpu) <= 1e-4f * (1 + std::abs(cpu));
+    };
+    auto dx = tg::cuda::tensor<float, tg::shape<2, 2, 4, 5>>::from_host(x);
+    {  // W[1, 0, 0, 0] = inf: output channel 1's first row and column read it in the padding only
+        std::vector<float> wf = w;
+        wf[18] = inf;
+        auto step = tg::compile(tg::conv2d<1, 1>(xi, wi), tg::wrt(wi));
+        auto dw = tg::cuda::tensor<float, tg::shape<3, 2, 3, 3>>::from_host(wf);
+        const auto cpu = step.forward(tg::bind(xi, x), tg::bind(wi, wf));
+        const auto gpu = step.forward(tg::bind(xi, dx), tg::bind(wi, dw));
+        const auto c = cpu.values();
+        const auto g = gpu.values();
+        REQUIRE(c.size() == g.size());
+        CHECK(std::isfinite(c[20]));  // image 0, channel 1, pixel (0, 0)
+        CHECK(std::isinf(c[26]));     // pixel (1, 1) reads the infinity
+        for (std::size_t i = 0; i < c.size(); ++i) {
+            INFO("y[" << i << "]: gpu " << g[i] << " cpu " << c[i]);
+            CHECK(same(g[i], c[i]));
+        }
+    }
+    {  // g[0, 0, 0, 0] = inf: taps (0, j) and (i, 0) meet it in the padding only
+        std::vector<float> uf = us;
+        uf[0] = inf;
+        auto step = tg::compile(tg::sum(tg::conv2d<1, 1>(xi, wi) * ui), tg::wrt(wi));
+        auto dw = tg::cuda::tensor<float, tg::shape<3, 2, 3, 3>>::from_host(w);
+        auto du = tg::cuda::tensor<float, tg::shape<2, 3, 4, 5>>::from_host(uf);
+        tg::cuda::tensor<float, tg::shape<3, 2, 3, 3>> dg;
+        std::vector<float> cpu_grad(54);
+        const float cpu = step.value_and_grad(tg::bind(xi, x), tg::bind(wi, w), tg::bind(ui, uf), tg::grad_into(wi, cpu_grad));
+        const float gpu = step.value_and_grad(tg::bind(xi, dx), tg::bind(wi, dw), tg::bind(ui, du), tg::grad_into(wi, dg));
+        CHECK(same(gpu, cpu));
+        const auto g = dg.to_host();
+        CHECK(std::isfinite(cpu_grad[0]));  // tap (0, 0) of channel 0
+        CHECK(std::isinf(cpu_grad[4]));     // tap (1, 1) reads x[0, 0, 0, 0] at the infinity
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            INFO("dW[" << i << "]: gpu " << g[i] << " cpu " << cpu_grad[i]);
+            CHECK(same(g[i], cpu_grad[i]));
+        }
+    }
 }
 
 TEST_CASE("the MLP trains the same on the device as on the CPU", "[cuda][device]") {

@@ -29,6 +29,13 @@ constexpr auto Ed = tg::param<"Ed", double, tg::shape<5, 4>>;
 // NCHW images (pooling)
 constexpr auto Img = tg::param<"Img", float, tg::shape<tg::dyn, 2, 5, 6>>;
 constexpr auto Imgd = tg::param<"Imgd", double, tg::shape<tg::dyn, 2, 5, 6>>;
+// convolution weights [O, C / groups, KH, KW] for the images (C = 2), and conv1d's [O, C, K]
+constexpr auto Wc = tg::param<"Wc", float, tg::shape<3, 2, 3, 3>>;
+constexpr auto Wg = tg::param<"Wg", float, tg::shape<4, 1, 2, 2>>;
+constexpr auto Wcd = tg::param<"Wcd", double, tg::shape<3, 2, 3, 3>>;
+constexpr auto Wk = tg::param<"Wk", double, tg::shape<3, 2, 4>>;
+constexpr auto Imgh = tg::param<"Imgh", tg::bf16, tg::shape<tg::dyn, 2, 5, 6>>;
+constexpr auto Wch = tg::param<"Wch", tg::bf16, tg::shape<3, 2, 3, 3>>;
 // bf16 / f16 leaves
 constexpr auto Ah = tg::param<"Ah", tg::bf16, tg::shape<tg::dyn, 5>>;
 constexpr auto Bh = tg::param<"Bh", tg::bf16, tg::shape<tg::dyn, 5>>;
@@ -147,6 +154,19 @@ void for_each_graph(F&& f) {
                               tg::wrt(Imgd)));
     f("pool_grad_grad", tg::compile(tg::sum(tg::square(tg::grad(tg::sum(tg::square(tg::max_pool2d<3, 2, 1>(Img))), Img))),
                                     tg::wrt(Img)));
+    // convolution: padding, stride, dilation, groups, both backward products (in conv_grad_grad
+    // also as each other's VJPs), conv1d as conv2d of height 1, bf16 operands computed in f32
+    f("conv", tg::compile(tg::sum(tg::square(tg::conv2d<1, 1>(Img, Wc))) + tg::sum(tg::tanh(tg::conv2d<2, 1, 1, 2>(Img, Wg))) +
+                              tg::sum(tg::square(tg::conv2d<1, 0, 2>(Img, Wc))),
+                          tg::wrt(Img, Wc, Wg)));
+    f("conv_f64", tg::compile(tg::sum(tg::square(tg::conv2d<1, 1>(Imgd, Wcd))) +
+                                  tg::sum(tg::square(tg::conv1d<2, 1>(tg::reshape<tg::shape<tg::dyn, 2, 30>>(Imgd), Wk))),
+                              tg::wrt(Imgd, Wcd, Wk)));
+    // (tanh of the scaled weight gradient, not its square: that sums terms of the weight
+    // gradient's size, ~ sqrt(N Ho Wo), to small results, and float noise dominates them)
+    f("conv_grad_grad", tg::compile(tg::sum(tg::tanh(tg::grad(tg::sum(tg::square(tg::conv2d<1, 1>(Img, Wc))), Wc) * lit<0.001>)),
+                                    tg::wrt(Img, Wc)));
+    f("bf16_conv", tg::compile(tg::sum(tg::square(tg::cast<float>(tg::conv2d<1, 1>(Imgh, Wch)))), tg::wrt(Imgh, Wch)));
     // permute<2, 0, 1>(X3) is [5, 2, 3] with neither inner axis unit-stride: a dense copy for cuBLAS
     f("matmul_dense_copy", tg::compile(tg::sum(tg::square(tg::matmul(tg::permute<2, 0, 1>(X3), tg::slice<0, 0, 3>(M)))),
                                        tg::wrt(X3, M)));

@@ -2,16 +2,17 @@
 // What a kernel op needs to carry its device implementation beside its CPU `run` (docs/cuda.md,
 // "Kernel ops carry their device kernel"): element type codes for its `device_call`, and the
 // parameter words its `device_words` fills. Plain host code: an op header includes it without the
-// CUDA backend. A kernel op runs on the device through one of two members:
-//  - its own kernel: `device_source` (CUDA text, emitted once per module), `device_call<N>()` (the
-//    node's instantiation) and `device_words<N>(in, out, ext, words, flag)` (the parameter words;
-//    returns the elements the grid covers), optionally `device_check<N>` (ops/index.hpp);
-//  - host code driving the backend: `device_run<N>(in, out, ext, dev)`, where `dev` offers
+// CUDA backend. A kernel op's node kernel, if it has one, is `device_source` (CUDA text defining
+// its templates, emitted once per module) with `device_call<N>()` (the node's instantiation), or
+// `device_definition<N>(fn)` (the node's own function, ops/custom.hpp). The op runs through one of:
+//  - `device_words<N>(in, out, ext, words, flag)`: the node kernel's parameter words (returns the
+//    elements the grid covers), one launch; optionally `device_check<N>` (ops/index.hpp);
+//  - `device_run<N>(in, out, ext, dev)`, host code driving the backend, where `dev` offers
 //    `gemm(...)` (a column-major strided-batched BLAS product: cuBLAS), `zero(p, bytes)`,
-//    `dense_copy<S>(ref)` (a dense device copy of a strided operand) and `launch(words, threads)`
-//    (the node's own kernel, which `device_definition<N>(fn)` then defines: ops/custom.hpp).
-// Any op may declare `check_device<N>()`, whose static_asserts say what its device path cannot do
-// (or that it has none, naming the op: ops/conv.hpp).
+//    `dense_copy<S>(ref)` (a dense device copy of a strided operand), `scratch(bytes)` (temporary
+//    device memory for this call) and `launch(words, threads)` of the node kernel (ops/matmul.hpp,
+//    ops/conv.hpp: passes of its kernel around GEMMs, ops/custom.hpp).
+// Any op may declare `check_device<N>()`, whose static_asserts say what its device path cannot do.
 #include <bit>
 #include <cstddef>
 #include <cstdint>

@@ -23,8 +23,8 @@
 // the compute dtype (f32 for bf16/f16, as PyTorch's CPU kernels accumulate); the result is
 // rounded once. The bias is an ordinary broadcast add (its gradient the sum over N, H, W).
 //
-// Autocast: lower precision, as PyTorch's conv1d/conv2d. The CUDA backend has no device kernels
-// for them yet (a typegrad: static_assert names the op when device buffers are bound).
+// Autocast: lower precision, as PyTorch's conv1d/conv2d. On the CUDA backend the same products
+// run as passes of the op's own kernel around cuBLAS's GEMMs ("the device path" below).
 // Extents: static ones are checked at compile time; dynamic ones when bound (tg::shape_error
 // before anything is written): C must agree, and the padded input must hold one window.
 #include <algorithm>
@@ -313,13 +313,213 @@ conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, con
     return g;
 }
 
+// ---- the device path ---------------------------------------------------------------------------
+// The same three products on the backend's GEMM (cuBLAS), around passes of the op's own kernel,
+// whose first word picks the pass (device_source below):
+//   conv2d          im2col of every image ([N][C KH KW][Ho Wo]), one strided-batched GEMM per group
+//                   (W shared by the batch), straight into y's [N, O, Ho Wo] rows
+//   conv2d_input    one batched GEMM per group, W^T . g_n into the im2col layout, then col2im: one
+//                   thread per input element gathers the taps that read it (in the CPU's tap
+//                   order, without atomics)
+//   conv2d_weight   g as rows [O][N Ho Wo] and im2col as [C KH KW][N Ho Wo]: one GEMM per group
+//                   whose k is every pixel of every image
+// in the compute dtype (f32 for bf16/f16, rounded once into the result, as on the host). The
+// padding is no input here either: where W (forward) or g (weight gradient) holds an infinity or
+// NaN, a flag pass notes it on the device and a fix-up pass recomputes, skipping the padding, the
+// outputs the GEMM got from it (forward: the windows that reach into the padding; weight
+// gradient: every element), without a host round trip. The passes' temporaries come from the
+// backend's per-thread scratch (steady-state steps allocate nothing); the im2col buffer holds
+// every image at once (C KH KW Ho Wo N elements of the compute dtype).
+enum class conv_pass : std::uint64_t { im2col, dense, col2im, store, flag, fix_forward, fix_weight };
+
+// The device pass's words: the pass, the geometry (words 1-16), its own words from 17, and a
+// strided operand (which of the node's first two, and its ref) from 20.
+template <class Device, class Ref>
+struct conv_device {
+    Device& dev;
+    const conv_geometry& g;
+    void pass(conv_pass p, std::size_t threads, std::initializer_list<std::uint64_t> own, const Ref* operand = nullptr,
+              std::uint64_t which = 0) {
+        if (threads == 0) return;
+        std::uint64_t w[device_node_words] = {};
+        w[0] = std::uint64_t(p);
+        const std::size_t geometry[16] = {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.ho, g.wo, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups};
+        for (std::size_t i = 0; i < 16; ++i) w[1 + i] = geometry[i];
+        std::size_t at = 17;
+        for (const std::uint64_t v : own) w[at++] = v;
+        if (operand) {
+            w[20] = which;
+            put_device_ref(w, 21, *operand);
+        }
+        dev.launch(w, threads);
+    }
+    // operand `which` (rank 4) as dense S with element (a, b, r) at a s0 + b s1 + r: read in place
+    // when it already is that array, else copied into `to`
+    template <class S, class B>
+    const S* dense(const Ref& r, std::uint64_t which, S* to, std::size_t s0, std::size_t s1) {
+        if (std::is_same_v<B, S> && is_row_major(r) && (r.ext[1] == 1 || s1 == r.ext[2] * r.ext[3]) &&
+            (r.ext[0] == 1 || s0 == r.ext[1] * r.ext[2] * r.ext[3]))
+            return static_cast<const S*>(r.data);
+        pass(conv_pass::dense, r.ext[0] * r.ext[1] * r.ext[2] * r.ext[3], {device_word(to), s0, s1}, &r, which);
+        return to;
+    }
+    // C = op(A) op(B) per group (column-major, batched with strides; alpha 1, beta 0): `at(b)`
+    // gives group b's three pointers; batches of at most 2^16 - 1 (cuBLAS's grid limit)
+    template <class S, class At>
+    void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, std::size_t lda, long long sa,
+              std::size_t ldb, long long sb, std::size_t ldc, long long sc, std::size_t batch, At at) {
+        constexpr std::size_t most = 65535;
+        for (std::size_t b = 0; b < g.groups; ++b) {
+            const auto [a, bb, c] = at(b);
+            for (std::size_t i = 0; i < batch; i += most)
+                dev.gemm(ta, tb, int(m), int(n), int(k), a + (long long)i * sa, int(lda), sa, bb + (long long)i * sb, int(ldb), sb,
+                         c + (long long)i * sc, int(ldc), sc, int(std::min(most, batch - i)));
+        }
+    }
+};
+// 256-byte aligned arrays in one scratch region: their offsets first, then the region.
+struct scratch_carver {
+    std::size_t bytes = 0;
+    template <class S>
+    std::size_t take(std::size_t count) {
+        const std::size_t at = bytes;
+        bytes += (count * sizeof(S) + 255) / 256 * 256;
+        return at;
+    }
+    template <class S>
+    static S* at(void* base, std::size_t offset) {
+        return reinterpret_cast<S*>(static_cast<char*>(base) + offset);
+    }
+};
+// GEMM dimensions are int: the device path throws (before anything runs) past them.
+inline void check_conv_device_extents(const conv_geometry& g, const char* op) {
+    constexpr std::size_t most = std::size_t(1) << 31;
+    if (g.n * g.pixels() >= most || g.ckk() * g.pixels() >= most || g.o * g.pixels() >= most)
+        throw shape_error(message("typegrad: cuda: ", op, ": the im2col product exceeds the BLAS's 32-bit extents"));
+}
+
 template <class Op>
 struct conv_kernel_base : kernel_op_base {
     static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
+    // The device passes (words: ops/conv.hpp, conv_device). S: the compute dtype's code (f32 or
+    // f64), T: the result's; (V0, B0) and (V1, B1): value and buffer codes of the node's first two
+    // operands. Pixel q of output row oh is q = oh Wo + ow; im2col row `row` is tap (c, i, j).
+    static constexpr const char* device_source = R"CUDA(
+struct tg_conv_geo { tg_i64 n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw, dh, dw, groups; };
+template <int S, int V0, int B0, int V1, int B1>
+__device__ typename tg_ty<S>::S tg_conv_read(const tg_ref& r, int which, tg_i64 e) {
+    const tg_i64 off = tg_ref_offset(r, e);
+    return which == 0 ? tg_cvt<S, V0, B0>(((const typename tg_ty<B0>::S*)r.p)[off])
+                      : tg_cvt<S, V1, B1>(((const typename tg_ty<B1>::S*)r.p)[off]);
+}
+// the input element tap (i, j) of output pixel (oh, ow) reads, and whether it is inside the image
+__device__ __forceinline__ bool tg_conv_inside(const tg_conv_geo& g, tg_i64 oh, tg_i64 ow, tg_i64 i, tg_i64 j,
+                                               tg_i64* ih, tg_i64* iw) {
+    *ih = oh * g.sh + i * g.dh - g.ph;
+    *iw = ow * g.sw + j * g.dw - g.pw;
+    return *ih >= 0 && *ih < g.h && *iw >= 0 && *iw < g.w;
+}
+template <int S, int T, int V0, int B0, int V1, int B1> __device__ void tg_conv(const tg_node_args& p) {
+    typedef typename tg_ty<S>::S C;
+    typedef typename tg_ty<T>::S R;
+    tg_conv_geo g;
+    tg_i64* f = &g.n;
+    for (int i = 0; i < 16; ++i) f[i] = (tg_i64)p.w[1 + i];
+    const tg_i64 pixels = g.ho * g.wo, taps = g.kh * g.kw, ckk = g.c * taps, ckg = ckk / g.groups, og = g.o / g.groups;
+    const int pass = (int)p.w[0];
+    if (pass == 0) {  // im2col of operand w20: col[n * w18 + row * w19 + q], 0 in the padding
+        C* col = (C*)p.w[17];
+        const tg_i64 image_stride = (tg_i64)p.w[18], ld = (tg_i64)p.w[19];
+        const int which = (int)p.w[20];
+        const tg_ref x = tg_ref_at(p, 21);
+        TG_GRID_LOOP(e, g.n * ckk * pixels) {
+            const tg_i64 q = e % pixels, row = (e / pixels) % ckk, n = e / (pixels * ckk);
+            tg_i64 ih, iw;
+            C v = 0;
+            if (tg_conv_inside(g, q / g.wo, q % g.wo, (row / g.kw) % g.kh, row % g.kw, &ih, &iw))
+                v = tg_conv_read<S, V0, B0, V1, B1>(x, which, ((n * g.c + row / taps) * g.h + ih) * g.w + iw);
+            col[n * image_stride + row * ld + q] = v;
+        }
+    } else if (pass == 1) {  // operand w20 (rank 4) dense: element (a, b, r) at a * w18 + b * w19 + r
+        C* dst = (C*)p.w[17];
+        const tg_i64 s0 = (tg_i64)p.w[18], s1 = (tg_i64)p.w[19];
+        const int which = (int)p.w[20];
+        const tg_ref x = tg_ref_at(p, 21);
+        const tg_i64 inner = (tg_i64)(x.ext[2] * x.ext[3]), mid = (tg_i64)x.ext[1];
+        TG_GRID_LOOP(e, tg_numel(x))
+            dst[e / (inner * mid) * s0 + (e / inner) % mid * s1 + e % inner] = tg_conv_read<S, V0, B0, V1, B1>(x, which, e);
+    } else if (pass == 2) {  // col2im: out[n, c, ih, iw] = the sum over the taps that read it
+        const C* col = (const C*)p.w[17];
+        R* out = (R*)p.w[18];
+        TG_GRID_LOOP(e, g.n * g.c * g.h * g.w) {
+            const tg_i64 iw = e % g.w, ih = e / g.w % g.h, c = e / (g.w * g.h) % g.c, n = e / (g.w * g.h * g.c);
+            C s = 0;
+            for (tg_i64 i = 0; i < g.kh; ++i) {
+                const tg_i64 th = ih + g.ph - i * g.dh;
+                if (th < 0 || th % g.sh != 0 || th / g.sh >= g.ho) continue;
+                for (tg_i64 j = 0; j < g.kw; ++j) {
+                    const tg_i64 tw = iw + g.pw - j * g.dw;
+                    if (tw < 0 || tw % g.sw != 0 || tw / g.sw >= g.wo) continue;
+                    s += col[(n * ckk + (c * g.kh + i) * g.kw + j) * pixels + th / g.sh * g.wo + tw / g.sw];
+                }
+            }
+            out[e] = tg_ty<T>::to((typename tg_ty<T>::C)s);
+        }
+    } else if (pass == 3) {  // w19 elements of w17 rounded into the result w18
+        const C* src = (const C*)p.w[17];
+        R* out = (R*)p.w[18];
+        TG_GRID_LOOP(e, (tg_i64)p.w[19]) out[e] = tg_ty<T>::to((typename tg_ty<T>::C)src[e]);
+    } else if (pass == 4) {  // the flag w19 := 1 where one of the w18 elements of w17 is not finite
+        const C* src = (const C*)p.w[17];
+        TG_GRID_LOOP(e, (tg_i64)p.w[18]) if (!tg_isfinite(src[e])) *(tg_u64*)p.w[19] = 1;
+    } else if (pass == 5) {  // flag set: y (w17) of the windows that reach into the padding, from col
+        if (*(const tg_u64*)p.w[19] == 0) return;  // (w18) and W (w20), skipping the padding
+        C* y = (C*)p.w[17];
+        const C* col = (const C*)p.w[18];
+        const C* wd = (const C*)p.w[20];
+        TG_GRID_LOOP(e, g.n * g.o * pixels) {
+            const tg_i64 q = e % pixels, o = e / pixels % g.o, n = e / (pixels * g.o), oh = q / g.wo, ow = q % g.wo;
+            if (oh * g.sh >= g.ph && oh * g.sh + (g.kh - 1) * g.dh < g.h + g.ph && ow * g.sw >= g.pw &&
+                ow * g.sw + (g.kw - 1) * g.dw < g.w + g.pw)
+                continue;
+            const tg_i64 b = o / og;
+            C acc = 0;
+            for (tg_i64 r = 0; r < ckg; ++r) {
+                const tg_i64 row = b * ckg + r;
+                tg_i64 ih, iw;
+                if (tg_conv_inside(g, oh, ow, row / g.kw % g.kh, row % g.kw, &ih, &iw))
+                    acc += wd[o * ckg + r] * col[(n * ckk + row) * pixels + q];
+            }
+            y[e] = acc;
+        }
+    } else {  // flag set: dW (w17) from col (w18, [C KH KW][N Ho Wo]) and g's rows (w20), skipping the padding
+        if (*(const tg_u64*)p.w[19] == 0) return;
+        C* dw = (C*)p.w[17];
+        const C* col = (const C*)p.w[18];
+        const C* rows = (const C*)p.w[20];
+        const tg_i64 np = g.n * pixels;
+        TG_GRID_LOOP(e, g.o * ckg) {
+            const tg_i64 o = e / ckg, row = o / og * ckg + e % ckg;
+            C acc = 0;
+            for (tg_i64 t = 0; t < np; ++t) {
+                const tg_i64 q = t % pixels;
+                tg_i64 ih, iw;
+                if (tg_conv_inside(g, q / g.wo, q % g.wo, row / g.kw % g.kh, row % g.kw, &ih, &iw))
+                    acc += rows[o * np + t] * col[row * np + t];
+            }
+            dw[e] = acc;
+        }
+    }
+}
+)CUDA";
     template <class N>
-    static constexpr void check_device() {
-        static_assert(always_false<N>, "typegrad: cuda: conv1d/conv2d have no device kernel yet; evaluate this step "
-                                       "with host bindings (docs/cuda.md)");
+    static std::string device_call() {
+        using X0 = type_at_t<0, typename N::children>;
+        using X1 = type_at_t<1, typename N::children>;
+        using T = storage_t<typename N::value_type>;
+        return device_template_call("tg_conv", {device_type_code<compute_t<T>>(), device_type_code<T>(),
+                                                 device_type_code<typename X0::value_type>(), device_type_code<buffer_t<X0>>(),
+                                                 device_type_code<typename X1::value_type>(), device_type_code<buffer_t<X1>>()});
     }
 };
 
@@ -376,6 +576,40 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
         }
         y.store(out);
     }
+    // The device (conv_device): im2col, then y_n = W . col_n per group as one batched GEMM.
+    template <class N, class Ref, class Device>
+    static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
+        using T = storage_t<typename N::value_type>;
+        using S = compute_t<T>;
+        using W = type_at_t<1, typename N::children>;
+        const conv_geometry g = conv_geometry_of<P>(in[0].ext, in[1].ext, "conv2d(x, w)");
+        const std::size_t ny = g.n * g.o * g.pixels(), nw = g.o * g.group_ckk();
+        if (ny == 0) return;
+        if (g.group_ckk() == 0) return dev.zero(out, ny * sizeof(T));
+        check_conv_device_extents(g, "conv2d(x, w)");
+        conv_device<Device, Ref> d{dev, g};
+        scratch_carver sc;
+        const std::size_t col_at = sc.take<S>(g.ckk() * g.pixels() * g.n), w_at = sc.take<S>(nw),
+                          y_at = sc.take<S>(std::is_same_v<T, S> ? 0 : ny), flag_at = sc.take<std::uint64_t>(1);
+        void* base = dev.scratch(sc.bytes);
+        S* const col = sc.at<S>(base, col_at);
+        S* const y = std::is_same_v<T, S> ? static_cast<S*>(out) : sc.at<S>(base, y_at);
+        std::uint64_t* const flag = sc.at<std::uint64_t>(base, flag_at);
+        d.pass(conv_pass::im2col, g.n * g.ckk() * g.pixels(), {device_word(col), g.ckk() * g.pixels(), g.pixels()}, &in[0], 0);
+        const S* w = d.template dense<S, buffer_t<W>>(in[1], 1, sc.at<S>(base, w_at), g.group_ckk(), g.kh * g.kw);
+        // column-major y_n^T [P x O/G] = col_n^T [P x CKK/G] . W^T [CKK/G x O/G]
+        d.template gemm<S>(false, false, g.pixels(), g.group_o(), g.group_ckk(), g.pixels(), (long long)(g.ckk() * g.pixels()),
+                           g.group_ckk(), 0, g.pixels(), (long long)(g.o * g.pixels()), g.n, [&](std::size_t b) {
+                               return std::tuple{static_cast<const S*>(col + b * g.group_ckk() * g.pixels()),
+                                                 w + b * g.group_o() * g.group_ckk(), y + b * g.group_o() * g.pixels()};
+                           });
+        if (P.ph > 0 || P.pw > 0) {
+            dev.zero(flag, sizeof(std::uint64_t));
+            d.pass(conv_pass::flag, nw, {device_word(w), nw, device_word(flag)});
+            d.pass(conv_pass::fix_forward, ny, {device_word(y), device_word(col), device_word(flag), device_word(w)});
+        }
+        if constexpr (!std::is_same_v<T, S>) d.pass(conv_pass::store, ny, {device_word(y), device_word(out), ny});
+    }
     template <std::size_t I, class G, class Out, class X, class W>
     static constexpr auto vjp(G g, Out, X x, W w) {
         if constexpr (I == 0) return make_node<conv2d_input_op<P>>(g, w, x);
@@ -421,6 +655,34 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
             col2im_chunk_add(g, col.data(), n0, cnt, dx.data);
         }
         dx.store(out);
+    }
+    // The device: W^T . g_n per group as one batched GEMM into the im2col layout, then col2im.
+    template <class N, class Ref, class Device>
+    static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
+        using T = storage_t<typename N::value_type>;
+        using S = compute_t<T>;
+        using Gr = type_at_t<0, typename N::children>;
+        using W = type_at_t<1, typename N::children>;
+        const conv_geometry g = conv_geometry_of<P>(in[2].ext, in[1].ext, "conv2d backward (input)");
+        const std::size_t nx = g.n * g.c * g.h * g.w;
+        if (nx == 0) return;
+        if (g.group_o() == 0 || g.pixels() == 0) return dev.zero(out, nx * sizeof(T));
+        check_conv_device_extents(g, "conv2d backward (input)");
+        conv_device<Device, Ref> d{dev, g};
+        scratch_carver sc;
+        const std::size_t col_at = sc.take<S>(g.ckk() * g.pixels() * g.n), w_at = sc.take<S>(g.o * g.group_ckk()),
+                          g_at = sc.take<S>(g.n * g.o * g.pixels());
+        void* base = dev.scratch(sc.bytes);
+        S* const col = sc.at<S>(base, col_at);
+        const S* gy = d.template dense<S, buffer_t<Gr>>(in[0], 0, sc.at<S>(base, g_at), g.o * g.pixels(), g.pixels());
+        const S* w = d.template dense<S, buffer_t<W>>(in[1], 1, sc.at<S>(base, w_at), g.group_ckk(), g.kh * g.kw);
+        // column-major col_n^T [P x CKK/G] = g_n^T [P x O/G] . W [O/G x CKK/G]
+        d.template gemm<S>(false, true, g.pixels(), g.group_ckk(), g.group_o(), g.pixels(), (long long)(g.o * g.pixels()),
+                           g.group_ckk(), 0, g.pixels(), (long long)(g.ckk() * g.pixels()), g.n, [&](std::size_t b) {
+                               return std::tuple{gy + b * g.group_o() * g.pixels(), w + b * g.group_o() * g.group_ckk(),
+                                                 col + b * g.group_ckk() * g.pixels()};
+                           });
+        d.pass(conv_pass::col2im, nx, {device_word(col), device_word(out)});
     }
     // <conv2d_input(g, w), h> = <g, conv2d(h, w)>
     template <std::size_t I, class H, class Out, class G, class W, class X>
@@ -485,6 +747,40 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
                 for (std::size_t o = 0; o < g.group_o(); ++o)
                     dw.data[b * block + o * g.group_ckk() + i] = dwt[b * block + i * g.group_o() + o];
         dw.store(out);
+    }
+    // The device: g as rows [O][N P] and im2col as [CKK][N P], one GEMM per group over every
+    // pixel of every image.
+    template <class N, class Ref, class Device>
+    static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
+        using T = storage_t<typename N::value_type>;
+        using S = compute_t<T>;
+        using Gr = type_at_t<0, typename N::children>;
+        const conv_geometry g = conv_geometry_of<P>(in[1].ext, in[2].ext, "conv2d backward (weight)");
+        const std::size_t nw = g.o * g.group_ckk(), np = g.n * g.pixels();
+        if (nw == 0) return;
+        if (np == 0) return dev.zero(out, nw * sizeof(T));
+        check_conv_device_extents(g, "conv2d backward (weight)");
+        conv_device<Device, Ref> d{dev, g};
+        scratch_carver sc;
+        const std::size_t col_at = sc.take<S>(g.ckk() * np), g_at = sc.take<S>(g.o * np),
+                          dw_at = sc.take<S>(std::is_same_v<T, S> ? 0 : nw), flag_at = sc.take<std::uint64_t>(1);
+        void* base = dev.scratch(sc.bytes);
+        S* const col = sc.at<S>(base, col_at);
+        S* const dw = std::is_same_v<T, S> ? static_cast<S*>(out) : sc.at<S>(base, dw_at);
+        std::uint64_t* const flag = sc.at<std::uint64_t>(base, flag_at);
+        d.pass(conv_pass::im2col, g.n * g.ckk() * g.pixels(), {device_word(col), g.pixels(), np}, &in[1], 1);
+        const S* rows = d.template dense<S, buffer_t<Gr>>(in[0], 0, sc.at<S>(base, g_at), g.pixels(), np);
+        // column-major dW^T [CKK/G x O/G] = col [CKK/G x N P] . rows^T [N P x O/G]
+        d.template gemm<S>(true, false, g.group_ckk(), g.group_o(), np, np, 0, np, 0, g.group_ckk(), 0, 1, [&](std::size_t b) {
+            return std::tuple{static_cast<const S*>(col + b * g.group_ckk() * np), rows + b * g.group_o() * np,
+                              dw + b * g.group_o() * g.group_ckk()};
+        });
+        if (P.ph > 0 || P.pw > 0) {
+            dev.zero(flag, sizeof(std::uint64_t));
+            d.pass(conv_pass::flag, g.o * np, {device_word(rows), g.o * np, device_word(flag)});
+            d.pass(conv_pass::fix_weight, nw, {device_word(dw), device_word(col), device_word(flag), device_word(rows)});
+        }
+        if constexpr (!std::is_same_v<T, S>) d.pass(conv_pass::store, nw, {device_word(dw), device_word(out), nw});
     }
     // <conv2d_weight(g, x), h> = <g, conv2d(x, h)>
     template <std::size_t I, class H, class Out, class G, class X, class W>

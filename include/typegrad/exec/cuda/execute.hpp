@@ -300,6 +300,15 @@ struct node_device {
     CUfunction kernel;  // the node's own kernel, or null
 
     void zero(void* p, std::size_t bytes) { zero_on_device(p, bytes); }
+    // Temporary device memory for this node's launches, valid until the next node's call: a
+    // per-thread buffer that grows on demand (freeing the old one waits for the device), so
+    // steady-state steps allocate nothing. Launches are stream-ordered, so the next node's
+    // kernels run after this node's have read it.
+    void* scratch(std::size_t bytes) {
+        thread_local device_buffer buffer;
+        buffer.reserve(bytes);
+        return buffer.data();
+    }
     void launch(std::uint64_t* words, std::size_t threads) { detail::launch(kernel, grid_for(threads), 1, words); }
     // A dense row-major copy of a strided operand.
     template <class S>
@@ -429,9 +438,15 @@ private:
         for (std::size_t k = 0; k < in.size(); ++k) in[k] = td::ref_of<Plan>(state, info[N].child[k]);
         void* out = const_cast<void*>(state.ptr[N]);
         const std::size_t* ext = state.ext.data() + Plan::rank_offset[N];
-        if constexpr (has_device_kernel<node>) {
+        if constexpr (has_device_run<node>) {
+            // host code on the backend's primitives (matmul: cuBLAS; conv: its passes around
+            // cuBLAS; custom ops: their own kernel)
+            node_device dev{m, m.node_kernel[N]};
+            op::template device_run<node>(in.data(), out, ext, dev);
+        } else {
             // the op's own kernel: it fills the parameter words and says how many elements the
             // grid covers; an op that checks ids gets a flag (the first bad position, or ~0)
+            static_assert(has_device_kernel<node>, "typegrad: cuda: internal: kernel op without a device path");
             std::uint64_t w[td::device_node_words] = {};
             void* flag = base_ + flag_;
             constexpr bool checks = requires { op::template device_check<node>(in.data(), std::size_t{}, nullptr); };
@@ -446,11 +461,6 @@ private:
                 copy_to_host(&bad, flag, sizeof bad);
                 if (bad != ~std::uint64_t{0}) op::template device_check<node>(in.data(), std::size_t(bad), &copy_to_host);
             }
-        } else {
-            // host code on the backend's primitives (matmul: cuBLAS; custom ops: their own kernel)
-            static_assert(has_device_run<node>, "typegrad: cuda: internal: kernel op without a device path");
-            node_device dev{m, m.node_kernel[N]};
-            op::template device_run<node>(in.data(), out, ext, dev);
         }
     }
 

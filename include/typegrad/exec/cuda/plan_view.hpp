@@ -74,11 +74,11 @@ inline constexpr auto device_exprs = [] {
     }(std::make_index_sequence<Plan::M>{});
     return r;
 }();
-// A kernel op carries its device path beside its CPU `run` (core/device_kernel.hpp): its own
+// A kernel op carries its device path beside its CPU `run` (core/device_kernel.hpp): a node
 // kernel (device_source: CUDA text defining its templates, emitted once per module, and
-// device_call<N>(), the node's instantiation on the parameter words `p`), or device_run<N>, host
-// code on the backend's primitives, with the node's kernel from device_definition<N>(fn) if it
-// launches one.
+// device_call<N>(), the node's instantiation on the parameter words `p`; or the node's own
+// function from device_definition<N>(fn)), launched once on device_words<N>, or driven by
+// device_run<N>, host code on the backend's primitives.
 template <class N>
 concept has_device_kernel = requires { N::op::device_source; };
 struct device_probe {};
