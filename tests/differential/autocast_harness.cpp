@@ -245,6 +245,69 @@ struct bf16_unary : torch::autograd::Function<bf16_unary> {
     }
 };
 
+// An activation of typegrad dtype bf16 in the semantic reference (ops/activation.hpp,
+// special.hpp): the result rounded, and the VJP typegrad's composite on the rounded input, every
+// bf16 op of it rounding its result and every constant rounded to bf16 (a tg::lit takes the
+// tensor's dtype: leaky_relu's 0.01 is 0.010009765625). c0, c1: the op's constants (softplus's
+// beta, leaky_relu's slope, elu's alpha, clamp's bounds). The derivatives are written here from
+// the formulas, independently of typegrad's code.
+struct bf16_activation : torch::autograd::Function<bf16_activation> {
+    static double Rc(double c) { return double(float(typegrad::bf16(float(c)))); }
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, std::string op, double c0,
+                                 double c1) {
+        torch::Tensor out;
+        if (op == "erf") out = torch::erf(x);
+        else if (op == "log1p") out = torch::log1p(x);
+        else if (op == "expm1") out = torch::expm1(x);
+        else if (op == "gelu") out = x * 0.5 * (1 + torch::erf(x * 0.70710678118654752440));
+        else if (op == "gelu_tanh") out = 0.5 * x * (1 + torch::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+        else if (op == "silu") out = x / (1 + torch::exp(-x));
+        else if (op == "softplus") out = torch::where(x * c0 > 20, x, torch::log1p(torch::exp(x * c0)) / c0);
+        else if (op == "leaky_relu") out = torch::where(x > 0, x, x * Rc(c0));
+        else if (op == "elu") out = torch::where(x > 0, x, c0 * torch::expm1(x));
+        else if (op == "clamp") out = torch::clamp(x, c0, c1);
+        else throw std::runtime_error("autocast differential: bf16_activation " + op);
+        out = to_bf16(out);
+        ctx->save_for_backward({x, out});
+        ctx->saved_data["op"] = op;
+        ctx->saved_data["c0"] = c0;
+        ctx->saved_data["c1"] = c1;
+        return out;
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list gs) {
+        const auto saved = ctx->get_saved_variables();
+        const torch::Tensor &x = saved[0], &out = saved[1], &g = gs[0];
+        const std::string op = ctx->saved_data["op"].toStringRef();
+        const double c0 = ctx->saved_data["c0"].toDouble(), c1 = ctx->saved_data["c1"].toDouble();
+        auto R = to_bf16;
+        torch::Tensor d;
+        if (op == "erf") d = g * R(R(torch::exp(-R(x * x))) * Rc(1.12837916709551257390));
+        else if (op == "log1p") d = g / R(x + 1);
+        else if (op == "expm1") d = g * R(out + 1);
+        else if (op == "gelu") {
+            const auto left = R(Rc(0.5) * R(1 + R(torch::erf(R(x * Rc(0.70710678118654752440))))));
+            const auto right = R(R(x * R(torch::exp(R(R(x * x) * Rc(-0.5))))) * Rc(0.39894228040143267794));
+            d = g * R(left + right);
+        } else if (op == "gelu_tanh") {
+            const double beta = Rc(0.79788456080286535588), kappa = Rc(0.044715), kappa3 = Rc(3 * 0.044715);
+            const auto x2 = R(x * x);
+            const auto t = R(torch::tanh(R(R(x + R(R(x * x2) * kappa)) * beta)));
+            const auto left = R(Rc(0.5) * R(1 + t));
+            const auto right = R(R(R(R(Rc(0.5) * x) * R(1 - R(t * t))) * R(1 + R(x2 * kappa3))) * beta);
+            d = g * R(left + right);
+        } else if (op == "silu") {
+            const auto sg = R(torch::sigmoid(x));
+            d = g * R(sg * R(1 + R(x * R(1 - sg))));
+        } else if (op == "softplus") {
+            const auto z = R(torch::exp(R(x * c0)));
+            d = torch::where(R(x * c0) > 20, g, R(g * R(z / R(z + 1))));
+        } else if (op == "leaky_relu") d = torch::where(x > 0, g, R(g * Rc(c0)));
+        else if (op == "elu") d = torch::where(x <= 0, R(g * R(R(torch::exp(x)) * Rc(c0))), g);
+        else d = torch::where((x >= c0) & (x <= c1), g, torch::zeros_like(g));  // clamp
+        return {R(d), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+};
+
 // a / b of typegrad dtype bf16: d/da = g / b, d/db = -((g out) / b) with out the rounded
 // quotient (arithmetic.hpp), each bf16 op rounding; summed down to the operand's shape where
 // the op broadcast it (a bf16 reduction: one rounding).
@@ -396,6 +459,30 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                 cst = std::stod(b);
             }
             r = bf16_unary::apply(node(a), op, cst);
+        } else if (op == "erf" || op == "log1p" || op == "expm1" || op == "gelu" || op == "gelu_tanh" || op == "silu" ||
+                   op == "softplus" || op == "leaky_relu" || op == "elu" || op == "clamp") {
+            // the activations (generate_autocast.py, graphs FIRST_ACTIVATION..): their input's dtype
+            // under CPU autocast, in typegrad and in LibTorch
+            double c0 = 0, c1 = 0;
+            if (op == "softplus" || op == "leaky_relu" || op == "elu") ts >> c0;
+            if (op == "clamp") ts >> c0 >> c1;
+            const torch::Tensor xa = node(a);
+            if (op == "leaky_relu" || op == "elu") note_margin(ref, xa, torch::zeros({}));
+            if (op == "clamp") {
+                note_margin(ref, xa - c0, torch::full({}, c0));
+                note_margin(ref, xa - c1, torch::full({}, c1));
+            }
+            if (bf_op) r = bf16_activation::apply(xa, op, c0, c1);
+            else if (op == "erf") r = torch::erf(xa);
+            else if (op == "log1p") r = torch::log1p(xa);
+            else if (op == "expm1") r = torch::expm1(xa);
+            else if (op == "gelu") r = torch::gelu(xa);
+            else if (op == "gelu_tanh") r = torch::gelu(xa, "tanh");
+            else if (op == "silu") r = torch::silu(xa);
+            else if (op == "softplus") r = torch::softplus(xa, c0, 20.0);
+            else if (op == "leaky_relu") r = torch::leaky_relu(xa, c0);
+            else if (op == "elu") r = torch::elu(xa, c0);
+            else r = torch::clamp(xa, c0, c1);
         } else if (op == "neg") r = -node(a);
         else if (op == "exp") r = torch::exp(node(a));
         else if (op == "log") r = torch::log(node(a));
@@ -804,6 +891,12 @@ long diff::run_autocast_differential(long cases, long only) {
             worst[policy] = std::max(worst[policy], v.worst);
             worst_semantic[policy] = std::max(worst_semantic[policy], v.worst_semantic);
             beyond_noise[policy] += v.worst_semantic > semantic_noise;
+            if (v.worst_semantic > semantic_noise && std::getenv("TYPEGRAD_DIFF_AUTOCAST_DRIFT")) {
+                // every case beyond the noise, as a reproducer (the drift rule below counts them)
+                std::printf("\nbeyond the f32 noise: autocast graph %d, case %ld, %.3g of the largest element\n", g.id, k,
+                            v.worst_semantic);
+                print_reproducer(g, c, v);
+            }
             {
                 const double u = v.worst_semantic / 0x1p-8;
                 const double edges[] = {0, 1.0 / 16, 0.5, 1, 2, 4, 8};

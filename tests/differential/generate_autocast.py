@@ -8,7 +8,9 @@ tg::autocast<tg::cpu_bf16>, for the differential test against LibTorch's CPU aut
 Graphs are built around the ops whose dtype autocast decides: matmul of matrices and vectors
 (transposed operands too), linear with and without bias (lower precision), mse_loss and
 binary_cross_entropy_with_logits (fp32), and the promote ops of generate.py (elementwise math,
-masks, where, reductions, log_sum_exp, softmax, log_softmax) mixing their f32 and bf16 results.
+masks, where, reductions, log_sum_exp, softmax, log_softmax) mixing their f32 and bf16 results;
+graphs FIRST_ACTIVATION.. also draw the activations and special functions (erf, log1p, expm1,
+gelu in both forms, silu, softplus, leaky_relu, elu, clamp: their input's dtype on the CPU).
 Leaves are f32 or bf16. Some matmuls of leaves sit in a nested disabled region (they run in f32,
 their backward under the step's policy). Each graph is compiled twice: with the default backward
 policy (same_as_forward) and with backward_autocast::off. The generated function reports, for
@@ -21,8 +23,9 @@ import random
 import generate as g
 
 SEED = 20261124
-GRAPHS = 52
+GRAPHS = 76
 FIRST_PROD = 40     # graphs from here on (ids FIRST_ID + 40..) also draw prod, a float op under autocast
+FIRST_ACTIVATION = 52  # graphs from here on also draw the activations (generate.ACTIVATIONS), in turn
 FIRST_ID = 2000
 UNITS = 4
 LEAF_NAMES = "abcdef"
@@ -57,12 +60,15 @@ class Graph(g.Graph):
     typegrad decides it (the harness checks each against LibTorch)."""
 
     def prod_chance(self):
-        """Graphs FIRST_PROD.. take prod wherever its bounds allow."""
-        return 1.0 if self.gid - FIRST_ID >= FIRST_PROD else 0.0
+        """Graphs FIRST_PROD..FIRST_ACTIVATION take prod wherever its bounds allow (not the
+        activation graphs: a product of many activations near 0 underflows f32, and its gradient
+        then measures the subnormal range, not the activations)."""
+        return 1.0 if FIRST_PROD <= self.gid - FIRST_ID < FIRST_ACTIVATION else 0.0
 
     def __init__(self, gid, rng):
         self.dtypes = []
         self.disabled_texts = set()
+        self.activations_drawn = 0
         super().__init__(gid, rng)
 
     def add(self, op, args, shape, lo, hi, text, program_line):
@@ -201,8 +207,9 @@ class Graph(g.Graph):
 
     def try_op(self):
         rng = self.rng
+        unary = 14 if self.gid - FIRST_ID >= FIRST_ACTIVATION else 6
         kind = rng.choices(["matmul", "unary", "binary", "mask", "where", "reduce", "loss", "softmax"],
-                           [5, 6, 6, 1, 1, 2, 2, 1])[0]
+                           [5, unary, 6, 1, 1, 2, 2, 1])[0]
         if kind == "matmul":
             return self.try_matmul()
         if kind == "loss":
@@ -218,12 +225,27 @@ class Graph(g.Graph):
         a = self.nodes[self.pick()]
         ai = self.nodes.index(a)
         if kind == "unary":
-            op = rng.choice(UNARY)
+            new = self.gid - FIRST_ID >= FIRST_ACTIVATION and rng.random() < 0.6
+            # activations in turn (each graph starts elsewhere), so that every one is drawn
+            op = g.ACTIVATIONS[(self.gid + self.activations_drawn) % len(g.ACTIVATIONS)] if new else rng.choice(UNARY)
             c = rng.choice([0.5, 1.5, 2.5, -0.5, -1.0, 3.0]) if op == "powc" else None
+            if op in g.ACTIVATION_PARAMS:
+                c = rng.choice(g.ACTIVATION_PARAMS[op])
+            self.activations_drawn += new
+            if op == "log1p" and a.lo < -0.8:  # another operand in its domain, if there is one
+                ok = [n for n in self.nodes if n.lo >= -0.8]
+                if ok:
+                    a = rng.choice(ok)
+                    ai = self.nodes.index(a)
             bounds = g.interval(op, a, c=c)
             if bounds is None:
                 return False
-            if op == "neg":
+            if op in ("softplus", "leaky_relu", "elu"):
+                text, line = "tg::%s<%s>(%s)" % (op, g.cpp_num(c), a.text), "%s %d %s" % (op, ai, repr(c))
+            elif op == "clamp":
+                text = "tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (a.text, g.cpp_num(c[0]), g.cpp_num(c[1]))
+                line = "clamp %d %s %s" % (ai, repr(c[0]), repr(c[1]))
+            elif op == "neg":
                 text, line = "-%s" % a.text, "neg %d" % ai
             elif op == "powc":
                 text, line = "tg::pow(%s, tg::lit<%s>)" % (a.text, g.cpp_num(c)), "powc %d %s" % (ai, repr(c))

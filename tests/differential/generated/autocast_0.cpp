@@ -453,6 +453,201 @@ double autocast_graph_2048(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2052(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<1, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto e4 = tg::cos(c);
+    constexpr auto e5 = tg::matmul(c, c);
+    constexpr auto e6 = -e4;
+    constexpr auto e8 = tg::log_softmax(e6);
+    constexpr auto e9 = tg::square(e8);
+    constexpr auto e10 = tg::min(e9);
+    constexpr auto e11 = (e10 + e5);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(e4), region_dtype(e5), region_dtype(e6), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2056(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::input<"c", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<1, tg::dyn>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));
+    constexpr auto e7 = tg::elu<0.5>(a);
+    constexpr auto e10 = tg::square(e7);
+    constexpr auto e11 = tg::max(e10);
+    constexpr auto e12 = (e11 + e4);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e7), region_dtype(e10), region_dtype(e11), region_dtype(e12)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2060(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<1, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e4 = tg::linear(b, d);
+    constexpr auto e7 = tg::max(e4, e4);
+    constexpr auto e8 = tg::min(e7);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e8);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e7), region_dtype(e8)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2064(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto e3 = tg::linear(b, b);
+    constexpr auto e5 = (tg::lit<0.5> + a);
+    constexpr auto e6 = tg::where(tg::ge(e5, e5), a, e5);
+    constexpr auto e8 = (e6 + tg::lit<1.5>);
+    constexpr auto e9 = tg::relu(e8);
+    constexpr auto e10 = tg::mean(e9);
+    constexpr auto e11 = tg::log_sum_exp(e3);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(e3), region_dtype(e5), region_dtype(e6), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    std::vector<float> g0(in[0].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::grad_into(a, g0))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a)))
+                                          : run(tg::compile(loss, tg::wrt(a)));
+    grad[0] = widen(g0);
+    return v;
+}
+
+double autocast_graph_2068(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<4, tg::dyn>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<4>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<1, 4>>;
+    constexpr auto e5 = tg::linear(e, e);
+    constexpr auto e6 = tg::elu<0.5>(e);
+    constexpr auto e7 = tg::clamp(e6, tg::lit<-1.0>, tg::lit<1.0>);
+    constexpr auto e8 = tg::sum(e7);
+    constexpr auto e9 = tg::sum(e5);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(e5), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, e)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2072(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<tg::dyn>>;
+    constexpr auto e5 = tg::matmul(b, c);
+    constexpr auto e7 = tg::sigmoid(e5);
+    constexpr auto e9 = tg::abs(e7);
+    constexpr auto e11 = -e7;
+    constexpr auto e12 = (e9 + e11);
+    constexpr auto e13 = (e12 + e9);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(e5), region_dtype(e7), region_dtype(e9), region_dtype(e11), region_dtype(e12), region_dtype(e13)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2000, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(c, tg::transpose(c));\nconstexpr auto e6 = tg::log_softmax(d);\nconstexpr auto e7 = tg::max(e6);\nconstexpr auto e8 = tg::max(e4);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
@@ -507,6 +702,30 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nmatmul 4 4\nmaximum c0.25 4\nmse 6 4\nadd 7 5",
                 {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 2, {-1, -2}, 0.25, 2.0}, {"c", true, 2, {-2, 3}, -2.0, 2.0}, {"d", true, 1, {3}, -2.0, 2.0}, {"e", false, 1, {-2}, 0.25, 2.0}},
                 &autocast_graph_2048});
+    r.push_back({2052, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::cos(c);\nconstexpr auto e5 = tg::matmul(c, c);\nconstexpr auto e6 = -e4;\nconstexpr auto e8 = tg::log_softmax(e6);\nconstexpr auto e9 = tg::square(e8);\nconstexpr auto e10 = tg::min(e9);\nconstexpr auto e11 = (e10 + e5);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\ncos 2\nmatmul 2 2\nneg 3\nlog_softmax 5\nsquare 6\nmin 7\nadd 8 4",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {1, -3}, -2.0, 2.0}, {"c", true, 1, {-3}, 0.25, 2.0}},
+                &autocast_graph_2052});
+    r.push_back({2056, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));\nconstexpr auto e7 = tg::elu<0.5>(a);\nconstexpr auto e10 = tg::square(e7);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto e12 = (e11 + e4);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\noff matmul 2 2\nelu 0 0.5\nsquare 5\nmax 6\nadd 7 4",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 1, {-3}, -2.0, 2.0}, {"c", false, 1, {-2}, 0.25, 2.0}, {"d", true, 2, {1, -3}, 0.25, 2.0}},
+                &autocast_graph_2056});
+    r.push_back({2060, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e4 = tg::linear(b, d);\nconstexpr auto e7 = tg::max(e4, e4);\nconstexpr auto e8 = tg::min(e7);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e8);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nlinear 1 3\nmaximum 4 4\nmin 5",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", false, 2, {1, -3}, 0.25, 2.0}, {"c", true, 2, {-1, -2}, 0.25, 2.0}, {"d", false, 2, {-1, -3}, 0.25, 2.0}},
+                &autocast_graph_2060});
+    r.push_back({2064, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto e3 = tg::linear(b, b);\nconstexpr auto e5 = (tg::lit<0.5> + a);\nconstexpr auto e6 = tg::where(tg::ge(e5, e5), a, e5);\nconstexpr auto e8 = (e6 + tg::lit<1.5>);\nconstexpr auto e9 = tg::relu(e8);\nconstexpr auto e10 = tg::mean(e9);\nconstexpr auto e11 = tg::log_sum_exp(e3);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nlinear 1 1\nadd c0.5 0\nwhere_ge 4 4 0 4\nadd 5 c1.5\nrelu 6\nmean 7\nlse 3\nadd 8 9",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", false, 2, {-1, -3}, 0.25, 2.0}, {"c", false, 1, {-2}, -2.0, 2.0}},
+                &autocast_graph_2064});
+    r.push_back({2068, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<4, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<4>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<1, 4>>;\nconstexpr auto e5 = tg::linear(e, e);\nconstexpr auto e6 = tg::elu<0.5>(e);\nconstexpr auto e7 = tg::clamp(e6, tg::lit<-1.0>, tg::lit<1.0>);\nconstexpr auto e8 = tg::sum(e7);\nconstexpr auto e9 = tg::sum(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nlinear 4 4\nelu 4 0.5\nclamp 6 -1.0 1.0\nsum 7\nsum 5\nadd 8 9",
+                {{"a", true, 2, {4, -1}, 0.25, 2.0}, {"b", true, 2, {4, 4}, -2.0, 2.0}, {"c", true, 1, {-1}, 0.25, 2.0}, {"d", false, 1, {4}, 0.25, 2.0}, {"e", true, 2, {1, 4}, -2.0, 2.0}},
+                &autocast_graph_2068});
+    r.push_back({2072, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn>>;\nconstexpr auto e5 = tg::matmul(b, c);\nconstexpr auto e7 = tg::sigmoid(e5);\nconstexpr auto e9 = tg::abs(e7);\nconstexpr auto e11 = -e7;\nconstexpr auto e12 = (e9 + e11);\nconstexpr auto e13 = (e12 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nmatmul 1 2\nsigmoid 5\nabs 6\nneg 6\nadd 7 8\nadd 9 7",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-2}, 0.25, 2.0}, {"c", true, 1, {-2}, 0.25, 2.0}, {"d", true, 2, {-3, -2}, 0.25, 2.0}, {"e", true, 1, {-3}, -2.0, 2.0}},
+                &autocast_graph_2072});
     return true;
 }();
 

@@ -443,6 +443,202 @@ double autocast_graph_2049(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2053(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<3, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4, tg::dyn>>;
+    constexpr auto c = tg::input<"c", tg::bf16, tg::shape<tg::dyn, 4>>;
+    constexpr auto e3 = tg::matmul(c, tg::transpose(a));
+    constexpr auto e6 = tg::max(e3, e3);
+    constexpr auto e7 = tg::log_sum_exp(e6);
+    constexpr auto e8 = tg::min(e3);
+    constexpr auto e9 = (e7 + e8);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(e3), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e9)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
+                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2057(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<3, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::input<"d", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, b));
+    constexpr auto e5 = tg::leaky_relu<0.01>(d);
+    constexpr auto e6 = tg::mse_loss(d, e5);
+    constexpr auto e7 = (e4 - tg::lit<0.25>);
+    constexpr auto e9 = tg::max(e5, e7);
+    constexpr auto e11 = tg::sin(e9);
+    constexpr auto e12 = tg::mean(e11);
+    constexpr auto e13 = (e12 + e6);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e5), region_dtype(e6), region_dtype(e7), region_dtype(e9), region_dtype(e11), region_dtype(e12), region_dtype(e13)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
+                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2061(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<1, tg::dyn>>;
+    constexpr auto e3 = tg::linear(c, c);
+    constexpr auto e4 = (a - a);
+    constexpr auto e7 = tg::exp(e4);
+    constexpr auto e9 = tg::max(e7, e7);
+    constexpr auto e10 = tg::log_sum_exp(e9);
+    constexpr auto e11 = tg::max(e3);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(e3), region_dtype(e4), region_dtype(e7), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2065(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<2, tg::dyn>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<2, tg::dyn>>;
+    constexpr auto e = tg::input<"e", float, tg::shape<tg::dyn>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<2, tg::dyn>>;
+    constexpr auto e6 = tg::linear(f, f);
+    constexpr auto e10 = tg::softplus<1.0>(e);
+    constexpr auto e11 = tg::min(e10);
+    constexpr auto e12 = tg::sum(e6);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<float> g2(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(f, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, f)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, f)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2069(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, tg::transpose(f)));
+    constexpr auto e7 = tg::clamp(e6, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e9 = tg::log1p(e7);
+    constexpr auto e10 = tg::expm1(e9);
+    constexpr auto e11 = tg::log_sum_exp(e10);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e7), region_dtype(e9), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<float> g3(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(e, g2), tg::grad_into(f, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, e, f)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, e, f)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2073(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<2, 5>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", tg::bf16, tg::shape<2, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<1, tg::dyn>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(d)));
+    constexpr auto e5 = tg::gelu(e4);
+    constexpr auto e8 = tg::matmul(e5, d);
+    constexpr auto e10 = tg::softplus<2.0>(e8);
+    constexpr auto e11 = tg::max(e10);
+    constexpr auto e12 = tg::min(e5);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e5), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<float> g2(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2001, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 3>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<2>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<3>>;\nconstexpr auto e5 = tg::matmul(a, e);\nconstexpr auto e8 = tg::log_sum_exp(e);\nconstexpr auto e9 = tg::max(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
@@ -497,6 +693,30 @@ const bool registered = [] {
                 "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\noff matmul 2 2\nsquare 4\nneg 5\ncos 6\nexp 1\nwhere_le 8 8 5 7\nsoftmax 9\nprod 10\nprod 10\nadd 11 12",
                 {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", false, 2, {-2, 4}, -2.0, 2.0}, {"c", false, 1, {4}, 0.25, 2.0}, {"d", true, 2, {4, -2}, -2.0, 2.0}},
                 &autocast_graph_2049});
+    r.push_back({2053, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<3, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4, tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<tg::dyn, 4>>;\nconstexpr auto e3 = tg::matmul(c, tg::transpose(a));\nconstexpr auto e6 = tg::max(e3, e3);\nconstexpr auto e7 = tg::log_sum_exp(e6);\nconstexpr auto e8 = tg::min(e3);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 bf16\nmatmul_t 2 0\nmaximum 3 3\nlse 4\nmin 3\nadd 5 6",
+                {{"a", true, 2, {3, 4}, -2.0, 2.0}, {"b", true, 2, {4, -1}, -2.0, 2.0}, {"c", false, 2, {-1, 4}, -2.0, 2.0}},
+                &autocast_graph_2053});
+    r.push_back({2057, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, b));\nconstexpr auto e5 = tg::leaky_relu<0.01>(d);\nconstexpr auto e6 = tg::mse_loss(d, e5);\nconstexpr auto e7 = (e4 - tg::lit<0.25>);\nconstexpr auto e9 = tg::max(e5, e7);\nconstexpr auto e11 = tg::sin(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = (e12 + e6);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\noff linear 1 1\nleaky_relu 3 0.01\nmse 3 5\nsub 4 c0.25\nmaximum 5 7\nsin 8\nmean 9\nadd 10 6",
+                {{"a", true, 2, {3, -1}, -2.0, 2.0}, {"b", true, 2, {-2, -1}, -2.0, 2.0}, {"c", false, 1, {-1}, -2.0, 2.0}, {"d", false, 1, {-2}, -2.0, 2.0}},
+                &autocast_graph_2057});
+    r.push_back({2061, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e3 = tg::linear(c, c);\nconstexpr auto e4 = (a - a);\nconstexpr auto e7 = tg::exp(e4);\nconstexpr auto e9 = tg::max(e7, e7);\nconstexpr auto e10 = tg::log_sum_exp(e9);\nconstexpr auto e11 = tg::max(e3);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nlinear 2 2\nsub 0 0\nexp 4\nmaximum 5 5\nlse 6\nmax 3\nadd 7 8",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-2}, 0.25, 2.0}, {"c", true, 2, {1, -3}, 0.25, 2.0}},
+                &autocast_graph_2061});
+    r.push_back({2065, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<2, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<2, tg::dyn>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<2, tg::dyn>>;\nconstexpr auto e6 = tg::linear(f, f);\nconstexpr auto e10 = tg::softplus<1.0>(e);\nconstexpr auto e11 = tg::min(e10);\nconstexpr auto e12 = tg::sum(e6);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nlinear 5 5\nsoftplus 4 1.0\nmin 7\nsum 6\nadd 8 9",
+                {{"a", true, 2, {2, -1}, -2.0, 2.0}, {"b", false, 1, {-1}, -2.0, 2.0}, {"c", true, 1, {-1}, -2.0, 2.0}, {"d", false, 2, {2, -2}, 0.25, 2.0}, {"e", false, 1, {-2}, -2.0, 2.0}, {"f", true, 2, {2, -1}, -2.0, 2.0}},
+                &autocast_graph_2065});
+    r.push_back({2069, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, tg::transpose(f)));\nconstexpr auto e7 = tg::clamp(e6, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e9 = tg::log1p(e7);\nconstexpr auto e10 = tg::expm1(e9);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\noff matmul_t 2 5\nclamp 6 0.0 2.0\nlog1p 7\nexpm1 8\nlse 9",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 1, {-2}, -2.0, 2.0}, {"c", false, 1, {-2}, 0.25, 2.0}, {"d", false, 1, {-3}, -2.0, 2.0}, {"e", true, 2, {-2, -3}, -2.0, 2.0}, {"f", true, 2, {-1, -2}, -2.0, 2.0}},
+                &autocast_graph_2069});
+    r.push_back({2073, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<2, 5>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(d)));\nconstexpr auto e5 = tg::gelu(e4);\nconstexpr auto e8 = tg::matmul(e5, d);\nconstexpr auto e10 = tg::softplus<2.0>(e8);\nconstexpr auto e11 = tg::max(e10);\nconstexpr auto e12 = tg::min(e5);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\noff matmul_t 3 3\ngelu 4\nmatmul 5 3\nsoftplus 6 2.0\nmax 7\nmin 5\nadd 8 9",
+                {{"a", true, 2, {2, 5}, -2.0, 2.0}, {"b", false, 2, {2, -1}, -2.0, 2.0}, {"c", true, 1, {-1}, 0.25, 2.0}, {"d", true, 2, {1, -1}, 0.25, 2.0}},
+                &autocast_graph_2073});
     return true;
 }();
 

@@ -460,6 +460,217 @@ double autocast_graph_2050(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2054(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<2, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<2, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn, 4>>;
+    [[maybe_unused]] constexpr auto e = tg::input<"e", float, tg::shape<4>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<4>>;
+    constexpr auto e6 = tg::matmul(a, c);
+    constexpr auto e8 = tg::mse_loss(a, b);
+    constexpr auto e9 = tg::max(e6);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e8), region_dtype(e9), region_dtype(e10)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2058(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, 2>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", float, tg::shape<3, 2>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<1, 3>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<3>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<3>>;
+    constexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(e, e));
+    constexpr auto e7 = tg::elu<0.5>(e);
+    constexpr auto e10 = tg::log1p(e7);
+    constexpr auto e11 = tg::mean(e10);
+    constexpr auto e12 = (e11 + e6);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e7), region_dtype(e10), region_dtype(e11), region_dtype(e12)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[3].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<float> g3(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(e, g2), tg::grad_into(f, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, e, f)))
+                                          : run(tg::compile(loss, tg::wrt(a, d, e, f)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2062(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<2, 2>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<2>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<2, tg::dyn>>;
+    constexpr auto e = tg::param<"e", tg::bf16, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto f = tg::input<"f", float, tg::shape<1, tg::dyn>>;
+    constexpr auto e6 = tg::matmul(d, b);
+    constexpr auto e7 = tg::tanh(e6);
+    constexpr auto e8 = tg::expm1(e7);
+    constexpr auto e9 = tg::log_softmax(e6);
+    constexpr auto e10 = tg::exp(e8);
+    constexpr auto e11 = tg::log_sum_exp(e10);
+    constexpr auto e12 = tg::min(e9);
+    constexpr auto e13 = (e11 + e12);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[3].size());
+    std::vector<tg::bf16> g2(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(e, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, e)))
+                                          : run(tg::compile(loss, tg::wrt(a, d, e)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2066(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4, 4>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<4>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, a));
+    constexpr auto e5 = tg::softmax(a);
+    constexpr auto e7 = tg::leaky_relu<0.2>(e5);
+    constexpr auto e9 = tg::clamp(e7, tg::lit<-1.0>, tg::lit<1.0>);
+    constexpr auto e11 = tg::erf(e9);
+    constexpr auto e12 = tg::min(e11);
+    constexpr auto e13 = tg::min(e4);
+    constexpr auto e14 = (e12 + e13);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e5), region_dtype(e7), region_dtype(e9), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2070(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));
+    constexpr auto e7 = tg::log1p(d);
+    constexpr auto e10 = tg::mse_loss(d, e7);
+    constexpr auto e11 = (e10 + e4);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e7), region_dtype(e10), region_dtype(e11)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2074(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<2, 3>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<1, tg::dyn>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<3, tg::dyn>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto e = tg::input<"e", tg::bf16, tg::shape<3>>;
+    constexpr auto e5 = tg::matmul(c, tg::transpose(b));
+    constexpr auto e7 = tg::silu(d);
+    constexpr auto e8 = tg::max(e7, e7);
+    constexpr auto e9 = tg::min(e8, e7);
+    constexpr auto e10 = tg::min(e9);
+    constexpr auto e11 = tg::mean(e5);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(e5), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[2].size());
+    std::vector<float> g2(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2002, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e7 = -d;\nconstexpr auto e9 = (e7 + tg::lit<0.25>);\nconstexpr auto e10 = tg::linear(c, c);\nconstexpr auto e11 = tg::cos(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::min(e10);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
@@ -514,6 +725,30 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nmatmul 2 3\nlinear 3 2 4\ncos 1\nprod 6\nmax 5\nadd 7 8",
                 {{"a", true, 2, {-1, 3}, 0.25, 2.0}, {"b", true, 2, {3, -2}, 0.25, 2.0}, {"c", true, 2, {-2, 3}, -2.0, 2.0}, {"d", true, 1, {3}, 0.25, 2.0}},
                 &autocast_graph_2050});
+    r.push_back({2054, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<2, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<2, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<4>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<4>>;\nconstexpr auto e6 = tg::matmul(a, c);\nconstexpr auto e8 = tg::mse_loss(a, b);\nconstexpr auto e9 = tg::max(e6);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nmatmul 0 2\nmse 0 1\nmax 6\nadd 7 8",
+                {{"a", true, 2, {2, -1}, -2.0, 2.0}, {"b", true, 2, {2, -1}, 0.25, 2.0}, {"c", true, 1, {-1}, 0.25, 2.0}, {"d", true, 2, {-1, 4}, -2.0, 2.0}, {"e", false, 1, {4}, 0.25, 2.0}, {"f", true, 1, {4}, -2.0, 2.0}},
+                &autocast_graph_2054});
+    r.push_back({2058, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<3, 2>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<1, 3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<3>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<3>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(e, e));\nconstexpr auto e7 = tg::elu<0.5>(e);\nconstexpr auto e10 = tg::log1p(e7);\nconstexpr auto e11 = tg::mean(e10);\nconstexpr auto e12 = (e11 + e6);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\noff matmul 4 4\nelu 4 0.5\nlog1p 7\nmean 8\nadd 9 6",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", false, 2, {3, 2}, -2.0, 2.0}, {"c", false, 2, {-1, 2}, 0.25, 2.0}, {"d", true, 2, {1, 3}, -2.0, 2.0}, {"e", true, 1, {3}, -2.0, 2.0}, {"f", true, 1, {3}, -2.0, 2.0}},
+                &autocast_graph_2058});
+    r.push_back({2062, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<2, 2>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto e = tg::param<\"e\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto f = tg::input<\"f\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e6 = tg::matmul(d, b);\nconstexpr auto e7 = tg::tanh(e6);\nconstexpr auto e8 = tg::expm1(e7);\nconstexpr auto e9 = tg::log_softmax(e6);\nconstexpr auto e10 = tg::exp(e8);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e12 = tg::min(e9);\nconstexpr auto e13 = (e11 + e12);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e13);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 f32\nmatmul 3 1\ntanh 6\nexpm1 7\nlog_softmax 6\nexp 8\nlse 10\nmin 9\nadd 11 12",
+                {{"a", true, 2, {2, 2}, -2.0, 2.0}, {"b", false, 1, {-1}, 0.25, 2.0}, {"c", false, 1, {2}, 0.25, 2.0}, {"d", true, 2, {2, -1}, 0.25, 2.0}, {"e", true, 1, {-1}, 0.25, 2.0}, {"f", false, 2, {1, -1}, 0.25, 2.0}},
+                &autocast_graph_2062});
+    r.push_back({2066, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4, 4>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, a));\nconstexpr auto e5 = tg::softmax(a);\nconstexpr auto e7 = tg::leaky_relu<0.2>(e5);\nconstexpr auto e9 = tg::clamp(e7, tg::lit<-1.0>, tg::lit<1.0>);\nconstexpr auto e11 = tg::erf(e9);\nconstexpr auto e12 = tg::min(e11);\nconstexpr auto e13 = tg::min(e4);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\noff linear 1 0\nsoftmax 0\nleaky_relu 5 0.2\nclamp 6 -1.0 1.0\nerf 7\nmin 8\nmin 4\nadd 9 10",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", true, 2, {4, 4}, 0.25, 2.0}, {"c", false, 2, {4, 4}, -2.0, 2.0}, {"d", true, 1, {4}, 0.25, 2.0}},
+                &autocast_graph_2066});
+    r.push_back({2070, 3, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(c, c));\nconstexpr auto e7 = tg::log1p(d);\nconstexpr auto e10 = tg::mse_loss(d, e7);\nconstexpr auto e11 = (e10 + e4);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e11);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\noff matmul 2 2\nlog1p 3\nmse 3 5\nadd 6 4",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-3}, -2.0, 2.0}, {"c", true, 1, {-2}, -2.0, 2.0}, {"d", false, 2, {-3, -2}, 0.25, 2.0}},
+                &autocast_graph_2070});
+    r.push_back({2074, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<3, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn>>;\nconstexpr auto e = tg::input<\"e\", tg::bf16, tg::shape<3>>;\nconstexpr auto e5 = tg::matmul(c, tg::transpose(b));\nconstexpr auto e7 = tg::silu(d);\nconstexpr auto e8 = tg::max(e7, e7);\nconstexpr auto e9 = tg::min(e8, e7);\nconstexpr auto e10 = tg::min(e9);\nconstexpr auto e11 = tg::mean(e5);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 bf16\nmatmul_t 2 1\nsilu 3\nmaximum 6 6\nminimum 7 6\nmin 8\nmean 5\nadd 9 10",
+                {{"a", true, 2, {2, 3}, 0.25, 2.0}, {"b", false, 2, {1, -1}, 0.25, 2.0}, {"c", true, 2, {3, -1}, -2.0, 2.0}, {"d", true, 1, {-1}, -2.0, 2.0}, {"e", false, 1, {3}, -2.0, 2.0}},
+                &autocast_graph_2074});
     return true;
 }();
 

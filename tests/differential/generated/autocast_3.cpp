@@ -448,6 +448,216 @@ double autocast_graph_2051(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2055(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<2>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<2>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<1, 2>>;
+    [[maybe_unused]] constexpr auto e = tg::input<"e", tg::bf16, tg::shape<2, 2>>;
+    constexpr auto e5 = tg::linear(c, d);
+    constexpr auto e8 = tg::leaky_relu<0.01>(c);
+    constexpr auto e11 = tg::relu(e8);
+    constexpr auto e12 = tg::mean(e11);
+    constexpr auto e13 = tg::sum(e5);
+    constexpr auto e14 = (e12 + e13);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(e5), region_dtype(e8), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
+                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2059(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<5, 2>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", tg::bf16, tg::shape<2, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<2>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<1, tg::dyn>>;
+    constexpr auto e = tg::input<"e", float, tg::shape<5, tg::dyn>>;
+    constexpr auto e5 = tg::linear(e, e);
+    constexpr auto e7 = tg::erf(e);
+    constexpr auto e8 = tg::sum(e7);
+    constexpr auto e9 = tg::mean(e5);
+    constexpr auto e10 = (e8 + e9);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(e5), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
+                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    return v;
+}
+
+double autocast_graph_2063(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4, 4>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<1, 4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, b));
+    constexpr auto e6 = tg::cos(e4);
+    constexpr auto e11 = tg::gelu<tg::approximate::tanh>(e6);
+    constexpr auto e12 = tg::sum(e11);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e4), region_dtype(e6), region_dtype(e11), region_dtype(e12)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<float>(in[3]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    return v;
+}
+
+double autocast_graph_2067(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<2>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<2, 2>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<1, 2>>;
+    [[maybe_unused]] constexpr auto e = tg::input<"e", tg::bf16, tg::shape<2>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<2>>;
+    constexpr auto e6 = tg::matmul(f, tg::transpose(d));
+    constexpr auto e9 = tg::max(a, e6);
+    constexpr auto e12 = tg::mse_loss(e9, a);
+    constexpr auto e13 = tg::elu<0.5>(e12);
+    constexpr auto e14 = tg::sum(e6);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e15);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e9), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2071(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto f = tg::input<"f", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto e6 = tg::matmul(e, tg::transpose(d));
+    constexpr auto e9 = tg::gelu(c);
+    constexpr auto e10 = tg::mean(e9);
+    constexpr auto e11 = tg::log_sum_exp(e6);
+    constexpr auto e12 = (e10 + e11);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2075(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<3, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<1, tg::dyn>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto e = tg::input<"e", float, tg::shape<3, tg::dyn>>;
+    [[maybe_unused]] constexpr auto f = tg::input<"f", float, tg::shape<tg::dyn>>;
+    constexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(a, e));
+    constexpr auto e9 = tg::relu(e6);
+    constexpr auto e10 = tg::silu(e9);
+    constexpr auto e11 = -e10;
+    constexpr auto e12 = tg::max(e11);
+    constexpr auto e13 = tg::sum(e11);
+    constexpr auto e14 = (e12 + e13);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(e6), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2003, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(f)));\nconstexpr auto e7 = tg::softmax(c);\nconstexpr auto e9 = -e7;\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e6);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
@@ -502,6 +712,30 @@ const bool registered = [] {
                 "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 f32\nsquare 5\nlinear 6 4\nexp 5\nmin 8\nmax 7\nadd 9 10",
                 {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {1, 3}, -2.0, 2.0}, {"c", true, 1, {3}, -2.0, 2.0}, {"d", true, 2, {-1, -2}, -2.0, 2.0}, {"e", false, 2, {-1, 3}, 0.25, 2.0}, {"f", true, 2, {-2, 3}, -2.0, 2.0}},
                 &autocast_graph_2051});
+    r.push_back({2055, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<2>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, 2>>;\nconstexpr auto e = tg::input<\"e\", tg::bf16, tg::shape<2, 2>>;\nconstexpr auto e5 = tg::linear(c, d);\nconstexpr auto e8 = tg::leaky_relu<0.01>(c);\nconstexpr auto e11 = tg::relu(e8);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::sum(e5);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nlinear 2 3\nleaky_relu 2 0.01\nrelu 6\nmean 7\nsum 5\nadd 8 9",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 1, {2}, -2.0, 2.0}, {"c", false, 1, {2}, -2.0, 2.0}, {"d", false, 2, {1, 2}, -2.0, 2.0}, {"e", false, 2, {2, 2}, 0.25, 2.0}},
+                &autocast_graph_2055});
+    r.push_back({2059, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<5, 2>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<5, tg::dyn>>;\nconstexpr auto e5 = tg::linear(e, e);\nconstexpr auto e7 = tg::erf(e);\nconstexpr auto e8 = tg::sum(e7);\nconstexpr auto e9 = tg::mean(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
+                "leaf 0 bf16\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nlinear 4 4\nerf 4\nsum 6\nmean 5\nadd 7 8",
+                {{"a", true, 2, {5, 2}, -2.0, 2.0}, {"b", false, 2, {2, -1}, 0.25, 2.0}, {"c", true, 1, {2}, -2.0, 2.0}, {"d", false, 2, {1, -1}, 0.25, 2.0}, {"e", false, 2, {5, -1}, -2.0, 2.0}},
+                &autocast_graph_2059});
+    r.push_back({2063, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4, 4>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<1, 4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto e4 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, b));\nconstexpr auto e6 = tg::cos(e4);\nconstexpr auto e11 = tg::gelu<tg::approximate::tanh>(e6);\nconstexpr auto e12 = tg::sum(e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\noff matmul 3 1\ncos 4\ngelu_tanh 5\nsum 6",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", true, 2, {4, 4}, 0.25, 2.0}, {"c", false, 2, {1, 4}, 0.25, 2.0}, {"d", true, 2, {-1, 4}, -2.0, 2.0}},
+                &autocast_graph_2063});
+    r.push_back({2067, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<2>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2, 2>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<1, 2>>;\nconstexpr auto e = tg::input<\"e\", tg::bf16, tg::shape<2>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<2>>;\nconstexpr auto e6 = tg::matmul(f, tg::transpose(d));\nconstexpr auto e9 = tg::max(a, e6);\nconstexpr auto e12 = tg::mse_loss(e9, a);\nconstexpr auto e13 = tg::elu<0.5>(e12);\nconstexpr auto e14 = tg::sum(e6);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e15);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nleaf 5 f32\nmatmul_t 5 3\nmaximum 0 6\nmse 7 0\nelu 8 0.5\nsum 6\nadd 9 10",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 1, {2}, -2.0, 2.0}, {"c", true, 2, {2, 2}, 0.25, 2.0}, {"d", true, 2, {1, 2}, -2.0, 2.0}, {"e", false, 1, {2}, 0.25, 2.0}, {"f", true, 1, {2}, -2.0, 2.0}},
+                &autocast_graph_2067});
+    r.push_back({2071, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::input<\"f\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e6 = tg::matmul(e, tg::transpose(d));\nconstexpr auto e9 = tg::gelu(c);\nconstexpr auto e10 = tg::mean(e9);\nconstexpr auto e11 = tg::log_sum_exp(e6);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nmatmul_t 4 3\ngelu 2\nmean 7\nlse 6\nadd 8 9",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-3}, -2.0, 2.0}, {"c", true, 2, {-3, -2}, -2.0, 2.0}, {"d", true, 2, {-2, -3}, 0.25, 2.0}, {"e", true, 2, {-1, -3}, -2.0, 2.0}, {"f", false, 2, {-1, -2}, -2.0, 2.0}},
+                &autocast_graph_2071});
+    r.push_back({2075, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<1, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<3, tg::dyn>>;\nconstexpr auto f = tg::input<\"f\", float, tg::shape<tg::dyn>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(a, e));\nconstexpr auto e9 = tg::relu(e6);\nconstexpr auto e10 = tg::silu(e9);\nconstexpr auto e11 = -e10;\nconstexpr auto e12 = tg::max(e11);\nconstexpr auto e13 = tg::sum(e11);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 f32\nleaf 5 f32\noff linear 0 4\nrelu 6\nsilu 7\nneg 8\nmax 9\nsum 9\nadd 10 11",
+                {{"a", true, 2, {3, -1}, -2.0, 2.0}, {"b", true, 2, {-1, -2}, 0.25, 2.0}, {"c", true, 2, {1, -2}, -2.0, 2.0}, {"d", true, 1, {-1}, -2.0, 2.0}, {"e", false, 2, {3, -1}, -2.0, 2.0}, {"f", false, 1, {-1}, -2.0, 2.0}},
+                &autocast_graph_2075});
     return true;
 }();
 
