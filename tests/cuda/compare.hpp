@@ -97,7 +97,8 @@ inline auto universe(std::size_t n) {
                          decltype(W2), decltype(b2), decltype(Ah), decltype(Bh), decltype(Mh), decltype(Hf),
                          decltype(Mf), decltype(tokens), decltype(positions), decltype(start), decltype(seed_offset),
                          decltype(E), decltype(Ed), decltype(Img), decltype(Imgd), decltype(Wc), decltype(Wg),
-                         decltype(Wcd), decltype(Wk), decltype(Imgh), decltype(Wch)>(n, rng);
+                         decltype(Wcd), decltype(Wk), decltype(Imgh), decltype(Wch), decltype(Img4),
+                         decltype(Wc4)>(n, rng);
 }
 
 template <class T>

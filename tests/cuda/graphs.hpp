@@ -36,6 +36,9 @@ constexpr auto Wcd = tg::param<"Wcd", double, tg::shape<3, 2, 3, 3>>;
 constexpr auto Wk = tg::param<"Wk", double, tg::shape<3, 2, 4>>;
 constexpr auto Imgh = tg::param<"Imgh", tg::bf16, tg::shape<tg::dyn, 2, 5, 6>>;
 constexpr auto Wch = tg::param<"Wch", tg::bf16, tg::shape<3, 2, 3, 3>>;
+// 36 x 64 im2col elements per image: at n = 70000 the device goes in three chunks of images
+constexpr auto Img4 = tg::param<"Img4", float, tg::shape<tg::dyn, 4, 8, 8>>;
+constexpr auto Wc4 = tg::param<"Wc4", float, tg::shape<2, 4, 3, 3>>;
 // bf16 / f16 leaves
 constexpr auto Ah = tg::param<"Ah", tg::bf16, tg::shape<tg::dyn, 5>>;
 constexpr auto Bh = tg::param<"Bh", tg::bf16, tg::shape<tg::dyn, 5>>;
@@ -166,6 +169,7 @@ void for_each_graph(F&& f) {
     // gradient's size, ~ sqrt(N Ho Wo), to small results, and float noise dominates them)
     f("conv_grad_grad", tg::compile(tg::sum(tg::tanh(tg::grad(tg::sum(tg::square(tg::conv2d<1, 1>(Img, Wc))), Wc) * lit<0.001>)),
                                     tg::wrt(Img, Wc)));
+    f("conv_chunks", tg::compile(tg::sum(tg::square(tg::conv2d<1, 1>(Img4, Wc4))), tg::wrt(Img4, Wc4)));
     f("bf16_conv", tg::compile(tg::sum(tg::square(tg::cast<float>(tg::conv2d<1, 1>(Imgh, Wch)))), tg::wrt(Imgh, Wch)));
     // permute<2, 0, 1>(X3) is [5, 2, 3] with neither inner axis unit-stride: a dense copy for cuBLAS
     f("matmul_dense_copy", tg::compile(tg::sum(tg::square(tg::matmul(tg::permute<2, 0, 1>(X3), tg::slice<0, 0, 3>(M)))),

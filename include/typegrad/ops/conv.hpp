@@ -327,17 +327,25 @@ conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, con
 // padding is no input here either: where W (forward) or g (weight gradient) holds an infinity or
 // NaN, a flag pass notes it on the device and a fix-up pass recomputes, skipping the padding, the
 // outputs the GEMM got from it (forward: the windows that reach into the padding; weight
-// gradient: every element), without a host round trip. The passes' temporaries come from the
-// backend's per-thread scratch (steady-state steps allocate nothing); the im2col buffer holds
-// every image at once (C KH KW Ho Wo N elements of the compute dtype).
-enum class conv_pass : std::uint64_t { im2col, dense, col2im, store, flag, fix_forward, fix_weight };
+// gradient: every element), without a host round trip. Images go in chunks of at most
+// conv_device_chunk_elements of im2col (the weight gradient adds chunk after chunk, a fixed
+// order); the temporaries come from the backend's per-thread scratch (steady-state steps
+// allocate nothing).
+enum class conv_pass : std::uint64_t { im2col, dense, col2im, store, flag, fix_forward, fix_weight, add };
 
-// The device pass's words: the pass, the geometry (words 1-16), its own words from 17, and a
-// strided operand (which of the node's first two, and its ref) from 20.
+// The device pass's words: the pass, the geometry (words 1-16, n the images of this pass), the
+// first image (17), its own words from 18, and a strided operand (which of the node's first two,
+// and its ref) from 22.
 template <class Device, class Ref>
 struct conv_device {
     Device& dev;
-    const conv_geometry& g;
+    conv_geometry g;
+    std::size_t first = 0;
+    // the passes that follow cover images [n0, n0 + count)
+    void images(std::size_t n0, std::size_t count) {
+        first = n0;
+        g.n = count;
+    }
     void pass(conv_pass p, std::size_t threads, std::initializer_list<std::uint64_t> own, const Ref* operand = nullptr,
               std::uint64_t which = 0) {
         if (threads == 0) return;
@@ -345,22 +353,26 @@ struct conv_device {
         w[0] = std::uint64_t(p);
         const std::size_t geometry[16] = {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.ho, g.wo, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups};
         for (std::size_t i = 0; i < 16; ++i) w[1 + i] = geometry[i];
-        std::size_t at = 17;
+        w[17] = first;
+        std::size_t at = 18;
         for (const std::uint64_t v : own) w[at++] = v;
         if (operand) {
-            w[20] = which;
-            put_device_ref(w, 21, *operand);
+            w[22] = which;
+            put_device_ref(w, 23, *operand);
         }
         dev.launch(w, threads);
     }
-    // operand `which` (rank 4) as dense S with element (a, b, r) at a s0 + b s1 + r: read in place
-    // when it already is that array, else copied into `to`
+    // entries [from, from + count) of operand `which`'s axis 0 as dense S, element (a, b, r) at
+    // a s0 + b s1 + r: read in place when they already are that array, else copied into `to`
     template <class S, class B>
-    const S* dense(const Ref& r, std::uint64_t which, S* to, std::size_t s0, std::size_t s1) {
-        if (std::is_same_v<B, S> && is_row_major(r) && (r.ext[1] == 1 || s1 == r.ext[2] * r.ext[3]) &&
-            (r.ext[0] == 1 || s0 == r.ext[1] * r.ext[2] * r.ext[3]))
-            return static_cast<const S*>(r.data);
-        pass(conv_pass::dense, r.ext[0] * r.ext[1] * r.ext[2] * r.ext[3], {device_word(to), s0, s1}, &r, which);
+    const S* dense(const Ref& r, std::uint64_t which, S* to, std::size_t s0, std::size_t s1, std::size_t from, std::size_t count) {
+        const std::size_t plane = r.ext[2] * r.ext[3], per = r.ext[1] * plane;
+        if (std::is_same_v<B, S> && is_row_major(r) && (r.ext[1] == 1 || s1 == plane) && (count == 1 || s0 == per))
+            return static_cast<const S*>(r.data) + from * per;
+        const std::size_t keep = first;
+        first = from;
+        pass(conv_pass::dense, count * per, {device_word(to), s0, s1, count * per}, &r, which);
+        first = keep;
         return to;
     }
     // C = op(A) op(B) per group (column-major, batched with strides; alpha 1, beta 0): `at(b)`
@@ -377,6 +389,13 @@ struct conv_device {
         }
     }
 };
+// im2col elements per chunk of images on the device (2^26: 256 MB of f32), at least one image:
+// the scratch a convolution takes is bounded whatever the batch.
+inline constexpr std::size_t conv_device_chunk_elements = std::size_t(1) << 26;
+inline std::size_t conv_device_chunk_images(const conv_geometry& g) {
+    const std::size_t per = std::max<std::size_t>(1, g.ckk() * g.pixels());
+    return std::clamp<std::size_t>(conv_device_chunk_elements / per, 1, std::max<std::size_t>(1, g.n));
+}
 // 256-byte aligned arrays in one scratch region: their offsets first, then the region.
 struct scratch_carver {
     std::size_t bytes = 0;
@@ -394,7 +413,7 @@ struct scratch_carver {
 // GEMM dimensions are int: the device path throws (before anything runs) past them.
 inline void check_conv_device_extents(const conv_geometry& g, const char* op) {
     constexpr std::size_t most = std::size_t(1) << 31;
-    if (g.n * g.pixels() >= most || g.ckk() * g.pixels() >= most || g.o * g.pixels() >= most)
+    if (conv_device_chunk_images(g) * g.pixels() >= most || g.ckk() * g.pixels() >= most || g.o * g.pixels() >= most)
         throw shape_error(message("typegrad: cuda: ", op, ": the im2col product exceeds the BLAS's 32-bit extents"));
 }
 
@@ -425,32 +444,34 @@ template <int S, int T, int V0, int B0, int V1, int B1> __device__ void tg_conv(
     tg_conv_geo g;
     tg_i64* f = &g.n;
     for (int i = 0; i < 16; ++i) f[i] = (tg_i64)p.w[1 + i];
+    const tg_i64 first = (tg_i64)p.w[17];  // the pass covers images [first, first + n)
     const tg_i64 pixels = g.ho * g.wo, taps = g.kh * g.kw, ckk = g.c * taps, ckg = ckk / g.groups, og = g.o / g.groups;
     const int pass = (int)p.w[0];
-    if (pass == 0) {  // im2col of operand w20: col[n * w18 + row * w19 + q], 0 in the padding
-        C* col = (C*)p.w[17];
-        const tg_i64 image_stride = (tg_i64)p.w[18], ld = (tg_i64)p.w[19];
-        const int which = (int)p.w[20];
-        const tg_ref x = tg_ref_at(p, 21);
+    if (pass == 0) {  // im2col of the operand: col[n * w18 + row * w19 + q], 0 in the padding
+        C* col = (C*)p.w[18];
+        const tg_i64 image_stride = (tg_i64)p.w[19], ld = (tg_i64)p.w[20];
+        const int which = (int)p.w[22];
+        const tg_ref x = tg_ref_at(p, 23);
         TG_GRID_LOOP(e, g.n * ckk * pixels) {
             const tg_i64 q = e % pixels, row = (e / pixels) % ckk, n = e / (pixels * ckk);
             tg_i64 ih, iw;
             C v = 0;
             if (tg_conv_inside(g, q / g.wo, q % g.wo, (row / g.kw) % g.kh, row % g.kw, &ih, &iw))
-                v = tg_conv_read<S, V0, B0, V1, B1>(x, which, ((n * g.c + row / taps) * g.h + ih) * g.w + iw);
+                v = tg_conv_read<S, V0, B0, V1, B1>(x, which, (((first + n) * g.c + row / taps) * g.h + ih) * g.w + iw);
             col[n * image_stride + row * ld + q] = v;
         }
-    } else if (pass == 1) {  // operand w20 (rank 4) dense: element (a, b, r) at a * w18 + b * w19 + r
-        C* dst = (C*)p.w[17];
-        const tg_i64 s0 = (tg_i64)p.w[18], s1 = (tg_i64)p.w[19];
-        const int which = (int)p.w[20];
-        const tg_ref x = tg_ref_at(p, 21);
+    } else if (pass == 1) {  // w21 elements of the operand (rank 4) from index `first` of axis 0,
+        C* dst = (C*)p.w[18];  // dense: element (a, b, r) at a * w19 + b * w20 + r
+        const tg_i64 s0 = (tg_i64)p.w[19], s1 = (tg_i64)p.w[20];
+        const int which = (int)p.w[22];
+        const tg_ref x = tg_ref_at(p, 23);
         const tg_i64 inner = (tg_i64)(x.ext[2] * x.ext[3]), mid = (tg_i64)x.ext[1];
-        TG_GRID_LOOP(e, tg_numel(x))
-            dst[e / (inner * mid) * s0 + (e / inner) % mid * s1 + e % inner] = tg_conv_read<S, V0, B0, V1, B1>(x, which, e);
+        TG_GRID_LOOP(e, (tg_i64)p.w[21])
+            dst[e / (inner * mid) * s0 + (e / inner) % mid * s1 + e % inner] =
+                tg_conv_read<S, V0, B0, V1, B1>(x, which, first * mid * inner + e);
     } else if (pass == 2) {  // col2im: out[n, c, ih, iw] = the sum over the taps that read it
-        const C* col = (const C*)p.w[17];
-        R* out = (R*)p.w[18];
+        const C* col = (const C*)p.w[18];
+        R* out = (R*)p.w[19];
         TG_GRID_LOOP(e, g.n * g.c * g.h * g.w) {
             const tg_i64 iw = e % g.w, ih = e / g.w % g.h, c = e / (g.w * g.h) % g.c, n = e / (g.w * g.h * g.c);
             C s = 0;
@@ -465,18 +486,18 @@ template <int S, int T, int V0, int B0, int V1, int B1> __device__ void tg_conv(
             }
             out[e] = tg_ty<T>::to((typename tg_ty<T>::C)s);
         }
-    } else if (pass == 3) {  // w19 elements of w17 rounded into the result w18
-        const C* src = (const C*)p.w[17];
-        R* out = (R*)p.w[18];
-        TG_GRID_LOOP(e, (tg_i64)p.w[19]) out[e] = tg_ty<T>::to((typename tg_ty<T>::C)src[e]);
-    } else if (pass == 4) {  // the flag w19 := 1 where one of the w18 elements of w17 is not finite
-        const C* src = (const C*)p.w[17];
-        TG_GRID_LOOP(e, (tg_i64)p.w[18]) if (!tg_isfinite(src[e])) *(tg_u64*)p.w[19] = 1;
-    } else if (pass == 5) {  // flag set: y (w17) of the windows that reach into the padding, from col
-        if (*(const tg_u64*)p.w[19] == 0) return;  // (w18) and W (w20), skipping the padding
-        C* y = (C*)p.w[17];
-        const C* col = (const C*)p.w[18];
-        const C* wd = (const C*)p.w[20];
+    } else if (pass == 3) {  // w20 elements of w18 rounded into the result w19
+        const C* src = (const C*)p.w[18];
+        R* out = (R*)p.w[19];
+        TG_GRID_LOOP(e, (tg_i64)p.w[20]) out[e] = tg_ty<T>::to((typename tg_ty<T>::C)src[e]);
+    } else if (pass == 4) {  // the flag w20 := 1 where one of the w19 elements of w18 is not finite
+        const C* src = (const C*)p.w[18];
+        TG_GRID_LOOP(e, (tg_i64)p.w[19]) if (!tg_isfinite(src[e])) *(tg_u64*)p.w[20] = 1;
+    } else if (pass == 5) {  // flag set: y (w18) of the windows that reach into the padding, from col
+        if (*(const tg_u64*)p.w[20] == 0) return;  // (w19) and W (w21), skipping the padding
+        C* y = (C*)p.w[18];
+        const C* col = (const C*)p.w[19];
+        const C* wd = (const C*)p.w[21];
         TG_GRID_LOOP(e, g.n * g.o * pixels) {
             const tg_i64 q = e % pixels, o = e / pixels % g.o, n = e / (pixels * g.o), oh = q / g.wo, ow = q % g.wo;
             if (oh * g.sh >= g.ph && oh * g.sh + (g.kh - 1) * g.dh < g.h + g.ph && ow * g.sw >= g.pw &&
@@ -492,11 +513,11 @@ template <int S, int T, int V0, int B0, int V1, int B1> __device__ void tg_conv(
             }
             y[e] = acc;
         }
-    } else {  // flag set: dW (w17) from col (w18, [C KH KW][N Ho Wo]) and g's rows (w20), skipping the padding
-        if (*(const tg_u64*)p.w[19] == 0) return;
-        C* dw = (C*)p.w[17];
-        const C* col = (const C*)p.w[18];
-        const C* rows = (const C*)p.w[20];
+    } else if (pass == 6) {  // flag set: dW (w18) from col (w19, [C KH KW][n Ho Wo]) and g's rows (w21),
+        if (*(const tg_u64*)p.w[20] == 0) return;  // skipping the padding
+        C* dw = (C*)p.w[18];
+        const C* col = (const C*)p.w[19];
+        const C* rows = (const C*)p.w[21];
         const tg_i64 np = g.n * pixels;
         TG_GRID_LOOP(e, g.o * ckg) {
             const tg_i64 o = e / ckg, row = o / og * ckg + e % ckg;
@@ -509,6 +530,10 @@ template <int S, int T, int V0, int B0, int V1, int B1> __device__ void tg_conv(
             }
             dw[e] = acc;
         }
+    } else {  // w20 elements: w18 += w19
+        C* dst = (C*)p.w[18];
+        const C* src = (const C*)p.w[19];
+        TG_GRID_LOOP(e, (tg_i64)p.w[20]) dst[e] += src[e];
     }
 }
 )CUDA";
@@ -576,37 +601,45 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
         }
         y.store(out);
     }
-    // The device (conv_device): im2col, then y_n = W . col_n per group as one batched GEMM.
+    // The device (conv_device): per chunk of images, im2col, then y_n = W . col_n per group as
+    // one batched GEMM.
     template <class N, class Ref, class Device>
     static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
         using T = storage_t<typename N::value_type>;
         using S = compute_t<T>;
         using W = type_at_t<1, typename N::children>;
         const conv_geometry g = conv_geometry_of<P>(in[0].ext, in[1].ext, "conv2d(x, w)");
-        const std::size_t ny = g.n * g.o * g.pixels(), nw = g.o * g.group_ckk();
+        const std::size_t ny = g.n * g.o * g.pixels(), nw = g.o * g.group_ckk(), nb = conv_device_chunk_images(g);
         if (ny == 0) return;
         if (g.group_ckk() == 0) return dev.zero(out, ny * sizeof(T));
         check_conv_device_extents(g, "conv2d(x, w)");
         conv_device<Device, Ref> d{dev, g};
         scratch_carver sc;
-        const std::size_t col_at = sc.take<S>(g.ckk() * g.pixels() * g.n), w_at = sc.take<S>(nw),
+        const std::size_t col_at = sc.take<S>(g.ckk() * g.pixels() * nb), w_at = sc.take<S>(nw),
                           y_at = sc.take<S>(std::is_same_v<T, S> ? 0 : ny), flag_at = sc.take<std::uint64_t>(1);
         void* base = dev.scratch(sc.bytes);
         S* const col = sc.at<S>(base, col_at);
         S* const y = std::is_same_v<T, S> ? static_cast<S*>(out) : sc.at<S>(base, y_at);
         std::uint64_t* const flag = sc.at<std::uint64_t>(base, flag_at);
-        d.pass(conv_pass::im2col, g.n * g.ckk() * g.pixels(), {device_word(col), g.ckk() * g.pixels(), g.pixels()}, &in[0], 0);
-        const S* w = d.template dense<S, buffer_t<W>>(in[1], 1, sc.at<S>(base, w_at), g.group_ckk(), g.kh * g.kw);
-        // column-major y_n^T [P x O/G] = col_n^T [P x CKK/G] . W^T [CKK/G x O/G]
-        d.template gemm<S>(false, false, g.pixels(), g.group_o(), g.group_ckk(), g.pixels(), (long long)(g.ckk() * g.pixels()),
-                           g.group_ckk(), 0, g.pixels(), (long long)(g.o * g.pixels()), g.n, [&](std::size_t b) {
-                               return std::tuple{static_cast<const S*>(col + b * g.group_ckk() * g.pixels()),
-                                                 w + b * g.group_o() * g.group_ckk(), y + b * g.group_o() * g.pixels()};
-                           });
-        if (P.ph > 0 || P.pw > 0) {
+        const S* w = d.template dense<S, buffer_t<W>>(in[1], 1, sc.at<S>(base, w_at), g.group_ckk(), g.kh * g.kw, 0, g.o);
+        constexpr bool padded = P.ph > 0 || P.pw > 0;
+        if (padded) {
             dev.zero(flag, sizeof(std::uint64_t));
             d.pass(conv_pass::flag, nw, {device_word(w), nw, device_word(flag)});
-            d.pass(conv_pass::fix_forward, ny, {device_word(y), device_word(col), device_word(flag), device_word(w)});
+        }
+        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
+            const std::size_t cnt = std::min(nb, g.n - n0);
+            S* const yc = y + n0 * g.o * g.pixels();
+            d.images(n0, cnt);
+            d.pass(conv_pass::im2col, cnt * g.ckk() * g.pixels(), {device_word(col), g.ckk() * g.pixels(), g.pixels()}, &in[0], 0);
+            // column-major y_n^T [P x O/G] = col_n^T [P x CKK/G] . W^T [CKK/G x O/G]
+            d.template gemm<S>(false, false, g.pixels(), g.group_o(), g.group_ckk(), g.pixels(), (long long)(g.ckk() * g.pixels()),
+                               g.group_ckk(), 0, g.pixels(), (long long)(g.o * g.pixels()), cnt, [&](std::size_t b) {
+                                   return std::tuple{static_cast<const S*>(col + b * g.group_ckk() * g.pixels()),
+                                                     w + b * g.group_o() * g.group_ckk(), yc + b * g.group_o() * g.pixels()};
+                               });
+            if (padded)
+                d.pass(conv_pass::fix_forward, cnt * g.o * g.pixels(), {device_word(yc), device_word(col), device_word(flag), device_word(w)});
         }
         if constexpr (!std::is_same_v<T, S>) d.pass(conv_pass::store, ny, {device_word(y), device_word(out), ny});
     }
@@ -656,7 +689,8 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         }
         dx.store(out);
     }
-    // The device: W^T . g_n per group as one batched GEMM into the im2col layout, then col2im.
+    // The device: per chunk of images, W^T . g_n per group as one batched GEMM into the im2col
+    // layout, then col2im.
     template <class N, class Ref, class Device>
     static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
         using T = storage_t<typename N::value_type>;
@@ -664,25 +698,30 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         using Gr = type_at_t<0, typename N::children>;
         using W = type_at_t<1, typename N::children>;
         const conv_geometry g = conv_geometry_of<P>(in[2].ext, in[1].ext, "conv2d backward (input)");
-        const std::size_t nx = g.n * g.c * g.h * g.w;
+        const std::size_t image = g.c * g.h * g.w, nx = g.n * image, nb = conv_device_chunk_images(g);
         if (nx == 0) return;
         if (g.group_o() == 0 || g.pixels() == 0) return dev.zero(out, nx * sizeof(T));
         check_conv_device_extents(g, "conv2d backward (input)");
         conv_device<Device, Ref> d{dev, g};
         scratch_carver sc;
-        const std::size_t col_at = sc.take<S>(g.ckk() * g.pixels() * g.n), w_at = sc.take<S>(g.o * g.group_ckk()),
+        const std::size_t col_at = sc.take<S>(g.ckk() * g.pixels() * nb), w_at = sc.take<S>(g.o * g.group_ckk()),
                           g_at = sc.take<S>(g.n * g.o * g.pixels());
         void* base = dev.scratch(sc.bytes);
         S* const col = sc.at<S>(base, col_at);
-        const S* gy = d.template dense<S, buffer_t<Gr>>(in[0], 0, sc.at<S>(base, g_at), g.o * g.pixels(), g.pixels());
-        const S* w = d.template dense<S, buffer_t<W>>(in[1], 1, sc.at<S>(base, w_at), g.group_ckk(), g.kh * g.kw);
-        // column-major col_n^T [P x CKK/G] = g_n^T [P x O/G] . W [O/G x CKK/G]
-        d.template gemm<S>(false, true, g.pixels(), g.group_ckk(), g.group_o(), g.pixels(), (long long)(g.o * g.pixels()),
-                           g.group_ckk(), 0, g.pixels(), (long long)(g.ckk() * g.pixels()), g.n, [&](std::size_t b) {
-                               return std::tuple{gy + b * g.group_o() * g.pixels(), w + b * g.group_o() * g.group_ckk(),
-                                                 col + b * g.group_ckk() * g.pixels()};
-                           });
-        d.pass(conv_pass::col2im, nx, {device_word(col), device_word(out)});
+        const S* gy = d.template dense<S, buffer_t<Gr>>(in[0], 0, sc.at<S>(base, g_at), g.o * g.pixels(), g.pixels(), 0, g.n);
+        const S* w = d.template dense<S, buffer_t<W>>(in[1], 1, sc.at<S>(base, w_at), g.group_ckk(), g.kh * g.kw, 0, g.o);
+        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
+            const std::size_t cnt = std::min(nb, g.n - n0);
+            const S* const gc = gy + n0 * g.o * g.pixels();
+            d.images(n0, cnt);
+            // column-major col_n^T [P x CKK/G] = g_n^T [P x O/G] . W [O/G x CKK/G]
+            d.template gemm<S>(false, true, g.pixels(), g.group_ckk(), g.group_o(), g.pixels(), (long long)(g.o * g.pixels()),
+                               g.group_ckk(), 0, g.pixels(), (long long)(g.ckk() * g.pixels()), cnt, [&](std::size_t b) {
+                                   return std::tuple{gc + b * g.group_o() * g.pixels(), w + b * g.group_o() * g.group_ckk(),
+                                                     col + b * g.group_ckk() * g.pixels()};
+                               });
+            d.pass(conv_pass::col2im, cnt * image, {device_word(col), device_word(static_cast<T*>(out) + n0 * image)});
+        }
     }
     // <conv2d_input(g, w), h> = <g, conv2d(h, w)>
     template <std::size_t I, class H, class Out, class G, class W, class X>
@@ -748,37 +787,45 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
                     dw.data[b * block + o * g.group_ckk() + i] = dwt[b * block + i * g.group_o() + o];
         dw.store(out);
     }
-    // The device: g as rows [O][N P] and im2col as [CKK][N P], one GEMM per group over every
-    // pixel of every image.
+    // The device: per chunk of images, g as rows [O][nb P] and im2col as [CKK][nb P], one GEMM
+    // per group over every pixel of the chunk's images; chunk after chunk added in order.
     template <class N, class Ref, class Device>
     static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
         using T = storage_t<typename N::value_type>;
         using S = compute_t<T>;
         using Gr = type_at_t<0, typename N::children>;
         const conv_geometry g = conv_geometry_of<P>(in[1].ext, in[2].ext, "conv2d backward (weight)");
-        const std::size_t nw = g.o * g.group_ckk(), np = g.n * g.pixels();
+        const std::size_t nw = g.o * g.group_ckk(), nb = conv_device_chunk_images(g);
         if (nw == 0) return;
-        if (np == 0) return dev.zero(out, nw * sizeof(T));
+        if (g.n * g.pixels() == 0) return dev.zero(out, nw * sizeof(T));
         check_conv_device_extents(g, "conv2d backward (weight)");
         conv_device<Device, Ref> d{dev, g};
         scratch_carver sc;
-        const std::size_t col_at = sc.take<S>(g.ckk() * np), g_at = sc.take<S>(g.o * np),
-                          dw_at = sc.take<S>(std::is_same_v<T, S> ? 0 : nw), flag_at = sc.take<std::uint64_t>(1);
+        const std::size_t col_at = sc.take<S>(g.ckk() * nb * g.pixels()), g_at = sc.take<S>(g.o * nb * g.pixels()),
+                          part_at = sc.take<S>(nb < g.n ? nw : 0), dw_at = sc.take<S>(std::is_same_v<T, S> ? 0 : nw),
+                          flag_at = sc.take<std::uint64_t>(1);
         void* base = dev.scratch(sc.bytes);
         S* const col = sc.at<S>(base, col_at);
         S* const dw = std::is_same_v<T, S> ? static_cast<S*>(out) : sc.at<S>(base, dw_at);
         std::uint64_t* const flag = sc.at<std::uint64_t>(base, flag_at);
-        d.pass(conv_pass::im2col, g.n * g.ckk() * g.pixels(), {device_word(col), g.pixels(), np}, &in[1], 1);
-        const S* rows = d.template dense<S, buffer_t<Gr>>(in[0], 0, sc.at<S>(base, g_at), g.pixels(), np);
-        // column-major dW^T [CKK/G x O/G] = col [CKK/G x N P] . rows^T [N P x O/G]
-        d.template gemm<S>(true, false, g.group_ckk(), g.group_o(), np, np, 0, np, 0, g.group_ckk(), 0, 1, [&](std::size_t b) {
-            return std::tuple{static_cast<const S*>(col + b * g.group_ckk() * np), rows + b * g.group_o() * np,
-                              dw + b * g.group_o() * g.group_ckk()};
-        });
-        if (P.ph > 0 || P.pw > 0) {
-            dev.zero(flag, sizeof(std::uint64_t));
-            d.pass(conv_pass::flag, g.o * np, {device_word(rows), g.o * np, device_word(flag)});
-            d.pass(conv_pass::fix_weight, nw, {device_word(dw), device_word(col), device_word(flag), device_word(rows)});
+        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
+            const std::size_t cnt = std::min(nb, g.n - n0), np = cnt * g.pixels();
+            S* const target = n0 == 0 ? dw : sc.at<S>(base, part_at);
+            d.images(n0, cnt);
+            d.pass(conv_pass::im2col, cnt * g.ckk() * g.pixels(), {device_word(col), g.pixels(), np}, &in[1], 1);
+            const S* rows = d.template dense<S, buffer_t<Gr>>(in[0], 0, sc.at<S>(base, g_at), g.pixels(), np, n0, cnt);
+            // column-major dW^T [CKK/G x O/G] = col [CKK/G x nb P] . rows^T [nb P x O/G]
+            d.template gemm<S>(true, false, g.group_ckk(), g.group_o(), np, np, 0, np, 0, g.group_ckk(), 0, 1, [&](std::size_t b) {
+                return std::tuple{static_cast<const S*>(col + b * g.group_ckk() * np), rows + b * g.group_o() * np,
+                                  target + b * g.group_o() * g.group_ckk()};
+            });
+            // the flag per chunk: in a chunk whose g is finite, the GEMM's padding terms are 0 * finite
+            if (P.ph > 0 || P.pw > 0) {
+                dev.zero(flag, sizeof(std::uint64_t));
+                d.pass(conv_pass::flag, g.o * np, {device_word(rows), g.o * np, device_word(flag)});
+                d.pass(conv_pass::fix_weight, nw, {device_word(target), device_word(col), device_word(flag), device_word(rows)});
+            }
+            if (n0 > 0) d.pass(conv_pass::add, nw, {device_word(dw), device_word(target), nw});
         }
         if constexpr (!std::is_same_v<T, S>) d.pass(conv_pass::store, nw, {device_word(dw), device_word(out), nw});
     }
