@@ -182,6 +182,25 @@ def cpp_num(v):
     return repr(float(v))
 
 
+def activation_call(op, x_text, xi, c):
+    """The typegrad call and the program line of activation `op` on node xi (text x_text), with
+    its constants c (ACTIVATION_PARAMS); generate_autocast.py draws the same calls."""
+    if op in ("softplus", "leaky_relu", "elu"):
+        return "tg::%s<%s>(%s)" % (op, cpp_num(c), x_text), "%s %d %s" % (op, xi, repr(c))
+    if op == "clamp":
+        return ("tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (x_text, cpp_num(c[0]), cpp_num(c[1])),
+                "clamp %d %s %s" % (xi, repr(c[0]), repr(c[1])))
+    return "%s(%s)" % (CPP_UNARY[op], x_text), "%s %d" % (op, xi)
+
+
+def log1p_operand(nodes, a, rng):
+    """log1p's operand: a, or another node in its domain (lo >= -0.8) if a is not and there is one."""
+    if a.lo >= -0.8:
+        return a
+    ok = [n for n in nodes if n.lo >= -0.8]
+    return rng.choice(ok) if ok else a
+
+
 class Graph:
     def __init__(self, gid, rng):
         self.gid = gid
@@ -325,13 +344,7 @@ class Graph:
                 ab = interval(op, x, c=cc)
                 if ab is not None:
                     xi = len(self.nodes) - 1
-                    if op in ("softplus", "leaky_relu", "elu"):
-                        text, line = "tg::%s<%s>(%s)" % (op, cpp_num(cc), x.text), "%s %d %s" % (op, xi, repr(cc))
-                    elif op == "clamp":
-                        text = "tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (x.text, cpp_num(cc[0]), cpp_num(cc[1]))
-                        line = "clamp %d %s %s" % (xi, repr(cc[0]), repr(cc[1]))
-                    else:
-                        text, line = "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, xi)
+                    text, line = activation_call(op, x.text, xi, cc)
                     n0 = len(self.nodes)
                     self.emit(op, [xi], x.shape, ab, text, line)
                     if len(self.nodes) > n0:
@@ -355,20 +368,14 @@ class Graph:
             if op in ACTIVATION_PARAMS:
                 c = rng.choice(ACTIVATION_PARAMS[op])
             self.activations_drawn += new
-            if op == "log1p" and a.lo < -0.8:  # another operand in its domain, if there is one
-                ok = [n for n in self.nodes if n.lo >= -0.8]
-                if ok:
-                    a = rng.choice(ok)
-                    ai = self.nodes.index(a)
+            if op == "log1p":
+                a = log1p_operand(self.nodes, a, rng)
+                ai = self.nodes.index(a)
             bounds = interval(op, a, c=c)
             if bounds is None:
                 return False
-            if op in ("softplus", "leaky_relu", "elu"):
-                text = "tg::%s<%s>(%s)" % (op, cpp_num(c), a.text)
-                line = "%s %d %s" % (op, ai, repr(c))
-            elif op == "clamp":
-                text = "tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (a.text, cpp_num(c[0]), cpp_num(c[1]))
-                line = "clamp %d %s %s" % (ai, repr(c[0]), repr(c[1]))
+            if op in ACTIVATIONS:
+                text, line = activation_call(op, a.text, ai, c)
             elif op == "neg":
                 text, line = "-%s" % a.text, "neg %d" % ai
             elif op == "powc":

@@ -232,19 +232,14 @@ class Graph(g.Graph):
             if op in g.ACTIVATION_PARAMS:
                 c = rng.choice(g.ACTIVATION_PARAMS[op])
             self.activations_drawn += new
-            if op == "log1p" and a.lo < -0.8:  # another operand in its domain, if there is one
-                ok = [n for n in self.nodes if n.lo >= -0.8]
-                if ok:
-                    a = rng.choice(ok)
-                    ai = self.nodes.index(a)
+            if op == "log1p":
+                a = g.log1p_operand(self.nodes, a, rng)
+                ai = self.nodes.index(a)
             bounds = g.interval(op, a, c=c)
             if bounds is None:
                 return False
-            if op in ("softplus", "leaky_relu", "elu"):
-                text, line = "tg::%s<%s>(%s)" % (op, g.cpp_num(c), a.text), "%s %d %s" % (op, ai, repr(c))
-            elif op == "clamp":
-                text = "tg::clamp(%s, tg::lit<%s>, tg::lit<%s>)" % (a.text, g.cpp_num(c[0]), g.cpp_num(c[1]))
-                line = "clamp %d %s %s" % (ai, repr(c[0]), repr(c[1]))
+            if op in g.ACTIVATIONS:
+                text, line = g.activation_call(op, a.text, ai, c)
             elif op == "neg":
                 text, line = "-%s" % a.text, "neg %d" % ai
             elif op == "powc":
