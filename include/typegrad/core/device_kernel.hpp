@@ -9,7 +9,7 @@
 //    elements the grid covers), one launch; optionally `device_check<N>` (ops/index.hpp);
 //  - `device_run<N>(in, out, ext, dev)`, host code driving the backend, where `dev` offers
 //    `gemm(...)` (a column-major strided-batched BLAS product: cuBLAS), `zero(p, bytes)`,
-//    `dense_copy<S>(ref)` (a dense device copy of a strided operand), `scratch(bytes)` (temporary
+//    `dense_copy<S>(ref, into)` (a dense device copy of a strided operand), `scratch(bytes)` (temporary
 //    device memory for this call) and `launch(words, threads)` of the node kernel (ops/matmul.hpp,
 //    ops/conv.hpp: passes of its kernel around GEMMs, ops/custom.hpp).
 // Any op may declare `check_device<N>()`, whose static_asserts say what its device path cannot do.

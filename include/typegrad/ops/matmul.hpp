@@ -149,8 +149,9 @@ struct matmul_op : kernel_op_base {
 
     // The device: one strided-batched GEMM of the backend's BLAS (dev.gemm: cuBLAS, column-major),
     // operands read in place by rows or columns as on the host (operand_access_of), or copied
-    // dense first. bf16/f16 operands accumulate in f32 and round the product once, as the host's
-    // kernel and PyTorch's CUDA matmul do.
+    // dense first (into the backend's scratch: steady-state steps allocate nothing). bf16/f16
+    // operands accumulate in f32 and round the product once, as the host's kernel and PyTorch's
+    // CUDA matmul do.
     template <class N, class Ref, class Device>
     static void device_run(const Ref* in, void* out, const std::size_t* ext, Device& dev) {
         using S = storage_t<typename N::value_type>;
@@ -165,19 +166,19 @@ struct matmul_op : kernel_op_base {
             bool transposed;
             int ld;
             long long batch_stride;
-            decltype(dev.template dense_copy<S>(in[0])) copy{};
         };
-        auto operand = [&](const Ref& r) {
-            const operand_access access = operand_access_of(r);
-            device_operand o{static_cast<const S*>(r.data), access.layout == operand_layout::columns, int(access.ld),
-                             (long long)access.batch_stride};
-            if (access.layout == operand_layout::dense_copy) {
-                o.copy = dev.template dense_copy<S>(r);
-                o.data = static_cast<const S*>(o.copy.data());
-            }
+        const operand_access access[2] = {operand_access_of(in[0]), operand_access_of(in[1])};
+        std::size_t bytes[2] = {0, 0};  // of each dense copy, 256-byte aligned
+        for (int i = 0; i < 2; ++i)
+            if (access[i].layout == operand_layout::dense_copy) bytes[i] = (numel_of(in[i]) * sizeof(S) + 255) / 256 * 256;
+        char* const scratch = bytes[0] + bytes[1] > 0 ? static_cast<char*>(dev.scratch(bytes[0] + bytes[1])) : nullptr;
+        auto operand = [&](int i) {
+            device_operand o{static_cast<const S*>(in[i].data), access[i].layout == operand_layout::columns, int(access[i].ld),
+                             (long long)access[i].batch_stride};
+            if (access[i].layout == operand_layout::dense_copy) o.data = dev.template dense_copy<S>(in[i], scratch + (i == 0 ? 0 : bytes[0]));
             return o;
         };
-        const device_operand a = operand(in[0]), b = operand(in[1]);
+        const device_operand a = operand(0), b = operand(1);
         // row-major C = A B is column-major C^T = B^T A^T: the BLAS gets B first
         dev.gemm(b.transposed, a.transposed, int(cols), int(rows), int(k), b.data, b.ld, b.batch_stride, a.data, a.ld,
                  a.batch_stride, static_cast<S*>(out), int(cols), (long long)(rows * cols), int(batch));

@@ -310,14 +310,14 @@ struct node_device {
         return buffer.data();
     }
     void launch(std::uint64_t* words, std::size_t threads) { detail::launch(kernel, grid_for(threads), 1, words); }
-    // A dense row-major copy of a strided operand.
+    // A dense row-major copy of a strided operand into `into` (device memory of its size, from
+    // scratch: nothing is allocated).
     template <class S>
-    device_buffer dense_copy(const td::tensor_ref& r) {
+    const S* dense_copy(const td::tensor_ref& r, void* into) {
         std::size_t numel = 1;
         for (std::size_t a = 0; a < r.rank; ++a) numel *= r.ext[a];
-        device_buffer copy(numel * sizeof(S));
-        gather(m, gather_fn<S>(), r.data, copy.data(), numel, r.rank, r.ext, r.stride);
-        return copy;
+        gather(m, gather_fn<S>(), r.data, into, numel, r.rank, r.ext, r.stride);
+        return static_cast<const S*>(into);
     }
     // C = op(A) op(B), column-major, strided batched (cublas<t>gemmStridedBatched, alpha 1, beta
     // 0); bf16/f16 operands accumulate in f32 and round the product once.
