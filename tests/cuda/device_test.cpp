@@ -58,7 +58,8 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
                                              "embedding", "embedding_padding_f64", "embedding_of_argmax", "index_select",
                                              "gather", "dynamic_slice", "concat_stack", "dropout", "attention_causal",
                                              "recurrence", "bf16_recurrence", "pool", "pool_f64", "pool_grad_grad",
-                                             "conv", "conv_f64", "conv_grad_grad", "conv_chunks", "bf16_conv"};
+                                             "conv", "conv_f64", "conv_grad_grad", "conv_chunks", "bf16_conv",
+                                             "batch_norm"};
     for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
         cuda_tests::for_each_graph([&](const char* name, const auto& step) {
             if (all || std::find(subset.begin(), subset.end(), name) != subset.end()) compare_with_cpu(name, step, n);

@@ -169,6 +169,10 @@ void for_each_graph(F&& f) {
     // gradient's size, ~ sqrt(N Ho Wo), to small results, and float noise dominates them)
     f("conv_grad_grad", tg::compile(tg::sum(tg::tanh(tg::grad(tg::sum(tg::square(tg::conv2d<1, 1>(Img, Wc))), Wc) * lit<0.001>)),
                                     tg::wrt(Img, Wc)));
+    // batch_norm in training (batch statistics, its fused backward) and in evaluation
+    f("batch_norm", tg::compile(tg::sum(tg::square(tg::batch_norm(Img, b2, b2))) +
+                                    tg::sum(tg::square(tg::batch_norm<false>(Img, b2, tg::square(b2) + lit<1>, b2, b2))),
+                                tg::wrt(Img, b2)));
     f("conv_chunks", tg::compile(tg::sum(tg::square(tg::conv2d<1, 1>(Img4, Wc4))), tg::wrt(Img4, Wc4)));
     f("bf16_conv", tg::compile(tg::sum(tg::square(tg::cast<float>(tg::conv2d<1, 1>(Imgh, Wch)))), tg::wrt(Imgh, Wch)));
     // permute<2, 0, 1>(X3) is [5, 2, 3] with neither inner axis unit-stride: a dense copy for cuBLAS
