@@ -19,13 +19,20 @@
 //
 // Autocast: the matmuls are lower precision (the scores and the output then round to the spec's
 // dtype); softmax follows its own class; the mask keeps its input's dtype.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
+#include <utility>
 
+#include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/gemm.hpp>
+#include <typegrad/core/cpu/simd.hpp>
+#include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/arithmetic.hpp>
@@ -42,6 +49,12 @@ struct causal_t {
 };
 // Pass to tg::scaled_dot_product_attention for a causal mask (PyTorch: is_causal=True).
 inline constexpr causal_t causal{};
+struct attention_math_t {
+    explicit constexpr attention_math_t() = default;
+};
+// Pass (last) to tg::scaled_dot_product_attention for the composite instead of the fused op
+// (PyTorch's SDPBackend.MATH): its backward can be differentiated again.
+inline constexpr attention_math_t attention_math{};
 
 namespace detail {
 
@@ -194,6 +207,10 @@ constexpr auto attention(Q q, K k, V v, Masker masker) {
     using SQ = typename Q::shape_type;
     if constexpr (SQ::rank == 4) {
         using SV = typename V::shape_type;
+        static_assert(heads_flattenable_v<SQ> && heads_flattenable_v<typename K::shape_type> && heads_flattenable_v<SV>,
+                      "typegrad: scaled_dot_product_attention(q, k, v) of rank 4 through the composite (a mask, "
+                      "tg::attention_math, mixed dtypes) flattens [batch, heads] into one axis and can infer one "
+                      "dynamic extent: make batch and heads static, or T and d static.");
         using out_shape = shape<SQ::extents[0], SQ::extents[1], SQ::extents[2], SV::extents[3]>;
         auto o = attention_core<Scale>(::typegrad::reshape<heads_flattened_t<SQ>>(q),
                                        ::typegrad::reshape<heads_flattened_t<typename K::shape_type>>(k),
@@ -204,6 +221,387 @@ constexpr auto attention(Q q, K k, V v, Masker masker) {
         return ::typegrad::reshape<out_shape>(o);
     } else {
         return attention_core<Scale>(q, k, v, masker);
+    }
+}
+
+// ---- the fused (flash-style) attention: no T x T kept for the backward -----------------------
+// scaled_dot_product_attention(q, k, v[, tg::causal]) with q, k, v of one dtype and one rank is
+// one kernel op. Per batch matrix (the leading axes flattened) and per block of
+// attention_block_rows queries, the block's scores (rows x its keys, causal blocks only up to the
+// diagonal) are one GEMM, a row softmax in the compute dtype, then P V a second GEMM. Nothing
+// T x T outlives the block: the backward (attention_backward_op) recomputes each block's
+// probabilities from q and k, forms dP = g v^T, dS = P (dP - rowsum(P dP)) and accumulates
+// dV += P^T g, dK += dS^T q, dQ = dS k: five GEMMs per block, the three gradients packed in one
+// buffer (attention_grad_part_op: views of it). Batch matrices go over the thread pool (their
+// GEMMs then run serially; one matrix: its GEMMs use the pool). Operands of any strides (the
+// heads of a [B, T, H, d] projection viewed as [B, H, T, d]) are read in place when their rows are
+// unit-stride arrays of the compute dtype, else copied; bf16/f16 compute in f32 and round the
+// result once (the composite rounds the scores and the probabilities too).
+// The composite (detail::attention) stays for tensor masks, mixed dtypes or ranks and
+// tg::attention_math; its backward is differentiable again, the fused one is not (as PyTorch's
+// flash attention: grad of grad takes the math path).
+inline constexpr std::size_t attention_block_rows = 64;
+
+struct attention_dims {
+    std::size_t n, tq, tk, d, dv;  // n: batch matrices (the product of the leading extents)
+};
+template <class Ref>
+attention_dims attention_dims_of(const Ref* in, const char* what) {
+    const std::size_t r = in[0].rank;
+    attention_dims a{1, in[0].ext[r - 2], in[1].ext[r - 2], in[0].ext[r - 1], in[2].ext[r - 1]};
+    for (std::size_t x = 0; x + 2 < r; ++x) {
+        if (in[1].ext[x] != in[0].ext[x] || in[2].ext[x] != in[0].ext[x])
+            throw shape_error(message("typegrad: ", what, ": q, k and v must have the same leading (batch, heads) extents; "
+                                      "to broadcast them use tg::attention_math"));
+        a.n *= in[0].ext[x];
+    }
+    if (in[1].ext[r - 1] != a.d)
+        throw shape_error(message("typegrad: ", what, ": q's and k's last extents (d) differ: ", a.d, " and ", in[1].ext[r - 1]));
+    if (in[2].ext[r - 2] != a.tk)
+        throw shape_error(message("typegrad: ", what, ": k and v have different numbers of keys: ", a.tk, " and ",
+                                  in[2].ext[r - 2]));
+    return a;
+}
+
+// Batch matrix b of a rank-r operand (rows x cols, the leading axes flattened) as a row-major
+// array of C with row stride ld: the operand itself when it is one, else a copy into `copy`.
+template <class C, class V, class B, class Ref>
+const C* attention_matrix(const Ref& x, std::size_t b, C* copy, std::size_t& ld) {
+    const std::size_t r = x.rank, rows = x.ext[r - 2], cols = x.ext[r - 1];
+    std::ptrdiff_t off = 0;
+    for (std::size_t a = r - 2; a-- > 0;) {
+        off += std::ptrdiff_t(b % x.ext[a]) * x.stride[a];
+        b /= x.ext[a];
+    }
+    const B* p = static_cast<const B*>(x.data) + off;
+    const std::ptrdiff_t rs = x.stride[r - 2], cs = x.stride[r - 1];
+    ld = cols > 0 ? cols : 1;
+    if constexpr (std::is_same_v<B, C>)
+        if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= std::ptrdiff_t(cols))) {
+            if (rows > 1) ld = std::size_t(rs);
+            return p;
+        }
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j)
+            copy[i * cols + j] = convert_element<C, V>(p[std::ptrdiff_t(i) * rs + std::ptrdiff_t(j) * cs]);
+    return copy;
+}
+
+// row[0, seen) = softmax(row * scale) (row[seen, keys) = 0, the causally masked keys), as the
+// library's softmax: shifted by the row's maximum (NaN rows stay NaN, a row of -inf gives NaN).
+template <class C>
+void attention_softmax_row(C* row, std::size_t seen, std::size_t keys, C scale) {
+    using Bt = simd::batch<C>;
+    constexpr std::size_t w = simd::width<C>;
+    C m = -std::numeric_limits<C>::infinity();
+    std::size_t j = 0;
+    if (seen >= w) {
+        Bt mv(m);
+        for (; j + w <= seen; j += w) {
+            const Bt x = simd::load(row + j) * Bt(scale);
+            simd::store(row + j, x);
+            mv = simd::max(mv, x);
+        }
+        m = simd::reduce_max(mv);
+    }
+    for (; j < seen; ++j) m = simd::max(m, row[j] *= scale);
+    C sum = 0;
+    j = 0;
+    if (seen >= w) {
+        Bt sv(C(0));
+        for (; j + w <= seen; j += w) {
+            const Bt e = simd::exp(simd::load(row + j) - Bt(m));
+            simd::store(row + j, e);
+            sv += e;
+        }
+        sum = simd::reduce_sum(sv);
+    }
+    for (; j < seen; ++j) sum += (row[j] = std::exp(row[j] - m));
+    const C inv = C(1) / sum;
+    j = 0;
+    for (; j + w <= seen; j += w) simd::store(row + j, simd::load(row + j) * Bt(inv));
+    for (; j < seen; ++j) row[j] *= inv;
+    std::fill(row + seen, row + keys, C(0));
+}
+
+// Runs fn(slot, b0, b1) over batch matrices [0, n) in contiguous ranges (one slot of scratch
+// each), on the pool when the work is large enough; every matrix is computed alone, so the
+// results do not depend on the thread count.
+struct attention_batches {
+    std::size_t n, threads = 1, per = 1, slots = 1;
+    attention_batches(std::size_t n_, std::size_t cost) : n(n_), per(n_ > 0 ? n_ : 1) {
+        const std::size_t work = n * cost;
+        if (n > 1 && work >= parallel_min_work) threads = num_threads();
+        if (threads > 1) {
+            const std::size_t tasks = parallel_tasks(n, work, threads);
+            per = (n + tasks - 1) / tasks;
+            slots = (n + per - 1) / per;
+        }
+    }
+    template <class F>
+    void run(F&& fn) const {
+        if (slots == 1) return fn(std::size_t(0), std::size_t(0), n);
+        default_thread_pool().parallel_for(slots, threads,
+                                           [&](std::size_t t) { fn(t, t * per, std::min(n, (t + 1) * per)); });
+    }
+};
+
+// The forward: out [n, tq, dv] (row-major) from q, k, v.
+template <bool Causal, class C, class T, class VQ, class BQ, class VK, class BK, class VV, class BV, class Ref>
+void attention_forward(const Ref* in, T* out, C scale) {
+    const attention_dims a = attention_dims_of(in, "scaled_dot_product_attention(q, k, v)");
+    if (a.n * a.tq * a.dv == 0) return;
+    constexpr std::size_t blk = attention_block_rows;
+    constexpr bool direct = std::is_same_v<T, C>;
+    const std::size_t s_at = 0, q_at = s_at + blk * a.tk, k_at = q_at + a.tq * a.d, v_at = k_at + a.tk * a.d,
+                      o_at = v_at + a.tk * a.dv, per_slot = o_at + (direct ? 0 : blk * a.dv);
+    const attention_batches batches(a.n, 2 * a.tq * a.tk * (a.d + a.dv) / (Causal ? 2 : 1) + 1);
+    pooled_buffer<C> scratch(batches.slots * per_slot);
+    batches.run([&](std::size_t slot, std::size_t b0, std::size_t b1) {
+        C* const base = scratch.data() + slot * per_slot;
+        C* const s = base + s_at;
+        for (std::size_t b = b0; b < b1; ++b) {
+            std::size_t ldq, ldk, ldv;
+            const C* q = attention_matrix<C, VQ, BQ>(in[0], b, base + q_at, ldq);
+            const C* k = attention_matrix<C, VK, BK>(in[1], b, base + k_at, ldk);
+            const C* v = attention_matrix<C, VV, BV>(in[2], b, base + v_at, ldv);
+            T* const o = out + b * a.tq * a.dv;
+            for (std::size_t i0 = 0; i0 < a.tq; i0 += blk) {
+                const std::size_t rows = std::min(blk, a.tq - i0), keys = Causal ? std::min(a.tk, i0 + rows) : a.tk;
+                C* const ob = direct ? reinterpret_cast<C*>(o + i0 * a.dv) : base + o_at;
+                if (keys == 0) {
+                    std::fill_n(ob, rows * a.dv, C(0));
+                } else {
+                    if (a.d == 0) std::fill_n(s, rows * keys, C(0));
+                    else gemm(transpose::no, transpose::yes, rows, keys, a.d, q + i0 * ldq, ldq, k, ldk, s, keys, false);
+                    for (std::size_t i = 0; i < rows; ++i)
+                        attention_softmax_row(s + i * keys, Causal ? std::min(a.tk, i0 + i + 1) : a.tk, keys, scale);
+                    gemm(transpose::no, transpose::no, rows, a.dv, keys, s, keys, v, ldv, ob, a.dv, false);
+                }
+                if constexpr (!direct)
+                    for (std::size_t e = 0; e < rows * a.dv; ++e) o[i0 * a.dv + e] = T(ob[e]);
+            }
+        }
+    });
+}
+
+// The backward: [dq | dk | dv] packed (each row-major, in q's, k's, v's shapes) from the
+// incoming gradient g [n, tq, dv] and q, k, v.
+template <bool Causal, class C, class T, class VG, class BG, class VQ, class BQ, class VK, class BK, class VV, class BV,
+          class Ref>
+void attention_backward(const Ref* in, T* out, C scale) {
+    const attention_dims a = attention_dims_of(in + 1, "scaled_dot_product_attention backward");
+    const std::size_t r = in[1].rank;
+    for (std::size_t x = 0; x + 1 < r; ++x)
+        if (in[0].ext[x] != in[1].ext[x])
+            throw shape_error("typegrad: scaled_dot_product_attention backward: the gradient's extents differ from the output's");
+    if (in[0].ext[r - 1] != a.dv)
+        throw shape_error("typegrad: scaled_dot_product_attention backward: the gradient's extents differ from the output's");
+    const std::size_t nq = a.n * a.tq * a.d, nk = a.n * a.tk * a.d;
+    if (nq + nk + a.n * a.tk * a.dv == 0) return;
+    constexpr std::size_t blk = attention_block_rows;
+    constexpr bool direct = std::is_same_v<T, C>;
+    const std::size_t s_at = 0, p_at = s_at + blk * a.tk, q_at = p_at + blk * a.tk, k_at = q_at + a.tq * a.d,
+                      v_at = k_at + a.tk * a.d, g_at = v_at + a.tk * a.dv, dq_at = g_at + a.tq * a.dv,
+                      dk_at = dq_at + (direct ? 0 : blk * a.d), dv_at = dk_at + (direct ? 0 : a.tk * a.d),
+                      per_slot = dv_at + (direct ? 0 : a.tk * a.dv);
+    const attention_batches batches(a.n, 4 * a.tq * a.tk * (a.d + a.dv) / (Causal ? 2 : 1) + 1);
+    pooled_buffer<C> scratch(batches.slots * per_slot);
+    batches.run([&](std::size_t slot, std::size_t b0, std::size_t b1) {
+        C* const base = scratch.data() + slot * per_slot;
+        C *const s = base + s_at, *const dp = base + p_at;
+        for (std::size_t b = b0; b < b1; ++b) {
+            std::size_t ldg, ldq, ldk, ldv;
+            const C* g = attention_matrix<C, VG, BG>(in[0], b, base + g_at, ldg);
+            const C* q = attention_matrix<C, VQ, BQ>(in[1], b, base + q_at, ldq);
+            const C* k = attention_matrix<C, VK, BK>(in[2], b, base + k_at, ldk);
+            const C* v = attention_matrix<C, VV, BV>(in[3], b, base + v_at, ldv);
+            T* const dq_out = out + b * a.tq * a.d;
+            T* const dk_out = out + nq + b * a.tk * a.d;
+            T* const dv_out = out + nq + nk + b * a.tk * a.dv;
+            C* const dk = direct ? reinterpret_cast<C*>(dk_out) : base + dk_at;
+            C* const dv = direct ? reinterpret_cast<C*>(dv_out) : base + dv_at;
+            std::fill_n(dk, a.tk * a.d, C(0));
+            std::fill_n(dv, a.tk * a.dv, C(0));
+            for (std::size_t i0 = 0; i0 < a.tq; i0 += blk) {
+                const std::size_t rows = std::min(blk, a.tq - i0), keys = Causal ? std::min(a.tk, i0 + rows) : a.tk;
+                C* const dq = direct ? reinterpret_cast<C*>(dq_out + i0 * a.d) : base + dq_at;
+                if (keys == 0) {
+                    std::fill_n(dq, rows * a.d, C(0));
+                } else {
+                    if (a.d == 0) std::fill_n(s, rows * keys, C(0));
+                    else gemm(transpose::no, transpose::yes, rows, keys, a.d, q + i0 * ldq, ldq, k, ldk, s, keys, false);
+                    if (a.dv == 0) std::fill_n(dp, rows * keys, C(0));
+                    else gemm(transpose::no, transpose::yes, rows, keys, a.dv, g + i0 * ldg, ldg, v, ldv, dp, keys, false);
+                    for (std::size_t i = 0; i < rows; ++i) {
+                        C *const p = s + i * keys, *const dpr = dp + i * keys;
+                        const std::size_t seen = Causal ? std::min(a.tk, i0 + i + 1) : a.tk;
+                        attention_softmax_row(p, seen, keys, scale);
+                        C dot = 0;  // rowsum(P dP) = rowsum(g o)
+                        for (std::size_t j = 0; j < seen; ++j) dot += p[j] * dpr[j];
+                        for (std::size_t j = 0; j < seen; ++j) dpr[j] = p[j] * (dpr[j] - dot) * scale;  // dS, scaled
+                        std::fill(dpr + seen, dpr + keys, C(0));
+                    }
+                    if (a.dv > 0)
+                        gemm(transpose::yes, transpose::no, keys, a.dv, rows, s, keys, g + i0 * ldg, ldg, dv, a.dv, true);
+                    if (a.d > 0) {
+                        gemm(transpose::no, transpose::no, rows, a.d, keys, dp, keys, k, ldk, dq, a.d, false);
+                        gemm(transpose::yes, transpose::no, keys, a.d, rows, dp, keys, q + i0 * ldq, ldq, dk, a.d, true);
+                    }
+                }
+                if constexpr (!direct)
+                    for (std::size_t e = 0; e < rows * a.d; ++e) dq_out[i0 * a.d + e] = T(dq[e]);
+            }
+            if constexpr (!direct) {
+                for (std::size_t e = 0; e < a.tk * a.d; ++e) dk_out[e] = T(dk[e]);
+                for (std::size_t e = 0; e < a.tk * a.dv; ++e) dv_out[e] = T(dv[e]);
+            }
+        }
+    });
+}
+
+template <num Scale, bool Causal>
+struct attention_backward_op;
+
+// The leading extent a of q, k, v's result: the first static one of the three.
+template <class Q, class K, class V>
+constexpr std::size_t attention_lead_extent(std::size_t a) {
+    constexpr auto q = Q::shape_type::extents, k = K::shape_type::extents, v = V::shape_type::extents;
+    return q[a] != dyn ? q[a] : k[a] != dyn ? k[a] : v[a];
+}
+template <class Q, class K, class V, class Seq = std::make_index_sequence<Q::shape_type::rank - 2>>
+struct attention_out_shape;
+template <class Q, class K, class V, std::size_t... As>
+struct attention_out_shape<Q, K, V, std::index_sequence<As...>> {
+    using type = shape<attention_lead_extent<Q, K, V>(As)..., Q::shape_type::extents[Q::shape_type::rank - 2],
+                       V::shape_type::extents[V::shape_type::rank - 1]>;
+};
+
+// out = softmax(q k^T * Scale [causal]) v, fused.
+template <num Scale, bool Causal>
+struct attention_op : kernel_op_base {
+    static constexpr const char* name = "scaled_dot_product_attention";
+    // as PyTorch's (its autocast lists: lower precision on CUDA and the CPU)
+    static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
+    template <class Q, class K, class V>
+    struct rule {
+        using value_type = typename Q::value_type;
+        using shape_type = typename attention_out_shape<Q, K, V>::type;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        const attention_dims a = attention_dims_of(in, "scaled_dot_product_attention(q, k, v)");
+        const std::size_t r = in[0].rank;
+        for (std::size_t x = 0; x + 2 < r; ++x) ext[x] = in[0].ext[x];
+        ext[r - 2] = a.tq;
+        ext[r - 1] = a.dv;
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using Q = type_at_t<0, typename N::children>;
+        using K = type_at_t<1, typename N::children>;
+        using V = type_at_t<2, typename N::children>;
+        using C = compute_t<T>;
+        attention_forward<Causal, C, T, typename Q::value_type, buffer_t<Q>, typename K::value_type, buffer_t<K>,
+                          typename V::value_type, buffer_t<V>>(in, out, C(Scale.value()));
+    }
+    template <std::size_t I, class G, class Out, class Q, class K, class V>
+    static constexpr auto vjp(G g, Out, Q q, K k, V v);
+};
+
+// [dq | dk | dv] packed, from (g, q, k, v)
+template <num Scale, bool Causal>
+struct attention_backward_op : kernel_op_base {
+    static constexpr const char* name = "scaled_dot_product_attention_backward";
+    static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
+    template <class G, class Q, class K, class V>
+    struct rule {
+        using value_type = typename Q::value_type;
+        using shape_type = shape<dyn>;
+    };
+    template <class N, class Ref>
+    static void extents(const Ref* in, std::size_t* ext) {
+        ext[0] = numel_of(in[1]) + numel_of(in[2]) + numel_of(in[3]);
+    }
+    template <class N, class Ref, class T>
+    static void run(const Ref* in, T* out, const std::size_t*) {
+        using G = type_at_t<0, typename N::children>;
+        using Q = type_at_t<1, typename N::children>;
+        using K = type_at_t<2, typename N::children>;
+        using V = type_at_t<3, typename N::children>;
+        using C = compute_t<T>;
+        attention_backward<Causal, C, T, typename G::value_type, buffer_t<G>, typename Q::value_type, buffer_t<Q>,
+                           typename K::value_type, buffer_t<K>, typename V::value_type, buffer_t<V>>(in, out,
+                                                                                                    C(Scale.value()));
+    }
+    template <std::size_t I, class... Xs>
+    static constexpr auto vjp(Xs...) {
+        static_assert(always_false<Xs...>, "typegrad: the fused scaled_dot_product_attention's backward is not "
+                                             "differentiable (grad of grad); pass tg::attention_math for the "
+                                             "composite, whose backward is.");
+        return lit<0>;
+    }
+};
+
+// Input I's gradient inside the packed buffer: a dense view at its offset.
+template <std::size_t I>
+struct attention_grad_part_op {
+    static constexpr op_kind kind = op_kind::view;
+    static constexpr const char* name = "scaled_dot_product_attention_grad";
+    static constexpr bool differentiable = true;  // so that grad of grad reaches the check below
+    static constexpr bool keeps_contiguity = true;
+    static constexpr bool shape_only(std::size_t i) { return i > 0; }
+    template <class Packed, class Q, class K, class V>
+    struct rule {
+        using value_type = typename Packed::value_type;
+        using shape_type = typename type_at_t<I, type_list<Q, K, V>>::shape_type;
+    };
+    template <class N, class Ref>
+    static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
+        offset = 0;
+        for (std::size_t j = 0; j < I; ++j) offset += std::ptrdiff_t(numel_of(in[1 + j]));
+        const Ref& r = in[1 + I];
+        std::ptrdiff_t s = 1;
+        for (std::size_t a = r.rank; a-- > 0;) {
+            ext[a] = r.ext[a];
+            stride[a] = s;
+            s *= std::ptrdiff_t(r.ext[a]);
+        }
+    }
+    template <std::size_t K, class... Xs>
+    static constexpr auto vjp(Xs...) {
+        static_assert(always_false<Xs...>, "typegrad: the fused scaled_dot_product_attention's backward is not "
+                                             "differentiable (grad of grad); pass tg::attention_math for the "
+                                             "composite, whose backward is.");
+        return lit<0>;
+    }
+};
+
+template <num Scale, bool Causal>
+template <std::size_t I, class G, class Out, class Q, class K, class V>
+constexpr auto attention_op<Scale, Causal>::vjp(G g, Out, Q q, K k, V v) {
+    return make_node<attention_grad_part_op<I>>(make_node<attention_backward_op<Scale, Causal>>(g, q, k, v), q, k, v);
+}
+
+// Whether scaled_dot_product_attention(q, k, v[, causal]) is the fused op: one floating dtype,
+// one rank, leading extents that agree where static.
+template <class Q, class K, class V>
+constexpr bool attention_fusable() {
+    using SQ = typename Q::shape_type;
+    using SK = typename K::shape_type;
+    using SV = typename V::shape_type;
+    if constexpr (!(std::is_same_v<typename Q::value_type, typename K::value_type> &&
+                    std::is_same_v<typename Q::value_type, typename V::value_type> && SQ::rank == SK::rank &&
+                    SQ::rank == SV::rank))
+        return false;
+    else {
+        for (std::size_t a = 0; a + 2 < SQ::rank; ++a) {
+            const std::size_t e[3] = {SQ::extents[a], SK::extents[a], SV::extents[a]};
+            for (std::size_t i = 0; i < 3; ++i)
+                for (std::size_t j = 0; j < 3; ++j)
+                    if (e[i] != dyn && e[j] != dyn && e[i] != e[j]) return false;
+        }
+        return true;
     }
 }
 
@@ -248,11 +646,7 @@ constexpr auto causal_masker::operator()(S s) const { return causal_mask(s); }
                   "equal.");                                                                                    \
     static_assert(::typegrad::detail::extents_agree<typename K::shape_type, typename V::shape_type, 2, 2>(),                       \
                   "typegrad: scaled_dot_product_attention(q, k, v) needs k and v to have the same number of "   \
-                  "keys (second-to-last extent).");                                                             \
-    static_assert(::typegrad::detail::heads_flattenable_v<typename Q::shape_type> && ::typegrad::detail::heads_flattenable_v<typename K::shape_type> &&  \
-                      ::typegrad::detail::heads_flattenable_v<typename V::shape_type>,                                              \
-                  "typegrad: scaled_dot_product_attention(q, k, v) of rank 4 flattens [batch, heads] into one " \
-                  "axis and can infer one dynamic extent: make batch and heads static, or T and d static.")
+                  "keys (second-to-last extent).")
 #define TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q)                                                          \
     static_assert(Scale.value() == Scale.value() ||                                                             \
                       Q::shape_type::extents[Q::shape_type::rank - 1] != dyn,                                   \
@@ -270,15 +664,35 @@ constexpr num attention_scale() {
 
 // torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=Scale): q [.., Tq, d],
 // k [.., Tk, d], v [.., Tk, dv] -> [.., Tq, dv]. Scale NaN (the default) means 1/sqrt(d).
+// q, k and v of one dtype and one rank take the fused op (nothing T x T kept for the backward;
+// its backward is not differentiable again), others the composite.
 template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
 constexpr auto scaled_dot_product_attention(Q q, K k, V v) {
     TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
     TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
-    return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::no_mask{});
+    if constexpr (detail::attention_fusable<Q, K, V>())
+        return detail::make_node<detail::attention_op<detail::attention_scale<Scale, Q>(), false>>(q, k, v);
+    else return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::no_mask{});
 }
 // is_causal=True: query i attends to keys 0..i.
 template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
 constexpr auto scaled_dot_product_attention(Q q, K k, V v, causal_t) {
+    TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
+    TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
+    if constexpr (detail::attention_fusable<Q, K, V>())
+        return detail::make_node<detail::attention_op<detail::attention_scale<Scale, Q>(), true>>(q, k, v);
+    else return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::causal_masker{});
+}
+// The composite (PyTorch's math backend, SDPBackend.MATH): two matmuls and a softmax, the T x T
+// probabilities saved for the backward, which is differentiable again (grad of grad).
+template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
+constexpr auto scaled_dot_product_attention(Q q, K k, V v, attention_math_t) {
+    TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
+    TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
+    return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::no_mask{});
+}
+template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
+constexpr auto scaled_dot_product_attention(Q q, K k, V v, causal_t, attention_math_t) {
     TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
     TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
     return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::causal_masker{});

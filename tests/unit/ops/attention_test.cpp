@@ -184,3 +184,54 @@ TEST_CASE("the default scale is 1 / sqrt(d) correctly rounded", "[ops][attention
     for (std::uint64_t d = 1; d < (1u << 20); ++d) wrong += tg::detail::sqrt_of_integer(d) != std::sqrt(double(d));
     CHECK(wrong == 0);
 }
+
+// ---- the fused op (attention_op): the composite (tg::attention_math) is its reference --------
+
+TEST_CASE("fused attention: values and gradients equal the composite's across blocks", "[ops][attention][gradient]") {
+    constexpr auto q = tg::param<"q", double, tg::shape<tg::dyn, 3>>;
+    constexpr auto k = tg::param<"k", double, tg::shape<tg::dyn, 3>>;
+    constexpr auto v = tg::param<"v", double, tg::shape<tg::dyn, 5>>;
+    constexpr auto w = tg::input<"w", double, tg::shape<tg::dyn, 5>>;
+    // the public overloads pick the fused op for one dtype and rank, the composite otherwise
+    using fused_t = decltype(tg::scaled_dot_product_attention(q, k, v, tg::causal));
+    using math_t = decltype(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math));
+    STATIC_REQUIRE(std::is_same_v<typename fused_t::node_type::op, tg::detail::attention_op<tg::num(1 / std::sqrt(3.0)), true>>);
+    STATIC_REQUIRE(!std::is_same_v<typename math_t::node_type::op, typename fused_t::node_type::op>);
+    auto fused = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v) * w), tg::wrt(q, k, v));
+    auto math = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::attention_math) * w), tg::wrt(q, k, v));
+    auto fused_c = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w), tg::wrt(q, k, v));
+    auto math_c = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math) * w),
+                              tg::wrt(q, k, v));
+    // one block and several, a partial last block (65, 130), Tq != Tk both ways, a single key
+    for (auto [tq, tk] : {std::pair<std::size_t, std::size_t>{1, 1}, {5, 5}, {64, 64}, {65, 65}, {130, 130}, {70, 130},
+                          {130, 70}, {3, 1}}) {
+        auto qv = uniform(tq * 3, -2.0, 2.0, 21), kv = uniform(tk * 3, -2.0, 2.0, 22), vv = uniform(tk * 5, -1.0, 1.0, 23);
+        auto wv = uniform(tq * 5, -1.0, 1.0, 24);
+        for (int causal = 0; causal < 2; ++causal) {
+            std::vector<double> g[2][3];
+            double l[2];
+            for (int path = 0; path < 2; ++path) {
+                for (auto& e : g[path]) e.assign(1, 0.0);
+                g[path][0].assign(tq * 3, 0.0);
+                g[path][1].assign(tk * 3, 0.0);
+                g[path][2].assign(tk * 5, 0.0);
+                auto run = [&](const auto& step) {
+                    return step.value_and_grad(tg::bind(q, qv, {tq, 3}), tg::bind(k, kv, {tk, 3}), tg::bind(v, vv, {tk, 5}),
+                                               tg::bind(w, wv, {tq, 5}), tg::grad_into(q, g[path][0]),
+                                               tg::grad_into(k, g[path][1]), tg::grad_into(v, g[path][2]));
+                };
+                l[path] = causal ? (path ? run(math_c) : run(fused_c)) : (path ? run(math) : run(fused));
+            }
+            INFO("tq " << tq << ", tk " << tk << ", causal " << causal);
+            CHECK(std::abs(l[0] - l[1]) <= 1e-12 * (1 + std::abs(l[1])));
+            for (int i = 0; i < 3; ++i) require_close(g[0][i], g[1][i], 1e-12);
+        }
+    }
+    // finite differences across blocks (a causal 70 x 70 and 70 queries over 66 keys)
+    for (auto [tq, tk] : {std::pair<std::size_t, std::size_t>{70, 70}, {70, 66}}) {
+        auto qv = uniform(tq * 3, -1.0, 1.0, 25), kv = uniform(tk * 3, -1.0, 1.0, 26), vv = uniform(tk * 5, -1.0, 1.0, 27);
+        auto fw = fixed(tg::bind(w, uniform(tq * 5, -1.0, 1.0, 28), {tq, 5}));
+        check_gradient(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w), fw, at(q, qv, {tq, 3}),
+                       at(k, kv, {tk, 3}), at(v, vv, {tk, 5}));
+    }
+}
