@@ -1,8 +1,11 @@
-// typegrad_attention_blocked: is a flash-style causal attention worth fusing on the CPU? (issue
-// 15, item 4: "fused so that the T x T scores are not written for the backward ... when that is
-// faster"). Times, forward + backward of loss = sum(attention(q, k, v) * r), float:
-//   - typegrad's scaled_dot_product_attention(q, k, v, tg::causal): a composite of two GEMMs and
-//     a softmax; the T x T probabilities are written in the forward and read by the backward;
+// typegrad_attention_blocked: the fused (flash-style) causal attention against the composite and
+// a hand-written blocked kernel (issue 15, item 4: "fused so that the T x T scores are not
+// written for the backward ... when that is faster"). Times forward + backward of
+// loss = sum(attention(q, k, v) * r), float:
+//   - typegrad's scaled_dot_product_attention(q, k, v, tg::causal): the fused kernel op
+//     (ops/attention.hpp, attention_op);
+//   - the same with tg::attention_math: the composite of two GEMMs and a softmax; the T x T
+//     probabilities are written in the forward and read by the backward;
 //   - a hand-written blocked kernel on the same packed GEMM (detail::gemm): per block of 64
 //     queries, the scores of the block's rows (64 x its causal key count) are computed, softmaxed
 //     and multiplied by v; the backward recomputes them from q, k and each row's log-sum-exp
@@ -118,9 +121,11 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 
 int main(int argc, char** argv) {
     const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 15;
-    auto step = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * r), tg::wrt(q, k, v));
-    std::printf("| B*H, T (d = 64, causal) | threads | typegrad composite ms | blocked (nothing T x T kept) ms | "
-                "composite / blocked | rel. L2 of gradients |\n|---|---:|---:|---:|---:|---:|\n");
+    auto step = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math) * r),
+                            tg::wrt(q, k, v));
+    auto fused_step = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * r), tg::wrt(q, k, v));
+    std::printf("| B*H, T (d = 64, causal) | threads | composite (attention_math) ms | fused ms | hand blocked ms | "
+                "composite / fused | fused / hand | rel. L2 of gradients |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
     int failures = 0;
     for (auto [bh, t] : {std::pair{64, 128}, {32, 256}, {16, 512}, {8, 1024}}) {
         const std::size_t n = std::size_t(bh), size = n * std::size_t(t) * d;
@@ -131,8 +136,8 @@ int main(int argc, char** argv) {
             x.resize(size);
             for (float& e : x) e = nd(rng);
         }
-        std::vector<float> ga[3], gb[3];
-        for (int i = 0; i < 3; ++i) ga[i].resize(size), gb[i].resize(size);
+        std::vector<float> ga[3], gb[3], gc[3];
+        for (int i = 0; i < 3; ++i) ga[i].resize(size), gb[i].resize(size), gc[i].resize(size);
         blocked hand(n, std::size_t(t));
         const std::size_t tt = std::size_t(t);
         auto composite = [&] {
@@ -140,24 +145,32 @@ int main(int argc, char** argv) {
                                        tg::bind(r, in[3], {n, tt, d}), tg::grad_into(q, ga[0]), tg::grad_into(k, ga[1]),
                                        tg::grad_into(v, ga[2]));
         };
+        auto fused_op = [&] {
+            return fused_step.value_and_grad(tg::bind(q, in[0], {n, tt, d}), tg::bind(k, in[1], {n, tt, d}),
+                                             tg::bind(v, in[2], {n, tt, d}), tg::bind(r, in[3], {n, tt, d}),
+                                             tg::grad_into(q, gc[0]), tg::grad_into(k, gc[1]), tg::grad_into(v, gc[2]));
+        };
         auto fused = [&] {
             return hand.step(in[0].data(), in[1].data(), in[2].data(), in[3].data(), gb[0].data(), gb[1].data(), gb[2].data());
         };
-        const float la = composite(), lb = fused();
-        double err = std::abs(double(la) - double(lb)) / std::max(1.0, std::abs(double(la)));
-        for (int i = 0; i < 3; ++i) err = std::max(err, rel_l2(gb[i], ga[i]));
+        const float la = composite(), lb = fused(), lc = fused_op();
+        double err = std::max(std::abs(double(la) - double(lb)), std::abs(double(la) - double(lc))) /
+                     std::max(1.0, std::abs(double(la)));
+        for (int i = 0; i < 3; ++i) err = std::max({err, rel_l2(gb[i], ga[i]), rel_l2(gc[i], ga[i])});
         if (!(err < 1e-4)) ++failures;
         for (std::size_t threads : {std::size_t(1), std::size_t(std::max(1u, std::thread::hardware_concurrency()))}) {
             tg::set_num_threads(threads);
-            std::vector<double> wa, wb;
+            std::vector<double> wa, wb, wc;
             float sink = 0;
             for (int s = 0; s < steps + 2; ++s) {  // alternating, two warm-up steps
                 const auto a = bench_timing::time_call(composite, sink);
+                const auto c = bench_timing::time_call(fused_op, sink);
                 const auto b = bench_timing::time_call(fused, sink);
-                if (s >= 2) wa.push_back(a.wall), wb.push_back(b.wall);
+                if (s >= 2) wa.push_back(a.wall), wb.push_back(b.wall), wc.push_back(c.wall);
             }
-            const double ma = bench_timing::median(wa), mb = bench_timing::median(wb);
-            std::printf("| %d, %d | %zu | %.2f | %.2f | **%.2f** | %.1e |\n", bh, t, threads, 1e3 * ma, 1e3 * mb, ma / mb, err);
+            const double ma = bench_timing::median(wa), mb = bench_timing::median(wb), mc = bench_timing::median(wc);
+            std::printf("| %d, %d | %zu | %.2f | %.2f | %.2f | **%.2f** | %.2f | %.1e |\n", bh, t, threads, 1e3 * ma, 1e3 * mc,
+                        1e3 * mb, ma / mc, mc / mb, err);
             std::fflush(stdout);
         }
     }

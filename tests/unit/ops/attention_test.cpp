@@ -235,3 +235,88 @@ TEST_CASE("fused attention: values and gradients equal the composite's across bl
                        at(k, kv, {tk, 3}), at(v, vv, {tk, 5}));
     }
 }
+
+TEST_CASE("fused attention of strided heads, bf16, and on any number of threads", "[ops][attention][gradient]") {
+    // [B, T, H, hd] projections viewed as [B, H, T, hd] (rows of unit stride, read in place)
+    constexpr std::size_t b = 2, h = 3, hd = 8, t = 77;
+    constexpr auto x = tg::param<"x", float, tg::shape<b, tg::dyn, h * hd>>;
+    constexpr auto w = tg::input<"w", float, tg::shape<b, h, tg::dyn, hd>>;
+    auto heads = [](auto e) { return tg::transpose<1, 2>(tg::reshape<tg::shape<b, tg::dyn, h, hd>>(e)); };
+    auto loss = [&](auto... mode) {
+        return tg::sum(tg::scaled_dot_product_attention(heads(x), heads(x * tg::lit<0.5>), heads(tg::tanh(x)), mode...) * w);
+    };
+    auto xv = uniform(b * t * h * hd, -2.0, 2.0, 31), wv = uniform(b * h * t * hd, -1.0, 1.0, 32);
+    std::vector<float> xf(xv.begin(), xv.end()), wf(wv.begin(), wv.end());
+    auto grad_of = [&](const auto& step) {
+        std::vector<float> g(xf.size());
+        const float l = step.value_and_grad(tg::bind(x, xf, {b, t, h * hd}), tg::bind(w, wf, {b, h, t, hd}), tg::grad_into(x, g));
+        g.push_back(l);
+        return std::vector<double>(g.begin(), g.end());
+    };
+    const auto fused = grad_of(tg::compile(loss(tg::causal), tg::wrt(x)));
+    const auto math = grad_of(tg::compile(loss(tg::causal, tg::attention_math), tg::wrt(x)));
+    double num = 0, den = 0;
+    for (std::size_t e = 0; e < fused.size(); ++e) num += (fused[e] - math[e]) * (fused[e] - math[e]), den += math[e] * math[e];
+    CHECK(std::sqrt(num / den) < 1e-6);
+
+    // the result does not depend on the thread count (batch matrices are computed alone)
+    tg::set_num_threads(1);
+    const auto one = grad_of(tg::compile(loss(), tg::wrt(x)));
+    tg::set_num_threads(2);
+    const auto two = grad_of(tg::compile(loss(), tg::wrt(x)));
+    tg::set_num_threads(0);
+    CHECK(one == two);
+
+    // bf16 operands compute in f32 and round the result once: the f32 op's result, rounded
+    constexpr auto qb = tg::param<"qb", tg::bf16, tg::shape<4, tg::dyn, 16>>;
+    constexpr auto qf = tg::param<"qf", float, tg::shape<4, tg::dyn, 16>>;
+    std::vector<tg::bf16> vb(4 * t * 16);
+    std::vector<float> vf(vb.size());
+    auto src = uniform(vb.size(), -2.0, 2.0, 33);
+    for (std::size_t e = 0; e < vb.size(); ++e) vf[e] = float(vb[e] = tg::bf16(float(src[e])));
+    const auto ob = tg::compile(tg::scaled_dot_product_attention(qb, qb, qb, tg::causal), tg::wrt(qb))
+                        .forward(tg::bind(qb, vb, {4, t, 16}));
+    const auto of = tg::compile(tg::scaled_dot_product_attention(qf, qf, qf, tg::causal), tg::wrt(qf))
+                        .forward(tg::bind(qf, vf, {4, t, 16}));
+    std::size_t differ = 0;
+    for (std::size_t e = 0; e < vb.size(); ++e) differ += float(ob.values()[e]) != float(tg::bf16(of.values()[e]));
+    CHECK(differ == 0);
+}
+
+TEST_CASE("fused attention: NaN and infinite logits as the composite", "[ops][attention]") {
+    constexpr auto q = tg::input<"q", double, tg::shape<4, 2>>;
+    constexpr auto k = tg::input<"k", double, tg::shape<3, 2>>;
+    constexpr auto v = tg::input<"v", double, tg::shape<3, 2>>;
+    // row 0: an infinite logit (NaN, as torch.softmax of +inf); row 1: a -inf logit (probability
+    // exactly 0); row 2: NaN; row 3: finite
+    const std::vector<double> qv{inf, 0.0, 0.0, 1.0, std::numeric_limits<double>::quiet_NaN(), 0.0, 0.5, -0.5};
+    const std::vector<double> kv{1.0, 0.0, 0.0, -inf, -1.0, 2.0}, vv{1.0, 2.0, 3.0, 4.0, 5.0, 6.0};
+    for (int causal = 0; causal < 2; ++causal) {
+        auto fused = causal ? values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v, tg::causal), tg::wrt()),
+                                        tg::bind(q, qv), tg::bind(k, kv), tg::bind(v, vv))
+                            : values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v), tg::wrt()), tg::bind(q, qv),
+                                        tg::bind(k, kv), tg::bind(v, vv));
+        auto math = causal ? values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math),
+                                                   tg::wrt()),
+                                       tg::bind(q, qv), tg::bind(k, kv), tg::bind(v, vv))
+                           : values_of(tg::compile(tg::scaled_dot_product_attention(q, k, v, tg::attention_math), tg::wrt()),
+                                       tg::bind(q, qv), tg::bind(k, kv), tg::bind(v, vv));
+        for (std::size_t e = 0; e < fused.size(); ++e) {
+            INFO("causal " << causal << ", element " << e);
+            CHECK(std::isnan(fused[e]) == std::isnan(math[e]));
+            if (!std::isnan(math[e])) CHECK(std::abs(fused[e] - math[e]) <= 1e-14);
+        }
+        CHECK(std::isnan(fused[0]));
+        CHECK(std::isnan(fused[4]));
+        CHECK(!std::isnan(fused[2]));
+    }
+}
+
+TEST_CASE("attention_math: the composite's backward is differentiable again", "[ops][attention][gradient]") {
+    constexpr auto q = tg::param<"q", double, tg::shape<3, 2>>;
+    constexpr auto k = tg::param<"k", double, tg::shape<4, 2>>;
+    constexpr auto v = tg::param<"v", double, tg::shape<4, 2>>;
+    auto inner = tg::sum(tg::square(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math)));
+    check_gradient(tg::sum(tg::square(tg::grad(inner, q))), at(q, uniform(6, -1.0, 1.0, 41)), at(k, uniform(8, -1.0, 1.0, 42)),
+                   at(v, uniform(8, -1.0, 1.0, 43)));
+}
