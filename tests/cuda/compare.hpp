@@ -98,7 +98,7 @@ inline auto universe(std::size_t n) {
                          decltype(Mf), decltype(tokens), decltype(positions), decltype(start), decltype(seed_offset),
                          decltype(E), decltype(Ed), decltype(Img), decltype(Imgd), decltype(Wc), decltype(Wg),
                          decltype(Wcd), decltype(Wk), decltype(Imgh), decltype(Wch), decltype(Img4),
-                         decltype(Wc4)>(n, rng);
+                         decltype(Wc4), decltype(Xa), decltype(Xad), decltype(Xah), decltype(Xh)>(n, rng);
 }
 
 template <class T>

@@ -59,7 +59,8 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
                                              "gather", "dynamic_slice", "concat_stack", "dropout", "attention_causal",
                                              "recurrence", "bf16_recurrence", "pool", "pool_f64", "pool_grad_grad",
                                              "conv", "conv_f64", "conv_grad_grad", "conv_chunks", "bf16_conv",
-                                             "batch_norm"};
+                                             "batch_norm", "attention", "attention_heads", "attention_f64",
+                                             "bf16_attention"};
     for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
         cuda_tests::for_each_graph([&](const char* name, const auto& step) {
             if (all || std::find(subset.begin(), subset.end(), name) != subset.end()) compare_with_cpu(name, step, n);
@@ -320,4 +321,33 @@ TEST_CASE("the MLP trains the same on the device as on the CPU", "[cuda][device]
         for (std::size_t i = 0; i < w2.size(); ++i) w2[i] -= 0.5f * g2[i];
         for (std::size_t i = 0; i < c2.size(); ++i) c2[i] -= 0.5f * gc2[i];
     }
+}
+
+// One matrix whose T x T scores pass the device's chunk (attention_device_chunk, 2^24): its queries
+// go in ranges, the later ones adding their dK and dV through a temporary.
+TEST_CASE("fused attention on the device: a long sequence in ranges of queries", "[cuda][emulation]") {
+    std::optional<cuda_emulation::scoped_emulator> emulate;
+    if (!tg::cuda::available()) emulate.emplace();
+    constexpr auto x = tg::param<"x", float, tg::shape<1, tg::dyn, 2>>;
+    constexpr auto u = tg::input<"u", float, tg::shape<1, tg::dyn, 2>>;
+    const std::size_t t = 4500;  // 2.0e7 scores: two ranges of queries
+    static_assert(4500 * 4500 > tg::detail::attention_device_chunk);
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    std::vector<float> xs(2 * t), us(2 * t);
+    for (float& e : xs) e = dist(rng);
+    for (float& e : us) e = dist(rng);
+    auto step = tg::compile(tg::sum(tg::scaled_dot_product_attention(x, x * tg::lit<0.5>, tg::tanh(x), tg::causal) * u), tg::wrt(x));
+    std::vector<float> cpu_g(2 * t);
+    const float cpu = step.value_and_grad(tg::bind(x, xs, {1, t, 2}), tg::bind(u, us, {1, t, 2}), tg::grad_into(x, cpu_g));
+    using dense = tg::cuda::tensor<float, tg::shape<1, tg::dyn, 2>>;
+    auto dx = dense::from_host(xs, {1, t, 2});
+    auto du = dense::from_host(us, {1, t, 2});
+    dense dg({1, t, 2});
+    const float gpu = step.value_and_grad(tg::bind(x, dx), tg::bind(u, du), tg::grad_into(x, dg));
+    CHECK(std::abs(gpu - cpu) <= 1e-4f * (1 + std::abs(cpu)));
+    const auto g = dg.to_host();
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) off += !(std::abs(g[i] - cpu_g[i]) <= 1e-4f * (1 + std::abs(cpu_g[i])));
+    CHECK(off == 0);
 }

@@ -39,6 +39,11 @@ constexpr auto Wch = tg::param<"Wch", tg::bf16, tg::shape<3, 2, 3, 3>>;
 // 36 x 64 im2col elements per image: at n = 70000 the device goes in three chunks of images
 constexpr auto Img4 = tg::param<"Img4", float, tg::shape<tg::dyn, 4, 8, 8>>;
 constexpr auto Wc4 = tg::param<"Wc4", float, tg::shape<2, 4, 3, 3>>;
+// attention: n matrices of 6 queries (d = 4); Xh's rows as two heads of 4 ([n, 6, 2, 4] -> [n, 2, 6, 4])
+constexpr auto Xa = tg::param<"Xa", float, tg::shape<tg::dyn, 6, 4>>;
+constexpr auto Xad = tg::param<"Xad", double, tg::shape<tg::dyn, 6, 4>>;
+constexpr auto Xah = tg::param<"Xah", tg::bf16, tg::shape<tg::dyn, 6, 4>>;
+constexpr auto Xh = tg::param<"Xh", float, tg::shape<tg::dyn, 6, 8>>;
 // bf16 / f16 leaves
 constexpr auto Ah = tg::param<"Ah", tg::bf16, tg::shape<tg::dyn, 5>>;
 constexpr auto Bh = tg::param<"Bh", tg::bf16, tg::shape<tg::dyn, 5>>;
@@ -237,6 +242,19 @@ void for_each_graph(F&& f) {
     f("dropout", tg::compile(tg::sum(tg::square(tg::dropout<0.3>(A, seed_offset)) * B), tg::wrt(A, B)));
     f("attention_causal", tg::compile(tg::sum(tg::square(tg::scaled_dot_product_attention(X3, X3 * lit<0.5>, X3, tg::causal))),
                                       tg::wrt(X3)));
+    // the fused op (forward and packed backward) over n matrices, plain and causal, strided heads
+    f("attention", tg::compile(tg::sum(tg::square(tg::scaled_dot_product_attention(Xa, Xa * lit<0.5>, tg::tanh(Xa)))) +
+                                   tg::sum(tg::sin(tg::scaled_dot_product_attention<0.7>(Xa, tg::exp(Xa), Xa, tg::causal))),
+                               tg::wrt(Xa)));
+    f("attention_heads", tg::compile(tg::sum(tg::square(tg::scaled_dot_product_attention(
+                                         tg::transpose<1, 2>(tg::reshape<tg::shape<tg::dyn, 6, 2, 4>>(Xh)),
+                                         tg::transpose<1, 2>(tg::reshape<tg::shape<tg::dyn, 6, 2, 4>>(Xh * lit<0.5>)),
+                                         tg::transpose<1, 2>(tg::reshape<tg::shape<tg::dyn, 6, 2, 4>>(tg::tanh(Xh))), tg::causal))),
+                                     tg::wrt(Xh)));
+    f("attention_f64", tg::compile(tg::sum(tg::square(tg::scaled_dot_product_attention(Xad, Xad, tg::tanh(Xad), tg::causal))),
+                                   tg::wrt(Xad)));
+    f("bf16_attention", tg::compile(tg::sum(tg::square(tg::cast<float>(tg::scaled_dot_product_attention(Xah, Xah, Xah, tg::causal)))),
+                                    tg::wrt(Xah)));
     // hooks
     f("hook_device", tg::compile(tg::sum(tg::square(tg::hook(A, double_the_gradient{}))), tg::wrt(A)));
     f("retain_grad", tg::compile(tg::sum(tg::square(tg::retain_grad(A) * B)), tg::wrt(A, B)));

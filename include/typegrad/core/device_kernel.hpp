@@ -68,6 +68,21 @@ inline std::string device_template_call(const char* name, std::initializer_list<
     return s + '>';
 }
 
+// A device_run's temporaries as 256-byte aligned arrays in one region of the backend's
+// scratch: their offsets first (take), then the region (dev.scratch(bytes), at).
+struct scratch_carver {
+    std::size_t bytes = 0;
+    template <class S>
+    std::size_t take(std::size_t count) {
+        const std::size_t at = bytes;
+        bytes += (count * sizeof(S) + 255) / 256 * 256;
+        return at;
+    }
+    template <class S>
+    static S* at(void* base, std::size_t offset) {
+        return reinterpret_cast<S*>(static_cast<char*>(base) + offset);
+    }
+};
 // A host copy from device memory, handed to a kernel op's device_check (exec/cuda/execute.hpp).
 using device_copy = void (*)(void* dst, const void* src, std::size_t bytes);
 

@@ -7,18 +7,22 @@
 // with an optional causal mask (tg::causal: query i sees keys j <= i, PyTorch's is_causal,
 // top-left aligned when Tq != Tk) or an additive float mask (PyTorch's float attn_mask).
 //
-// attention is a composite: two matmuls (kernel boundaries; k^T is a transposed view handed to
-// the GEMM as a flag), the mask, and the library's softmax (shifted by its detached row maximum,
-// so large logits do not overflow). A masked logit is -inf, so its probability is exactly 0 and
-// no gradient reaches it; a row whose logits are all -inf gives NaN, as in PyTorch. The T x T
-// probabilities are saved for the backward (no flash-style recomputation yet).
+// With q, k and v of one dtype and one rank and no tensor mask, attention is one fused kernel op
+// (attention_op below, flash-style: nothing T x T is kept for the backward, which recomputes the
+// probabilities block by block). Otherwise, or with tg::attention_math (PyTorch's math backend),
+// it is a composite: two matmuls (kernel boundaries; k^T is a transposed view handed to the GEMM
+// as a flag), the mask, and the library's softmax (shifted by its detached row maximum, so large
+// logits do not overflow), whose backward can be differentiated again. A masked logit is -inf,
+// so its probability is exactly 0 and no gradient reaches it; a row whose logits are all -inf
+// gives NaN, as in PyTorch.
 //
 // causal_mask is a kernel op (it needs the element's row and column, which the fused elementwise
 // loops do not have); its VJP is the same mask filling 0, so a NaN or inf in the incoming
 // gradient of a masked element does not leak. Its device kernel sits beside it.
 //
-// Autocast: the matmuls are lower precision (the scores and the output then round to the spec's
-// dtype); softmax follows its own class; the mask keeps its input's dtype.
+// Autocast: the fused op is lower precision (computing in f32, its output rounded once); in the
+// composite the matmuls are lower precision (the scores and the output then round to the spec's
+// dtype), softmax follows its own class; the mask keeps its input's dtype.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -385,18 +389,23 @@ void attention_forward(const Ref* in, T* out, C scale) {
     });
 }
 
+// The backward's operands (g, q, k, v): g must have the output's extents.
+template <class Ref>
+attention_dims attention_backward_dims(const Ref* in) {
+    const attention_dims a = attention_dims_of(in + 1, "scaled_dot_product_attention backward");
+    const std::size_t r = in[1].rank;
+    bool same = in[0].rank == r && in[0].ext[r - 1] == a.dv;
+    for (std::size_t x = 0; x + 1 < r; ++x) same = same && in[0].ext[x] == in[1].ext[x];
+    if (!same) throw shape_error("typegrad: scaled_dot_product_attention backward: the gradient's extents differ from the output's");
+    return a;
+}
+
 // The backward: [dq | dk | dv] packed (each row-major, in q's, k's, v's shapes) from the
 // incoming gradient g [n, tq, dv] and q, k, v.
 template <bool Causal, class C, class T, class VG, class BG, class VQ, class BQ, class VK, class BK, class VV, class BV,
           class Ref>
 void attention_backward(const Ref* in, T* out, C scale) {
-    const attention_dims a = attention_dims_of(in + 1, "scaled_dot_product_attention backward");
-    const std::size_t r = in[1].rank;
-    for (std::size_t x = 0; x + 1 < r; ++x)
-        if (in[0].ext[x] != in[1].ext[x])
-            throw shape_error("typegrad: scaled_dot_product_attention backward: the gradient's extents differ from the output's");
-    if (in[0].ext[r - 1] != a.dv)
-        throw shape_error("typegrad: scaled_dot_product_attention backward: the gradient's extents differ from the output's");
+    const attention_dims a = attention_backward_dims(in);
     const std::size_t nq = a.n * a.tq * a.d, nk = a.n * a.tk * a.d;
     if (nq + nk + a.n * a.tk * a.dv == 0) return;
     constexpr std::size_t blk = attention_block_rows;
@@ -460,6 +469,152 @@ void attention_backward(const Ref* in, T* out, C scale) {
     });
 }
 
+// ---- the fused attention on the device -------------------------------------------------------
+// Passes of one node kernel around cuBLAS's strided-batched GEMMs, in the compute dtype (f32 for
+// bf16/f16): the operands as dense [n, T, d] arrays (read in place when they are), then per chunk
+// of score rows (whole matrices, or a range of one matrix's queries when a matrix's T x T scores
+// pass attention_device_chunk) S = q k^T, a row-softmax pass, O = P V; the backward recomputes P,
+// dP = g v^T, a dS pass, dV = P^T g, dQ = dS k, dK = dS^T q (a query range after the first adds
+// its dK and dV). The chunk's scores are the only T x T values, in the backend's scratch.
+enum class attention_pass : std::uint64_t { dense, softmax, scores_grad, store, add };
+inline constexpr std::size_t attention_device_chunk = std::size_t(1) << 24;  // score elements (64 MB of f32)
+
+struct attention_device_base {
+    // S: the compute dtype's code, T: the result's; (Vi, Bi): value and buffer codes of the node's
+    // operands (the forward's three, the backward's four).
+    static constexpr const char* device_source = R"CUDA(
+template <int S, int T, int V0, int B0, int V1, int B1, int V2, int B2, int V3, int B3>
+__device__ void tg_attention(const tg_node_args& p) {
+    typedef typename tg_ty<S>::S C;
+    const int pass = (int)p.w[0];
+    if (pass == 0) {  // operand w3 (ref at w4) as w2 dense elements at w1
+        C* dst = (C*)p.w[1];
+        const int which = (int)p.w[3];
+        const tg_ref x = tg_ref_at(p, 4);
+        TG_GRID_LOOP(e, (tg_i64)p.w[2]) {
+            const tg_i64 off = tg_ref_offset(x, e);
+            dst[e] = which == 0 ? tg_cvt<S, V0, B0>(((const typename tg_ty<B0>::S*)x.p)[off])
+                   : which == 1 ? tg_cvt<S, V1, B1>(((const typename tg_ty<B1>::S*)x.p)[off])
+                   : which == 2 ? tg_cvt<S, V2, B2>(((const typename tg_ty<B2>::S*)x.p)[off])
+                                : tg_cvt<S, V3, B3>(((const typename tg_ty<B3>::S*)x.p)[off]);
+        }
+    } else if (pass == 1 || pass == 2) {  // a thread per score row: P = softmax(S * scale) (causal
+        C* s = (C*)p.w[1];                // keys j > i are 0), then (pass 2) dS = P (dP - rowsum(P dP)) scale
+        C* dp = (C*)p.w[2];
+        const tg_i64 rq = (tg_i64)p.w[4], i0 = (tg_i64)p.w[5], tk = (tg_i64)p.w[6];
+        const C scale = (C)tg_double_bits(p.w[7]);
+        const bool causal = p.w[8] != 0;
+        TG_GRID_LOOP(r, (tg_i64)p.w[3]) {
+            C* row = s + r * tk;
+            const tg_i64 i = i0 + r % rq, seen = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
+            C m = -(C)INFINITY;
+            for (tg_i64 j = 0; j < seen; ++j) m = tg_max(m, row[j] *= scale);
+            C sum = 0;
+            for (tg_i64 j = 0; j < seen; ++j) sum += (row[j] = tg_exp(row[j] - m));
+            const C inv = (C)1 / sum;
+            for (tg_i64 j = 0; j < seen; ++j) row[j] *= inv;
+            for (tg_i64 j = seen; j < tk; ++j) row[j] = 0;
+            if (pass == 2) {
+                C* d = dp + r * tk;
+                C dot = 0;
+                for (tg_i64 j = 0; j < seen; ++j) dot += row[j] * d[j];
+                for (tg_i64 j = 0; j < seen; ++j) d[j] = row[j] * (d[j] - dot) * scale;
+                for (tg_i64 j = seen; j < tk; ++j) d[j] = 0;
+            }
+        }
+    } else if (pass == 3) {  // w3 elements of w1 rounded into the result w2
+        const C* src = (const C*)p.w[1];
+        typename tg_ty<T>::S* out = (typename tg_ty<T>::S*)p.w[2];
+        TG_GRID_LOOP(e, (tg_i64)p.w[3]) out[e] = tg_ty<T>::to((typename tg_ty<T>::C)src[e]);
+    } else {  // w3 elements: w1 += w2
+        C* dst = (C*)p.w[1];
+        const C* src = (const C*)p.w[2];
+        TG_GRID_LOOP(e, (tg_i64)p.w[3]) dst[e] += src[e];
+    }
+}
+)CUDA";
+    template <class N>
+    static std::string device_call() {
+        using T = storage_t<typename N::value_type>;
+        using L = typename N::children;
+        using C3 = type_at_t<L::size - 1, L>;  // the forward repeats its last operand's codes
+        auto codes = [](auto* x) {
+            using X = std::remove_pointer_t<decltype(x)>;
+            return std::pair{device_type_code<typename X::value_type>(), device_type_code<buffer_t<X>>()};
+        };
+        const auto c0 = codes((type_at_t<0, L>*)nullptr), c1 = codes((type_at_t<1, L>*)nullptr),
+                   c2 = codes((type_at_t<2, L>*)nullptr), c3 = codes((C3*)nullptr);
+        return device_template_call("tg_attention", {device_type_code<compute_t<T>>(), device_type_code<T>(), c0.first,
+                                                      c0.second, c1.first, c1.second, c2.first, c2.second, c3.first,
+                                                      c3.second});
+    }
+};
+
+// The host side of the device passes.
+template <class S, class Device, class Ref>
+struct attention_device {
+    Device& dev;
+    attention_dims a;
+    double scale;
+    bool causal;
+    void pass(attention_pass p, std::size_t threads, std::initializer_list<std::uint64_t> own, const Ref* operand = nullptr) {
+        if (threads == 0) return;
+        std::uint64_t w[device_node_words] = {};
+        w[0] = std::uint64_t(p);
+        std::size_t at = 1;
+        for (const std::uint64_t v : own) w[at++] = v;
+        if (operand) put_device_ref(w, 4, *operand);
+        dev.launch(w, threads);
+    }
+    // operand `which` as a dense row-major S array: in place when it is one, else copied to `to`
+    template <class B>
+    const S* dense(const Ref& r, std::uint64_t which, S* to) {
+        bool row_major = true;
+        std::ptrdiff_t expect = 1;
+        for (std::size_t x = r.rank; x-- > 0;) {
+            if (r.ext[x] != 1 && r.stride[x] != expect) row_major = false;
+            expect *= std::ptrdiff_t(r.ext[x]);
+        }
+        if (std::is_same_v<B, S> && row_major) return static_cast<const S*>(r.data);
+        pass(attention_pass::dense, numel_of(r), {device_word(to), numel_of(r), which}, &r);
+        return to;
+    }
+    // Chunks of score rows: whole matrices [b, b + nb) (all their queries), or, when one matrix's
+    // scores pass attention_device_chunk, queries [i0, i0 + rq) of matrix b (nb = 1).
+    bool split() const { return a.tq * a.tk > attention_device_chunk; }
+    std::size_t chunk_matrices() const {
+        return std::min<std::size_t>({attention_device_chunk / std::max<std::size_t>(1, a.tq * a.tk), 65535, a.n});
+    }
+    std::size_t chunk_queries() const { return std::max<std::size_t>(1, attention_device_chunk / a.tk); }
+    std::size_t chunk_scores() const { return split() ? chunk_queries() * a.tk : chunk_matrices() * a.tq * a.tk; }
+    template <class F>
+    void chunks(F&& fn) const {
+        if (!split()) {
+            const std::size_t nb = std::max<std::size_t>(1, chunk_matrices());
+            for (std::size_t b = 0; b < a.n; b += nb) fn(b, std::min(nb, a.n - b), std::size_t(0), a.tq);
+        } else {
+            const std::size_t rq = chunk_queries();
+            for (std::size_t b = 0; b < a.n; ++b)
+                for (std::size_t i0 = 0; i0 < a.tq; i0 += rq) fn(b, std::size_t(1), i0, std::min(rq, a.tq - i0));
+        }
+    }
+    // scores s [nb, rq, tk] = q[b, i0 + r] . k[b, j] (column-major s^T = k q^T)
+    void scores(const S* q, const S* k, S* s, std::size_t b, std::size_t nb, std::size_t i0, std::size_t rq) {
+        if (a.d == 0) return dev.zero(s, nb * rq * a.tk * sizeof(S));
+        dev.gemm(true, false, int(a.tk), int(rq), int(a.d), k + b * a.tk * a.d, int(a.d), (long long)(a.tk * a.d),
+                 q + (b * a.tq + i0) * a.d, int(a.d), (long long)(a.tq * a.d), s, int(a.tk), (long long)(rq * a.tk), int(nb));
+    }
+    void rows(attention_pass p, S* s, S* dp, std::size_t nb, std::size_t i0, std::size_t rq) {
+        pass(p, nb * rq, {device_word(s), device_word(dp), nb * rq, rq, i0, a.tk, device_word(scale), std::uint64_t(causal)});
+    }
+};
+// GEMM extents are int: the device path throws (before anything runs) past them.
+inline void check_attention_device_extents(const attention_dims& a) {
+    constexpr std::size_t most = std::size_t(1) << 31;
+    if (a.tq >= most || a.tk >= most || a.d >= most || a.dv >= most || a.tk * std::max(a.d, a.dv) >= most)
+        throw shape_error("typegrad: cuda: scaled_dot_product_attention: the extents exceed the BLAS's 32-bit extents");
+}
+
 template <num Scale, bool Causal>
 struct attention_backward_op;
 
@@ -479,7 +634,7 @@ struct attention_out_shape<Q, K, V, std::index_sequence<As...>> {
 
 // out = softmax(q k^T * Scale [causal]) v, fused.
 template <num Scale, bool Causal>
-struct attention_op : kernel_op_base {
+struct attention_op : kernel_op_base, attention_device_base {
     static constexpr const char* name = "scaled_dot_product_attention";
     // as PyTorch's (its autocast lists: lower precision on CUDA and the CPU)
     static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
@@ -505,13 +660,42 @@ struct attention_op : kernel_op_base {
         attention_forward<Causal, C, T, typename Q::value_type, buffer_t<Q>, typename K::value_type, buffer_t<K>,
                           typename V::value_type, buffer_t<V>>(in, out, C(Scale.value()));
     }
+    // The device (attention_device): per chunk of score rows S = q k^T, softmax, O = P V.
+    template <class N, class Ref, class Device>
+    static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
+        using T = storage_t<typename N::value_type>;
+        using S = compute_t<T>;
+        const attention_dims a = attention_dims_of(in, "scaled_dot_product_attention(q, k, v)");
+        if (a.n * a.tq * a.dv == 0) return;
+        if (a.tk == 0) return dev.zero(out, a.n * a.tq * a.dv * sizeof(T));
+        check_attention_device_extents(a);
+        attention_device<S, Device, Ref> d{dev, a, Scale.value(), Causal};
+        scratch_carver sc;
+        const std::size_t q_at = sc.take<S>(a.n * a.tq * a.d), k_at = sc.take<S>(a.n * a.tk * a.d),
+                          v_at = sc.take<S>(a.n * a.tk * a.dv), s_at = sc.take<S>(d.chunk_scores()),
+                          o_at = sc.take<S>(std::is_same_v<T, S> ? 0 : a.n * a.tq * a.dv);
+        void* const base = dev.scratch(sc.bytes);
+        const S* q = d.template dense<buffer_t<type_at_t<0, typename N::children>>>(in[0], 0, sc.at<S>(base, q_at));
+        const S* k = d.template dense<buffer_t<type_at_t<1, typename N::children>>>(in[1], 1, sc.at<S>(base, k_at));
+        const S* v = d.template dense<buffer_t<type_at_t<2, typename N::children>>>(in[2], 2, sc.at<S>(base, v_at));
+        S* const s = sc.at<S>(base, s_at);
+        S* const o = std::is_same_v<T, S> ? static_cast<S*>(out) : sc.at<S>(base, o_at);
+        d.chunks([&](std::size_t b, std::size_t nb, std::size_t i0, std::size_t rq) {
+            d.scores(q, k, s, b, nb, i0, rq);
+            d.rows(attention_pass::softmax, s, s, nb, i0, rq);
+            // column-major O^T [dv x rq] = V^T [dv x tk] . P^T [tk x rq]
+            dev.gemm(false, false, int(a.dv), int(rq), int(a.tk), v + b * a.tk * a.dv, int(a.dv), (long long)(a.tk * a.dv), s,
+                     int(a.tk), (long long)(rq * a.tk), o + (b * a.tq + i0) * a.dv, int(a.dv), (long long)(a.tq * a.dv), int(nb));
+        });
+        if constexpr (!std::is_same_v<T, S>) d.pass(attention_pass::store, a.n * a.tq * a.dv, {device_word(o), device_word(out), a.n * a.tq * a.dv});
+    }
     template <std::size_t I, class G, class Out, class Q, class K, class V>
     static constexpr auto vjp(G g, Out, Q q, K k, V v);
 };
 
 // [dq | dk | dv] packed, from (g, q, k, v)
 template <num Scale, bool Causal>
-struct attention_backward_op : kernel_op_base {
+struct attention_backward_op : kernel_op_base, attention_device_base {
     static constexpr const char* name = "scaled_dot_product_attention_backward";
     static constexpr autocast_class autocast_on(device_kind) { return autocast_class::lower_precision; }
     template <class G, class Q, class K, class V>
@@ -533,6 +717,58 @@ struct attention_backward_op : kernel_op_base {
         attention_backward<Causal, C, T, typename G::value_type, buffer_t<G>, typename Q::value_type, buffer_t<Q>,
                            typename K::value_type, buffer_t<K>, typename V::value_type, buffer_t<V>>(in, out,
                                                                                                     C(Scale.value()));
+    }
+    // The device: per chunk of score rows, P recomputed, dP = g v^T, dS, then dV += P^T g,
+    // dQ = dS k, dK += dS^T q (a matrix's later query ranges add theirs through a temporary).
+    template <class N, class Ref, class Device>
+    static void device_run(const Ref* in, void* out, const std::size_t*, Device& dev) {
+        using T = storage_t<typename N::value_type>;
+        using S = compute_t<T>;
+        using L = typename N::children;
+        const attention_dims a = attention_backward_dims(in);
+        const std::size_t nq = a.n * a.tq * a.d, nk = a.n * a.tk * a.d, nv = a.n * a.tk * a.dv;
+        if (nq + nk + nv == 0) return;
+        if (a.tq == 0 || a.tk == 0) return dev.zero(out, (nq + nk + nv) * sizeof(T));
+        check_attention_device_extents(a);
+        attention_device<S, Device, Ref> d{dev, a, Scale.value(), Causal};
+        scratch_carver sc;
+        const std::size_t g_at = sc.take<S>(a.n * a.tq * a.dv), q_at = sc.take<S>(nq), k_at = sc.take<S>(nk),
+                          v_at = sc.take<S>(nv), s_at = sc.take<S>(d.chunk_scores()), p_at = sc.take<S>(d.chunk_scores()),
+                          tk_at = sc.take<S>(d.split() ? a.tk * a.d : 0), tv_at = sc.take<S>(d.split() ? a.tk * a.dv : 0),
+                          r_at = sc.take<S>(std::is_same_v<T, S> ? 0 : nq + nk + nv);
+        void* const base = dev.scratch(sc.bytes);
+        const S* g = d.template dense<buffer_t<type_at_t<0, L>>>(in[0], 0, sc.at<S>(base, g_at));
+        const S* q = d.template dense<buffer_t<type_at_t<1, L>>>(in[1], 1, sc.at<S>(base, q_at));
+        const S* k = d.template dense<buffer_t<type_at_t<2, L>>>(in[2], 2, sc.at<S>(base, k_at));
+        const S* v = d.template dense<buffer_t<type_at_t<3, L>>>(in[3], 3, sc.at<S>(base, v_at));
+        S *const s = sc.at<S>(base, s_at), *const dp = sc.at<S>(base, p_at);
+        S* const res = std::is_same_v<T, S> ? static_cast<S*>(out) : sc.at<S>(base, r_at);
+        S *const gq = res, *const gk = res + nq, *const gv = res + nq + nk;
+        d.chunks([&](std::size_t b, std::size_t nb, std::size_t i0, std::size_t rq) {
+            const bool first = i0 == 0;
+            S* const to_k = first ? gk + b * a.tk * a.d : sc.at<S>(base, tk_at);
+            S* const to_v = first ? gv + b * a.tk * a.dv : sc.at<S>(base, tv_at);
+            d.scores(q, k, s, b, nb, i0, rq);
+            // column-major dP^T [tk x rq] = V [tk x dv] . G^T [dv x rq]
+            if (a.dv == 0) dev.zero(dp, nb * rq * a.tk * sizeof(S));
+            else dev.gemm(true, false, int(a.tk), int(rq), int(a.dv), v + b * a.tk * a.dv, int(a.dv), (long long)(a.tk * a.dv),
+                          g + (b * a.tq + i0) * a.dv, int(a.dv), (long long)(a.tq * a.dv), dp, int(a.tk), (long long)(rq * a.tk), int(nb));
+            d.rows(attention_pass::scores_grad, s, dp, nb, i0, rq);
+            if (a.dv > 0)  // dV^T [dv x tk] = G^T [dv x rq] . P [rq x tk]
+                dev.gemm(false, true, int(a.dv), int(a.tk), int(rq), g + (b * a.tq + i0) * a.dv, int(a.dv), (long long)(a.tq * a.dv), s,
+                         int(a.tk), (long long)(rq * a.tk), to_v, int(a.dv), (long long)(a.tk * a.dv), int(nb));
+            if (a.d > 0) {  // dQ^T [d x rq] = K^T [d x tk] . dS^T [tk x rq]; dK^T [d x tk] = Q^T [d x rq] . dS [rq x tk]
+                dev.gemm(false, false, int(a.d), int(rq), int(a.tk), k + b * a.tk * a.d, int(a.d), (long long)(a.tk * a.d), dp,
+                         int(a.tk), (long long)(rq * a.tk), gq + (b * a.tq + i0) * a.d, int(a.d), (long long)(a.tq * a.d), int(nb));
+                dev.gemm(false, true, int(a.d), int(a.tk), int(rq), q + (b * a.tq + i0) * a.d, int(a.d), (long long)(a.tq * a.d), dp,
+                         int(a.tk), (long long)(rq * a.tk), to_k, int(a.d), (long long)(a.tk * a.d), int(nb));
+            }
+            if (!first) {
+                d.pass(attention_pass::add, a.tk * a.d, {device_word(gk + b * a.tk * a.d), device_word(to_k), a.tk * a.d});
+                d.pass(attention_pass::add, a.tk * a.dv, {device_word(gv + b * a.tk * a.dv), device_word(to_v), a.tk * a.dv});
+            }
+        });
+        if constexpr (!std::is_same_v<T, S>) d.pass(attention_pass::store, nq + nk + nv, {device_word(res), device_word(out), nq + nk + nv});
     }
     template <std::size_t I, class... Xs>
     static constexpr auto vjp(Xs...) {

@@ -396,20 +396,6 @@ inline std::size_t conv_device_chunk_images(const conv_geometry& g) {
     const std::size_t per = std::max<std::size_t>(1, g.ckk() * g.pixels());
     return std::clamp<std::size_t>(conv_device_chunk_elements / per, 1, std::max<std::size_t>(1, g.n));
 }
-// 256-byte aligned arrays in one scratch region: their offsets first, then the region.
-struct scratch_carver {
-    std::size_t bytes = 0;
-    template <class S>
-    std::size_t take(std::size_t count) {
-        const std::size_t at = bytes;
-        bytes += (count * sizeof(S) + 255) / 256 * 256;
-        return at;
-    }
-    template <class S>
-    static S* at(void* base, std::size_t offset) {
-        return reinterpret_cast<S*>(static_cast<char*>(base) + offset);
-    }
-};
 // GEMM dimensions are int: the device path throws (before anything runs) past them.
 inline void check_conv_device_extents(const conv_geometry& g, const char* op) {
     constexpr std::size_t most = std::size_t(1) << 31;

@@ -168,14 +168,15 @@ struct matmul_op : kernel_op_base {
             long long batch_stride;
         };
         const operand_access access[2] = {operand_access_of(in[0]), operand_access_of(in[1])};
-        std::size_t bytes[2] = {0, 0};  // of each dense copy, 256-byte aligned
+        scratch_carver sc;  // the dense copies
+        std::size_t at[2] = {0, 0};
         for (int i = 0; i < 2; ++i)
-            if (access[i].layout == operand_layout::dense_copy) bytes[i] = (numel_of(in[i]) * sizeof(S) + 255) / 256 * 256;
-        char* const scratch = bytes[0] + bytes[1] > 0 ? static_cast<char*>(dev.scratch(bytes[0] + bytes[1])) : nullptr;
+            if (access[i].layout == operand_layout::dense_copy) at[i] = sc.take<S>(numel_of(in[i]));
+        void* const scratch = sc.bytes > 0 ? dev.scratch(sc.bytes) : nullptr;
         auto operand = [&](int i) {
             device_operand o{static_cast<const S*>(in[i].data), access[i].layout == operand_layout::columns, int(access[i].ld),
                              (long long)access[i].batch_stride};
-            if (access[i].layout == operand_layout::dense_copy) o.data = dev.template dense_copy<S>(in[i], scratch + (i == 0 ? 0 : bytes[0]));
+            if (access[i].layout == operand_layout::dense_copy) o.data = dev.template dense_copy<S>(in[i], sc.at<S>(scratch, at[i]));
             return o;
         };
         const device_operand a = operand(0), b = operand(1);
