@@ -507,7 +507,7 @@ __device__ void tg_attention(const tg_node_args& p) {
         TG_GRID_LOOP(r, (tg_i64)p.w[3]) {
             C* row = s + r * tk;
             const tg_i64 i = i0 + r % rq, seen = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
-            C m = -(C)INFINITY;
+            C m = -tg_infinity<C>();
             for (tg_i64 j = 0; j < seen; ++j) m = tg_max(m, row[j] *= scale);
             C sum = 0;
             for (tg_i64 j = 0; j < seen; ++j) sum += (row[j] = tg_exp(row[j] - m));

@@ -193,3 +193,24 @@ TEST_CASE("embedding, index_select and gather steps allocate nothing in steady s
     };
     check_steady_state(call, gt, gx);
 }
+
+TEST_CASE("a fused attention step allocates nothing in steady state", "[exec][allocation][attention]") {
+    // the blocks' scores and the operands' f32 copies (float heads are read in place, bf16 is
+    // copied) come from the buffer pool, one slot per task on two threads
+    constexpr auto x = tg::param<"x", float, tg::shape<4, tg::dyn, 32>>;
+    constexpr auto xb = tg::param<"xb", tg::bf16, tg::shape<4, tg::dyn, 16>>;
+    const auto heads = tg::transpose<1, 2>(tg::reshape<tg::shape<4, tg::dyn, 2, 16>>(x));
+    auto step = tg::compile(tg::sum(tg::square(tg::scaled_dot_product_attention(heads, heads, heads, tg::causal))), tg::wrt(x));
+    auto step_b = tg::compile(tg::sum(tg::cast<float>(tg::scaled_dot_product_attention(xb, xb, xb))), tg::wrt(xb));
+    const std::size_t t = 150;  // three blocks of queries
+    std::vector<float> xd(4 * t * 32), gx(xd.size());
+    for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = float(i % 13) * 0.1f - 0.6f;
+    std::vector<tg::bf16> xbd(4 * t * 16), gb(xbd.size());
+    for (std::size_t i = 0; i < xbd.size(); ++i) xbd[i] = tg::bf16(float(i % 7) * 0.2f - 0.6f);
+    for (std::size_t threads : {1u, 2u}) {
+        tg::set_num_threads(threads);
+        check_steady_state([&] { return step.value_and_grad(tg::bind(x, xd, {4, t, 32}), tg::grad_into(x, gx)); }, gx);
+        check_steady_state([&] { return step_b.value_and_grad(tg::bind(xb, xbd, {4, t, 16}), tg::grad_into(xb, gb)); }, gb);
+    }
+    tg::set_num_threads(0);
+}
