@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -330,7 +331,10 @@ void attention_softmax_row(C* row, std::size_t seen, std::size_t keys, C scale) 
 
 // Runs fn(slot, b0, b1) over batch matrices [0, n) in contiguous ranges (one slot of scratch
 // each), on the pool when the work is large enough; every matrix is computed alone, so the
-// results do not depend on the thread count.
+// results do not depend on the thread count. On the pool, slot t's GEMMs pack into buffers kept
+// for slot t by the calling thread (gemm_impl::scoped_pack_buffers), so that they grow in the
+// first step only, whichever thread runs the slot.
+template <class C>
 struct attention_batches {
     std::size_t n, threads = 1, per = 1, slots = 1;
     attention_batches(std::size_t n_, std::size_t cost) : n(n_), per(n_ > 0 ? n_ : 1) {
@@ -345,8 +349,13 @@ struct attention_batches {
     template <class F>
     void run(F&& fn) const {
         if (slots == 1) return fn(std::size_t(0), std::size_t(0), n);
-        default_thread_pool().parallel_for(slots, threads,
-                                           [&](std::size_t t) { fn(t, t * per, std::min(n, (t + 1) * per)); });
+        thread_local std::deque<gemm_impl::thread_buffers<C>> packing;  // (slot-indexed; grows, never shrinks)
+        while (packing.size() < slots) packing.emplace_back();
+        std::deque<gemm_impl::thread_buffers<C>>* const mine = &packing;  // (in a task, `packing` names the worker's)
+        default_thread_pool().parallel_for(slots, threads, [&](std::size_t t) {
+            const gemm_impl::scoped_pack_buffers<C> own((*mine)[t]);
+            fn(t, t * per, std::min(n, (t + 1) * per));
+        });
     }
 };
 
@@ -359,7 +368,7 @@ void attention_forward(const Ref* in, T* out, C scale) {
     constexpr bool direct = std::is_same_v<T, C>;
     const std::size_t s_at = 0, q_at = s_at + blk * a.tk, k_at = q_at + a.tq * a.d, v_at = k_at + a.tk * a.d,
                       o_at = v_at + a.tk * a.dv, per_slot = o_at + (direct ? 0 : blk * a.dv);
-    const attention_batches batches(a.n, 2 * a.tq * a.tk * (a.d + a.dv) / (Causal ? 2 : 1) + 1);
+    const attention_batches<C> batches(a.n, 2 * a.tq * a.tk * (a.d + a.dv) / (Causal ? 2 : 1) + 1);
     pooled_buffer<C> scratch(batches.slots * per_slot);
     batches.run([&](std::size_t slot, std::size_t b0, std::size_t b1) {
         C* const base = scratch.data() + slot * per_slot;
@@ -414,7 +423,7 @@ void attention_backward(const Ref* in, T* out, C scale) {
                       v_at = k_at + a.tk * a.d, g_at = v_at + a.tk * a.dv, dq_at = g_at + a.tq * a.dv,
                       dk_at = dq_at + (direct ? 0 : blk * a.d), dv_at = dk_at + (direct ? 0 : a.tk * a.d),
                       per_slot = dv_at + (direct ? 0 : a.tk * a.dv);
-    const attention_batches batches(a.n, 4 * a.tq * a.tk * (a.d + a.dv) / (Causal ? 2 : 1) + 1);
+    const attention_batches<C> batches(a.n, 4 * a.tq * a.tk * (a.d + a.dv) / (Causal ? 2 : 1) + 1);
     pooled_buffer<C> scratch(batches.slots * per_slot);
     batches.run([&](std::size_t slot, std::size_t b0, std::size_t b1) {
         C* const base = scratch.data() + slot * per_slot;

@@ -209,6 +209,7 @@ TEST_CASE("a fused attention step allocates nothing in steady state", "[exec][al
     for (std::size_t i = 0; i < xbd.size(); ++i) xbd[i] = tg::bf16(float(i % 7) * 0.2f - 0.6f);
     for (std::size_t threads : {1u, 2u}) {
         tg::set_num_threads(threads);
+        INFO("threads " << threads);
         check_steady_state([&] { return step.value_and_grad(tg::bind(x, xd, {4, t, 32}), tg::grad_into(x, gx)); }, gx);
         check_steady_state([&] { return step_b.value_and_grad(tg::bind(xb, xbd, {4, t, 16}), tg::grad_into(xb, gb)); }, gb);
     }

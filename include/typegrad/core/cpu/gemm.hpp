@@ -172,11 +172,32 @@ template <class T>
 struct thread_buffers {
     pack_buffer<T> a, b;
 };
+// The calling thread's packing buffers, or, while a scoped_pack_buffers lives on it, those it
+// names: work split by a kernel over the pool gives each of its tasks buffers of its own, which
+// grow once whichever thread runs the task (a thread's own would grow whenever it first gets
+// a task with larger products: an allocation in a later, steady-state call).
+template <class T>
+inline thread_buffers<T>*& buffers_override() {
+    thread_local thread_buffers<T>* override = nullptr;
+    return override;
+}
 template <class T>
 inline thread_buffers<T>& buffers() {
+    if (thread_buffers<T>* o = buffers_override<T>()) return *o;
     thread_local thread_buffers<T> bufs;
     return bufs;
 }
+template <class T>
+class scoped_pack_buffers {
+public:
+    explicit scoped_pack_buffers(thread_buffers<T>& b) : previous_(buffers_override<T>()) { buffers_override<T>() = &b; }
+    scoped_pack_buffers(const scoped_pack_buffers&) = delete;
+    scoped_pack_buffers& operator=(const scoped_pack_buffers&) = delete;
+    ~scoped_pack_buffers() { buffers_override<T>() = previous_; }
+
+private:
+    thread_buffers<T>* previous_;
+};
 
 // Packing: op(A) and op(B) are cut into micro-panels of R lanes (R = MR rows of op(A), or
 // R = NR columns of op(B)) by kc deep, each stored p-major (panel[p * R + lane]) and the panels
