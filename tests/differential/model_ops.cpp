@@ -106,6 +106,19 @@ T graph_2008(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool) {
                                tg::grad_into(x, grad[0]), tg::grad_into(w, grad[1]));
 }
 
+// The fused op across blocks of 64 queries: 100 queries (a partial second block) over 130 keys,
+// causal (top-left aligned), two batches.
+template <class T>
+T graph_2009(const tensors<T>& in, const extents&, tensors<T>& grad, bool) {
+    constexpr auto q = tg::param<"q", T, tg::shape<2, 100, 8>>;
+    constexpr auto k = tg::param<"k", T, tg::shape<2, 130, 8>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 130, 5>>;
+    constexpr auto w = tg::input<"w", T, tg::shape<2, 100, 5>>;
+    constexpr auto step = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w), tg::wrt(q, k, v));
+    return step.value_and_grad(tg::bind(q, in[0]), tg::bind(k, in[1]), tg::bind(v, in[2]), tg::bind(w, in[3]),
+                               tg::grad_into(q, grad[0]), tg::grad_into(k, grad[1]), tg::grad_into(v, grad[2]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2000, 0, false, "tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w)",
@@ -118,6 +131,11 @@ const bool registered = [] {
                  {{"q", true, 2, {-1, 8, 0}, -2.0, 2.0}, {"k", true, 2, {-2, 8, 0}, -2.0, 2.0},
                   {"v", true, 2, {-2, 4, 0}, -1.0, 1.0}, {"w", false, 2, {-1, 4, 0}, -1.0, 1.0}},
                  &graph_2001<double>, &graph_2001<float>});
+    r.push_back({2009, 0, false, "tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w)  // 100 x 130",
+                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nsdpa 0 1 2 1\nmul 4 3\nsum 5",
+                 {{"q", true, 3, {2, 100, 8}, -2.0, 2.0}, {"k", true, 3, {2, 130, 8}, -2.0, 2.0},
+                  {"v", true, 3, {2, 130, 5}, -1.0, 1.0}, {"w", false, 3, {2, 100, 5}, -1.0, 1.0}},
+                 &graph_2009<double>, &graph_2009<float>});
     r.push_back({2002, 1, false, "tg::sum(tg::layer_norm(x, w, b) * q)",
                  "leaf 0\nleaf 1\nleaf 2\nleaf 3\nlayer_norm 0 1 2\nmul 4 3\nsum 5",
                  {{"x", true, 2, {-1, 6, 0}, -3.0, 3.0}, {"w", true, 1, {6, 0, 0}, 0.5, 1.5},
