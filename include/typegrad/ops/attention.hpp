@@ -292,8 +292,9 @@ const C* attention_matrix(const Ref& x, std::size_t b, C* copy, std::size_t& ld)
     return copy;
 }
 
-// row[0, seen) = softmax(row * scale) (row[seen, keys) = 0, the causally masked keys), as the
-// library's softmax: shifted by the row's maximum (NaN rows stay NaN, a row of -inf gives NaN).
+// row[0, seen) = softmax(row * scale), as the library's softmax: shifted by the row's maximum (NaN
+// rows stay NaN, a row of -inf gives NaN). row[seen, keys), the causally masked keys, get the
+// composite's exp(-inf - max) / sum: 0, or NaN where the maximum is not finite.
 template <class C>
 void attention_softmax_row(C* row, std::size_t seen, std::size_t keys, C scale) {
     using Bt = simd::batch<C>;
@@ -326,7 +327,40 @@ void attention_softmax_row(C* row, std::size_t seen, std::size_t keys, C scale) 
     j = 0;
     for (; j + w <= seen; j += w) simd::store(row + j, simd::load(row + j) * Bt(inv));
     for (; j < seen; ++j) row[j] *= inv;
-    std::fill(row + seen, row + keys, C(0));
+    std::fill(row + seen, row + keys, std::isfinite(m) ? C(0) : std::numeric_limits<C>::quiet_NaN());
+}
+
+// The largest |x| of a rows x cols matrix (row stride ld), as a double; inf where one is not
+// finite (NaN included).
+template <class C>
+double attention_max_abs(const C* m, std::size_t rows, std::size_t cols, std::size_t ld) {
+    using Bt = simd::batch<C>;
+    constexpr std::size_t w = simd::width<C>;
+    Bt acc(C(0)), bad(C(0));
+    C tail = 0, tail_bad = 0;
+    for (std::size_t i = 0; i < rows; ++i) {
+        const C* r = m + i * ld;
+        std::size_t j = 0;
+        for (; j + w <= cols; j += w) {
+            const Bt x = simd::load(r + j);
+            acc = simd::max(acc, simd::abs(x));
+            bad += x * Bt(C(0));  // NaN from an infinity or NaN
+        }
+        for (; j < cols; ++j) {
+            tail = simd::max(tail, std::abs(r[j]));
+            tail_bad += r[j] * C(0);
+        }
+    }
+    if (simd::reduce_sum(bad) + tail_bad != C(0)) return std::numeric_limits<double>::infinity();
+    return std::max(double(simd::reduce_max(acc)), double(tail));
+}
+// Whether the causal blocks may stop at the diagonal: the composite multiplies a masked key's
+// zero probability by its value and its zero score gradient by k and q, so an infinity or NaN
+// there reaches rows that do not see the key (0 * inf); so may an overflowing score (a row
+// maximum of inf: the masked probabilities are NaN) or score gradient (0 * inf). Where none of
+// that can happen the skipped terms are exact zeros.
+inline bool attention_bounded(double a, double b, std::size_t n, double scale, double most) {
+    return a * b * double(n) * std::abs(scale) < 0.25 * most;
 }
 
 // Runs fn(slot, b0, b1) over batch matrices [0, n) in contiguous ranges (one slot of scratch
@@ -379,8 +413,11 @@ void attention_forward(const Ref* in, T* out, C scale) {
             const C* k = attention_matrix<C, VK, BK>(in[1], b, base + k_at, ldk);
             const C* v = attention_matrix<C, VV, BV>(in[2], b, base + v_at, ldv);
             T* const o = out + b * a.tq * a.dv;
+            // a masked key's infinity or NaN reaches the composite's rows through 0 * x: then no
+            // key is skipped (attention_bounded); else the causal blocks stop at the diagonal
+            const bool skip = Causal && std::isfinite(attention_max_abs(v, a.tk, a.dv, ldv));
             for (std::size_t i0 = 0; i0 < a.tq; i0 += blk) {
-                const std::size_t rows = std::min(blk, a.tq - i0), keys = Causal ? std::min(a.tk, i0 + rows) : a.tk;
+                const std::size_t rows = std::min(blk, a.tq - i0), keys = skip ? std::min(a.tk, i0 + rows) : a.tk;
                 C* const ob = direct ? reinterpret_cast<C*>(o + i0 * a.dv) : base + o_at;
                 if (keys == 0) {
                     std::fill_n(ob, rows * a.dv, C(0));
@@ -434,6 +471,15 @@ void attention_backward(const Ref* in, T* out, C scale) {
             const C* q = attention_matrix<C, VQ, BQ>(in[1], b, base + q_at, ldq);
             const C* k = attention_matrix<C, VK, BK>(in[2], b, base + k_at, ldk);
             const C* v = attention_matrix<C, VV, BV>(in[3], b, base + v_at, ldv);
+            // as the forward; the composite's backward also meets the masked keys in dV = P^T g,
+            // rowsum(P dP), dQ = dS k and dK = dS^T q: all four operands decide
+            bool skip = false;
+            if constexpr (Causal) {
+                constexpr double most = double(std::numeric_limits<C>::max());
+                const double mg = attention_max_abs(g, a.tq, a.dv, ldg), mq = attention_max_abs(q, a.tq, a.d, ldq),
+                             mk = attention_max_abs(k, a.tk, a.d, ldk), mv = attention_max_abs(v, a.tk, a.dv, ldv);
+                skip = attention_bounded(mq, mk, a.d, double(scale), most) && attention_bounded(mg, mv, a.dv, 1.0, most);
+            }
             T* const dq_out = out + b * a.tq * a.d;
             T* const dk_out = out + nq + b * a.tk * a.d;
             T* const dv_out = out + nq + nk + b * a.tk * a.dv;
@@ -442,7 +488,7 @@ void attention_backward(const Ref* in, T* out, C scale) {
             std::fill_n(dk, a.tk * a.d, C(0));
             std::fill_n(dv, a.tk * a.dv, C(0));
             for (std::size_t i0 = 0; i0 < a.tq; i0 += blk) {
-                const std::size_t rows = std::min(blk, a.tq - i0), keys = Causal ? std::min(a.tk, i0 + rows) : a.tk;
+                const std::size_t rows = std::min(blk, a.tq - i0), keys = skip ? std::min(a.tk, i0 + rows) : a.tk;
                 C* const dq = direct ? reinterpret_cast<C*>(dq_out + i0 * a.d) : base + dq_at;
                 if (keys == 0) {
                     std::fill_n(dq, rows * a.d, C(0));
@@ -453,12 +499,12 @@ void attention_backward(const Ref* in, T* out, C scale) {
                     else gemm(transpose::no, transpose::yes, rows, keys, a.dv, g + i0 * ldg, ldg, v, ldv, dp, keys, false);
                     for (std::size_t i = 0; i < rows; ++i) {
                         C *const p = s + i * keys, *const dpr = dp + i * keys;
-                        const std::size_t seen = Causal ? std::min(a.tk, i0 + i + 1) : a.tk;
+                        const std::size_t seen = Causal ? std::min(a.tk, i0 + i + 1) : a.tk, span = skip ? seen : keys;
                         attention_softmax_row(p, seen, keys, scale);
-                        C dot = 0;  // rowsum(P dP) = rowsum(g o)
-                        for (std::size_t j = 0; j < seen; ++j) dot += p[j] * dpr[j];
+                        C dot = 0;  // rowsum(P dP) = rowsum(g o), masked keys too where they may matter
+                        for (std::size_t j = 0; j < span; ++j) dot += p[j] * dpr[j];
                         for (std::size_t j = 0; j < seen; ++j) dpr[j] = p[j] * (dpr[j] - dot) * scale;  // dS, scaled
-                        std::fill(dpr + seen, dpr + keys, C(0));
+                        std::fill(dpr + seen, dpr + keys, C(0));  // the mask's gradient: exactly 0
                     }
                     if (a.dv > 0)
                         gemm(transpose::yes, transpose::no, keys, a.dv, rows, s, keys, g + i0 * ldg, ldg, dv, a.dv, true);
@@ -522,11 +568,13 @@ __device__ void tg_attention(const tg_node_args& p) {
             for (tg_i64 j = 0; j < seen; ++j) sum += (row[j] = tg_exp(row[j] - m));
             const C inv = (C)1 / sum;
             for (tg_i64 j = 0; j < seen; ++j) row[j] *= inv;
-            for (tg_i64 j = seen; j < tk; ++j) row[j] = 0;
-            if (pass == 2) {
-                C* d = dp + r * tk;
+            // masked: the composite's exp(-inf - max) / sum, NaN where the maximum is not finite
+            const C fill = tg_isfinite(m) ? (C)0 : m - m + (C)tg_double_bits(0x7ff8000000000000ull);
+            for (tg_i64 j = seen; j < tk; ++j) row[j] = fill;
+            if (pass == 2) {  // rowsum(P dP) over every key, as the composite (a masked 0 * inf too);
+                C* d = dp + r * tk;  // the mask's gradient is exactly 0
                 C dot = 0;
-                for (tg_i64 j = 0; j < seen; ++j) dot += row[j] * d[j];
+                for (tg_i64 j = 0; j < tk; ++j) dot += row[j] * d[j];
                 for (tg_i64 j = 0; j < seen; ++j) d[j] = row[j] * (d[j] - dot) * scale;
                 for (tg_i64 j = seen; j < tk; ++j) d[j] = 0;
             }

@@ -320,3 +320,64 @@ TEST_CASE("attention_math: the composite's backward is differentiable again", "[
     check_gradient(tg::sum(tg::square(tg::grad(inner, q))), at(q, uniform(6, -1.0, 1.0, 41)), at(k, uniform(8, -1.0, 1.0, 42)),
                    at(v, uniform(8, -1.0, 1.0, 43)));
 }
+
+TEST_CASE("fused attention: an infinity or NaN at a masked key reaches the rows as in the composite",
+          "[ops][attention][gradient]") {
+    // The composite multiplies a masked key's zero probability (or zero score gradient) by its
+    // value: 0 * NaN and 0 * inf are NaN in every row, not only in the rows that see the key. The
+    // fused op keeps that (it skips no key of such a matrix), across blocks of queries.
+    constexpr auto q = tg::param<"q", double, tg::shape<2, tg::dyn, 3>>;
+    constexpr auto k = tg::param<"k", double, tg::shape<2, tg::dyn, 3>>;
+    constexpr auto v = tg::param<"v", double, tg::shape<2, tg::dyn, 2>>;
+    constexpr auto w = tg::input<"w", double, tg::shape<2, tg::dyn, 2>>;
+    const std::size_t t = 70;
+    auto fused = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w), tg::wrt(q, k, v));
+    auto math = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math) * w),
+                            tg::wrt(q, k, v));
+    auto fo = tg::compile(tg::scaled_dot_product_attention(q, k, v, tg::causal), tg::wrt());
+    auto mo = tg::compile(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math), tg::wrt());
+    for (int which = 0; which < 4; ++which) {
+        auto qv = uniform(2 * t * 3, -1.0, 1.0, 51), kv = uniform(2 * t * 3, -1.0, 1.0, 52), vv = uniform(2 * t * 2, -1.0, 1.0, 53);
+        auto wv = uniform(2 * t * 2, -1.0, 1.0, 54);
+        // in matrix 1 only (matrix 0 stays finite): key 69 is masked for every row but the last
+        if (which == 0) vv[(t + 69) * 2 + 1] = std::numeric_limits<double>::quiet_NaN();
+        if (which == 1) kv[(t + 69) * 3] = inf;
+        if (which == 2) qv[(t + 3) * 3 + 2] = -inf;  // row 3's scores; dK's masked terms 0 * inf
+        if (which == 3) wv[(t + 10) * 2] = inf;       // the incoming gradient of row 10
+        std::vector<double> g[2][3];
+        for (int path = 0; path < 2; ++path) {
+            g[path][0].assign(qv.size(), 0.0);
+            g[path][1].assign(kv.size(), 0.0);
+            g[path][2].assign(vv.size(), 0.0);
+            auto args = [&](const auto& step) {
+                return step.value_and_grad(tg::bind(q, qv, {2, t, 3}), tg::bind(k, kv, {2, t, 3}), tg::bind(v, vv, {2, t, 2}),
+                                           tg::bind(w, wv, {2, t, 2}), tg::grad_into(q, g[path][0]),
+                                           tg::grad_into(k, g[path][1]), tg::grad_into(v, g[path][2]));
+            };
+            path ? args(math) : args(fused);
+        }
+        const auto vf = values_of(fo, tg::bind(q, qv, {2, t, 3}), tg::bind(k, kv, {2, t, 3}), tg::bind(v, vv, {2, t, 2}));
+        const auto vm = values_of(mo, tg::bind(q, qv, {2, t, 3}), tg::bind(k, kv, {2, t, 3}), tg::bind(v, vv, {2, t, 2}));
+        auto same = [&](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+            std::size_t nan_differs = 0, value_differs = 0, nans = 0, first = a.size();
+            for (std::size_t e = 0; e < a.size(); ++e) {
+                nans += std::isnan(b[e]);
+                const bool differs = std::isnan(a[e]) != std::isnan(b[e]) ||
+                                     (!std::isnan(b[e]) && !(a[e] == b[e] || std::abs(a[e] - b[e]) <= 1e-12 * (1 + std::abs(b[e]))));
+                if (differs && first == a.size()) first = e;
+                if (std::isnan(a[e]) != std::isnan(b[e])) ++nan_differs;
+                else if (differs) ++value_differs;
+            }
+            INFO("case " << which << ", " << what << ": " << nans << " NaN in the composite's; first difference at "
+                         << first << (first < a.size() ? ": fused " + std::to_string(a[first]) + ", composite " + std::to_string(b[first]) : ""));
+            CHECK(nan_differs == 0);
+            CHECK(value_differs == 0);
+            return nans;
+        };
+        const std::size_t nan_values = same(vf, vm, "values");
+        std::size_t nan_grads = 0;
+        for (int i = 0; i < 3; ++i) nan_grads += same(g[0][i], g[1][i], "gradient");
+        CHECK(nan_values + nan_grads > 0);  // the case reaches something
+        CHECK(nan_values + nan_grads < 2 * (vf.size() + qv.size() + kv.size() + vv.size()) / 2);  // matrix 0 stays finite
+    }
+}
