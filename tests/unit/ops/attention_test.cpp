@@ -195,7 +195,7 @@ TEST_CASE("fused attention: values and gradients equal the composite's across bl
     // the public overloads pick the fused op for one dtype and rank, the composite otherwise
     using fused_t = decltype(tg::scaled_dot_product_attention(q, k, v, tg::causal));
     using math_t = decltype(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math));
-    STATIC_REQUIRE(std::is_same_v<typename fused_t::node_type::op, tg::detail::attention_op<tg::num(1 / std::sqrt(3.0)), true>>);
+    STATIC_REQUIRE(std::is_same_v<typename fused_t::node_type::op, tg::detail::attention_op<tg::num(1 / tg::detail::sqrt_of_integer(3)), true>>);
     STATIC_REQUIRE(!std::is_same_v<typename math_t::node_type::op, typename fused_t::node_type::op>);
     auto fused = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v) * w), tg::wrt(q, k, v));
     auto math = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::attention_math) * w), tg::wrt(q, k, v));
@@ -203,8 +203,9 @@ TEST_CASE("fused attention: values and gradients equal the composite's across bl
     auto math_c = tg::compile(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal, tg::attention_math) * w),
                               tg::wrt(q, k, v));
     // one block and several, a partial last block (65, 130), Tq != Tk both ways, a single key
-    for (auto [tq, tk] : {std::pair<std::size_t, std::size_t>{1, 1}, {5, 5}, {64, 64}, {65, 65}, {130, 130}, {70, 130},
-                          {130, 70}, {3, 1}}) {
+    for (auto [tq_, tk_] : {std::pair<std::size_t, std::size_t>{1, 1}, {5, 5}, {64, 64}, {65, 65}, {130, 130}, {70, 130},
+                            {130, 70}, {3, 1}}) {
+        const std::size_t tq = tq_, tk = tk_;  // (clang 14 cannot capture structured bindings)
         auto qv = uniform(tq * 3, -2.0, 2.0, 21), kv = uniform(tk * 3, -2.0, 2.0, 22), vv = uniform(tk * 5, -1.0, 1.0, 23);
         auto wv = uniform(tq * 5, -1.0, 1.0, 24);
         for (int causal = 0; causal < 2; ++causal) {
