@@ -54,6 +54,7 @@ struct causal_t {
 };
 // Pass to tg::scaled_dot_product_attention for a causal mask (PyTorch: is_causal=True).
 inline constexpr causal_t causal{};
+// scaled_dot_product_attention(q, k, v[, tg::causal], tg::attention_math)
 struct attention_math_t {
     explicit constexpr attention_math_t() = default;
 };
