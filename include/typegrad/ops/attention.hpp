@@ -852,15 +852,7 @@ struct attention_grad_part_op {
     };
     template <class N, class Ref>
     static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
-        offset = 0;
-        for (std::size_t j = 0; j < I; ++j) offset += std::ptrdiff_t(numel_of(in[1 + j]));
-        const Ref& r = in[1 + I];
-        std::ptrdiff_t s = 1;
-        for (std::size_t a = r.rank; a-- > 0;) {
-            ext[a] = r.ext[a];
-            stride[a] = s;
-            s *= std::ptrdiff_t(r.ext[a]);
-        }
+        packed_part_layout(in, I, ext, stride, offset);
     }
     template <std::size_t K, class... Xs>
     static constexpr auto vjp(Xs...) {
@@ -956,40 +948,42 @@ constexpr num attention_scale() {
 }
 }  // namespace detail
 
+namespace detail {
+// The fused op where attention_fusable (and not Math), else the composite.
+template <num Scale, bool Causal, bool Math, class Q, class K, class V>
+constexpr auto scaled_dot_product_attention(Q q, K k, V v) {
+    TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
+    TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
+    constexpr num scale = attention_scale<Scale, Q>();
+    if constexpr (!Math && attention_fusable<Q, K, V>()) return make_node<attention_op<scale, Causal>>(q, k, v);
+    else if constexpr (Causal) return attention<scale>(q, k, v, causal_masker{});
+    else return attention<scale>(q, k, v, no_mask{});
+}
+}  // namespace detail
+
 // torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=Scale): q [.., Tq, d],
 // k [.., Tk, d], v [.., Tk, dv] -> [.., Tq, dv]. Scale NaN (the default) means 1/sqrt(d).
 // q, k and v of one dtype and one rank take the fused op (nothing T x T kept for the backward;
 // its backward is not differentiable again), others the composite.
 template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
 constexpr auto scaled_dot_product_attention(Q q, K k, V v) {
-    TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
-    TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
-    if constexpr (detail::attention_fusable<Q, K, V>())
-        return detail::make_node<detail::attention_op<detail::attention_scale<Scale, Q>(), false>>(q, k, v);
-    else return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::no_mask{});
+    return detail::scaled_dot_product_attention<Scale, false, false>(q, k, v);
 }
 // is_causal=True: query i attends to keys 0..i.
 template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
 constexpr auto scaled_dot_product_attention(Q q, K k, V v, causal_t) {
-    TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
-    TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
-    if constexpr (detail::attention_fusable<Q, K, V>())
-        return detail::make_node<detail::attention_op<detail::attention_scale<Scale, Q>(), true>>(q, k, v);
-    else return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::causal_masker{});
+    return detail::scaled_dot_product_attention<Scale, true, false>(q, k, v);
 }
 // The composite (PyTorch's math backend, SDPBackend.MATH): two matmuls and a softmax, the T x T
 // probabilities saved for the backward, which is differentiable again (grad of grad).
 template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
 constexpr auto scaled_dot_product_attention(Q q, K k, V v, attention_math_t) {
-    TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
-    TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
-    return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::no_mask{});
+    return detail::scaled_dot_product_attention<Scale, false, true>(q, k, v);
 }
+// The composite with is_causal=True.
 template <num Scale = std::numeric_limits<double>::quiet_NaN(), expression Q, expression K, expression V>
 constexpr auto scaled_dot_product_attention(Q q, K k, V v, causal_t, attention_math_t) {
-    TYPEGRAD_DETAIL_CHECK_ATTENTION(Q, K, V);
-    TYPEGRAD_DETAIL_CHECK_ATTENTION_SCALE(Scale, Q);
-    return detail::attention<detail::attention_scale<Scale, Q>()>(q, k, v, detail::causal_masker{});
+    return detail::scaled_dot_product_attention<Scale, true, true>(q, k, v);
 }
 // attn_mask as a float tensor added to the scaled scores (broadcast to [.., Tq, Tk]); -inf
 // excludes a key. (A boolean mask is where(keep, 0, -inf) of it.)

@@ -548,19 +548,7 @@ struct custom_grad_part_op {
     };
     template <class N, class Ref>
     static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
-        offset = 0;
-        for (std::size_t j = 0; j < I; ++j) {
-            std::size_t e = 1;
-            for (std::size_t a = 0; a < in[1 + j].rank; ++a) e *= in[1 + j].ext[a];
-            offset += std::ptrdiff_t(e);
-        }
-        const Ref& r = in[1 + I];
-        std::ptrdiff_t s = 1;
-        for (std::size_t a = r.rank; a-- > 0;) {
-            ext[a] = r.ext[a];
-            stride[a] = s;
-            s *= std::ptrdiff_t(r.ext[a]);
-        }
+        packed_part_layout(in, I, ext, stride, offset);
     }
     // Differentiating a kernel backward (grad of grad) is rejected here, at the type level.
     template <std::size_t K, class G, class Out, class Packed, class... Xs>

@@ -53,6 +53,22 @@ inline std::size_t numel_of(const Ref& r) {
     for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
     return n;
 }
+// A packed backward's part `part` (the gradients of several inputs one after the other: a custom
+// op's backward, the fused attention's): a dense view of in[1 + part]'s extents, after the parts
+// of in[1] .. in[part] (in[0] is the packed buffer).
+template <class Ref>
+inline void packed_part_layout(const Ref* in, std::size_t part, std::size_t* ext, std::ptrdiff_t* stride,
+                               std::ptrdiff_t& offset) {
+    offset = 0;
+    for (std::size_t j = 0; j < part; ++j) offset += std::ptrdiff_t(numel_of(in[1 + j]));
+    const Ref& r = in[1 + part];
+    std::ptrdiff_t s = 1;
+    for (std::size_t a = r.rank; a-- > 0;) {
+        ext[a] = r.ext[a];
+        stride[a] = s;
+        s *= std::ptrdiff_t(r.ext[a]);
+    }
+}
 template <class T, class V, class B>
 inline T convert_element(B x) {
     if constexpr (std::is_same_v<T, B>) return x;
