@@ -244,6 +244,29 @@ double autocast_2151(const tensors<double>& in, const extents& ext, tensors<doub
     return l;
 }
 
+// the fused attention (lower precision: bf16 output, computed in f32 and rounded once) over two
+// blocks of queries; LibTorch 1.13 has no scaled_dot_product_attention: its reference is the
+// composite under CPU autocast (bf16 matmuls, rounding the scores and the probabilities too), or
+// the exact value
+double autocast_2154(const tensors<double>& in, const extents&, tensors<double>& grad, std::vector<std::string_view>* dtypes) {
+    constexpr auto q = tg::param<"q", float, tg::shape<2, 70, 8>>;
+    constexpr auto k = tg::param<"k", float, tg::shape<2, 70, 8>>;
+    constexpr auto v = tg::param<"v", float, tg::shape<2, 70, 4>>;
+    constexpr auto o = tg::scaled_dot_product_attention(q, k, v, tg::causal);
+    constexpr auto loss = tg::sum(tg::square(o));
+    if (dtypes != nullptr) {
+        *dtypes = {dtype_in_region(o), dtype_in_region(loss)};
+        return 0;
+    }
+    const std::vector<float> qv(in[0].begin(), in[0].end()), kv(in[1].begin(), in[1].end()), vv(in[2].begin(), in[2].end());
+    std::vector<float> gq(qv.size()), gk(kv.size()), gv(vv.size());
+    constexpr auto step = tg::compile(tg::autocast<tg::cpu_bf16>(loss), tg::wrt(q, k, v));
+    const double l = double(float(step.value_and_grad(tg::bind(q, qv), tg::bind(k, kv), tg::bind(v, vv), tg::grad_into(q, gq),
+                                                      tg::grad_into(k, gk), tg::grad_into(v, gv))));
+    grad = {widened(gq), widened(gk), widened(gv)};
+    return l;
+}
+
 // after a bf16 matmul: gelu, layer_norm, softplus, erf (each op's CPU autocast class). The
 // norm's affine is written out: LibTorch 1.13's CPU layer_norm and batch_norm reject a bf16
 // input with f32 weights (on no CPU autocast list, nothing casts them), where typegrad promotes.
@@ -377,6 +400,9 @@ const bool registered = [] {
                  {{"x", in_, 2, {-1, 4}, -1, 1}, {"m", par, 2, {4, 6}, -1, 1}, {"w", par, 1, {6}, 0.5, 1.5},
                   {"b", par, 1, {6}, -1, 1}},
                  nullptr, nullptr, nullptr, &autocast_2152});
+    r.push_back({2154, 0, 2, "o = tg::scaled_dot_product_attention(q, k, v, tg::causal): tg::autocast<tg::cpu_bf16>(tg::sum(tg::square(o)))  // q, k, v [2, 70, d], the fused op",
+                 {{"q", par, 3, {2, 70, 8}, -1, 1}, {"k", par, 3, {2, 70, 8}, -1, 1}, {"v", par, 3, {2, 70, 4}, -1, 1}},
+                 nullptr, nullptr, nullptr, &autocast_2154});
     r.push_back({2153, 1, 2,  // at least two rows: with one, a is not read (LibTorch: no gradient)
                  "h = tg::matmul(x, m): tg::autocast<tg::cpu_bf16>(tg::sum(tg::square(tg::cumsum<0>(h))) + "
                  "tg::sum(tg::tanh(tg::linear_recurrence<0>(a, h))))",

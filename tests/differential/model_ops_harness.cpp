@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -161,6 +162,14 @@ const std::map<int, reference>& references() {
              std::vector<T> out{loss.to(torch::kFloat)};
              for (const T* t : {&h, &c, &r, &loss}) out.push_back(torch::scalar_tensor(double(int(t->scalar_type()))));
              return torch::stack(out);
+         }},
+        {2154, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
+             const auto s = torch::matmul(L[0], L[1].transpose(-2, -1)) / std::sqrt(8.0);
+             const auto keep = torch::ones({s.size(-2), s.size(-1)}, torch::TensorOptions().dtype(torch::kBool)).tril();
+             const auto o = torch::matmul(torch::softmax(s.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity()), -1), L[2]);
+             const auto loss = o.square().sum();
+             return torch::stack({loss.to(torch::kFloat), torch::scalar_tensor(double(int(o.scalar_type()))),
+                                  torch::scalar_tensor(double(int(loss.scalar_type())))});
          }},
         {2152, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
              const auto h = torch::matmul(L[0], L[1]);
