@@ -231,7 +231,8 @@ TEST_CASE("fused attention: values and gradients equal the composite's across bl
     // finite differences across blocks (a causal 70 x 70 and 70 queries over 66 keys)
     for (auto [tq, tk] : {std::pair<std::size_t, std::size_t>{70, 70}, {70, 66}}) {
         auto qv = uniform(tq * 3, -1.0, 1.0, 25), kv = uniform(tk * 3, -1.0, 1.0, 26), vv = uniform(tk * 5, -1.0, 1.0, 27);
-        auto fw = fixed(tg::bind(w, uniform(tq * 5, -1.0, 1.0, 28), {tq, 5}));
+        const auto wv = uniform(tq * 5, -1.0, 1.0, 28);  // (a binding keeps a pointer: not a temporary)
+        auto fw = fixed(tg::bind(w, wv, {tq, 5}));
         check_gradient(tg::sum(tg::scaled_dot_product_attention(q, k, v, tg::causal) * w), fw, at(q, qv, {tq, 3}),
                        at(k, kv, {tk, 3}), at(v, vv, {tk, 5}));
     }
