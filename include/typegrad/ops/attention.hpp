@@ -331,6 +331,17 @@ void attention_softmax_row(C* row, std::size_t seen, std::size_t keys, C scale) 
     std::fill(row + seen, row + keys, std::isfinite(m) ? C(0) : std::numeric_limits<C>::quiet_NaN());
 }
 
+// A block's probabilities: rows queries from i0 (q's rows, row stride ldq) against the first
+// `keys` keys, into s [rows x keys]: S = q k^T, then each row's softmax (its causal keys seen).
+template <bool Causal, class C>
+void attention_block_probabilities(const attention_dims& a, const C* q, std::size_t ldq, const C* k, std::size_t ldk, C* s,
+                                   std::size_t i0, std::size_t rows, std::size_t keys, C scale) {
+    if (a.d == 0) std::fill_n(s, rows * keys, C(0));
+    else gemm(transpose::no, transpose::yes, rows, keys, a.d, q + i0 * ldq, ldq, k, ldk, s, keys, false);
+    for (std::size_t i = 0; i < rows; ++i)
+        attention_softmax_row(s + i * keys, Causal ? std::min(a.tk, i0 + i + 1) : a.tk, keys, scale);
+}
+
 // The largest |x| of a rows x cols matrix (row stride ld), as a double; inf where one is not
 // finite (NaN included).
 template <class C>
@@ -423,10 +434,7 @@ void attention_forward(const Ref* in, T* out, C scale) {
                 if (keys == 0) {
                     std::fill_n(ob, rows * a.dv, C(0));
                 } else {
-                    if (a.d == 0) std::fill_n(s, rows * keys, C(0));
-                    else gemm(transpose::no, transpose::yes, rows, keys, a.d, q + i0 * ldq, ldq, k, ldk, s, keys, false);
-                    for (std::size_t i = 0; i < rows; ++i)
-                        attention_softmax_row(s + i * keys, Causal ? std::min(a.tk, i0 + i + 1) : a.tk, keys, scale);
+                    attention_block_probabilities<Causal>(a, q, ldq, k, ldk, s, i0, rows, keys, scale);
                     gemm(transpose::no, transpose::no, rows, a.dv, keys, s, keys, v, ldv, ob, a.dv, false);
                 }
                 if constexpr (!direct)
@@ -494,14 +502,12 @@ void attention_backward(const Ref* in, T* out, C scale) {
                 if (keys == 0) {
                     std::fill_n(dq, rows * a.d, C(0));
                 } else {
-                    if (a.d == 0) std::fill_n(s, rows * keys, C(0));
-                    else gemm(transpose::no, transpose::yes, rows, keys, a.d, q + i0 * ldq, ldq, k, ldk, s, keys, false);
+                    attention_block_probabilities<Causal>(a, q, ldq, k, ldk, s, i0, rows, keys, scale);
                     if (a.dv == 0) std::fill_n(dp, rows * keys, C(0));
                     else gemm(transpose::no, transpose::yes, rows, keys, a.dv, g + i0 * ldg, ldg, v, ldv, dp, keys, false);
                     for (std::size_t i = 0; i < rows; ++i) {
                         C *const p = s + i * keys, *const dpr = dp + i * keys;
                         const std::size_t seen = Causal ? std::min(a.tk, i0 + i + 1) : a.tk, span = skip ? seen : keys;
-                        attention_softmax_row(p, seen, keys, scale);
                         C dot = 0;  // rowsum(P dP) = rowsum(g o), masked keys too where they may matter
                         for (std::size_t j = 0; j < span; ++j) dot += p[j] * dpr[j];
                         for (std::size_t j = 0; j < seen; ++j) dpr[j] = p[j] * (dpr[j] - dot) * scale;  // dS, scaled
@@ -839,21 +845,8 @@ struct attention_backward_op : kernel_op_base, attention_device_base {
 
 // Input I's gradient inside the packed buffer: a dense view at its offset.
 template <std::size_t I>
-struct attention_grad_part_op {
-    static constexpr op_kind kind = op_kind::view;
+struct attention_grad_part_op : packed_part_view<I> {
     static constexpr const char* name = "scaled_dot_product_attention_grad";
-    static constexpr bool differentiable = true;  // so that grad of grad reaches the check below
-    static constexpr bool keeps_contiguity = true;
-    static constexpr bool shape_only(std::size_t i) { return i > 0; }
-    template <class Packed, class Q, class K, class V>
-    struct rule {
-        using value_type = typename Packed::value_type;
-        using shape_type = typename type_at_t<I, type_list<Q, K, V>>::shape_type;
-    };
-    template <class N, class Ref>
-    static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
-        packed_part_layout(in, I, ext, stride, offset);
-    }
     template <std::size_t K, class... Xs>
     static constexpr auto vjp(Xs...) {
         static_assert(always_false<Xs...>, "typegrad: the fused scaled_dot_product_attention's backward is not "

@@ -535,21 +535,8 @@ struct custom_backward_op : kernel_op_base, custom_device<Op, true> {
 
 // Input I's gradient inside the packed buffer: a dense view at the right offset.
 template <class Op, std::size_t I>
-struct custom_grad_part_op {
-    static constexpr op_kind kind = op_kind::view;
+struct custom_grad_part_op : packed_part_view<I> {
     static constexpr const char* name = "custom_grad";
-    static constexpr bool differentiable = true;  // so that grad of grad reaches the checks below
-    static constexpr bool keeps_contiguity = true;
-    static constexpr bool shape_only(std::size_t i) { return i > 0; }
-    template <class Packed, class... Xs>
-    struct rule {
-        using value_type = typename Packed::value_type;
-        using shape_type = typename type_at_t<I, type_list<Xs...>>::shape_type;
-    };
-    template <class N, class Ref>
-    static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
-        packed_part_layout(in, I, ext, stride, offset);
-    }
     // Differentiating a kernel backward (grad of grad) is rejected here, at the type level.
     template <std::size_t K, class G, class Out, class Packed, class... Xs>
     static constexpr auto vjp(G, Out, Packed, Xs...) {

@@ -53,22 +53,6 @@ inline std::size_t numel_of(const Ref& r) {
     for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
     return n;
 }
-// A packed backward's part `part` (the gradients of several inputs one after the other: a custom
-// op's backward, the fused attention's): a dense view of in[1 + part]'s extents, after the parts
-// of in[1] .. in[part] (in[0] is the packed buffer).
-template <class Ref>
-inline void packed_part_layout(const Ref* in, std::size_t part, std::size_t* ext, std::ptrdiff_t* stride,
-                               std::ptrdiff_t& offset) {
-    offset = 0;
-    for (std::size_t j = 0; j < part; ++j) offset += std::ptrdiff_t(numel_of(in[1 + j]));
-    const Ref& r = in[1 + part];
-    std::ptrdiff_t s = 1;
-    for (std::size_t a = r.rank; a-- > 0;) {
-        ext[a] = r.ext[a];
-        stride[a] = s;
-        s *= std::ptrdiff_t(r.ext[a]);
-    }
-}
 template <class T, class V, class B>
 inline T convert_element(B x) {
     if constexpr (std::is_same_v<T, B>) return x;
@@ -100,6 +84,36 @@ struct kernel_op_base {
     static constexpr op_kind kind = op_kind::kernel;
     static constexpr bool differentiable = true;
     static constexpr bool shape_only(std::size_t) { return false; }
+};
+
+// Part I of a packed backward (a kernel op computing several inputs' gradients one after the
+// other: a custom op's backward, the fused attention's): a dense view of input I's extents at its
+// offset. Its children are (packed, inputs...), the inputs for their extents only. The deriving
+// op gives `name` and a `vjp` (a packed backward is not differentiated again: it rejects grad of
+// grad with its own sentence, which `differentiable` lets the reverse pass reach).
+template <std::size_t I>
+struct packed_part_view {
+    static constexpr op_kind kind = op_kind::view;
+    static constexpr bool differentiable = true;
+    static constexpr bool keeps_contiguity = true;
+    static constexpr bool shape_only(std::size_t i) { return i > 0; }
+    template <class Packed, class... Xs>
+    struct rule {
+        using value_type = typename Packed::value_type;
+        using shape_type = typename type_at_t<I, type_list<Xs...>>::shape_type;
+    };
+    template <class N, class Ref>
+    static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
+        offset = 0;
+        for (std::size_t j = 0; j < I; ++j) offset += std::ptrdiff_t(numel_of(in[1 + j]));
+        const Ref& r = in[1 + I];
+        std::ptrdiff_t s = 1;
+        for (std::size_t a = r.rank; a-- > 0;) {
+            ext[a] = r.ext[a];
+            stride[a] = s;
+            s *= std::ptrdiff_t(r.ext[a]);
+        }
+    }
 };
 
 // Masks, detach: values flow forward, gradients do not.
