@@ -42,7 +42,8 @@ struct leaf_data {
         std::uniform_real_distribution<double> u(-1.5, 1.5);
         for (std::size_t i = 0; i < count; ++i) {
             if constexpr (tg::is_dtype_v<value_type>) host[i] = value_type(u(rng));
-            else if constexpr (std::is_same_v<value_type, std::int64_t>) host[i] = value_type((3 * i + 1) % 5);  // ids of 5 rows
+            else if constexpr (std::is_same_v<value_type, std::int64_t>)
+                host[i] = leaf::name() == std::string_view("count") ? 3 : value_type((3 * i + 1) % 5);  // ids of 5 rows
             else host[i] = value_type(i % 2);  // class labels, valid for 2 and 5 classes
         }
     }
@@ -95,7 +96,7 @@ inline auto universe(std::size_t n) {
     return make_universe<decltype(A), decltype(B), decltype(v), decltype(w5), decltype(M), decltype(Wl), decltype(bl),
                          decltype(X3), decltype(D), decltype(labels), decltype(X), decltype(W1), decltype(b1),
                          decltype(W2), decltype(b2), decltype(Ah), decltype(Bh), decltype(Mh), decltype(Hf),
-                         decltype(Mf), decltype(tokens), decltype(positions), decltype(start), decltype(seed_offset),
+                         decltype(Mf), decltype(tokens), decltype(positions), decltype(start), decltype(count), decltype(seed_offset),
                          decltype(E), decltype(Ed), decltype(Img), decltype(Imgd), decltype(Wc), decltype(Wg),
                          decltype(Wcd), decltype(Wk), decltype(Imgh), decltype(Wch), decltype(Img4),
                          decltype(Wc4), decltype(Xa), decltype(Xad), decltype(Xah), decltype(Xh)>(n, rng);

@@ -56,7 +56,7 @@ TEST_CASE("every test graph gives the CPU's values and gradients in host emulati
                                              "bf16_matmul", "autocast_cuda_f16_mlp", "custom_device", "custom_device_f64",
                                              "activations", "special", "layer_norm", "bf16_activations",
                                              "embedding", "embedding_padding_f64", "embedding_of_argmax", "index_select",
-                                             "gather", "dynamic_slice", "concat_stack", "dropout", "attention_causal",
+                                             "gather", "dynamic_slice", "narrow", "concat_stack", "dropout", "attention_causal",
                                              "recurrence", "bf16_recurrence", "pool", "pool_f64", "pool_grad_grad",
                                              "conv", "conv_f64", "conv_grad_grad", "conv_chunks", "bf16_conv",
                                              "batch_norm", "attention", "attention_heads", "attention_f64",
@@ -190,6 +190,21 @@ TEST_CASE("a bad id or start in a device kernel is the CPU's shape_error, gradie
         error_of([&] { sliced.value_and_grad(tg::bind(A, da), tg::bind(start, ds), tg::grad_into(A, dga)); });
     CHECK(cpu.find("start 3 leaves the axis' extent 5") != std::string::npos);
     CHECK(gpu_start == cpu);
+    CHECK(dga.to_host() == ten);
+    // narrow's length: read by the shape pass (copied from the device), thrown before any launch
+    auto narrowed = tg::compile(tg::sum(tg::narrow<1>(A, start, count)), tg::wrt(A));
+    const std::vector<std::int64_t> s0 = {0}, nine = {9};
+    auto ds0 = tg::cuda::tensor<std::int64_t, tg::shape<1>>::from_host(s0);
+    auto dnine = tg::cuda::tensor<std::int64_t, tg::shape<>>::from_host(nine);
+    std::vector<float> cpu_narrow(ten);
+    const std::string cpu_length = error_of([&] {
+        narrowed.value_and_grad(tg::bind(A, a, {2, 5}), tg::bind(start, s0), tg::bind(count, nine), tg::grad_into(A, cpu_narrow));
+    });
+    const std::string gpu_length = error_of(
+        [&] { narrowed.value_and_grad(tg::bind(A, da), tg::bind(start, ds0), tg::bind(count, dnine), tg::grad_into(A, dga)); });
+    CHECK(cpu_length.find("length 9 is not within the axis' extent 5") != std::string::npos);
+    CHECK(gpu_length == cpu_length);
+    CHECK(cpu_narrow == ten);
     CHECK(dga.to_host() == ten);
     // class labels: the first bad row, as the CPU's loop finds it
     auto ce = tg::compile(tg::cross_entropy(A, labels), tg::wrt(A));

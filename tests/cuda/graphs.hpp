@@ -23,6 +23,7 @@ constexpr auto labels = tg::input<"labels", std::int32_t, tg::shape<tg::dyn>>;
 constexpr auto tokens = tg::input<"tokens", std::int64_t, tg::shape<tg::dyn>>;
 constexpr auto positions = tg::input<"positions", std::int64_t, tg::shape<tg::dyn, 5>>;
 constexpr auto start = tg::input<"start", std::int64_t, tg::shape<1>>;
+constexpr auto count = tg::input<"count", std::int64_t, tg::shape<>>;  // 3 (compare.hpp): narrow's length
 constexpr auto seed_offset = tg::input<"seed_offset", std::int64_t, tg::shape<2>>;  // {seed, offset} = {1, 4}
 constexpr auto E = tg::param<"E", float, tg::shape<5, 4>>;
 constexpr auto Ed = tg::param<"Ed", double, tg::shape<5, 4>>;
@@ -231,6 +232,10 @@ void for_each_graph(F&& f) {
     f("dynamic_slice", tg::compile(tg::sum(tg::square(tg::dynamic_slice<1, 3>(tg::transpose(tg::transpose(A)), start))) +
                                        tg::sum(tg::dynamic_slice<0, 1>(v, tg::argmin(v))),
                                    tg::wrt(A, v)));
+    // narrow: the lengths are leaves the device's shape pass copies to the host
+    f("narrow", tg::compile(tg::sum(tg::square(tg::narrow<1>(tg::transpose(tg::transpose(A)), start, count))) +
+                                tg::sum(tg::exp(tg::narrow<1>(B, tg::argmin(v), start))),
+                            tg::wrt(A, B)));
     f("concat_stack", tg::compile(tg::sum(tg::square(tg::concat<1>(A, tg::exp(B), tg::cast<float>(D)))) +
                                       tg::sum(tg::stack<0>(v, w5) * tg::stack<0>(w5, v)),
                                   tg::wrt(A, B, D, v, w5)));

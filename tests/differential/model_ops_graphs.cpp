@@ -182,6 +182,23 @@ T graph_2112(const tensors<T>& in, const extents& ext, tensors<T>& grad) {
     return step.value_and_grad(tg::bind(a, in[0]), tg::bind(b, in[1], {2, ext[1][1], 3}), tg::grad_into(a, grad[0]),
                                tg::grad_into(b, grad[1]));
 }
+// narrow: run-time start (negative from the end) and length along a static axis, and along the
+// dynamic axis (lengths 0 .. rows - 1)
+template <class T>
+T graph_2113(const tensors<T>& in, const extents& ext, tensors<T>& grad) {
+    constexpr auto x = tg::param<"x", T, tg::shape<tg::dyn, 7>>;
+    constexpr auto s = tg::input<"s", std::int64_t, tg::shape<1>>;
+    constexpr auto l = tg::input<"l", std::int64_t, tg::shape<1>>;
+    constexpr auto one = tg::input<"one", std::int32_t, tg::shape<>>;
+    constexpr auto m = tg::input<"m", std::int32_t, tg::shape<1>>;
+    constexpr auto step = tg::compile(tg::sum(tg::square(tg::narrow<1>(x, s, l)) * tg::sin(tg::narrow<1>(x, s, l))) +
+                                          tg::sum(tg::exp(tg::narrow<0>(x, one, m))),
+                                      tg::wrt(x));
+    const auto sv = ids_of(in[1]), lv = ids_of(in[2]);
+    const auto ov = ids_of<std::int32_t>(in[3]), mv = ids_of<std::int32_t>(in[4]);
+    return step.value_and_grad(tg::bind(x, in[0], {ext[0][0], 7}), tg::bind(s, sv), tg::bind(l, lv), tg::bind(one, ov),
+                               tg::bind(m, mv), tg::grad_into(x, grad[0]));
+}
 
 // ---- under tg::autocast<tg::cpu_bf16> ---------------------------------------------------------
 
@@ -384,6 +401,15 @@ const bool registered = [] {
                  "tg::sum(tg::tanh(tg::linear_recurrence<1>(a, b))) + tg::sum(tg::square(tg::cumsum<0>(b))) + "
                  "tg::sum(tg::sin(tg::cumsum<-1>(b)))",
                  {{"a", par, 1, {3}, -1.2, 1.2}, {"b", par, 3, {2, -1, 3}, -1, 1}}, &graph_2112<double>, &graph_2112<float>});
+    r.push_back({2113, 1, 2,
+                 "tg::sum(tg::square(tg::narrow<1>(x, s, l)) * tg::sin(tg::narrow<1>(x, s, l))) + "
+                 "tg::sum(tg::exp(tg::narrow<0>(x, one, m)))",
+                 {{"x", par, 2, {-1, 7}, -1, 1},
+                  {"s", ids, 1, {1}, -7, 3, -1, -3, -1},  // -7..-4 (from the end) and 0..3
+                  {"l", ids, 1, {1}, 0, 4},
+                  {"one", ids, 0, {}, 1, 1},
+                  {"m", ids, 1, {1}, 0, -1, 0}},  // 0 .. rows - 1
+                 &graph_2113<double>, &graph_2113<float>});
     r.push_back({2150, 0, 1, "tg::autocast<tg::cpu_bf16>(tg::sum(tg::square(tg::conv2d<1, 2, 2, 2>(x, w, b))))",
                  {{"x", in_, 4, {2, 4, 6, 5}, -1, 1}, {"w", par, 4, {6, 2, 3, 3}, -0.5, 0.5}, {"b", par, 1, {6}, -1, 1}},
                  nullptr, nullptr, nullptr, &autocast_2150});

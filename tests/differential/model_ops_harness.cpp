@@ -154,6 +154,12 @@ const std::map<int, reference>& references() {
              return recurrence(L[0], L[1], 1).tanh().sum() + torch::cumsum(L[1], 0).square().sum() +
                     torch::cumsum(L[1], -1).sin().sum();
          }},
+        {2113, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
+             std::int64_t s = L[1].item<std::int64_t>();
+             if (s < 0) s += L[0].size(1);
+             const auto w = L[0].narrow(1, s, L[2].item<std::int64_t>());
+             return (w.square() * w.sin()).sum() + L[0].narrow(0, L[3].item<std::int64_t>(), L[4].item<std::int64_t>()).exp().sum();
+         }},
         {2153, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
              const auto h = torch::matmul(L[0], L[1]);
              const auto c = torch::cumsum(h, 0);

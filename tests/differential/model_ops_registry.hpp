@@ -60,9 +60,9 @@ inline std::vector<graph_def>& registry() {
     return graphs;
 }
 
-template <class T>
-std::vector<std::int64_t> ids_of(const std::vector<T>& v) {
-    return std::vector<std::int64_t>(v.begin(), v.end());
+template <class Id = std::int64_t, class T>
+std::vector<Id> ids_of(const std::vector<T>& v) {
+    return std::vector<Id>(v.begin(), v.end());
 }
 
 }  // namespace typegrad_differential::model_ops

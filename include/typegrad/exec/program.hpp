@@ -36,6 +36,9 @@ struct node_info {
     // allows per evaluation (a built-in subscript costs none).
     std::size_t child[max_arity]{};
     bool shape_only[max_arity]{};
+    // Operands whose values the shape pass reads (a bit each; narrow's length, always a leaf):
+    // the CUDA backend copies them to the host for that pass.
+    unsigned shape_values = 0;
     std::size_t rank = 0;
     std::size_t ext[max_rank]{};  // static extents, `dyn` where dynamic
     reduce_kind combine = reduce_kind::sum;
@@ -62,6 +65,9 @@ constexpr node_info with_extents(node_info r) {
 template <class Op, std::size_t Arity>
 constexpr node_info with_shape_only(node_info r) {
     for (std::size_t i = 0; i < Arity; ++i) r.shape_only[i] = Op::shape_only(i);
+    if constexpr (requires { Op::shape_value(std::size_t{}); })
+        for (std::size_t i = 0; i < Arity; ++i)
+            if (Op::shape_value(i)) r.shape_values |= 1u << i;
     return r;
 }
 template <class Op>

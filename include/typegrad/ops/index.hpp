@@ -1,9 +1,10 @@
 #pragma once
 // Indexing: embedding(ids, table) (torch.nn.functional.embedding, optional padding_idx),
 // index_select(x, ids) and gather(x, index) along an axis (torch.index_select, torch.gather),
-// concat and stack of several expressions along an axis (torch.cat, torch.stack), and
+// concat and stack of several expressions along an axis (torch.cat, torch.stack),
 // dynamic_slice<axis, length>(x, start): a slice whose start is a run-time value (torch.narrow
-// with a tensor start; jax.lax.dynamic_slice_in_dim).
+// with a tensor start; jax.lax.dynamic_slice_in_dim), and narrow<axis>(x, start, length), whose
+// length is a run-time input too (its extent tg::dyn).
 //
 // Ids are integer tensors (a tg::input of std::int32_t or std::int64_t, of any shape, or the
 // result of argmax/argmin). Every id is checked against the table's rows: an id out of range
@@ -792,9 +793,15 @@ struct gather_backward_op : kernel_op_base {
 // only) -> zeros like x with g written there (the adjoint). start is one integer (negative: from
 // the end, as torch.narrow); out of range throws tg::shape_error before anything is written (from
 // the shape pass when start is a leaf, otherwise before the kernel writes).
+// Length == dyn is narrow (a run-time length): mode 0's operands are (x, start, length), the
+// length a leaf whose value the shape pass reads (shape_value: the planner sizes buffers before
+// anything runs, so a computed length cannot size one); mode 1's are (g, start, x, length), the
+// length then g's extent (the length operand only carried for the adjoint's own VJP).
 template <std::size_t Axis, std::size_t Length, int Mode>
 struct dynamic_slice_op : kernel_op_base {
-    static constexpr const char* name = Mode == 0 ? "dynamic_slice" : "dynamic_slice_backward";
+    static constexpr bool run_time_length = Length == dyn;
+    static constexpr const char* name = run_time_length ? (Mode == 0 ? "narrow" : "narrow_backward")
+                                                        : (Mode == 0 ? "dynamic_slice" : "dynamic_slice_backward");
     static constexpr const char* device_source = index_device_source;
     template <class N>
     static std::string device_call() {
@@ -804,7 +811,7 @@ struct dynamic_slice_op : kernel_op_base {
     static std::size_t device_words(const Ref* in, void* out, const std::size_t* ext, std::uint64_t* w, void* flag) {
         w[0] = device_word(out);
         w[1] = Axis;
-        w[2] = Length;
+        w[2] = Mode == 0 ? ext[Axis] : in[0].ext[Axis];  // the length: the slice's extent
         w[3] = Mode;
         w[4] = device_word(flag);
         const std::size_t at = put_device_ref(w, put_device_ref(w, 5, in[1]), in[0]);
@@ -823,48 +830,74 @@ struct dynamic_slice_op : kernel_op_base {
         copy(&value, in[1].data, sizeof value);
         Ref start = in[1];
         start.data = &value;
-        start_of<Id>(start, Mode == 0 ? in[0].ext[Axis] : in[2].ext[Axis]);
+        std::size_t length = Length;
+        if constexpr (run_time_length && Mode == 0) {
+            using L = typename type_at_t<2, typename N::children>::value_type;
+            L l{};
+            copy(&l, in[2].data, sizeof l);
+            length = std::size_t(l);
+        } else if constexpr (run_time_length) {
+            length = in[0].ext[Axis];
+        }
+        start_of<Id>(start, Mode == 0 ? in[0].ext[Axis] : in[2].ext[Axis], length);
         throw shape_error("typegrad: dynamic_slice: internal: the device reported a start the host accepts");
     }
     static constexpr bool differentiable = true;
-    static constexpr bool shape_only(std::size_t i) { return Mode == 1 && i == 2; }
+    static constexpr bool shape_only(std::size_t i) { return Mode == 1 && i >= 2; }
+    static constexpr bool shape_value(std::size_t i) { return run_time_length && Mode == 0 && i == 2; }
     template <class... Cs>
-    struct rule;
-    template <class X, class Start>
-    struct rule<X, Start> {
+    struct rule {
+        using source = type_at_t<Mode == 0 ? 0 : 2, type_list<Cs...>>;  // whose extents are kept
         template <std::size_t... Is>
-        static auto make(std::index_sequence<Is...>) -> shape<(Is == Axis ? Length : X::shape_type::extents[Is])...>;
-        using value_type = typename X::value_type;
-        using shape_type = decltype(make(std::make_index_sequence<X::shape_type::rank>{}));
+        static auto make(std::index_sequence<Is...>)
+            -> shape<(Mode == 0 && Is == Axis ? Length : source::shape_type::extents[Is])...>;
+        using value_type = typename type_at_t<0, type_list<Cs...>>::value_type;
+        using shape_type = decltype(make(std::make_index_sequence<source::shape_type::rank>{}));
     };
-    template <class G, class Start, class X>
-    struct rule<G, Start, X> {
-        using value_type = typename G::value_type;
-        using shape_type = typename X::shape_type;
-    };
+    static std::string label() {
+        return run_time_length ? message("narrow<", Axis, ">(x, start, length)")
+                               : message("dynamic_slice<", Axis, ", ", Length, ">(x, start)");
+    }
     // the start, checked against the axis' extent; -1 when not computed yet
     template <class Id, class Ref>
-    static std::ptrdiff_t start_of(const Ref& start, std::size_t extent) {
+    static std::ptrdiff_t start_of(const Ref& start, std::size_t extent, std::size_t length) {
         const auto* p = static_cast<const Id*>(start.data);
         if (p == nullptr) return -1;
         const auto s = std::int64_t(p[0]);
         const std::int64_t b = s < 0 ? s + std::int64_t(extent) : s;
-        if (b < 0 || std::uint64_t(b) + Length > extent)
-            throw shape_error(message("typegrad: dynamic_slice<", Axis, ", ", Length, ">(x, start): start ", s < 0 ? "-" : "",
-                                      std::uint64_t(s < 0 ? -s : s), " leaves the axis' extent ", extent));
+        if (b < 0 || std::uint64_t(b) + length > extent)
+            throw shape_error(message("typegrad: ", label(), ": start ", s < 0 ? "-" : "", std::uint64_t(s < 0 ? -s : s),
+                                      run_time_length ? message(" with length ", length) : std::string(),
+                                      " leaves the axis' extent ", extent));
         return std::ptrdiff_t(b);
+    }
+    // mode 0 of narrow: the length operand's value, read by the shape pass (a leaf: bound)
+    template <class N, class Ref>
+    static std::size_t length_of(const Ref& l, std::size_t extent) {
+        using L = typename type_at_t<2, typename N::children>::value_type;
+        if (numel_of(l) != 1) throw shape_error(message("typegrad: ", label(), " takes a length of one element"));
+        if (l.data == nullptr)
+            throw binding_error(message("typegrad: ", label(), ": the length's buffer is null (the shape pass reads it "
+                                        "before anything runs)"));
+        const auto v = std::int64_t(static_cast<const L*>(l.data)[0]);
+        if (v < 0 || std::uint64_t(v) > extent)
+            throw shape_error(message("typegrad: ", label(), ": length ", v < 0 ? "-" : "", std::uint64_t(v < 0 ? -v : v),
+                                      " is not within the axis' extent ", extent));
+        return std::size_t(v);
     }
     template <class N, class Ref>
     static void extents(const Ref* in, std::size_t* ext) {
         using Id = typename type_at_t<1, typename N::children>::value_type;
         const Ref& x = in[Mode == 0 ? 0 : 2];
-        if (numel_of(in[1]) != 1)
-            throw shape_error("typegrad: dynamic_slice(x, start) takes a start of one element");
-        if (x.ext[Axis] < Length)
-            throw shape_error(message("typegrad: dynamic_slice<", Axis, ", ", Length, ">(x, start): the axis' extent ",
-                                      x.ext[Axis], " is shorter than the length"));
-        start_of<Id>(in[1], x.ext[Axis]);
-        for (std::size_t a = 0; a < x.rank; ++a) ext[a] = Mode == 0 && a == Axis ? Length : x.ext[a];
+        if (numel_of(in[1]) != 1) throw shape_error(message("typegrad: ", label(), " takes a start of one element"));
+        std::size_t length = Length;
+        if constexpr (run_time_length && Mode == 0) length = length_of<N>(in[2], x.ext[Axis]);
+        else if constexpr (run_time_length) length = in[0].ext[Axis];
+        if (x.ext[Axis] < length)
+            throw shape_error(message("typegrad: ", label(), ": the axis' extent ", x.ext[Axis], " is shorter than the length ",
+                                      length));
+        start_of<Id>(in[1], x.ext[Axis], length);
+        for (std::size_t a = 0; a < x.rank; ++a) ext[a] = Mode == 0 && a == Axis ? length : x.ext[a];
     }
     template <class N, class Ref, class T>
     static void run(const Ref* in, T* out, const std::size_t* ext) {
@@ -873,10 +906,12 @@ struct dynamic_slice_op : kernel_op_base {
         using B = buffer_t<Src>;
         const Ref& src = in[0];
         const std::size_t extent = Mode == 0 ? src.ext[Axis] : ext[Axis];
-        const std::ptrdiff_t b = start_of<Id>(in[1], extent);
+        const std::size_t length = Mode == 0 ? ext[Axis] : src.ext[Axis];
+        const std::ptrdiff_t b = start_of<Id>(in[1], extent, length);
         const auto* sp = static_cast<const B*>(src.data);
         if constexpr (Mode == 0) {
-            const std::size_t n = numel_of(src) / extent * Length;
+            std::size_t n = 1;
+            for (std::size_t a = 0; a < src.rank; ++a) n *= ext[a];
             for (std::size_t e = 0; e < n; ++e) {
                 std::size_t r = e;
                 std::ptrdiff_t off = 0;
@@ -904,12 +939,16 @@ struct dynamic_slice_op : kernel_op_base {
             }
         }
     }
-    // mode 0's operands: x, start; mode 1's: g, start, x (shape only)
-    template <std::size_t I, class G, class Out, class A, class Start, class... X>
-    static constexpr auto vjp(G g, Out, A a, Start start, X...) {
-        static_assert(I == 0, "typegrad: internal: dynamic_slice's start carries no gradient");
-        if constexpr (Mode == 0) return make_node<dynamic_slice_op<Axis, Length, 1>>(g, start, a);
-        else return make_node<dynamic_slice_op<Axis, Length, 0>>(g, start);
+    // mode 0's operands: x, start[, length]; mode 1's: g, start, x (shape only)[, length]
+    template <std::size_t I, class G, class Out, class A, class Start, class... Rest>
+    static constexpr auto vjp(G g, Out, A a, Start start, Rest... rest) {
+        static_assert(I == 0, "typegrad: internal: dynamic_slice's start and length carry no gradient");
+        if constexpr (Mode == 0) {
+            return make_node<dynamic_slice_op<Axis, Length, 1>>(g, start, a, rest...);
+        } else {
+            return [&](auto, auto... length) { return make_node<dynamic_slice_op<Axis, Length, 0>>(g, start, length...); }(
+                rest...);
+        }
     }
 };
 
@@ -1113,6 +1152,37 @@ constexpr auto dynamic_slice(X x, Start start) {
     } else {
         return x;
     }
+}
+
+// x.narrow(axis, start, length) with a run-time length: the result's extent along axis is
+// tg::dyn. start is as dynamic_slice's (a leaf or computed, negative from the end); length is an
+// integer input of one element (a tg::input or tg::param, bound at each call): the planner sizes
+// every buffer before anything runs, so the shape pass reads it (on CUDA, one 8-byte copy to the
+// host, as PyTorch's .item()). A length outside [0, extent] or a window leaving the axis throws
+// tg::shape_error before anything is written. Its gradient writes g into zeros of x.
+template <int Axis, expression X, expression Start, expression Length>
+constexpr auto narrow(X x, Start start, Length length) {
+    using S = typename X::shape_type;
+    static_assert(is_index_type_v<typename Start::value_type>,
+                  "typegrad: narrow<axis>(x, start, length) takes an integer start (std::int32_t or std::int64_t).");
+    static_assert(Start::shape_type::rank <= 1 && (Start::shape_type::rank == 0 || Start::shape_type::extents[0] == 1 ||
+                                                   Start::shape_type::extents[0] == dyn),
+                  "typegrad: narrow<axis>(x, start, length) takes a start of one element.");
+    static_assert(is_index_type_v<typename Length::value_type>,
+                  "typegrad: narrow<axis>(x, start, length) takes an integer length (std::int32_t or std::int64_t).");
+    static_assert(Length::shape_type::rank <= 1 && (Length::shape_type::rank == 0 || Length::shape_type::extents[0] == 1 ||
+                                                    Length::shape_type::extents[0] == dyn),
+                  "typegrad: narrow<axis>(x, start, length) takes a length of one element.");
+    static_assert(is_leaf_v<typename Length::node_type>,
+                  "typegrad: narrow<axis>(x, start, length) takes its length from an input (a tg::input or tg::param): "
+                  "buffers are sized before anything is computed, so a computed length cannot size one; "
+                  "use dynamic_slice<axis, length> with the longest length and tg::where to mask.");
+    static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
+                  "typegrad: narrow<axis>(x, start, length) names an axis x does not have.");
+    if constexpr ((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)) && is_leaf_v<typename Length::node_type>)
+        return detail::make_node<detail::dynamic_slice_op<detail::normalize_axis<S>(Axis), dyn, 0>>(x, start, length);
+    else
+        return x;
 }
 
 // torch.cat(xs, axis): extents equal except along axis; the result has the widest dtype.

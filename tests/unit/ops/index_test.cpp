@@ -199,3 +199,73 @@ TEST_CASE("dynamic_slice: run-time start, values, gradients, range errors", "[op
     CHECK(values_of(tg::compile(w, tg::wrt(x)), tg::bind(x, xv, {3, len, 2}), tg::bind(r, rv)) ==
           values_of(tg::compile(tg::slice<1, 2, 4>(x), tg::wrt(x)), tg::bind(x, xv, {3, len, 2})));
 }
+
+TEST_CASE("narrow: run-time start and length, one step for every length, values, gradients, errors",
+          "[ops][index][gradient]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<3, tg::dyn, 2>>;
+    constexpr auto start = tg::input<"start", std::int64_t, tg::shape<1>>;
+    constexpr auto n = tg::input<"n", std::int32_t, tg::shape<>>;
+    const std::size_t len = 6;
+    auto xv = uniform(3 * len * 2, -1.0, 1.0, 43);
+    auto y = tg::narrow<1>(x, start, n);
+    STATIC_REQUIRE(std::is_same_v<decltype(y)::shape_type, tg::shape<3, tg::dyn, 2>>);
+    auto step = tg::compile(y, tg::wrt(x));
+    // sum(narrow(x)): the gradient is 1 inside the window, 0 outside (closed form)
+    auto total = tg::compile(tg::sum(tg::narrow<-2>(x, start, n)), tg::wrt(x));
+    const std::pair<std::int64_t, std::int32_t> windows[] = {{0, 0}, {0, 6}, {1, 3}, {-4, 2}, {5, 1}, {6, 0}, {-6, 6}};
+    for (auto [s, l] : windows) {
+        const std::vector<std::int64_t> sv{s};
+        const std::vector<std::int32_t> lv{l};
+        const std::size_t b = std::size_t(s < 0 ? s + std::int64_t(len) : s);
+        std::vector<double> want;
+        for (std::size_t i = 0; i < 3; ++i)
+            for (std::size_t j = b; j < b + std::size_t(l); ++j)
+                for (std::size_t k = 0; k < 2; ++k) want.push_back(xv[(i * len + j) * 2 + k]);
+        auto fwd = step.forward(tg::bind(x, xv, {3, len, 2}), tg::bind(start, sv), tg::bind(n, lv));
+        CHECK(std::vector<double>(fwd.values().begin(), fwd.values().end()) == want);
+        std::vector<double> g(xv.size(), -7.0);
+        double sum = total.value_and_grad(tg::bind(x, xv, {3, len, 2}), tg::bind(start, sv), tg::bind(n, lv), tg::grad_into(x, g));
+        double want_sum = 0;
+        for (double v : want) want_sum += v;
+        CHECK(sum == Approx(want_sum).margin(1e-12));
+        for (std::size_t i = 0; i < 3; ++i)
+            for (std::size_t j = 0; j < len; ++j)
+                for (std::size_t k = 0; k < 2; ++k) CHECK(g[(i * len + j) * 2 + k] == (j >= b && j < b + std::size_t(l) ? 1.0 : 0.0));
+        // the window meets another run-time extent, and the gradients by finite differences
+        constexpr auto w = tg::input<"w", double, tg::shape<3, tg::dyn, 1>>;
+        auto wv = uniform(3 * std::size_t(l), -2.0, 2.0, 44);
+        check_gradient(tg::sum(tg::square(tg::narrow<1>(x, start, n)) * tg::sin(tg::narrow<1>(x, start, n)) * w),
+                       fixed(tg::bind(start, sv), tg::bind(n, lv), tg::bind(w, wv, {3, std::size_t(l), 1})),
+                       at(x, xv, {3, len, 2}));
+        // second order: the backward's adjoint is the narrow again
+        auto inner = tg::sum(tg::sin(tg::narrow<1>(x, start, n)));
+        check_gradient(tg::sum(tg::square(tg::grad(inner, x))), fixed(tg::bind(start, sv), tg::bind(n, lv)),
+                       at(x, xv, {3, len, 2}));
+    }
+    // lengths outside [0, extent] and windows leaving the axis throw before anything is written
+    std::vector<double> g(xv.size(), 7.0);
+    const std::pair<std::int64_t, std::int32_t> bad[] = {{0, -1}, {0, 7}, {5, 2}, {-1, 2}, {7, 0}, {-7, 1}};
+    for (auto [s, l] : bad) {
+        const std::vector<std::int64_t> sv{s};
+        const std::vector<std::int32_t> lv{l};
+        CHECK_THROWS_AS(total.value_and_grad(tg::bind(x, xv, {3, len, 2}), tg::bind(start, sv), tg::bind(n, lv),
+                                             tg::grad_into(x, g)),
+                        tg::shape_error);
+    }
+    CHECK(g == std::vector<double>(xv.size(), 7.0));
+    // a length of more than one element
+    constexpr auto nn = tg::input<"nn", std::int64_t, tg::shape<tg::dyn>>;
+    const std::vector<std::int64_t> two{1, 2}, sv0{0};
+    CHECK_THROWS_AS(tg::compile(tg::sum(tg::narrow<1>(x, start, nn)), tg::wrt(x))
+                        .value_and_grad(tg::bind(x, xv, {3, len, 2}), tg::bind(start, sv0), tg::bind(nn, two, {2}),
+                                        tg::grad_into(x, g)),
+                    tg::shape_error);
+    CHECK(g == std::vector<double>(xv.size(), 7.0));
+    // a computed start (argmax of a row) with a run-time length: the same as the static slice
+    constexpr auto r = tg::input<"r", double, tg::shape<5>>;
+    const std::vector<double> rv{0.1, 0.3, 0.9, 0.2, 0.0};
+    const std::vector<std::int32_t> three{3};
+    CHECK(values_of(tg::compile(tg::narrow<1>(x, tg::argmax(r, tg::axes<0>, tg::keepdim), n), tg::wrt(x)),
+                    tg::bind(x, xv, {3, len, 2}), tg::bind(r, rv), tg::bind(n, three)) ==
+          values_of(tg::compile(tg::slice<1, 2, 5>(x), tg::wrt(x)), tg::bind(x, xv, {3, len, 2})));
+}

@@ -4,6 +4,7 @@
 // in schedule order on the legacy default stream: generated loop kernels, and each kernel op's
 // device path, carried beside its CPU run (core/device_kernel.hpp): its own kernel (embedding,
 // one_hot, cast, ...) or host code on the backend's primitives (matmul: cuBLAS; custom ops).
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -350,11 +351,26 @@ struct node_device {
 
 // The shape pass of a device call. A kernel op's extents() checks its operands' values when the
 // host can read them (embedding's ids, before anything runs); device memory is not readable from
-// the host, so the pass sees no values and the op's kernel checks them (run_kernel's flag).
+// the host, so the pass sees no values and the op's kernel checks them (run_kernel's flag). The
+// values a shape depends on (narrow's length, a leaf) are copied to the host for the pass: one
+// element each, as PyTorch's .item().
 template <class Plan>
 void compute_device_shapes(typename Plan::state_type& state) {
+    static constexpr auto& info = Plan::program::info;
     const auto bound = state.ptr;
     state.ptr.fill(nullptr);
+    std::array<std::uint64_t, Plan::M> staged{};
+    for (std::size_t n = 0; n < Plan::M; ++n) {
+        if (info[n].shape_values == 0) continue;
+        for (std::size_t k = 0; k < info[n].arity; ++k) {
+            const std::size_t c = info[n].child[k];
+            if (!(info[n].shape_values >> k & 1u) || info[c].kind != op_kind::leaf || bound[c] == nullptr) continue;
+            const std::size_t* ext = state.ext.data() + Plan::rank_offset[c];
+            if (std::find(ext, ext + info[c].rank, std::size_t(0)) != ext + info[c].rank) continue;  // no element
+            copy_to_host(&staged[c], bound[c], info[c].elem_size);
+            state.ptr[c] = &staged[c];
+        }
+    }
     td::compute_shapes<Plan>(state);
     state.ptr = bound;
 }
