@@ -39,6 +39,9 @@ struct node_info {
     // Operands whose values the shape pass reads (a bit each; narrow's length, always a leaf):
     // the CUDA backend copies them to the host for that pass.
     unsigned shape_values = 0;
+    // Dense row-major when materialised (node::contiguous): a view that is (a reshape of a
+    // computed value) is read by fused loops as a computed value, its axes coalesced.
+    bool contiguous = true;
     std::size_t rank = 0;
     std::size_t ext[max_rank]{};  // static extents, `dyn` where dynamic
     reduce_kind combine = reduce_kind::sum;
@@ -146,6 +149,8 @@ template <class Topo, class... Ns>
 constexpr std::array<node_info, sizeof...(Ns)> make_info(type_list<Ns...>) {
     std::array<node_info, sizeof...(Ns)> r{node_row<typename row_key<Ns>::type>::value...};
     node_info* const p = r.data();
+    const bool contiguous[] = {Ns::contiguous..., true};  // not in the row key: a view's depends on its operands
+    for (std::size_t i = 0; i < sizeof...(Ns); ++i) p[i].contiguous = contiguous[i];
     const std::size_t* const child = Topo::table.child.data();
     for (std::size_t i = 0; i < sizeof...(Ns); ++i)
         for (std::size_t k = 0; k < p[i].arity; ++k) p[i].child[k] = child[i * max_arity + k];

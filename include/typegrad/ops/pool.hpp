@@ -128,13 +128,36 @@ void for_each_plane(const pool_geometry& g, F&& fn) {
     });
 }
 
-// (from the per-thread buffer pool: see ops/conv.hpp's dense_of)
+// An operand's values, dense in the compute type: the operand's own buffer when it is that
+// already, else a copy (from the per-thread buffer pool: see ops/conv.hpp's dense_of).
+template <class C>
+struct pool_values {
+    pooled_buffer<C> copy;
+    const C* p = nullptr;
+    const C* data() const noexcept { return p; }
+    const C& operator[](std::size_t i) const noexcept { return p[i]; }
+};
 template <class Op, class X>
-pooled_buffer<compute_t<typename X::value_type>> pool_dense(const void* data, const std::size_t* ext,
-                                                            const std::ptrdiff_t* stride) {
+pool_values<compute_t<typename X::value_type>> pool_dense(const void* data, const std::size_t* ext,
+                                                          const std::ptrdiff_t* stride) {
     using C = compute_t<typename X::value_type>;
-    pooled_buffer<C> out(ext[0] * ext[1] * ext[2] * ext[3]);
+    pool_values<C> r;
     const auto* p = static_cast<const buffer_t<X>*>(data);
+    if constexpr (std::is_same_v<buffer_t<X>, C>) {
+        bool dense = true;
+        std::ptrdiff_t s = 1;
+        for (std::size_t a = 4; a-- > 0;) {
+            dense = dense && (ext[a] == 1 || stride[a] == s);
+            s *= std::ptrdiff_t(ext[a]);
+        }
+        if (dense) {
+            r.p = p;
+            return r;
+        }
+    }
+    r.copy = pooled_buffer<C>(ext[0] * ext[1] * ext[2] * ext[3]);
+    r.p = r.copy.data();
+    C* const out = r.copy.data();
     std::size_t e = 0;
     for (std::size_t a = 0; a < ext[0]; ++a)
         for (std::size_t b = 0; b < ext[1]; ++b)
@@ -143,7 +166,7 @@ pooled_buffer<compute_t<typename X::value_type>> pool_dense(const void* data, co
                     out[e] = C(static_cast<compute_t<buffer_t<X>>>(
                         p[std::ptrdiff_t(a) * stride[0] + std::ptrdiff_t(b) * stride[1] + std::ptrdiff_t(i) * stride[2] +
                           std::ptrdiff_t(j) * stride[3]]));
-    return out;
+    return r;
 }
 
 // Mode: 0 forward (x -> y), 1 backward scatter (g, x -> dx), 2 gather (h, x -> y-shaped)
@@ -211,11 +234,18 @@ struct pool_op : kernel_op_base {
         } else {
             using Gr = type_at_t<0, typename N::children>;
             const auto gy = pool_dense<pool_op, Gr>(in[0].data, in[0].ext, in[0].stride);
-            pooled_buffer<C> x;
+            pool_values<C> x;
             if constexpr (Max) x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
             if constexpr (Mode == 1) {
-                pooled_buffer<C> dx(g.planes * g.h * g.w, C(0));
+                // accumulated in the output itself when it holds the compute type
+                pooled_buffer<C> acc;
+                if constexpr (!std::is_same_v<T, C>) acc = pooled_buffer<C>(g.planes * g.h * g.w);
+                C* const dx = [&] {
+                    if constexpr (std::is_same_v<T, C>) return out;
+                    else return acc.data();
+                }();
                 for_each_plane<K>(g, [&](std::size_t p) {  // a window's elements lie in its plane
+                    std::fill_n(dx + p * g.h * g.w, g.h * g.w, C(0));
                     for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                         if constexpr (Max) {
                             const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
@@ -230,7 +260,8 @@ struct pool_op : kernel_op_base {
                         }
                     });
                 });
-                for (std::size_t e = 0; e < dx.size(); ++e) out[e] = T(dx[e]);
+                if constexpr (!std::is_same_v<T, C>)
+                    for (std::size_t e = 0; e < acc.size(); ++e) out[e] = T(acc[e]);
             } else {  // max gather: h (x-shaped) at each window's maximum
                 for_each_plane<K>(g, [&](std::size_t p) {
                     for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {

@@ -317,7 +317,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     static constexpr bool broadcast_axis(std::size_t o, std::size_t axis) {
         return iter_rank == 0 || ((d[op_base + 4 * o + 2] >> axis) & 1u);
     }
-    // Views may be strided arbitrarily: loops reading one keep every axis apart.
+    // Views may be strided arbitrarily: loops reading one keep every axis apart. (A contiguous
+    // view, a reshape of a dense value, is not flagged: its strides are dense, as a buffer's.)
     static constexpr bool reads_views = [] {
         for (std::size_t o = 0; o < n_in; ++o)
             if (is_view_input(o)) return true;
@@ -759,7 +760,7 @@ struct loop_layout {
             std::size_t k = loop_desc::header;
             for (std::size_t o = 0; o < n_ops; ++o) {
                 const node_info& ni = info[operand_node(o)];
-                r[k++] = (o < c.n_in && ni.kind == op_kind::view ? loop_desc::flag_view : 0) |
+                r[k++] = (o < c.n_in && ni.kind == op_kind::view && !ni.contiguous ? loop_desc::flag_view : 0) |
                          (ni.kind == op_kind::constant ? loop_desc::flag_constant : 0);
                 r[k++] = ni.rank;
                 std::size_t mask = 0;
