@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/compare.hpp>
@@ -117,6 +118,48 @@ std::size_t window_argmax(const pool_geometry& g, const C* x, std::size_t p, std
         }
     }
     return best;
+}
+
+// f(o, e, m) for every window of plane p in order: o its output index, e the flat input index of
+// its maximum (window_argmax's rule; none for an all-padding window), m that value. Without
+// padding every window is full: rows of windows go W at a time, as strided loads.
+template <std::size_t K, std::size_t S, std::size_t P, class C, class F>
+void for_each_window_max(const pool_geometry& g, const C* x, std::size_t p, F&& f) {
+    if constexpr (P == 0 && simd::width<C> > 1) {
+        constexpr std::size_t W = simd::width<C>;
+        using B = simd::batch<C>;
+        alignas(64) C value[W], code[W];
+        for (std::size_t i = 0; i < g.ho; ++i) {
+            const std::size_t o0 = (p * g.ho + i) * g.wo, r0 = (p * g.h + i * S) * g.w;
+            std::size_t j = 0;
+            for (; j + W <= g.wo; j += W) {
+                const C* base = x + r0 + j * S;
+                B m = simd::load_strided<S>(base), c(C(0));
+                for (std::size_t a = 0; a < K; ++a)
+                    for (std::size_t b = a == 0 ? 1 : 0; b < K; ++b) {
+                        const B v = simd::load_strided<S>(base + a * g.w + b);
+                        const auto take = (v > m) | xsimd::isnan(v);  // first maximum; a NaN wins (v != v is ordered: false)
+                        m = simd::select(take, v, m);
+                        c = simd::select(take, B(C(a * K + b)), c);
+                    }
+                m.store_aligned(value);
+                c.store_aligned(code);
+                for (std::size_t l = 0; l < W; ++l) {
+                    const std::size_t k = std::size_t(code[l]);
+                    f(o0 + j + l, r0 + (k / K) * g.w + (j + l) * S + k % K, value[l]);
+                }
+            }
+            for (; j < g.wo; ++j) {
+                const std::size_t e = window_argmax<K, S, P>(g, x, p, i, j);
+                f(o0 + j, e, x[e]);
+            }
+        }
+    } else {
+        for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
+            const std::size_t e = window_argmax<K, S, P>(g, x, p, i, j);
+            f(o, e, e == std::size_t(-1) ? -std::numeric_limits<C>::infinity() : x[e]);
+        });
+    }
 }
 
 // fn(p) for every plane (image x channel), split over the thread pool when the windows are
@@ -216,11 +259,10 @@ struct pool_op : kernel_op_base {
         if constexpr (Mode == 0) {
             const auto x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
             for_each_plane<K>(g, [&](std::size_t p) {
-                for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
-                    if constexpr (Max) {
-                        const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
-                        out[o] = T(e == std::size_t(-1) ? -std::numeric_limits<C>::infinity() : x[e]);
-                    } else {
+                if constexpr (Max) {
+                    for_each_window_max<K, S, P>(g, x.data(), p, [&](std::size_t o, std::size_t, C m) { out[o] = T(m); });
+                } else {
+                    for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                         C s = 0;
                         for (std::size_t a = 0; a < K; ++a)
                             for (std::size_t b = 0; b < K; ++b) {
@@ -228,8 +270,8 @@ struct pool_op : kernel_op_base {
                                 if (pool_in_bounds<K, S, P>(g, i, j, a, b, ih, iw)) s += x[(p * g.h + ih) * g.w + iw];
                             }
                         out[o] = T(s * inv);
-                    }
-                });
+                    });
+                }
             });
         } else {
             using Gr = type_at_t<0, typename N::children>;
@@ -246,26 +288,26 @@ struct pool_op : kernel_op_base {
                 }();
                 for_each_plane<K>(g, [&](std::size_t p) {  // a window's elements lie in its plane
                     std::fill_n(dx + p * g.h * g.w, g.h * g.w, C(0));
-                    for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
-                        if constexpr (Max) {
-                            const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
+                    if constexpr (Max) {
+                        for_each_window_max<K, S, P>(g, x.data(), p, [&](std::size_t o, std::size_t e, C) {
                             if (e != std::size_t(-1)) dx[e] += gy[o];
-                        } else {
+                        });
+                    } else {
+                        for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                             for (std::size_t a = 0; a < K; ++a)
                                 for (std::size_t b = 0; b < K; ++b) {
                                     std::size_t ih, iw;
                                     if (pool_in_bounds<K, S, P>(g, i, j, a, b, ih, iw))
                                         dx[(p * g.h + ih) * g.w + iw] += gy[o] * inv;
                                 }
-                        }
-                    });
+                        });
+                    }
                 });
                 if constexpr (!std::is_same_v<T, C>)
                     for (std::size_t e = 0; e < acc.size(); ++e) out[e] = T(acc[e]);
             } else {  // max gather: h (x-shaped) at each window's maximum
                 for_each_plane<K>(g, [&](std::size_t p) {
-                    for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
-                        const std::size_t e = window_argmax<K, S, P>(g, x.data(), p, i, j);
+                    for_each_window_max<K, S, P>(g, x.data(), p, [&](std::size_t o, std::size_t e, C) {
                         out[o] = T(e == std::size_t(-1) ? C(0) : gy[e]);
                     });
                 });

@@ -152,3 +152,79 @@ TEST_CASE("pooling split over planes gives the bits of one thread", "[ops][pool]
         CHECK(std::memcmp(many.gw.data(), one.gw.data(), one.gw.size() * sizeof(float)) == 0);
     }
 }
+
+namespace {
+// PyTorch's max rule per window (first maximum; a NaN wins, the last one), no padding: the flat
+// index of each window's maximum
+std::vector<std::size_t> ref_argmax(const std::vector<double>& x, std::size_t planes, std::size_t h, std::size_t w,
+                                    std::size_t k, std::size_t s) {
+    const std::size_t ho = (h - k) / s + 1, wo = (w - k) / s + 1;
+    std::vector<std::size_t> best;
+    for (std::size_t c = 0; c < planes; ++c)
+        for (std::size_t i = 0; i < ho; ++i)
+            for (std::size_t j = 0; j < wo; ++j) {
+                std::size_t e = (c * h + i * s) * w + j * s;
+                for (std::size_t a = 0; a < k; ++a)
+                    for (std::size_t b = 0; b < k; ++b) {
+                        const std::size_t f = (c * h + i * s + a) * w + j * s + b;
+                        if (x[f] > x[e] || std::isnan(x[f])) e = f;
+                    }
+                best.push_back(e);
+            }
+    return best;
+}
+template <class T, std::size_t K, std::size_t S>
+void check_wide_max_pool(const std::vector<double>& xd, std::size_t h, std::size_t w) {
+    constexpr auto x = tg::param<"x", T, tg::shape<2, 3, tg::dyn, tg::dyn>>;
+    constexpr auto q = tg::input<"q", T, tg::shape<2, 3, tg::dyn, tg::dyn>>;
+    const std::size_t ho = (h - K) / S + 1, wo = (w - K) / S + 1;
+    const std::vector<T> xv(xd.begin(), xd.end());
+    const std::vector<double> xr(xv.begin(), xv.end());  // the values as T holds them
+    const auto qd = uniform(6 * ho * wo, -1.0, 1.0, 9);
+    const std::vector<T> qv(qd.begin(), qd.end());
+    const auto best = ref_argmax(xr, 6, h, w, K, S);
+    auto fwd = tg::compile(tg::max_pool2d<K, S>(x), tg::wrt(x)).forward(tg::bind(x, xv, {2, 3, h, w}));
+    REQUIRE(fwd.values().size() == best.size());
+    std::vector<double> dx(xv.size(), 0.0);
+    for (std::size_t o = 0; o < best.size(); ++o) {
+        INFO("window " << o << " of " << best.size());
+        const double got = double(fwd.values()[o]), want = xr[best[o]];
+        CHECK(((std::isnan(got) && std::isnan(want)) || got == want));
+        dx[best[o]] += double(qv[o]);  // overlapping windows add in window order
+    }
+    std::vector<T> g(xv.size(), T(-7));
+    tg::compile(tg::sum(tg::max_pool2d<K, S>(x) * q), tg::wrt(x))
+        .value_and_grad(tg::bind(x, xv, {2, 3, h, w}), tg::bind(q, qv, {2, 3, ho, wo}), tg::grad_into(x, g));
+    for (std::size_t e = 0; e < g.size(); ++e) {
+        INFO("element " << e);
+        CHECK(double(g[e]) == Approx(dx[e]).margin(1e-6));
+    }
+}
+}  // namespace
+
+TEST_CASE("max_pool2d without padding: rows of windows at the SIMD width (ties, NaN, -inf; float and double)",
+          "[ops][pool][gradient]") {
+    // 75 columns: 37 windows of 2 (two float batches of 16 and a tail; four double batches of 8
+    // and a tail), 36 of 3 with stride 2, 74 of 2 with stride 1 (overlapping)
+    const std::size_t h = 7, w = 75;
+    auto xv = uniform(6 * h * w, -1.0, 1.0, 8);
+    const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+    for (std::size_t c = 0; c < 6; ++c) {
+        double* plane = xv.data() + c * h * w;
+        for (std::size_t j = 0; j < 8; ++j) plane[j] = plane[w + j] = 0.25;  // ties across windows 0-3
+        plane[2 * w + 20] = nan;                                            // one NaN
+        plane[2 * w + 33] = nan;                                            // two NaNs in a window
+        plane[3 * w + 32] = nan;
+        for (std::size_t j = 40; j < 48; ++j) plane[4 * w + j] = plane[5 * w + j] = -inf;  // all -inf
+        plane[6 * w + 74] = 5.0;                                            // the last column (tail)
+    }
+    check_wide_max_pool<float, 2, 2>(xv, h, w);
+    check_wide_max_pool<double, 2, 2>(xv, h, w);
+    check_wide_max_pool<float, 3, 2>(xv, h, w);
+    check_wide_max_pool<double, 2, 1>(xv, h, w);
+    // second order at that width (the gather of the max's gradient), by finite differences
+    constexpr auto y = tg::param<"y", double, tg::shape<1, 2, 4, tg::dyn>>;
+    auto yv = uniform(2 * 4 * 70, -1.0, 1.0, 10);
+    auto inner = tg::sum(tg::square(tg::max_pool2d<2>(y)));
+    check_gradient(tg::sum(tg::square(tg::grad(inner, y)) * tg::sin(y)), at(y, yv, {1, 2, 4, 70}));
+}

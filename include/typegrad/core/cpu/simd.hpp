@@ -4,6 +4,7 @@
 // template. An xsimd upgrade (8.1 hadd -> 9+ reduce_add) touches this file alone.
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 
@@ -41,6 +42,17 @@ template <class T>
 inline void store(T* p, const batch<T>& v) { v.store_unaligned(p); }
 template <class T>
 inline T load_scalar(const T* p) { return *p; }
+// p[0], p[S], p[2 S], ...: a gather (float or double), for strided windows (pooling)
+template <std::size_t S, class T>
+inline batch<T> load_strided(const T* p) {
+    using I = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+    static const auto index = [] {
+        alignas(64) I lanes[width<T>];
+        for (std::size_t i = 0; i < width<T>; ++i) lanes[i] = I(i * S);
+        return xsimd::batch<I>::load_aligned(lanes);
+    }();
+    return batch<T>::gather(p, index);
+}
 
 // ---- storage conversions: bf16/f16 buffers read and written by float loops ----------------
 // S is the buffer's element type, T the loop's. Narrowing rounds to nearest even (half_simd.hpp).
