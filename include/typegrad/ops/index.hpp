@@ -12,8 +12,10 @@
 // runs), otherwise before the kernel writes. Negative ids are errors, as in PyTorch.
 //
 // Gradients: the backward of a lookup is a deterministic scatter-add (rows added in the order of
-// the ids, on one thread: the same bits on every run), skipping padding_idx. concat's gradient
-// of each input is a zero-copy view of the incoming gradient.
+// the ids: the same bits on every run), skipping padding_idx; embedding's splits the table's rows
+// over the thread pool (each row summed by one task, in the ids' order: the same bits on any
+// number of threads), index_select's and gather's run on one thread. concat's gradient of each
+// input is a zero-copy view of the incoming gradient.
 //
 // Autocast: embedding and index_select keep their dtypes (PyTorch lists neither); cat and stack
 // promote to the widest input, as on PyTorch's CPU list.
@@ -32,6 +34,7 @@
 #include <utility>
 
 #include <typegrad/core/cpu/buffer_pool.hpp>
+#include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/core/device_kernel.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/arithmetic.hpp>
@@ -486,32 +489,66 @@ struct embedding_backward_op : kernel_op_base {
         if constexpr (std::is_same_v<C, T>) {
             acc = out;
         } else {
-            wide = pooled_buffer<C>(rows * dim, C(0));
+            wide = pooled_buffer<C>(rows * dim);  // (zero-filled below, by the task that owns each row)
             acc = wide.data();
         }
-        if constexpr (std::is_same_v<C, T>) std::fill(acc, acc + rows * dim, C(0));
-        for (std::size_t e = 0; e < n; ++e) {
-            const auto id = std::int64_t(idp[strided_offset(ids, e)]);
-            if (is_padding<Padding>(id, rows)) continue;
-            C* row = acc + std::size_t(id) * dim;
-            // g has the ids' axes then the embedding axis
-            const std::ptrdiff_t base = strided_offset_prefix(g, e);
-            for (std::size_t j = 0; j < dim; ++j)
-                row[j] += static_cast<C>(convert_element<T, typename Gn::value_type>(gp[base + std::ptrdiff_t(j) * g.stride[g.rank - 1]]));
-        }
-        if constexpr (!std::is_same_v<C, T>)
-            for (std::size_t i = 0; i < rows * dim; ++i) out[i] = T(wide[i]);
+        // Each id's row of acc (rows for a padding id: added nowhere) and g's offset of its row
+        // (g has the ids' axes then the embedding axis), once for all tasks.
+        pooled_buffer<std::ptrdiff_t> at(2 * n);
+        std::ptrdiff_t* const atp = at.data();
+        parallel_ranges(n, 4, [&](std::size_t e0, std::size_t e1) {
+            row_walk<Ref> at_id(ids, ids.rank, e0), at_g(g, g.rank - 1, e0);
+            for (std::size_t e = e0; e < e1; ++e, at_id.next(), at_g.next()) {
+                const auto id = std::int64_t(idp[at_id.offset]);
+                atp[2 * e] = is_padding<Padding>(id, rows) ? std::ptrdiff_t(rows) : std::ptrdiff_t(id);
+                atp[2 * e + 1] = at_g.offset;
+            }
+        });
+        const std::ptrdiff_t gj = g.stride[g.rank - 1];
+        // Tasks own ranges of rows [r0, r1) of the result: each zero-fills its rows, scans all ids
+        // and adds the g rows of those in its range, in the ids' order, then (bf16/f16) stores its
+        // rows. Every element is summed by one task in the ids' order, so any number of threads
+        // gives the bits of one. (By rows rather than by columns: each task then writes whole rows,
+        // contiguous, and the zero-fill is part of the same pass.)
+        const std::size_t cost = dim + (n * dim + rows - 1) / std::max<std::size_t>(rows, 1);  // per row
+        parallel_ranges(rows, cost, [&](std::size_t r0, std::size_t r1) {
+            std::fill(acc + r0 * dim, acc + r1 * dim, C(0));
+            for (std::size_t e = 0; e < n; ++e) {
+                const auto r = std::size_t(atp[2 * e]);
+                if (r < r0 || r >= r1) continue;  // another task's row, or padding
+                C* row = acc + r * dim;
+                const B* src = gp + atp[2 * e + 1];
+                for (std::size_t j = 0; j < dim; ++j)
+                    row[j] += static_cast<C>(convert_element<T, typename Gn::value_type>(src[std::ptrdiff_t(j) * gj]));
+            }
+            if constexpr (!std::is_same_v<C, T>)
+                for (std::size_t i = r0 * dim; i < r1 * dim; ++i) out[i] = T(acc[i]);
+        });
     }
-    // the offset of g's row e (all axes but the last, row-major)
+    // The offsets of the row-major positions e, e + 1, ... over the first `rank` axes of r (for g:
+    // its rows), one step at a time (an odometer: no division per position).
     template <class Ref>
-    static std::ptrdiff_t strided_offset_prefix(const Ref& g, std::size_t e) {
-        std::ptrdiff_t off = 0;
-        for (std::size_t a = g.rank - 1; a-- > 0;) {
-            off += std::ptrdiff_t(e % g.ext[a]) * g.stride[a];
-            e /= g.ext[a];
+    struct row_walk {
+        const Ref& r;
+        std::size_t rank;
+        std::ptrdiff_t offset = 0;
+        std::size_t index[max_rank] = {};
+        row_walk(const Ref& r_, std::size_t rank_, std::size_t e) : r(r_), rank(rank_) {
+            for (std::size_t a = rank; e > 0 && a-- > 0;) {
+                index[a] = e % r.ext[a];
+                e /= r.ext[a];
+                offset += std::ptrdiff_t(index[a]) * r.stride[a];
+            }
         }
-        return off;
-    }
+        void next() {
+            for (std::size_t a = rank; a-- > 0;) {
+                offset += r.stride[a];
+                if (++index[a] < r.ext[a]) return;
+                offset -= std::ptrdiff_t(index[a]) * r.stride[a];
+                index[a] = 0;
+            }
+        }
+    };
     template <std::size_t I, class G, class Out, class Gr, class Ids, class Table>
     static constexpr auto vjp(G g, Out, Gr, Ids ids, Table);
 };

@@ -215,3 +215,30 @@ TEST_CASE("a fused attention step allocates nothing in steady state", "[exec][al
     }
     tg::set_num_threads(0);
 }
+
+TEST_CASE("an embedding backward split over the pool allocates nothing in steady state", "[exec][allocation][index]") {
+    // large enough to be split over the pool by ranges of rows (ops/index.hpp), and the pass over the
+    // 20000 ids too; the ids' rows and g's offsets, and a bf16 table's f32 accumulator, come from
+    // the buffer pool
+    constexpr auto ids = tg::input<"ids", std::int32_t, tg::shape<tg::dyn>>;
+    constexpr auto table = tg::param<"table", float, tg::shape<300, 72>>;
+    constexpr auto table16 = tg::param<"table16", tg::bf16, tg::shape<2000, 8>>;
+    auto step = tg::compile(tg::sum(tg::square(tg::embedding<3>(ids, table))), tg::wrt(table));
+    auto step_b = tg::compile(tg::sum(tg::cast<float>(tg::embedding(ids, table16))), tg::wrt(table16));
+    const std::size_t n = 20000;
+    std::vector<std::int32_t> idv(n), idb(n);
+    for (std::size_t i = 0; i < n; ++i) idv[i] = std::int32_t((i * 7) % 300), idb[i] = std::int32_t((i * 13) % 2000);
+    std::vector<float> tv(300 * 72), gt(tv.size());
+    for (std::size_t i = 0; i < tv.size(); ++i) tv[i] = float(i % 9) * 0.01f;
+    std::vector<tg::bf16> t16(2000 * 8, tg::bf16(0.25f)), g16(t16.size());
+    for (std::size_t threads : {1u, 2u}) {
+        tg::set_num_threads(threads);
+        INFO("threads " << threads);
+        check_steady_state([&] { return step.value_and_grad(tg::bind(ids, idv, {n}), tg::bind(table, tv), tg::grad_into(table, gt)); },
+                           gt);
+        check_steady_state(
+            [&] { return step_b.value_and_grad(tg::bind(ids, idb, {n}), tg::bind(table16, t16), tg::grad_into(table16, g16)); },
+            g16);
+    }
+    tg::set_num_threads(0);
+}

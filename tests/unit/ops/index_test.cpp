@@ -3,7 +3,9 @@
 // differences in double, values, dtypes, and second order through concat.
 #include <check_gradient.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace tg = typegrad;
 using tg::testing::at;
@@ -73,6 +75,76 @@ TEST_CASE("embedding ids out of range throw before anything is written", "[ops][
         .value_and_grad(tg::bind(ids, many), tg::bind(tb, tbv), tg::grad_into(tb, gb));
     CHECK(float(gb[4]) == 300.0f);
     CHECK(float(gb[0]) == 0.0f);
+}
+
+TEST_CASE("embedding's backward on several threads: the bits of one thread, a double scatter-add", "[ops][index][threads]") {
+    // Large enough to be split over the pool (core/cpu/thread_pool.hpp: from parallel_min_work = 2^16
+    // operations): each table into ranges of rows, and with 18000 ids the pass over the ids (their
+    // rows and g's offsets) into ranges of ids too. Ids of rank 2, each row used about 9 or 12
+    // times, every 10th id the padding row; a bf16 table accumulates in f32.
+    struct restore_threads {
+        ~restore_threads() { tg::set_num_threads(0); }
+    } restore;
+    constexpr std::int64_t pad = 5;
+    constexpr auto ids = tg::input<"ids", std::int32_t, tg::shape<tg::dyn, 3>>;
+    constexpr auto r = tg::input<"r", float, tg::shape<tg::dyn, 3, tg::dyn>>;
+    constexpr auto table = tg::param<"table", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto tb = tg::param<"tb", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;
+    auto step = tg::compile(tg::sum(tg::embedding<pad>(ids, table) * r), tg::wrt(table));
+    auto step_b = tg::compile(tg::sum(tg::cast<float>(tg::embedding<pad>(ids, tb)) * r), tg::wrt(tb));
+    struct size {
+        std::size_t rows, dim, n;  // n rows of 3 ids
+        bool bf16;
+    };
+    for (const size z : {size{300, 72, 1200, false}, size{2000, 8, 6000, false}, size{300, 40, 1200, true}}) {
+        INFO("rows " << z.rows << ", dim " << z.dim << ", ids " << 3 * z.n << (z.bf16 ? ", bf16" : ", f32"));
+        const std::size_t m = 3 * z.n;
+        std::vector<std::int32_t> iv(m);
+        for (std::size_t e = 0; e < m; ++e) iv[e] = e % 10 == 3 ? std::int32_t(pad) : std::int32_t((e * 7919 + e / 7) % z.rows);
+        const auto rd = uniform(m * z.dim, -1.0, 1.0, 41);
+        const std::vector<float> rv(rd.begin(), rd.end());
+        const std::vector<float> tv(z.rows * z.dim, 0.5f);
+        const std::vector<tg::bf16> tbv(tv.size(), tg::bf16(0.5f));
+        // the gradient as doubles, on `threads` threads (a bf16 table's gradient holds bf16 values)
+        auto grad = [&](std::size_t threads) {
+            tg::set_num_threads(threads);
+            std::vector<double> out(tv.size());
+            if (z.bf16) {
+                std::vector<tg::bf16> g(tv.size(), tg::bf16(-7.0f));
+                step_b.value_and_grad(tg::bind(ids, iv, {z.n, 3}), tg::bind(tb, tbv, {z.rows, z.dim}),
+                                      tg::bind(r, rv, {z.n, 3, z.dim}), tg::grad_into(tb, g));
+                for (std::size_t i = 0; i < g.size(); ++i) out[i] = double(float(g[i]));
+            } else {
+                std::vector<float> g(tv.size(), -7.0f);
+                step.value_and_grad(tg::bind(ids, iv, {z.n, 3}), tg::bind(table, tv, {z.rows, z.dim}),
+                                    tg::bind(r, rv, {z.n, 3, z.dim}), tg::grad_into(table, g));
+                for (std::size_t i = 0; i < g.size(); ++i) out[i] = double(g[i]);
+            }
+            return out;
+        };
+        const auto one = grad(1);
+        for (std::size_t threads : {2u, 3u, 8u}) {
+            INFO("threads " << threads);
+            const auto many = grad(threads);
+            REQUIRE(many.size() == one.size());
+            for (std::size_t i = 0; i < one.size(); ++i) REQUIRE(many[i] == one[i]);  // (no NaNs: == is bitwise here)
+        }
+        // a plain scatter-add in double (of g's bf16 values for the bf16 table), within rounding
+        std::vector<double> ref(tv.size(), 0.0), mag(tv.size(), 0.0);
+        for (std::size_t e = 0; e < m; ++e) {
+            if (iv[e] == pad) continue;
+            for (std::size_t j = 0; j < z.dim; ++j) {
+                const double t = z.bf16 ? double(float(tg::bf16(rv[e * z.dim + j]))) : double(rv[e * z.dim + j]);
+                ref[std::size_t(iv[e]) * z.dim + j] += t;
+                mag[std::size_t(iv[e]) * z.dim + j] += std::abs(t);
+            }
+        }
+        for (std::size_t i = 0; i < ref.size(); ++i) {
+            const double tol = 1e-6 * mag[i] + (z.bf16 ? 0x1p-8 * std::abs(ref[i]) : 0.0);
+            REQUIRE(std::abs(one[i] - ref[i]) <= tol);
+        }
+        for (std::size_t j = 0; j < z.dim; ++j) REQUIRE(one[std::size_t(pad) * z.dim + j] == 0.0);  // the padding row
+    }
 }
 
 TEST_CASE("index_select along an axis matches finite differences", "[ops][index][gradient]") {
