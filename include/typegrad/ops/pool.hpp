@@ -122,23 +122,33 @@ std::size_t window_argmax(const pool_geometry& g, const C* x, std::size_t p, std
 
 // f(o, e, m) for every window of plane p in order: o its output index, e the flat input index of
 // its maximum (window_argmax's rule; none for an all-padding window), m that value. Without
-// padding every window is full: rows of windows go W at a time, as strided loads.
+// padding every window is full: the plane's windows go W at a time (gathers at each window's
+// offsets, across rows: pooled rows are often narrower than W), with window_argmax's rule.
 template <std::size_t K, std::size_t S, std::size_t P, class C, class F>
 void for_each_window_max(const pool_geometry& g, const C* x, std::size_t p, F&& f) {
+    std::size_t o = 0;
+    const std::size_t n = g.ho * g.wo, o0 = p * n, x0 = p * g.h * g.w;
     if constexpr (P == 0 && simd::width<C> > 1) {
         constexpr std::size_t W = simd::width<C>;
         using B = simd::batch<C>;
-        alignas(64) C value[W], code[W];
-        for (std::size_t i = 0; i < g.ho; ++i) {
-            const std::size_t o0 = (p * g.ho + i) * g.wo, r0 = (p * g.h + i * S) * g.w;
-            std::size_t j = 0;
-            for (; j + W <= g.wo; j += W) {
-                const C* base = x + r0 + j * S;
-                B m = simd::load_strided<S>(base), c(C(0));
+        using I = simd::gather_index_t<C>;
+        if (g.h * g.w <= std::size_t(std::numeric_limits<I>::max())) {
+            alignas(64) I off[W];
+            alignas(64) C value[W], code[W];
+            const C* plane = x + x0;
+            std::size_t i = 0, j = 0;  // window o's row and column
+            for (; o + W <= n; o += W) {
+                for (std::size_t l = 0; l < W; ++l) {
+                    off[l] = I(i * S * g.w + j * S);
+                    if (++j == g.wo) j = 0, ++i;
+                }
+                const auto index = simd::gather_index<C>(off);
+                B m = simd::gather(plane, index), c(C(0));
                 for (std::size_t a = 0; a < K; ++a)
                     for (std::size_t b = a == 0 ? 1 : 0; b < K; ++b) {
-                        const B v = simd::load_strided<S>(base + a * g.w + b);
-                        const auto take = (v > m) | xsimd::isnan(v);  // first maximum; a NaN wins (v != v is ordered: false)
+                        const B v = simd::gather(plane + a * g.w + b, index);
+                        // first maximum; a NaN wins (not v != v: xsimd's != is ordered, false for NaN)
+                        const auto take = (v > m) | xsimd::isnan(v);
                         m = simd::select(take, v, m);
                         c = simd::select(take, B(C(a * K + b)), c);
                     }
@@ -146,19 +156,14 @@ void for_each_window_max(const pool_geometry& g, const C* x, std::size_t p, F&& 
                 c.store_aligned(code);
                 for (std::size_t l = 0; l < W; ++l) {
                     const std::size_t k = std::size_t(code[l]);
-                    f(o0 + j + l, r0 + (k / K) * g.w + (j + l) * S + k % K, value[l]);
+                    f(o0 + o + l, x0 + std::size_t(off[l]) + (k / K) * g.w + k % K, value[l]);
                 }
             }
-            for (; j < g.wo; ++j) {
-                const std::size_t e = window_argmax<K, S, P>(g, x, p, i, j);
-                f(o0 + j, e, x[e]);
-            }
         }
-    } else {
-        for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
-            const std::size_t e = window_argmax<K, S, P>(g, x, p, i, j);
-            f(o, e, e == std::size_t(-1) ? -std::numeric_limits<C>::infinity() : x[e]);
-        });
+    }
+    for (; o < n; ++o) {
+        const std::size_t e = window_argmax<K, S, P>(g, x, p, o / g.wo, o % g.wo);
+        f(o0 + o, e, e == std::size_t(-1) ? -std::numeric_limits<C>::infinity() : x[e]);
     }
 }
 

@@ -42,15 +42,16 @@ template <class T>
 inline void store(T* p, const batch<T>& v) { v.store_unaligned(p); }
 template <class T>
 inline T load_scalar(const T* p) { return *p; }
-// p[0], p[S], p[2 S], ...: a gather (float or double), for strided windows (pooling)
-template <std::size_t S, class T>
-inline batch<T> load_strided(const T* p) {
-    using I = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
-    static const auto index = [] {
-        alignas(64) I lanes[width<T>];
-        for (std::size_t i = 0; i < width<T>; ++i) lanes[i] = I(i * S);
-        return xsimd::batch<I>::load_aligned(lanes);
-    }();
+// The gather's offsets: int32 lanes for float, int64 for double (one register each).
+template <class T>
+using gather_index_t = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+template <class T>
+inline auto gather_index(const gather_index_t<T>* offsets) {
+    return xsimd::batch<gather_index_t<T>>::load_aligned(offsets);
+}
+// p[offset] for each lane (float or double)
+template <class T, class I>
+inline batch<T> gather(const T* p, const I& index) {
     return batch<T>::gather(p, index);
 }
 
