@@ -414,17 +414,25 @@ struct embedding_op : kernel_op_base {
         check_ids<Id>("embedding(ids, table)", ids, rows);
         const auto* idp = static_cast<const Id*>(ids.data);
         const auto* tp = static_cast<const B*>(table.data);
-        for (std::size_t e = 0; e < n; ++e) {
-            const auto id = std::int64_t(idp[strided_offset(ids, e)]);
-            T* o = out + e * dim;
-            if (ZeroPadding && is_padding<Padding>(id, rows)) {
-                for (std::size_t j = 0; j < dim; ++j) o[j] = T(0.0f);
-                continue;
+        // each output row is its own: ranges of ids over the pool, the same values on any count
+        parallel_ranges(n, dim, [&](std::size_t e0, std::size_t e1) {
+            for (std::size_t e = e0; e < e1; ++e) {
+                const auto id = std::int64_t(idp[strided_offset(ids, e)]);
+                T* o = out + e * dim;
+                if (ZeroPadding && is_padding<Padding>(id, rows)) {
+                    std::fill_n(o, dim, T(0.0f));
+                    continue;
+                }
+                const B* row = tp + std::ptrdiff_t(id) * table.stride[0];
+                if constexpr (std::is_same_v<T, B>)
+                    if (table.stride[1] == 1) {
+                        std::copy_n(row, dim, o);
+                        continue;
+                    }
+                for (std::size_t j = 0; j < dim; ++j)
+                    o[j] = convert_element<T, typename Table::value_type>(row[std::ptrdiff_t(j) * table.stride[1]]);
             }
-            const B* row = tp + std::ptrdiff_t(id) * table.stride[0];
-            for (std::size_t j = 0; j < dim; ++j)
-                o[j] = convert_element<T, typename Table::value_type>(row[std::ptrdiff_t(j) * table.stride[1]]);
-        }
+        });
     }
     template <std::size_t I, class G, class Out, class Ids, class Table>
     static constexpr auto vjp(G g, Out, Ids ids, Table table);

@@ -147,6 +147,36 @@ TEST_CASE("embedding's backward on several threads: the bits of one thread, a do
     }
 }
 
+TEST_CASE("embedding's lookup on several threads: each row the table's, on any thread count", "[ops][index][threads]") {
+    struct restore_threads {
+        ~restore_threads() { tg::set_num_threads(0); }
+    } restore;
+    constexpr auto ids = tg::input<"ids", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto table = tg::param<"table", float, tg::shape<tg::dyn, 24>>;
+    constexpr auto tb = tg::param<"tb", tg::bf16, tg::shape<tg::dyn, 24>>;
+    const std::size_t rows = 500, n = 9000;  // 9000 x 24 copies: split over the pool
+    std::vector<std::int64_t> iv(n);
+    for (std::size_t e = 0; e < n; ++e) iv[e] = std::int64_t((e * 7919 + 3) % rows);
+    const auto td = uniform(rows * 24, -2.0, 2.0, 51);
+    const std::vector<float> tv(td.begin(), td.end());
+    const std::vector<tg::bf16> tbv(tv.begin(), tv.end());
+    auto step = tg::compile(tg::embedding<7>(ids, table), tg::wrt(table));
+    auto step_b = tg::compile(tg::cast<float>(tg::embedding(ids, tb)), tg::wrt(tb));
+    for (std::size_t threads : {1u, 2u, 3u}) {
+        INFO("threads " << threads);
+        tg::set_num_threads(threads);
+        auto f = step.forward(tg::bind(ids, iv), tg::bind(table, tv, {rows, 24}));
+        auto fb = step_b.forward(tg::bind(ids, iv), tg::bind(tb, tbv, {rows, 24}));
+        REQUIRE(f.values().size() == n * 24);
+        REQUIRE(fb.values().size() == n * 24);
+        for (std::size_t e = 0; e < n; ++e)
+            for (std::size_t j = 0; j < 24; ++j) {
+                REQUIRE(f.values()[e * 24 + j] == tv[std::size_t(iv[e]) * 24 + j]);  // the padding row too (forward)
+                REQUIRE(fb.values()[e * 24 + j] == float(tbv[std::size_t(iv[e]) * 24 + j]));
+            }
+    }
+}
+
 TEST_CASE("index_select along an axis matches finite differences", "[ops][index][gradient]") {
     constexpr auto x = tg::param<"x", double, tg::shape<4, 3>>;
     constexpr auto ids = tg::input<"ids", std::int32_t, tg::shape<tg::dyn>>;
