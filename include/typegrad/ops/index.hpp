@@ -833,6 +833,12 @@ struct gather_backward_op : kernel_op_base {
     static constexpr auto vjp(G g, Out, Gr, Index index, X);
 };
 
+// A start or length operand: one element (rank 0, or rank 1 of extent 1 or dynamic). Keyed by
+// the shape alone (a function of the expression type would be named with its whole graph).
+template <class S>
+constexpr bool one_element_shape() {
+    return S::rank == 0 || (S::rank == 1 && (S::extents[0] == 1 || S::extents[0] == dyn));
+}
 // ---- dynamic_slice along Axis: Length elements from a run-time start -------------------------
 // Mode 0: (x, start) -> x with Axis cut to [start, start + Length); mode 1: (g, start, x shape
 // only) -> zeros like x with g written there (the adjoint). start is one integer (negative: from
@@ -1184,8 +1190,7 @@ constexpr auto dynamic_slice(X x, Start start) {
     using S = typename X::shape_type;
     static_assert(is_index_type_v<typename Start::value_type>,
                   "typegrad: dynamic_slice<axis, length>(x, start) takes an integer start (std::int32_t or std::int64_t).");
-    static_assert(Start::shape_type::rank <= 1 && (Start::shape_type::rank == 0 || Start::shape_type::extents[0] == 1 ||
-                                                   Start::shape_type::extents[0] == dyn),
+    static_assert(detail::one_element_shape<typename Start::shape_type>(),
                   "typegrad: dynamic_slice<axis, length>(x, start) takes a start of one element.");
     static_assert((Axis < 0 ? -Axis <= int(S::rank) : Axis < int(S::rank)),
                   "typegrad: dynamic_slice<axis, length>(x, start) names an axis x does not have.");
@@ -1210,13 +1215,11 @@ constexpr auto narrow(X x, Start start, Length length) {
     using S = typename X::shape_type;
     static_assert(is_index_type_v<typename Start::value_type>,
                   "typegrad: narrow<axis>(x, start, length) takes an integer start (std::int32_t or std::int64_t).");
-    static_assert(Start::shape_type::rank <= 1 && (Start::shape_type::rank == 0 || Start::shape_type::extents[0] == 1 ||
-                                                   Start::shape_type::extents[0] == dyn),
+    static_assert(detail::one_element_shape<typename Start::shape_type>(),
                   "typegrad: narrow<axis>(x, start, length) takes a start of one element.");
     static_assert(is_index_type_v<typename Length::value_type>,
                   "typegrad: narrow<axis>(x, start, length) takes an integer length (std::int32_t or std::int64_t).");
-    static_assert(Length::shape_type::rank <= 1 && (Length::shape_type::rank == 0 || Length::shape_type::extents[0] == 1 ||
-                                                    Length::shape_type::extents[0] == dyn),
+    static_assert(detail::one_element_shape<typename Length::shape_type>(),
                   "typegrad: narrow<axis>(x, start, length) takes a length of one element.");
     static_assert(is_leaf_v<typename Length::node_type>,
                   "typegrad: narrow<axis>(x, start, length) takes its length from an input (a tg::input or tg::param): "
