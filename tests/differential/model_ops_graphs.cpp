@@ -337,6 +337,33 @@ double autocast_2153(const tensors<double>& in, const extents& ext, tensors<doub
     grad = {widened(gm), widened(ga)};
     return v;
 }
+// narrow of a bf16 matmul along the dynamic axis (a run-time length, empty included) and along
+// the static one: narrow keeps the dtype (PyTorch's autocast lists neither narrow nor slicing)
+double autocast_2155(const tensors<double>& in, const extents& ext, tensors<double>& grad,
+                     std::vector<std::string_view>* dtypes) {
+    constexpr auto x = tg::input<"x", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto m = tg::param<"m", float, tg::shape<4, 6>>;
+    constexpr auto s = tg::input<"s", std::int64_t, tg::shape<1>>;
+    constexpr auto l = tg::input<"l", std::int64_t, tg::shape<1>>;
+    constexpr auto l2 = tg::input<"l2", std::int32_t, tg::shape<>>;
+    constexpr auto h = tg::matmul(x, m);
+    constexpr auto rows = tg::narrow<0>(h, s, l);
+    constexpr auto cols = tg::narrow<1>(h, s, l2);
+    constexpr auto loss = tg::sum(tg::square(rows)) + tg::sum(tg::tanh(cols));
+    if (dtypes != nullptr) {
+        *dtypes = {dtype_in_region(h), dtype_in_region(rows), dtype_in_region(cols), dtype_in_region(loss)};
+        return 0;
+    }
+    const std::vector<float> xv(in[0].begin(), in[0].end()), mv(in[1].begin(), in[1].end());
+    const auto sv = ids_of(in[2]), lv = ids_of(in[3]);
+    const auto l2v = ids_of<std::int32_t>(in[4]);
+    std::vector<float> gm(mv.size());
+    constexpr auto step = tg::compile(tg::autocast<tg::cpu_bf16>(loss), tg::wrt(m));
+    const double v = double(float(step.value_and_grad(tg::bind(x, xv, {ext[0][0], 4}), tg::bind(m, mv), tg::bind(s, sv),
+                                                      tg::bind(l, lv), tg::bind(l2, l2v), tg::grad_into(m, gm))));
+    grad = {widened(gm)};
+    return v;
+}
 
 const bool registered = [] {
     auto& r = registry();
@@ -434,6 +461,13 @@ const bool registered = [] {
                  "tg::sum(tg::tanh(tg::linear_recurrence<0>(a, h))))",
                  {{"x", in_, 2, {-1, 4}, -1, 1}, {"m", par, 2, {4, 6}, -1, 1}, {"a", par, 1, {6}, -0.9, 0.9}},
                  nullptr, nullptr, nullptr, &autocast_2153});
+    r.push_back({2155, 1, 2,
+                 "h = tg::matmul(x, m): tg::autocast<tg::cpu_bf16>(tg::sum(tg::square(tg::narrow<0>(h, s, l))) + "
+                 "tg::sum(tg::tanh(tg::narrow<1>(h, s, l2))))",
+                 {{"x", in_, 2, {-1, 4}, -1, 1}, {"m", par, 2, {4, 6}, -1, 1}, {"s", ids, 1, {1}, 0, 1},
+                  {"l", ids, 1, {1}, 0, -2, 0},  // 0 .. rows - 2
+                  {"l2", ids, 0, {}, 1, 4}},
+                 nullptr, nullptr, nullptr, &autocast_2155});
     return true;
 }();
 

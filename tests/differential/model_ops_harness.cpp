@@ -169,6 +169,15 @@ const std::map<int, reference>& references() {
              for (const T* t : {&h, &c, &r, &loss}) out.push_back(torch::scalar_tensor(double(int(t->scalar_type()))));
              return torch::stack(out);
          }},
+        {2155, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
+             const auto h = torch::matmul(L[0], L[1]);
+             const auto rows = h.narrow(0, L[2].item<std::int64_t>(), L[3].item<std::int64_t>());
+             const auto cols = h.narrow(1, L[2].item<std::int64_t>(), L[4].item<std::int64_t>());
+             const auto loss = rows.square().sum() + cols.tanh().sum();
+             std::vector<T> out{loss.to(torch::kFloat)};
+             for (const T* t : {&h, &rows, &cols, &loss}) out.push_back(torch::scalar_tensor(double(int(t->scalar_type()))));
+             return torch::stack(out);
+         }},
         {2154, [](const std::vector<T>& L, const std::vector<T>&, bool&) {
              const auto s = torch::matmul(L[0], L[1].transpose(-2, -1)) / std::sqrt(8.0);
              const auto keep = torch::ones({s.size(-2), s.size(-1)}, torch::TensorOptions().dtype(torch::kBool)).tril();
