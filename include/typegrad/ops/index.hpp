@@ -12,9 +12,9 @@
 // runs), otherwise before the kernel writes. Negative ids are errors, as in PyTorch.
 //
 // Gradients: the backward of a lookup is a deterministic scatter-add (rows added in the order of
-// the ids: the same bits on every run), skipping padding_idx; embedding's splits the table's rows
-// over the thread pool (each row summed by one task, in the ids' order: the same bits on any
-// number of threads), index_select's and gather's run on one thread. concat's gradient of each
+// the ids: the same bits on every run), skipping padding_idx; embedding's and index_select's
+// split the gradient's rows over the thread pool (each row summed by one task, in the ids'
+// order: the same bits on any number of threads), gather's runs on one thread. concat's gradient of each
 // input is a zero-copy view of the incoming gradient.
 //
 // Autocast: embedding and index_select keep their dtypes (PyTorch lists neither); cat and stack
@@ -677,6 +677,42 @@ struct index_add_op : kernel_op_base {
         const auto* idp = static_cast<const Id*>(ids.data);
         std::size_t total = 1;
         for (std::size_t a = 0; a < g.rank; ++a) total *= ext[a];
+        // g dense: g as [outer, L, inner] and the gradient as [outer, E, inner]; the gradient's
+        // rows (outer, e) split over the pool, each task zero-filling its rows and adding, for each
+        // of their outers, the g rows whose ids fall in them, in the ids' order: every element is
+        // summed by one task in the order of the loop below (the same bits on any thread count)
+        bool dense = true;
+        for (std::size_t a = g.rank, s = 1; a-- > 0; s *= g.ext[a]) dense = dense && (g.ext[a] == 1 || g.stride[a] == std::ptrdiff_t(s));
+        if (total == 0) return;
+        if (dense) {
+            std::size_t outer = 1, inner = 1;
+            for (std::size_t a = 0; a < Axis; ++a) outer *= ext[a];
+            for (std::size_t a = Axis + 1; a < g.rank; ++a) inner *= ext[a];
+            const std::size_t L = g.ext[Axis], E = ext[Axis];
+            pooled_buffer<C> acc;
+            if constexpr (!std::is_same_v<T, C>) acc = pooled_buffer<C>(total);
+            C* const dx = [&] {
+                if constexpr (std::is_same_v<T, C>) return out;
+                else return acc.data();
+            }();
+            parallel_ranges(outer * E, inner * (L / std::max<std::size_t>(E, 1) + 1), [&](std::size_t r0, std::size_t r1) {
+                std::fill(dx + r0 * inner, dx + r1 * inner, C(0));
+                for (std::size_t o = r0 / E; o * E < r1; ++o) {
+                    const std::size_t lo = std::max(r0, o * E) - o * E, hi = std::min(r1, (o + 1) * E) - o * E;
+                    for (std::size_t k = 0; k < L; ++k) {
+                        const auto id = std::size_t(idp[std::ptrdiff_t(k) * ids.stride[0]]);
+                        if (id < lo || id >= hi) continue;
+                        C* d = dx + (o * E + id) * inner;
+                        const B* s = gp + (o * L + k) * inner;
+                        for (std::size_t i = 0; i < inner; ++i)
+                            d[i] += static_cast<C>(convert_element<T, typename Gn::value_type>(s[i]));
+                    }
+                }
+                if constexpr (!std::is_same_v<T, C>)
+                    for (std::size_t i = r0 * inner; i < r1 * inner; ++i) out[i] = T(dx[i]);
+            });
+            return;
+        }
         pooled_buffer<C> acc(total, C(0));
         const std::size_t n = numel_of(g);
         for (std::size_t e = 0; e < n; ++e) {  // g in row-major order: ids in order on each line

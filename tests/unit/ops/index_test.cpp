@@ -200,6 +200,64 @@ TEST_CASE("index_select along an axis matches finite differences", "[ops][index]
                     tg::shape_error);
 }
 
+TEST_CASE("index_select's backward on several threads: the bits of one thread, a double scatter-add",
+          "[ops][index][threads]") {
+    struct restore_threads {
+        ~restore_threads() { tg::set_num_threads(0); }
+    } restore;
+    // x [A, E, I] selected along axis 1 by 3000 ids (repeats; E = 50 rows), and along axis 0
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto xb = tg::param<"xb", tg::bf16, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto ids = tg::input<"ids", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto q1 = tg::input<"q1", float, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    const std::size_t A = 3, E = 50, I = 20, n = 3000;
+    std::vector<std::int64_t> iv(n);
+    for (std::size_t k = 0; k < n; ++k) iv[k] = std::int64_t((k * 7919 + k / 3) % E);
+    const std::vector<float> xv(A * E * I, 0.25f);
+    const std::vector<tg::bf16> xbv(xv.size(), tg::bf16(0.25f));
+    const auto qd = uniform(A * n * I, -1.0, 1.0, 61);
+    const std::vector<float> qv(qd.begin(), qd.end());
+    auto step = tg::compile(tg::sum(tg::index_select<1>(x, ids) * q1), tg::wrt(x));
+    auto step_b = tg::compile(tg::sum(tg::cast<float>(tg::index_select<1>(xb, ids)) * q1), tg::wrt(xb));
+    auto grad = [&](std::size_t threads, bool bf16) {
+        tg::set_num_threads(threads);
+        std::vector<double> out(xv.size());
+        if (bf16) {
+            std::vector<tg::bf16> gb(xv.size(), tg::bf16(-7.0f));
+            step_b.value_and_grad(tg::bind(xb, xbv, {A, E, I}), tg::bind(ids, iv), tg::bind(q1, qv, {A, n, I}),
+                                  tg::grad_into(xb, gb));
+            for (std::size_t i = 0; i < gb.size(); ++i) out[i] = double(float(gb[i]));
+        } else {
+            std::vector<float> g(xv.size(), -7.0f);
+            step.value_and_grad(tg::bind(x, xv, {A, E, I}), tg::bind(ids, iv), tg::bind(q1, qv, {A, n, I}), tg::grad_into(x, g));
+            for (std::size_t i = 0; i < g.size(); ++i) out[i] = double(g[i]);
+        }
+        return out;
+    };
+    for (const bool bf16 : {false, true}) {
+        INFO((bf16 ? "bf16" : "f32"));
+        const auto one = grad(1, bf16);
+        for (std::size_t threads : {2u, 3u, 8u}) {
+            INFO("threads " << threads);
+            const auto many = grad(threads, bf16);
+            for (std::size_t i = 0; i < one.size(); ++i) REQUIRE(many[i] == one[i]);
+        }
+        // a plain scatter-add in double (of q's bf16 roundings for the bf16 x), within rounding
+        std::vector<double> ref(xv.size(), 0.0), mag(xv.size(), 0.0);
+        for (std::size_t a = 0; a < A; ++a)
+            for (std::size_t k = 0; k < n; ++k)
+                for (std::size_t i = 0; i < I; ++i) {
+                    const float qf = qv[(a * n + k) * I + i];
+                    const double t = bf16 ? double(float(tg::bf16(qf))) : double(qf);
+                    const std::size_t o = (a * E + std::size_t(iv[k])) * I + i;
+                    ref[o] += t;
+                    mag[o] += std::abs(t);
+                }
+        for (std::size_t i = 0; i < ref.size(); ++i)
+            REQUIRE(std::abs(one[i] - ref[i]) <= 1e-6 * mag[i] + (bf16 ? 0x1p-8 * std::abs(ref[i]) : 0.0));
+    }
+}
+
 TEST_CASE("concat and stack match finite differences and values", "[ops][index][gradient]") {
     constexpr auto a = tg::param<"a", double, tg::shape<2, 3>>;
     constexpr auto b = tg::param<"b", double, tg::shape<tg::dyn, 3>>;
