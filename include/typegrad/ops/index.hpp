@@ -12,9 +12,9 @@
 // runs), otherwise before the kernel writes. Negative ids are errors, as in PyTorch.
 //
 // Gradients: the backward of a lookup is a deterministic scatter-add (rows added in the order of
-// the ids: the same bits on every run), skipping padding_idx; embedding's and index_select's
-// split the gradient's rows over the thread pool (each row summed by one task, in the ids'
-// order: the same bits on any number of threads), gather's runs on one thread. concat's gradient of each
+// the ids: the same bits on every run), skipping padding_idx; each splits the gradient over the
+// thread pool (embedding's and index_select's its rows, gather's its lines along the axis), each
+// element summed by one task in the ids' order: the same bits on any number of threads. concat's gradient of each
 // input is a zero-copy view of the incoming gradient.
 //
 // Autocast: embedding and index_select keep their dtypes (PyTorch lists neither); cat and stack
@@ -848,22 +848,40 @@ struct gather_backward_op : kernel_op_base {
         check_ids<Id>("gather(x, index)", index, ext[Axis]);
         const auto* gp = static_cast<const B*>(g.data);
         const auto* ip = static_cast<const Id*>(index.data);
+        const std::size_t rank = index.rank;
         std::size_t total = 1;
-        for (std::size_t a = 0; a < index.rank; ++a) total *= ext[a];
-        pooled_buffer<C> acc(total, C(0));
-        const std::size_t n = numel_of(index);
-        for (std::size_t e = 0; e < n; ++e) {
-            std::size_t r = e, o = 0, scale = 1;
-            for (std::size_t a = index.rank; a-- > 0;) {
-                std::size_t i = r % index.ext[a];
-                r /= index.ext[a];
-                if (a == Axis) i = std::size_t(ip[strided_offset(index, e)]);
-                o += i * scale;
-                scale *= ext[a];
+        for (std::size_t a = 0; a < rank; ++a) total *= ext[a];
+        pooled_buffer<C> acc;
+        if constexpr (!std::is_same_v<T, C>) acc = pooled_buffer<C>(total);
+        C* const dx = [&] {
+            if constexpr (std::is_same_v<T, C>) return out;
+            else return acc.data();
+        }();
+        std::fill_n(dx, total, C(0));
+        std::size_t dstride[max_rank + 1] = {};  // the gradient's row-major strides
+        for (std::size_t a = rank, s = 1; a-- > 0; s *= ext[a]) dstride[a] = s;
+        // Lines: index's elements with equal coordinates but along Axis write the same line of
+        // the gradient and no other's, so lines split over the pool; each adds along Axis in
+        // order: every element is summed by one task in one thread's order.
+        std::size_t outer = 1, inner = 1;
+        for (std::size_t a = 0; a < Axis; ++a) outer *= index.ext[a];
+        for (std::size_t a = Axis + 1; a < rank; ++a) inner *= index.ext[a];
+        const std::size_t L = index.ext[Axis];
+        parallel_ranges(outer * inner, L * (2 * rank + 2), [&](std::size_t l0, std::size_t l1) {
+            for (std::size_t line = l0; line < l1; ++line) {
+                const std::size_t o = line / inner, i = line % inner;
+                std::size_t base = 0;
+                for (std::size_t a = rank, r = i; a-- > Axis + 1; r /= index.ext[a]) base += r % index.ext[a] * dstride[a];
+                for (std::size_t a = Axis, r = o; a-- > 0; r /= index.ext[a]) base += r % index.ext[a] * dstride[a];
+                for (std::size_t k = 0; k < L; ++k) {
+                    const std::size_t e = (o * L + k) * inner + i;
+                    const auto id = std::size_t(ip[strided_offset(index, e)]);
+                    dx[base + id * dstride[Axis]] += static_cast<C>(convert_element<T, typename Gn::value_type>(gp[strided_offset(g, e)]));
+                }
             }
-            acc[o] += static_cast<C>(convert_element<T, typename Gn::value_type>(gp[strided_offset(g, e)]));
-        }
-        for (std::size_t i = 0; i < total; ++i) out[i] = T(acc[i]);
+        });
+        if constexpr (!std::is_same_v<T, C>)
+            for (std::size_t i = 0; i < total; ++i) out[i] = T(dx[i]);
     }
     template <std::size_t I, class G, class Out, class Gr, class Index, class X>
     static constexpr auto vjp(G g, Out, Gr, Index index, X);

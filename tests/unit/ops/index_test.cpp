@@ -294,6 +294,56 @@ TEST_CASE("concat and stack match finite differences and values", "[ops][index][
     STATIC_REQUIRE(std::is_same_v<decltype(tg::stack<0>(h, h))::value_type, tg::bf16>);
 }
 
+TEST_CASE("gather's backward on several threads: the bits of one thread, a double scatter-add", "[ops][index][threads]") {
+    struct restore_threads {
+        ~restore_threads() { tg::set_num_threads(0); }
+    } restore;
+    // x [A, E, I]; index [A, n, J] (J < I: torch.gather's smaller index) along axis 1, and
+    // index0 [m, E, J] along axis 0
+    constexpr auto x = tg::param<"x", float, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto index = tg::input<"index", std::int64_t, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto index0 = tg::input<"index0", std::int32_t, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto q = tg::input<"q", float, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto q0 = tg::input<"q0", float, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    const std::size_t A = 3, E = 50, I = 20, J = 17, n = 400, m = 300;
+    std::vector<std::int64_t> iv(A * n * J);
+    for (std::size_t k = 0; k < iv.size(); ++k) iv[k] = std::int64_t((k * 7919 + k / 5) % E);
+    std::vector<std::int32_t> i0(m * E * J);
+    for (std::size_t k = 0; k < i0.size(); ++k) i0[k] = std::int32_t((k * 104729 + 7) % A);
+    const std::vector<float> xv(A * E * I, 0.5f);
+    const auto qd = uniform(A * n * J, -1.0, 1.0, 71), q0d = uniform(m * E * J, -1.0, 1.0, 72);
+    const std::vector<float> qv(qd.begin(), qd.end()), q0v(q0d.begin(), q0d.end());
+    auto step = tg::compile(tg::sum(tg::gather<1>(x, index) * q) + tg::sum(tg::gather<0>(x, index0) * q0), tg::wrt(x));
+    auto grad = [&](std::size_t threads) {
+        tg::set_num_threads(threads);
+        std::vector<float> g(xv.size(), -7.0f);
+        step.value_and_grad(tg::bind(x, xv, {A, E, I}), tg::bind(index, iv, {A, n, J}), tg::bind(q, qv, {A, n, J}),
+                            tg::bind(index0, i0, {m, E, J}), tg::bind(q0, q0v, {m, E, J}), tg::grad_into(x, g));
+        return g;
+    };
+    const auto one = grad(1);
+    for (std::size_t threads : {2u, 3u, 8u}) {
+        INFO("threads " << threads);
+        const auto many = grad(threads);
+        for (std::size_t i = 0; i < one.size(); ++i) REQUIRE(many[i] == one[i]);
+    }
+    std::vector<double> ref(xv.size(), 0.0), mag(xv.size(), 0.0);
+    auto add = [&](std::size_t o, double t) {
+        ref[o] += t;
+        mag[o] += std::abs(t);
+    };
+    for (std::size_t a = 0; a < A; ++a)
+        for (std::size_t k = 0; k < n; ++k)
+            for (std::size_t j = 0; j < J; ++j)
+                add((a * E + std::size_t(iv[(a * n + k) * J + j])) * I + j, qv[(a * n + k) * J + j]);
+    for (std::size_t k = 0; k < m; ++k)
+        for (std::size_t e = 0; e < E; ++e)
+            for (std::size_t j = 0; j < J; ++j)
+                add((std::size_t(i0[(k * E + e) * J + j]) * E + e) * I + j, q0v[(k * E + e) * J + j]);
+    for (std::size_t i = 0; i < ref.size(); ++i) REQUIRE(std::abs(double(one[i]) - ref[i]) <= 1e-6 * mag[i]);
+    for (std::size_t e = 0; e < E; ++e) REQUIRE(one[e * I + J] == 0.0f);  // columns no index reaches
+}
+
 TEST_CASE("gather along an axis matches finite differences and torch.gather", "[ops][index][gradient]") {
     constexpr auto x = tg::param<"x", double, tg::shape<3, 4>>;
     constexpr auto i0 = tg::input<"i0", std::int64_t, tg::shape<2, 4>>;
