@@ -423,12 +423,9 @@ struct embedding_op : kernel_op_base {
                     std::fill_n(o, dim, T(0.0f));
                     continue;
                 }
+                // an element loop, not std::copy_n: glibc's memmove copies 2 KB rows with `rep movsb`,
+                // 8% slower for the whole step on an AMD EPYC host
                 const B* row = tp + std::ptrdiff_t(id) * table.stride[0];
-                if constexpr (std::is_same_v<T, B>)
-                    if (table.stride[1] == 1) {
-                        std::copy_n(row, dim, o);
-                        continue;
-                    }
                 for (std::size_t j = 0; j < dim; ++j)
                     o[j] = convert_element<T, typename Table::value_type>(row[std::ptrdiff_t(j) * table.stride[1]]);
             }
