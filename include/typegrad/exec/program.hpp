@@ -39,8 +39,8 @@ struct node_info {
     // Operands whose values the shape pass reads (a bit each; narrow's length, always a leaf):
     // the CUDA backend copies them to the host for that pass.
     unsigned shape_values = 0;
-    // Dense row-major when materialised (node::contiguous): a view that is (a reshape of a
-    // computed value) is read by fused loops as a computed value, its axes coalesced.
+    // Dense row-major when materialised (node::contiguous): fused loops read a contiguous view
+    // (a reshape of a dense value) as they read a buffer, its axes coalesced.
     bool contiguous = true;
     std::size_t rank = 0;
     std::size_t ext[max_rank]{};  // static extents, `dyn` where dynamic

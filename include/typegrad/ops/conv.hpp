@@ -102,15 +102,6 @@ struct dense_input {
     pooled_buffer<C> copy;  // empty when the operand is read in place
     const C* data;
 };
-template <class Ref>
-bool is_row_major(const Ref& r) {
-    std::ptrdiff_t expect = 1;
-    for (std::size_t a = 4; a-- > 0;) {
-        if (r.ext[a] != 1 && r.stride[a] != expect) return false;
-        expect *= std::ptrdiff_t(r.ext[a]);
-    }
-    return true;
-}
 template <class C, class V, class B, class Ref>
 dense_input<C> dense_input_of(const Ref& r) {
     if constexpr (std::is_same_v<B, C>)
@@ -119,24 +110,6 @@ dense_input<C> dense_input_of(const Ref& r) {
     d.data = d.copy.data();
     return d;
 }
-// The result as a dense array of C: the output buffer itself when it has the compute dtype, else
-// a buffer rounded into it by store() (once, at the end). Kernel outputs never overlap operands.
-template <class C, class T>
-struct dense_output {
-    pooled_buffer<C> own;
-    C* data;
-    dense_output(T* out, std::size_t n) {
-        if constexpr (std::is_same_v<T, C>) data = out;
-        else {
-            own = pooled_buffer<C>(n);
-            data = own.data();
-        }
-    }
-    void store(T* out) const {
-        if constexpr (!std::is_same_v<T, C>)
-            for (std::size_t e = 0; e < own.size(); ++e) out[e] = T(own[e]);
-    }
-};
 
 // The output columns [lo, hi) whose kernel column j reads inside the input row (the others read
 // padding): iw = ow sw + j dw - pw in [0, w).

@@ -358,6 +358,24 @@ inline std::size_t lines_but(std::size_t axis, const std::size_t* ext, std::size
     return lines;
 }
 
+// A scatter-add of rows over the thread pool (embedding's and index_select's backwards): the
+// result is `rows` rows of `width` elements, accumulated in C (out itself when T is C, else a
+// buffer rounded into out row by row). Tasks own ranges of rows [r0, r1): each zero-fills them,
+// then add(r0, r1, acc) adds every contribution to those rows in the ids' order, then (T not C)
+// stores them. Every element is summed by one task in one order: the bits of one thread on any
+// number of threads, and each task writes whole rows, contiguous. cost: operations per row.
+template <class C, class T, class Add>
+void scatter_add_rows(std::size_t rows, std::size_t width, std::size_t cost, T* out, Add&& add) {
+    const dense_output<C, T> acc(out, rows * width);
+    C* const a = acc.data;
+    parallel_ranges(rows, cost, [&](std::size_t r0, std::size_t r1) {
+        std::fill(a + r0 * width, a + r1 * width, C(0));
+        add(r0, r1, a);
+        if constexpr (!std::is_same_v<C, T>)
+            for (std::size_t i = r0 * width; i < r1 * width; ++i) out[i] = T(a[i]);
+    });
+}
+
 // ---- embedding: out[i..., :] = table[ids[i...], :] -------------------------------------------
 // ZeroPadding: rows of padding ids are written as zeros (the adjoint of embedding_backward).
 template <std::int64_t Padding, bool ZeroPadding>
@@ -488,15 +506,6 @@ struct embedding_backward_op : kernel_op_base {
         check_ids<Id>("embedding(ids, table)", ids, rows);
         const auto* idp = static_cast<const Id*>(ids.data);
         const auto* gp = static_cast<const B*>(g.data);
-        // accumulate in the compute type (f32 for bf16/f16 tables), then store once
-        pooled_buffer<C> wide;  // (kernel temporaries: core/cpu/buffer_pool.hpp)
-        C* acc = nullptr;
-        if constexpr (std::is_same_v<C, T>) {
-            acc = out;
-        } else {
-            wide = pooled_buffer<C>(rows * dim);  // (zero-filled below, by the task that owns each row)
-            acc = wide.data();
-        }
         // Each id's row of acc (rows for a padding id: added nowhere) and g's offset of its row
         // (g has the ids' axes then the embedding axis), once for all tasks.
         pooled_buffer<std::ptrdiff_t> at(2 * n);
@@ -510,14 +519,10 @@ struct embedding_backward_op : kernel_op_base {
             }
         });
         const std::ptrdiff_t gj = g.stride[g.rank - 1];
-        // Tasks own ranges of rows [r0, r1) of the result: each zero-fills its rows, scans all ids
-        // and adds the g rows of those in its range, in the ids' order, then (bf16/f16) stores its
-        // rows. Every element is summed by one task in the ids' order, so any number of threads
-        // gives the bits of one. (By rows rather than by columns: each task then writes whole rows,
-        // contiguous, and the zero-fill is part of the same pass.)
+        // Each task scans all ids and adds the g rows of those in its rows (by rows rather than by
+        // columns: whole rows written, the zero-fill part of the same pass).
         const std::size_t cost = dim + (n * dim + rows - 1) / std::max<std::size_t>(rows, 1);  // per row
-        parallel_ranges(rows, cost, [&](std::size_t r0, std::size_t r1) {
-            std::fill(acc + r0 * dim, acc + r1 * dim, C(0));
+        scatter_add_rows<C>(rows, dim, cost, out, [&](std::size_t r0, std::size_t r1, C* acc) {
             for (std::size_t e = 0; e < n; ++e) {
                 const auto r = std::size_t(atp[2 * e]);
                 if (r < r0 || r >= r1) continue;  // another task's row, or padding
@@ -526,8 +531,6 @@ struct embedding_backward_op : kernel_op_base {
                 for (std::size_t j = 0; j < dim; ++j)
                     row[j] += static_cast<C>(convert_element<T, typename Gn::value_type>(src[std::ptrdiff_t(j) * gj]));
             }
-            if constexpr (!std::is_same_v<C, T>)
-                for (std::size_t i = r0 * dim; i < r1 * dim; ++i) out[i] = T(acc[i]);
         });
     }
     // The offsets of the row-major positions e, e + 1, ... over the first `rank` axes of r (for g:
@@ -674,26 +677,16 @@ struct index_add_op : kernel_op_base {
         const auto* idp = static_cast<const Id*>(ids.data);
         std::size_t total = 1;
         for (std::size_t a = 0; a < g.rank; ++a) total *= ext[a];
-        // g dense: g as [outer, L, inner] and the gradient as [outer, E, inner]; the gradient's
-        // rows (outer, e) split over the pool, each task zero-filling its rows and adding, for each
-        // of their outers, the g rows whose ids fall in them, in the ids' order: every element is
-        // summed by one task in the order of the loop below (the same bits on any thread count)
-        bool dense = true;
-        for (std::size_t a = g.rank, s = 1; a-- > 0; s *= g.ext[a]) dense = dense && (g.ext[a] == 1 || g.stride[a] == std::ptrdiff_t(s));
+        // g dense: g as [outer, L, inner] and the gradient as [outer, E, inner], whose rows (outer,
+        // e) go over the pool as embedding's: each task adds, for each of its outers, the g rows
+        // whose ids fall in its rows, in the ids' order (the order of the general loop below)
         if (total == 0) return;
-        if (dense) {
+        if (is_row_major(g)) {
             std::size_t outer = 1, inner = 1;
             for (std::size_t a = 0; a < Axis; ++a) outer *= ext[a];
             for (std::size_t a = Axis + 1; a < g.rank; ++a) inner *= ext[a];
             const std::size_t L = g.ext[Axis], E = ext[Axis];
-            pooled_buffer<C> acc;
-            if constexpr (!std::is_same_v<T, C>) acc = pooled_buffer<C>(total);
-            C* const dx = [&] {
-                if constexpr (std::is_same_v<T, C>) return out;
-                else return acc.data();
-            }();
-            parallel_ranges(outer * E, inner * (L / std::max<std::size_t>(E, 1) + 1), [&](std::size_t r0, std::size_t r1) {
-                std::fill(dx + r0 * inner, dx + r1 * inner, C(0));
+            scatter_add_rows<C>(outer * E, inner, inner * (L / E + 1), out, [&](std::size_t r0, std::size_t r1, C* dx) {
                 for (std::size_t o = r0 / E; o * E < r1; ++o) {
                     const std::size_t lo = std::max(r0, o * E) - o * E, hi = std::min(r1, (o + 1) * E) - o * E;
                     for (std::size_t k = 0; k < L; ++k) {
@@ -705,8 +698,6 @@ struct index_add_op : kernel_op_base {
                             d[i] += static_cast<C>(convert_element<T, typename Gn::value_type>(s[i]));
                     }
                 }
-                if constexpr (!std::is_same_v<T, C>)
-                    for (std::size_t i = r0 * inner; i < r1 * inner; ++i) out[i] = T(dx[i]);
             });
             return;
         }
@@ -848,12 +839,8 @@ struct gather_backward_op : kernel_op_base {
         const std::size_t rank = index.rank;
         std::size_t total = 1;
         for (std::size_t a = 0; a < rank; ++a) total *= ext[a];
-        pooled_buffer<C> acc;
-        if constexpr (!std::is_same_v<T, C>) acc = pooled_buffer<C>(total);
-        C* const dx = [&] {
-            if constexpr (std::is_same_v<T, C>) return out;
-            else return acc.data();
-        }();
+        const dense_output<C, T> acc(out, total);  // out itself for f32/f64
+        C* const dx = acc.data;
         std::fill_n(dx, total, C(0));
         std::size_t dstride[max_rank + 1] = {};  // the gradient's row-major strides
         for (std::size_t a = rank, s = 1; a-- > 0; s *= ext[a]) dstride[a] = s;
@@ -877,8 +864,7 @@ struct gather_backward_op : kernel_op_base {
                 }
             }
         });
-        if constexpr (!std::is_same_v<T, C>)
-            for (std::size_t i = 0; i < total; ++i) out[i] = T(dx[i]);
+        acc.store(out);
     }
     template <std::size_t I, class G, class Out, class Gr, class Index, class X>
     static constexpr auto vjp(G g, Out, Gr, Index index, X);
@@ -1142,10 +1128,7 @@ struct concat_part_op : view_op_base<concat_part_op<Axis, I>> {
     static constexpr bool keeps_contiguity = false;
     static constexpr bool shape_only(std::size_t i) { return i > 0; }
     template <class G, class... Xs>
-    struct rule {
-        using value_type = typename G::value_type;
-        using shape_type = typename type_at_t<I, type_list<Xs...>>::shape_type;
-    };
+    using rule = part_rule<I, G, Xs...>;
     template <class N, class Ref>
     static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
         std::size_t before = 0;

@@ -53,6 +53,16 @@ inline std::size_t numel_of(const Ref& r) {
     for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
     return n;
 }
+// Dense row-major strides (extent-1 axes may have any stride): the operand can be read in place.
+template <class Ref>
+bool is_row_major(const Ref& r) {
+    std::ptrdiff_t expect = 1;
+    for (std::size_t a = r.rank; a-- > 0;) {
+        if (r.ext[a] != 1 && r.stride[a] != expect) return false;
+        expect *= std::ptrdiff_t(r.ext[a]);
+    }
+    return true;
+}
 template <class T, class V, class B>
 inline T convert_element(B x) {
     if constexpr (std::is_same_v<T, B>) return x;
@@ -86,6 +96,14 @@ struct kernel_op_base {
     static constexpr bool shape_only(std::size_t) { return false; }
 };
 
+// The rule of a part of a whole (a packed backward's part, a concat's gradient's part): the
+// whole's dtype, and the shape of operand I among the rest (operands for their shapes only).
+template <std::size_t I, class Whole, class... Xs>
+struct part_rule {
+    using value_type = typename Whole::value_type;
+    using shape_type = typename type_at_t<I, type_list<Xs...>>::shape_type;
+};
+
 // Part I of a packed backward (a kernel op computing several inputs' gradients one after the
 // other: a custom op's backward, the fused attention's): a dense view of input I's extents at its
 // offset. Its children are (packed, inputs...), the inputs for their extents only. The deriving
@@ -98,10 +116,7 @@ struct packed_part_view {
     static constexpr bool keeps_contiguity = true;
     static constexpr bool shape_only(std::size_t i) { return i > 0; }
     template <class Packed, class... Xs>
-    struct rule {
-        using value_type = typename Packed::value_type;
-        using shape_type = typename type_at_t<I, type_list<Xs...>>::shape_type;
-    };
+    using rule = part_rule<I, Packed, Xs...>;
     template <class N, class Ref>
     static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
         offset = 0;

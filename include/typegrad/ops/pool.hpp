@@ -176,47 +176,6 @@ void for_each_plane(const pool_geometry& g, F&& fn) {
     });
 }
 
-// An operand's values, dense in the compute type: the operand's own buffer when it is that
-// already, else a copy (from the per-thread buffer pool: see ops/conv.hpp's dense_of).
-template <class C>
-struct pool_values {
-    pooled_buffer<C> copy;
-    const C* p = nullptr;
-    const C* data() const noexcept { return p; }
-    const C& operator[](std::size_t i) const noexcept { return p[i]; }
-};
-template <class Op, class X>
-pool_values<compute_t<typename X::value_type>> pool_dense(const void* data, const std::size_t* ext,
-                                                          const std::ptrdiff_t* stride) {
-    using C = compute_t<typename X::value_type>;
-    pool_values<C> r;
-    const auto* p = static_cast<const buffer_t<X>*>(data);
-    if constexpr (std::is_same_v<buffer_t<X>, C>) {
-        bool dense = true;
-        std::ptrdiff_t s = 1;
-        for (std::size_t a = 4; a-- > 0;) {
-            dense = dense && (ext[a] == 1 || stride[a] == s);
-            s *= std::ptrdiff_t(ext[a]);
-        }
-        if (dense) {
-            r.p = p;
-            return r;
-        }
-    }
-    r.copy = pooled_buffer<C>(ext[0] * ext[1] * ext[2] * ext[3]);
-    r.p = r.copy.data();
-    C* const out = r.copy.data();
-    std::size_t e = 0;
-    for (std::size_t a = 0; a < ext[0]; ++a)
-        for (std::size_t b = 0; b < ext[1]; ++b)
-            for (std::size_t i = 0; i < ext[2]; ++i)
-                for (std::size_t j = 0; j < ext[3]; ++j, ++e)
-                    out[e] = C(static_cast<compute_t<buffer_t<X>>>(
-                        p[std::ptrdiff_t(a) * stride[0] + std::ptrdiff_t(b) * stride[1] + std::ptrdiff_t(i) * stride[2] +
-                          std::ptrdiff_t(j) * stride[3]]));
-    return r;
-}
-
 // Mode: 0 forward (x -> y), 1 backward scatter (g, x -> dx), 2 gather (h, x -> y-shaped)
 template <bool Max, int Mode, std::size_t K, std::size_t S, std::size_t P>
 struct pool_op : kernel_op_base {
@@ -262,10 +221,11 @@ struct pool_op : kernel_op_base {
         const pool_geometry g = pool_geometry_of<K, S, P>(xr.ext, name);
         constexpr C inv = C(1.0 / double(K * K));
         if constexpr (Mode == 0) {
-            const auto x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
+            const auto xd = dense_input_of<C, typename X::value_type, buffer_t<X>>(xr);
+            const C* const x = xd.data;
             for_each_plane<K>(g, [&](std::size_t p) {
                 if constexpr (Max) {
-                    for_each_window_max<K, S, P>(g, x.data(), p, [&](std::size_t o, std::size_t, C m) { out[o] = T(m); });
+                    for_each_window_max<K, S, P>(g, x, p, [&](std::size_t o, std::size_t, C m) { out[o] = T(m); });
                 } else {
                     for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
                         C s = 0;
@@ -280,21 +240,18 @@ struct pool_op : kernel_op_base {
             });
         } else {
             using Gr = type_at_t<0, typename N::children>;
-            const auto gy = pool_dense<pool_op, Gr>(in[0].data, in[0].ext, in[0].stride);
-            pool_values<C> x;
-            if constexpr (Max) x = pool_dense<pool_op, X>(xr.data, xr.ext, xr.stride);
+            const auto gd = dense_input_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
+            const C* const gy = gd.data;
+            dense_input<C> xd{};  // max's backward and gather read x's values; avg's only its shape
+            if constexpr (Max) xd = dense_input_of<C, typename X::value_type, buffer_t<X>>(xr);
+            const C* const x = xd.data;
             if constexpr (Mode == 1) {
-                // accumulated in the output itself when it holds the compute type
-                pooled_buffer<C> acc;
-                if constexpr (!std::is_same_v<T, C>) acc = pooled_buffer<C>(g.planes * g.h * g.w);
-                C* const dx = [&] {
-                    if constexpr (std::is_same_v<T, C>) return out;
-                    else return acc.data();
-                }();
+                const dense_output<C, T> acc(out, g.planes * g.h * g.w);  // out itself for f32/f64
+                C* const dx = acc.data;
                 for_each_plane<K>(g, [&](std::size_t p) {  // a window's elements lie in its plane
                     std::fill_n(dx + p * g.h * g.w, g.h * g.w, C(0));
                     if constexpr (Max) {
-                        for_each_window_max<K, S, P>(g, x.data(), p, [&](std::size_t o, std::size_t e, C) {
+                        for_each_window_max<K, S, P>(g, x, p, [&](std::size_t o, std::size_t e, C) {
                             if (e != std::size_t(-1)) dx[e] += gy[o];
                         });
                     } else {
@@ -308,11 +265,10 @@ struct pool_op : kernel_op_base {
                         });
                     }
                 });
-                if constexpr (!std::is_same_v<T, C>)
-                    for (std::size_t e = 0; e < acc.size(); ++e) out[e] = T(acc[e]);
+                acc.store(out);
             } else {  // max gather: h (x-shaped) at each window's maximum
                 for_each_plane<K>(g, [&](std::size_t p) {
-                    for_each_window_max<K, S, P>(g, x.data(), p, [&](std::size_t o, std::size_t e, C) {
+                    for_each_window_max<K, S, P>(g, x, p, [&](std::size_t o, std::size_t e, C) {
                         out[o] = T(e == std::size_t(-1) ? C(0) : gy[e]);
                     });
                 });
@@ -474,9 +430,11 @@ struct adaptive_avg_pool_op : kernel_op_base {
         const Ref& xr = in[Mode == 0 ? 0 : 1];
         const std::size_t planes = xr.ext[0] * xr.ext[1], h = xr.ext[2], w = xr.ext[3];
         using Src = type_at_t<0, typename N::children>;  // x (mode 0) or g (mode 1)
-        const auto src = pool_dense<adaptive_avg_pool_op, Src>(in[0].data, in[0].ext, in[0].stride);
-        pooled_buffer<C> dx;
-        if constexpr (Mode == 1) dx = pooled_buffer<C>(planes * h * w, C(0));
+        const auto sd = dense_input_of<C, typename Src::value_type, buffer_t<Src>>(in[0]);
+        const C* const src = sd.data;
+        const dense_output<C, T> acc(out, Mode == 1 ? planes * h * w : 0);  // the backward's sums (out itself for f32/f64)
+        C* const dx = acc.data;
+        if constexpr (Mode == 1) std::fill_n(dx, planes * h * w, C(0));
         for (std::size_t p = 0; p < planes; ++p)
             for (std::size_t i = 0; i < OH; ++i)
                 for (std::size_t j = 0; j < OW; ++j) {
@@ -494,8 +452,7 @@ struct adaptive_avg_pool_op : kernel_op_base {
                             for (std::size_t c = c0; c < c1; ++c) dx[(p * h + r) * w + c] += src[o] * inv;
                     }
                 }
-        if constexpr (Mode == 1)
-            for (std::size_t e = 0; e < dx.size(); ++e) out[e] = T(dx[e]);
+        acc.store(out);
     }
     // The device: one thread per output element, or per input element for the backward (the
     // windows holding it, in the CPU's order: the same sums, no atomics).

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -121,6 +122,25 @@ public:
 private:
     buffer_pool::block block_{};
     std::size_t size_ = 0;
+};
+
+// The result as a dense array of C: the output buffer itself when it has the compute dtype, else
+// a buffer rounded into it by store() (once, at the end). Kernel outputs never overlap operands.
+template <class C, class T>
+struct dense_output {
+    pooled_buffer<C> own;
+    C* data;
+    dense_output(T* out, std::size_t n) {
+        if constexpr (std::is_same_v<T, C>) data = out;
+        else {
+            own = pooled_buffer<C>(n);
+            data = own.data();
+        }
+    }
+    void store(T* out) const {
+        if constexpr (!std::is_same_v<T, C>)
+            for (std::size_t e = 0; e < own.size(); ++e) out[e] = T(own[e]);
+    }
 };
 
 }  // namespace typegrad::detail

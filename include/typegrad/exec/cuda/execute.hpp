@@ -357,10 +357,15 @@ struct node_device {
 template <class Plan>
 void compute_device_shapes(typename Plan::state_type& state) {
     static constexpr auto& info = Plan::program::info;
+    static constexpr bool reads_values = [] {
+        for (std::size_t n = 0; n < Plan::M; ++n)
+            if (info[n].shape_values != 0) return true;
+        return false;
+    }();
     const auto bound = state.ptr;
     state.ptr.fill(nullptr);
-    std::array<std::uint64_t, Plan::M> staged{};
-    for (std::size_t n = 0; n < Plan::M; ++n) {
+    std::array<std::uint64_t, reads_values ? Plan::M : 1> staged;  // only the staged leaves' slots are read
+    for (std::size_t n = 0; reads_values && n < Plan::M; ++n) {
         if (info[n].shape_values == 0) continue;
         for (std::size_t k = 0; k < info[n].arity; ++k) {
             const std::size_t c = info[n].child[k];
