@@ -93,7 +93,7 @@ inline void check(int rc, const char* what) {
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, text, &len);
-    throw mpi_error(message("typegrad: mpi::data_parallel: ", what, " failed: ", std::string_view(text, std::size_t(len))));
+    typegrad::detail::fail<mpi_error>({"typegrad: mpi::data_parallel: ", what, " failed: ", std::string_view(text, std::size_t(len))});
 }
 
 // FNV-1a, 64 bits: the handshake compares fingerprints, not content.
@@ -255,10 +255,10 @@ public:
             if (done) return;
             if (std::chrono::steady_clock::now() > deadline) {
                 broken_ = true;
-                throw timeout_error(message("typegrad: mpi::data_parallel: ", what, " did not complete within ",
-                                            std::to_string(opt_.timeout_seconds),
-                                            " s on rank ", std::to_string(rank_),
-                                            " (a rank died or stopped calling); the communicator is unusable"));
+                typegrad::detail::fail<timeout_error>({"typegrad: mpi::data_parallel: ", what, " did not complete within ",
+                                                       std::to_string(opt_.timeout_seconds),
+                                                       " s on rank ", std::to_string(rank_),
+                                                       " (a rank died or stopped calling); the communicator is unusable"});
             }
             std::this_thread::yield();
         }
@@ -285,11 +285,11 @@ public:
                              : o[1] != all[1] ? "parameter layout (names, sizes, dtypes)"
                              : o[4] != all[4] ? "options.bucket_bytes" : nullptr;
             if (what)
-                throw mismatch_error(message("typegrad: mpi::data_parallel: rank ", std::to_string(q), "'s ", what,
-                                             " differs from rank 0's (rank ", std::to_string(q), ": ",
-                                             std::to_string(o[2]), " param buffers of ", std::to_string(o[3]),
-                                             " elements; rank 0: ", std::to_string(all[2]), " of ",
-                                             std::to_string(all[3]), ")"));
+                typegrad::detail::fail<mismatch_error>({"typegrad: mpi::data_parallel: rank ", std::to_string(q), "'s ", what,
+                                                        " differs from rank 0's (rank ", std::to_string(q), ": ",
+                                                        std::to_string(o[2]), " param buffers of ", std::to_string(o[3]),
+                                                        " elements; rank 0: ", std::to_string(all[2]), " of ",
+                                                        std::to_string(all[3]), ")"});
         }
         std::vector<MPI_Request> reqs;
         for (const auto& e : params)
@@ -348,8 +348,8 @@ public:
         std::size_t i = 0;
         while (i < grads_.size() && grads_[i].name != name) ++i;
         if (i == grads_.size() || grads_[i].size != n)
-            throw binding_error(message("typegrad: mpi::allreduce_in_backward: the param '", name,
-                                        "' has no gradient buffer of its size in the gradient struct"));
+            typegrad::detail::fail<binding_error>({"typegrad: mpi::allreduce_in_backward: the param '", name,
+                                                   "' has no gradient buffer of its size in the gradient struct"});
         if (done_[i]) return;
         ++hooked_;
         add(i, buffer_entry{std::string(), const_cast<void*>(data), n, k}, accumulate_);

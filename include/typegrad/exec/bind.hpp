@@ -120,8 +120,8 @@ std::array<std::size_t, Leaf::shape_type::rank> infer_extents(std::size_t size) 
     if constexpr (S::dyn_count == 1) {
         const std::size_t fixed = S::static_numel;
         if (fixed == 0 || size % fixed != 0)
-            throw shape_error(message("typegrad: bind(", Leaf::name(), ", buffer): ", size,
-                                      " elements cannot fill its static extents"));
+            fail<shape_error>({"typegrad: bind(", Leaf::name(), ", buffer): ", size,
+                               " elements cannot fill its static extents"});
         for (std::size_t i = 0; i < S::rank; ++i)
             if (S::extents[i] == dyn) e[i] = size / fixed;
     }

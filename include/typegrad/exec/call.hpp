@@ -132,15 +132,39 @@ template <class Plan, class Leaf, memory_space S>
 struct bound_leaf_id<Plan, leaf_binding<Leaf, S>> : Plan::program::template id_of<Leaf> {};
 
 // Per-argument checks are free functions of the argument's type alone, fed run-time values (a
-// function per argument named by the plan would make symbol text quadratic).
+// function per argument named by the plan would make symbol text quadratic). Their messages are
+// built by the cold functions below, one for every leaf: a message built in each instantiation
+// was a fifth of the binding code g++ generated per leaf.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_leaf_size(std::string_view name, std::string_view buffer,
+                                                               std::size_t size, const std::size_t* ext,
+                                                               std::size_t rank, std::size_t need) {
+    fail<shape_error>({"typegrad: bind(", name, ", ...): the ", buffer, " has ", size, " elements but extents ",
+                       extents_text(ext, rank), " need ", need});
+}
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_leaf_extent(std::string_view name, std::size_t axis,
+                                                                 std::size_t given, std::size_t declared) {
+    if (declared != dyn && given != declared)
+        fail<shape_error>({"typegrad: bind(", name, ", ...): axis ", axis, " has extent ", given,
+                           " but the leaf declares ", declared});
+    // tg::dyn (SIZE_MAX) marks a dynamic extent inside the plan: never a size
+    fail<shape_error>({"typegrad: bind(", name, ", ...): axis ", axis,
+                       " has extent tg::dyn (SIZE_MAX), which is not a size"});
+}
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_null_binding(std::string_view call, std::string_view name,
+                                                                  std::string_view null) {
+    fail<binding_error>({"typegrad: ", call, "(", name, ", ...) got a ", null});
+}
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_grad_size(std::string_view name, std::string_view buffer,
+                                                               std::size_t size, std::size_t need) {
+    fail<shape_error>({"typegrad: grad_into(", name, ", ...): the ", buffer, " has ", size,
+                       " elements but the gradient has ", need});
+}
 template <class Arg>
 void check_leaf_size(const Arg& b, [[maybe_unused]] std::size_t need, [[maybe_unused]] const std::size_t* ext) {
     if constexpr (is_leaf_binding_v<Arg>) {
         using L = typename Arg::leaf_type;
         if (b.size != unknown_size && b.size != need)
-            throw shape_error(message("typegrad: bind(", L::name(), ", ...): the ", buffer_word<Arg::space>, " has ",
-                                      b.size, " elements but extents ", extents_text(ext, L::shape_type::rank),
-                                      " need ", need));
+            throw_leaf_size(L::name(), buffer_word<Arg::space>, b.size, ext, L::shape_type::rank, need);
     }
 }
 // A leaf's binding: its extents (checked against the leaf's static ones), data and writable data.
@@ -151,19 +175,14 @@ void bind_leaf(const Arg& b, [[maybe_unused]] std::size_t* e, [[maybe_unused]] c
         using L = typename Arg::leaf_type;
         using S = typename L::shape_type;
         for (std::size_t a = 0; a < S::rank; ++a) {
-            if (S::extents[a] != dyn && b.extents[a] != S::extents[a])
-                throw shape_error(message("typegrad: bind(", L::name(), ", ...): axis ", a, " has extent ",
-                                          b.extents[a], " but the leaf declares ", S::extents[a]));
-            // tg::dyn (SIZE_MAX) marks a dynamic extent inside the plan: never a size
-            if (b.extents[a] == dyn)
-                throw shape_error(message("typegrad: bind(", L::name(), ", ...): axis ", a,
-                                          " has extent tg::dyn (SIZE_MAX), which is not a size"));
+            if ((S::extents[a] != dyn && b.extents[a] != S::extents[a]) || b.extents[a] == dyn)
+                throw_leaf_extent(L::name(), a, b.extents[a], S::extents[a]);
             e[a] = b.extents[a];
         }
         if (b.data == nullptr && needed) {
             std::size_t n = 1;
             for (std::size_t a = 0; a < S::rank; ++a) n *= e[a];
-            if (n != 0) throw binding_error(message("typegrad: bind(", L::name(), ", ...) got a ", null_word<Arg::space>));
+            if (n != 0) throw_null_binding("bind", L::name(), null_word<Arg::space>);
         }
         ptr[id] = b.data;
         mut[id] = b.mutable_data;
@@ -195,11 +214,8 @@ void bind_grad(const Arg& b, [[maybe_unused]] void** out, [[maybe_unused]] const
                [[maybe_unused]] std::size_t& gi) {
     if constexpr (is_grad_binding_v<Arg>) {
         using L = typename Arg::leaf_type;
-        if (b.size != need[gi])
-            throw shape_error(message("typegrad: grad_into(", display_name<L>(), ", ...): the ", buffer_word<Arg::space>,
-                                      " has ", b.size, " elements but the gradient has ", need[gi]));
-        if (b.data == nullptr && need[gi] != 0)
-            throw binding_error(message("typegrad: grad_into(", display_name<L>(), ", ...) got a ", null_word<Arg::space>));
+        if (b.size != need[gi]) throw_grad_size(display_name<L>(), buffer_word<Arg::space>, b.size, need[gi]);
+        if (b.data == nullptr && need[gi] != 0) throw_null_binding("grad_into", display_name<L>(), null_word<Arg::space>);
         out[gi++] = b.data;
     }
 }
@@ -376,11 +392,11 @@ struct call_layer {
             if (out_ranges[2 * i] == out_ranges[2 * i + 1]) continue;
             for (std::size_t j = 0; j < n_in; ++j)
                 if (overlaps(out_ranges[2 * i], out_ranges[2 * i + 1], in_ranges[2 * j], in_ranges[2 * j + 1]))
-                    throw aliasing_error(message("typegrad: a grad_into ", buffer,
-                                                 " overlaps a bound input; gradients are written while inputs are read"));
+                    fail<aliasing_error>({"typegrad: a grad_into ", buffer,
+                                          " overlaps a bound input; gradients are written while inputs are read"});
             for (std::size_t j = 0; j < i; ++j)
                 if (overlaps(out_ranges[2 * i], out_ranges[2 * i + 1], out_ranges[2 * j], out_ranges[2 * j + 1]))
-                    throw aliasing_error(message("typegrad: two grad_into ", buffer, "s overlap"));
+                    fail<aliasing_error>({"typegrad: two grad_into ", buffer, "s overlap"});
         }
     }
 
@@ -450,9 +466,9 @@ struct call_layer {
                 if constexpr (is_seed_binding_v<B>) {
                     const std::size_t need = node_numel<Plan>(state, id);
                     if (b.size != need)
-                        throw shape_error(message("typegrad: tg::seed(buffer) has ", b.size, " elements but the output has ", need));
+                        fail<shape_error>({"typegrad: tg::seed(buffer) has ", b.size, " elements but the output has ", need});
                     if (b.data == nullptr && need != 0)
-                        throw binding_error(message("typegrad: tg::seed(buffer) got a ", null_word<B::space>));
+                        fail<binding_error>({"typegrad: tg::seed(buffer) got a ", null_word<B::space>});
                 }
             };
             for_each_arg(check, args...);

@@ -53,12 +53,12 @@ void check_custom_node(const node_info* info, std::size_t n, void* const* mut) {
                 const std::size_t c = info[n].child[K];
                 if (info[c].kind == op_kind::leaf) {
                     if (mut[c] == nullptr)
-                        throw binding_error(message("typegrad: custom op input ", K - (Backward ? 2 : 0), " ('",
-                                                    info[c].name,
-                                                    "') is mutated but was bound read-only; bind a writable buffer"));
+                        fail<binding_error>({"typegrad: custom op input ", K - (Backward ? 2 : 0), " ('",
+                                             info[c].name,
+                                             "') is mutated but was bound read-only; bind a writable buffer"});
                 } else if (info[c].kind == op_kind::view) {
-                    throw binding_error(message("typegrad: custom op input ", K - (Backward ? 2 : 0),
-                                                " is mutated but is a view; pass tg::contiguous(x)"));
+                    fail<binding_error>({"typegrad: custom op input ", K - (Backward ? 2 : 0),
+                                         " is mutated but is a view; pass tg::contiguous(x)"});
                 }
             }
         };

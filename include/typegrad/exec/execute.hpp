@@ -85,8 +85,8 @@ void dense_strides(typename Plan::state_type& state, std::size_t n) {
         if (ext[a] > std::size_t(PTRDIFF_MAX) ||
             __builtin_mul_overflow(stride, static_cast<std::ptrdiff_t>(ext[a]), &stride)) {
             if (!empty)
-                throw shape_error(message("typegrad: the extents of '", Plan::program::info[n].name, "' (node ", n,
-                                          ") overflow an element count"));
+                fail<shape_error>({"typegrad: the extents of '", Plan::program::info[n].name, "' (node ", n,
+                                   ") overflow an element count"});
             stride = 0;
         }
     }
@@ -130,10 +130,10 @@ void elementwise_shape(typename Plan::state_type& state, std::size_t n) {
         for (std::size_t a = 0; a < ci.rank; ++a) {
             if (ci.ext[a] == 1) continue;  // broadcast
             if (ce[a] != out[a + lead])
-                throw shape_error(message("typegrad: '", ni.name, "' (node ", n, ") cannot combine extents ",
-                                          extents_text(ce, ci.rank), " of operand ", k, " ('", ci.name,
-                                          "') with the result extents ", extents_text(out, ni.rank),
-                                          " (dynamic extents must match exactly; they never broadcast)"));
+                fail<shape_error>({"typegrad: '", ni.name, "' (node ", n, ") cannot combine extents ",
+                                   extents_text(ce, ci.rank), " of operand ", k, " ('", ci.name,
+                                   "') with the result extents ", extents_text(out, ni.rank),
+                                   " (dynamic extents must match exactly; they never broadcast)"});
         }
     }
 }
@@ -353,13 +353,13 @@ std::size_t checked_numel(const typename Plan::state_type& state, std::size_t no
     std::size_t n = 1;
     for (std::size_t a = 0; a < rank; ++a)
         if (__builtin_mul_overflow(n, ext[a], &n))
-            throw shape_error(message("typegrad: the extents of '", Plan::program::info[node].name, "' (node ", node,
-                                      ") overflow an element count"));
+            fail<shape_error>({"typegrad: the extents of '", Plan::program::info[node].name, "' (node ", node,
+                               ") overflow an element count"});
     std::size_t bytes = 0;
     if (__builtin_mul_overflow(n, Plan::program::info[node].elem_size, &bytes) ||
         bytes > std::size_t(PTRDIFF_MAX) / 2)
-        throw shape_error(message("typegrad: '", Plan::program::info[node].name, "' (node ", node, ") would need ", n,
-                                  " elements, more than memory can address"));
+        fail<shape_error>({"typegrad: '", Plan::program::info[node].name, "' (node ", node, ") would need ", n,
+                           " elements, more than memory can address"});
     return n;
 }
 

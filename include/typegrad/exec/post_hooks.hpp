@@ -93,8 +93,8 @@ template <std::size_t K>
 void check_post_hook_params(const post_hook_table<K>& t, void* const* mut, const node_info* info) {
     for (std::size_t k = 0; k < t.count; ++k)
         if (mut[t.param[k]] == nullptr)
-            throw binding_error(message("typegrad: post_accumulate_grad_hook on ", info[t.param[k]].name,
-                                        " writes the param, but it was bound read-only; bind a writable buffer"));
+            fail<binding_error>({"typegrad: post_accumulate_grad_hook on ", info[t.param[k]].name,
+                                 " writes the param, but it was bound read-only; bind a writable buffer"});
 }
 
 }  // namespace detail

@@ -281,9 +281,9 @@ struct scan_op {
                 layers = counts[0];
                 for (std::size_t c : counts)
                     if (c != layers)
-                        throw shape_error(message("typegrad: scan: the stacked params have different layer counts (",
-                                                  layers, " and ", c,
-                                                  "); every tg::stacked(...) leaf needs the same leading extent"));
+                        fail<shape_error>({"typegrad: scan: the stacked params have different layer counts (",
+                                           layers, " and ", c,
+                                           "); every tg::stacked(...) leaf needs the same leading extent"});
                 ((std::get<Ks>(param_ext) =
                       extents_from<std::tuple_element_t<Ks, std::tuple<ParamLeaves...>>::shape_type::rank>(
                           ctx.template input<Ks + 1>().extents(), 1)),

@@ -314,11 +314,11 @@ private:
             const detail::guard_slot& g = detail::current_guard();
             constexpr autocast_state expected = autocast_state_of<backward_autocast_spec>();
             if (g.active && !(g.state == expected))
-                throw autocast_mismatch(detail::message(
-                    "typegrad: the backward runs under an autocast_guard declaring ", describe_autocast(g.state),
-                    ", but its step was compiled for a backward under ", describe_autocast(expected),
-                    "; compile it with the matching tg::backward_autocast policy (or add "
-                    "tg::on_autocast_mismatch::ignore)"));
+                detail::fail<autocast_mismatch>({
+                                                 "typegrad: the backward runs under an autocast_guard declaring ", describe_autocast(g.state),
+                                                 ", but its step was compiled for a backward under ", describe_autocast(expected),
+                                                 "; compile it with the matching tg::backward_autocast policy (or add "
+                                                 "tg::on_autocast_mismatch::ignore)"});
         }
     }
 
@@ -349,9 +349,9 @@ private:
         constexpr auto forward_nodes = []<class... Ns>(detail::type_list<Ns...>) {
             return std::array<bool, Plan::M>{(detail::topo<Loss>::template id_of<Ns>::value != detail::no_parent)...};
         }(typename Plan::program::nodes{});
-        throw anomaly_error(detail::message("typegrad: anomaly: node %", n, " '", Plan::program::info[n].name, "' (",
-                                            forward_nodes[n] ? "forward" : "backward",
-                                            ") produced NaN or Inf; nothing was written"));
+        detail::fail<anomaly_error>({"typegrad: anomaly: node %", n, " '", Plan::program::info[n].name, "' (",
+                                     forward_nodes[n] ? "forward" : "backward",
+                                     ") produced NaN or Inf; nothing was written"});
     }
     template <class Plan>
     static constexpr bool mutates_anything() {

@@ -43,8 +43,8 @@ public:
     void backward(std::span<const T> seed) {
         if (segments_.empty()) throw error("typegrad: tape::backward on an empty tape");
         if (seed.size() != segments_.back()->ctx_size())
-            throw shape_error(detail::message("typegrad: tape::backward: the seed has ", seed.size(),
-                                              " elements but the last output has ", segments_.back()->ctx_size()));
+            detail::fail<shape_error>({"typegrad: tape::backward: the seed has ", seed.size(),
+                                       " elements but the last output has ", segments_.back()->ctx_size()});
         std::vector<T> current(seed.begin(), seed.end()), next;
         while (!segments_.empty()) {
             auto& seg = *segments_.back();

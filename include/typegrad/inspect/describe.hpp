@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include <typegrad/core/error.hpp>
 #include <typegrad/exec/step_view.hpp>
 
 namespace typegrad {
@@ -24,13 +25,10 @@ namespace detail {
 
 // ---- text -------------------------------------------------------------------------------
 
-// Concatenation by appending only: `"literal" + std::string(...)` inserts at the front, which
-// trips GCC 12's -Wrestrict false positive at -O3.
+// Concatenation of texts (error.hpp's join_text: one function, not one per call site).
 template <class... Parts>
 std::string cat(const Parts&... parts) {
-    std::string s;
-    (s.append(std::string_view(parts)), ...);
-    return s;
+    return join_text({text_piece(parts)...});
 }
 
 [[gnu::cold]] inline std::string number_text(double x) {

@@ -122,7 +122,7 @@ template <int Largest, int V, int B> __device__ void tg_arg_reduce(const tg_node
             }
         }
         if (reduced == 0)
-            throw shape_error(message("typegrad: ", name, " over an axis with no elements has no result (as in PyTorch)"));
+            fail<shape_error>({"typegrad: ", name, " over an axis with no elements has no result (as in PyTorch)"});
     }
 
     template <class N, class Ref, class T>

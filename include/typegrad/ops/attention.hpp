@@ -257,15 +257,15 @@ attention_dims attention_dims_of(const Ref* in, const char* what) {
     attention_dims a{1, in[0].ext[r - 2], in[1].ext[r - 2], in[0].ext[r - 1], in[2].ext[r - 1]};
     for (std::size_t x = 0; x + 2 < r; ++x) {
         if (in[1].ext[x] != in[0].ext[x] || in[2].ext[x] != in[0].ext[x])
-            throw shape_error(message("typegrad: ", what, ": q, k and v must have the same leading (batch, heads) extents; "
-                                      "to broadcast them use tg::attention_math"));
+            fail<shape_error>({"typegrad: ", what, ": q, k and v must have the same leading (batch, heads) extents; "
+                               "to broadcast them use tg::attention_math"});
         a.n *= in[0].ext[x];
     }
     if (in[1].ext[r - 1] != a.d)
-        throw shape_error(message("typegrad: ", what, ": q's and k's last extents (d) differ: ", a.d, " and ", in[1].ext[r - 1]));
+        fail<shape_error>({"typegrad: ", what, ": q's and k's last extents (d) differ: ", a.d, " and ", in[1].ext[r - 1]});
     if (in[2].ext[r - 2] != a.tk)
-        throw shape_error(message("typegrad: ", what, ": k and v have different numbers of keys: ", a.tk, " and ",
-                                  in[2].ext[r - 2]));
+        fail<shape_error>({"typegrad: ", what, ": k and v have different numbers of keys: ", a.tk, " and ",
+                           in[2].ext[r - 2]});
     return a;
 }
 

@@ -103,8 +103,8 @@ struct batch_norm_running_update {
         std::size_t inner = 1;
         for (std::size_t a = 2; a < ext.size(); ++a) inner *= ext[a];
         if (rm.size() != c || rv.size() != c)
-            throw shape_error(message("typegrad: batch_norm: running_mean and running_var need ", c,
-                                      " elements (x's channels), not ", rm.size(), " and ", rv.size()));
+            fail<shape_error>({"typegrad: batch_norm: running_mean and running_var need ", c,
+                               " elements (x's channels), not ", rm.size(), " and ", rv.size()});
         const std::size_t count = n * inner;
         if (count < 2)  // PyTorch: "Expected more than 1 value per channel when training"
             throw shape_error("typegrad: batch_norm in training mode needs more than one value per channel");

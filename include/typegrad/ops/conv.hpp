@@ -272,15 +272,15 @@ template <conv_params P>
 conv_geometry conv_geometry_of(const std::size_t* xe, const std::size_t* we, const char* op) {
     conv_geometry g{xe[0], xe[1], xe[2], xe[3], we[0], we[2], we[3], 0, 0, P.sh, P.sw, P.ph, P.pw, P.dh, P.dw, P.groups};
     if (g.c % P.groups != 0 || we[1] * P.groups != g.c)
-        throw shape_error(message("typegrad: ", op, ": x has ", g.c, " channels but w expects ", we[1], " per group times ",
-                                  P.groups, " groups"));
+        fail<shape_error>({"typegrad: ", op, ": x has ", g.c, " channels but w expects ", we[1], " per group times ",
+                           P.groups, " groups"});
     if (g.o % P.groups != 0)
-        throw shape_error(message("typegrad: ", op, ": w's ", g.o, " output channels are not a multiple of the ",
-                                  P.groups, " groups"));
+        fail<shape_error>({"typegrad: ", op, ": w's ", g.o, " output channels are not a multiple of the ",
+                           P.groups, " groups"});
     if (g.kh == 0 || g.kw == 0 || g.h + 2 * P.ph < conv_span(g.kh, P.dh) || g.w + 2 * P.pw < conv_span(g.kw, P.dw))
-        throw shape_error(message("typegrad: ", op, ": the padded input (", g.h + 2 * P.ph, " x ", g.w + 2 * P.pw,
-                                  ") is smaller than the dilated kernel (", conv_span(g.kh, P.dh), " x ",
-                                  conv_span(g.kw, P.dw), ")"));
+        fail<shape_error>({"typegrad: ", op, ": the padded input (", g.h + 2 * P.ph, " x ", g.w + 2 * P.pw,
+                           ") is smaller than the dilated kernel (", conv_span(g.kh, P.dh), " x ",
+                           conv_span(g.kw, P.dw), ")"});
     g.ho = (g.h + 2 * P.ph - conv_span(g.kh, P.dh)) / P.sh + 1;
     g.wo = (g.w + 2 * P.pw - conv_span(g.kw, P.dw)) / P.sw + 1;
     return g;
@@ -373,7 +373,7 @@ inline std::size_t conv_device_chunk_images(const conv_geometry& g) {
 inline void check_conv_device_extents(const conv_geometry& g, const char* op) {
     constexpr std::size_t most = std::size_t(1) << 31;
     if (conv_device_chunk_images(g) * g.pixels() >= most || g.ckk() * g.pixels() >= most || g.o * g.pixels() >= most)
-        throw shape_error(message("typegrad: cuda: ", op, ": the im2col product exceeds the BLAS's 32-bit extents"));
+        fail<shape_error>({"typegrad: cuda: ", op, ": the im2col product exceeds the BLAS's 32-bit extents"});
 }
 
 template <class Op>

@@ -101,8 +101,8 @@ template <int I, int T, int V, int B> __device__ void tg_dropout(const tg_node_a
     static void extents(const Ref* in, std::size_t* ext) {
         for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = in[0].ext[a];
         if (in[1].ext[0] != 2)
-            throw shape_error(message("typegrad: dropout(x, rng): rng holds {seed, offset}, 2 integers, not ",
-                                      in[1].ext[0]));
+            fail<shape_error>({"typegrad: dropout(x, rng): rng holds {seed, offset}, 2 integers, not ",
+                               in[1].ext[0]});
     }
     template <class N, class Ref, class T>
     static void run(const Ref* in, T* out, const std::size_t* ext) {

@@ -53,8 +53,8 @@ namespace detail {
 // The ids of an index op, checked: each in [0, rows). Throws before the caller writes.
 template <class Id>
 [[noreturn]] inline void throw_bad_id(const char* op, Id id, std::size_t position, std::size_t rows) {
-    throw shape_error(message("typegrad: ", op, ": id ", id < 0 ? "-" : "", std::uint64_t(id < 0 ? -id : id),
-                              " at position ", position, " is out of range for ", rows, " rows"));
+    fail<shape_error>({"typegrad: ", op, ": id ", id < 0 ? "-" : "", std::uint64_t(id < 0 ? -id : id),
+                       " at position ", position, " is out of range for ", rows, " rows"});
 }
 template <class Id, class Ref>
 inline void check_ids(const char* op, const Ref& ids, std::size_t rows) {
@@ -755,8 +755,8 @@ struct gather_op : kernel_op_base {
     static void check(const Ref& x, const Ref& index, const char* op) {
         for (std::size_t a = 0; a < x.rank; ++a)
             if (a != Axis && index.ext[a] > x.ext[a])
-                throw shape_error(message("typegrad: ", op, ": index extent ", index.ext[a], " on axis ", a,
-                                          " exceeds x's extent ", x.ext[a]));
+                fail<shape_error>({"typegrad: ", op, ": index extent ", index.ext[a], " on axis ", a,
+                                   " exceeds x's extent ", x.ext[a]});
     }
     template <class N, class Ref>
     static void extents(const Ref* in, std::size_t* ext) {
@@ -954,36 +954,36 @@ struct dynamic_slice_op : kernel_op_base {
         const auto s = std::int64_t(p[0]);
         const std::int64_t b = s < 0 ? s + std::int64_t(extent) : s;
         if (b < 0 || std::uint64_t(b) + length > extent)
-            throw shape_error(message("typegrad: ", label(), ": start ", s < 0 ? "-" : "", std::uint64_t(s < 0 ? -s : s),
-                                      run_time_length ? message(" with length ", length) : std::string(),
-                                      " leaves the axis' extent ", extent));
+            fail<shape_error>({"typegrad: ", label(), ": start ", s < 0 ? "-" : "", std::uint64_t(s < 0 ? -s : s),
+                               run_time_length ? message(" with length ", length) : std::string(),
+                               " leaves the axis' extent ", extent});
         return std::ptrdiff_t(b);
     }
     // mode 0 of narrow: the length operand's value, read by the shape pass (a leaf: bound)
     template <class N, class Ref>
     static std::size_t length_of(const Ref& l, std::size_t extent) {
         using L = typename type_at_t<2, typename N::children>::value_type;
-        if (numel_of(l) != 1) throw shape_error(message("typegrad: ", label(), " takes a length of one element"));
+        if (numel_of(l) != 1) fail<shape_error>({"typegrad: ", label(), " takes a length of one element"});
         if (l.data == nullptr)
-            throw binding_error(message("typegrad: ", label(), ": the length's buffer is null (the shape pass reads it "
-                                        "before anything runs)"));
+            fail<binding_error>({"typegrad: ", label(), ": the length's buffer is null (the shape pass reads it "
+                                 "before anything runs)"});
         const auto v = std::int64_t(static_cast<const L*>(l.data)[0]);
         if (v < 0 || std::uint64_t(v) > extent)
-            throw shape_error(message("typegrad: ", label(), ": length ", v < 0 ? "-" : "", std::uint64_t(v < 0 ? -v : v),
-                                      " is not within the axis' extent ", extent));
+            fail<shape_error>({"typegrad: ", label(), ": length ", v < 0 ? "-" : "", std::uint64_t(v < 0 ? -v : v),
+                               " is not within the axis' extent ", extent});
         return std::size_t(v);
     }
     template <class N, class Ref>
     static void extents(const Ref* in, std::size_t* ext) {
         using Id = typename type_at_t<1, typename N::children>::value_type;
         const Ref& x = in[Mode == 0 ? 0 : 2];
-        if (numel_of(in[1]) != 1) throw shape_error(message("typegrad: ", label(), " takes a start of one element"));
+        if (numel_of(in[1]) != 1) fail<shape_error>({"typegrad: ", label(), " takes a start of one element"});
         std::size_t length = Length;
         if constexpr (run_time_length && Mode == 0) length = length_of<N>(in[2], x.ext[Axis]);
         else if constexpr (run_time_length) length = in[0].ext[Axis];
         if (x.ext[Axis] < length)
-            throw shape_error(message("typegrad: ", label(), ": the axis' extent ", x.ext[Axis], " is shorter than the length ",
-                                      length));
+            fail<shape_error>({"typegrad: ", label(), ": the axis' extent ", x.ext[Axis], " is shorter than the length ",
+                               length});
         start_of<Id>(in[1], x.ext[Axis], length);
         for (std::size_t a = 0; a < x.rank; ++a) ext[a] = Mode == 0 && a == Axis ? length : x.ext[a];
     }
@@ -1086,8 +1086,8 @@ struct concat_op : kernel_op_base {
         for (std::size_t k = 0; k < n; ++k) {
             for (std::size_t a = 0; a < rank; ++a)
                 if (a != Axis && in[k].ext[a] != in[0].ext[a])
-                    throw shape_error(message("typegrad: concat: operand ", k, " has extent ", in[k].ext[a], " on axis ",
-                                              a, " where operand 0 has ", in[0].ext[a]));
+                    fail<shape_error>({"typegrad: concat: operand ", k, " has extent ", in[k].ext[a], " on axis ",
+                                       a, " where operand 0 has ", in[0].ext[a]});
             total += in[k].ext[Axis];
         }
         for (std::size_t a = 0; a < rank; ++a) ext[a] = a == Axis ? total : in[0].ext[a];

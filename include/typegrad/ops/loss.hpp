@@ -30,15 +30,15 @@ struct one_hot_op : kernel_op_base {
     template <class N, class Ref>
     static void extents(const Ref* in, std::size_t* ext) {
         if (in[0].ext[0] != in[1].ext[0])
-            throw shape_error(message("typegrad: cross_entropy/nll_loss: ", in[0].ext[0], " labels for ",
-                                      in[1].ext[0], " rows"));
+            fail<shape_error>({"typegrad: cross_entropy/nll_loss: ", in[0].ext[0], " labels for ",
+                               in[1].ext[0], " rows"});
         ext[0] = in[1].ext[0];
         ext[1] = in[1].ext[1];
     }
     template <class L>
     [[noreturn]] static void bad_label(L l, std::size_t row, std::size_t classes) {
-        throw shape_error(message("typegrad: cross_entropy/nll_loss: label ", std::size_t(l < 0 ? -l : l),
-                                  l < 0 ? " (negative)" : "", " of row ", row, " is not a class in [0, ", classes, ")"));
+        fail<shape_error>({"typegrad: cross_entropy/nll_loss: label ", std::size_t(l < 0 ? -l : l),
+                           l < 0 ? " (negative)" : "", " of row ", row, " is not a class in [0, ", classes, ")"});
     }
     template <class N, class Ref, class T>
     static void run(const Ref* in, T* out, const std::size_t* ext) {

@@ -67,8 +67,8 @@ struct matmul_op : kernel_op_base {
         const std::size_t m = a.ext[a.rank - 2], k = a.ext[a.rank - 1];
         const std::size_t k2 = b.ext[b.rank - 2], n = b.ext[b.rank - 1];
         if (k != k2)
-            throw shape_error(message("typegrad: matmul(a, b): a's last extent (", k,
-                                      ") differs from b's second-to-last (", k2, ")"));
+            fail<shape_error>({"typegrad: matmul(a, b): a's last extent (", k,
+                               ") differs from b's second-to-last (", k2, ")"});
         if constexpr (N::shape_type::rank == 3) {
             const std::size_t ba = a.rank == 3 ? a.ext[0] : 1, bb = b.rank == 3 ? b.ext[0] : 1;
             // Only a static 1 (or a missing batch axis) broadcasts; a dynamic extent bound as 1
@@ -79,8 +79,8 @@ struct matmul_op : kernel_op_base {
             constexpr bool a_broadcasts = SA::rank < 3 || SA::extents[0] == 1;
             constexpr bool b_broadcasts = SB::rank < 3 || SB::extents[0] == 1;
             if (ba != bb && !a_broadcasts && !b_broadcasts)
-                throw shape_error(message("typegrad: matmul(a, b): batch extents ", ba, " and ", bb,
-                                          " differ (dynamic extents must match exactly; they never broadcast)"));
+                fail<shape_error>({"typegrad: matmul(a, b): batch extents ", ba, " and ", bb,
+                                   " differ (dynamic extents must match exactly; they never broadcast)"});
             ext[0] = std::max(ba, bb);
             ext[1] = m;
             ext[2] = n;

@@ -47,8 +47,8 @@ template <std::size_t K, std::size_t S, std::size_t P>
 pool_geometry pool_geometry_of(const std::size_t* xe, const char* op) {
     pool_geometry g{xe[0] * xe[1], xe[2], xe[3], 0, 0};
     if (g.h + 2 * P < K || g.w + 2 * P < K)
-        throw shape_error(message("typegrad: ", op, ": the padded input (", g.h + 2 * P, " x ", g.w + 2 * P,
-                                  ") is smaller than the window (", K, " x ", K, ")"));
+        fail<shape_error>({"typegrad: ", op, ": the padded input (", g.h + 2 * P, " x ", g.w + 2 * P,
+                           ") is smaller than the window (", K, " x ", K, ")"});
     g.ho = (g.h + 2 * P - K) / S + 1;
     g.wo = (g.w + 2 * P - K) / S + 1;
     return g;
@@ -206,7 +206,7 @@ struct pool_op : kernel_op_base {
             const std::size_t* ge = in[0].ext;
             const bool ok = Mode == 1 ? (ge[0] == x.ext[0] && ge[1] == x.ext[1] && ge[2] == g.ho && ge[3] == g.wo)
                                       : (ge[0] == x.ext[0] && ge[1] == x.ext[1] && ge[2] == x.ext[2] && ge[3] == x.ext[3]);
-            if (!ok) throw shape_error(message("typegrad: ", name, ": the gradient's extents do not match"));
+            if (!ok) fail<shape_error>({"typegrad: ", name, ": the gradient's extents do not match"});
         }
         ext[0] = x.ext[0];
         ext[1] = x.ext[1];
@@ -412,8 +412,8 @@ struct adaptive_avg_pool_op : kernel_op_base {
     static void extents(const Ref* in, std::size_t* ext) {
         const Ref& x = in[Mode == 0 ? 0 : 1];
         if (x.ext[2] == 0 || x.ext[3] == 0)
-            throw shape_error(message("typegrad: adaptive_avg_pool2d(x): x's spatial extents (", x.ext[2], " x ", x.ext[3],
-                                      ") must not be 0"));
+            fail<shape_error>({"typegrad: adaptive_avg_pool2d(x): x's spatial extents (", x.ext[2], " x ", x.ext[3],
+                               ") must not be 0"});
         if constexpr (Mode == 1) {
             const std::size_t* ge = in[0].ext;
             if (ge[0] != x.ext[0] || ge[1] != x.ext[1] || ge[2] != OH || ge[3] != OW)

@@ -156,8 +156,8 @@ template <int Mode, int T, int B, int BA> __device__ void tg_recurrence(const tg
         if constexpr (binary)
             for (std::size_t a = 0; a < x.rank; ++a)
                 if (in[0].ext[a] != x.ext[a])
-                    throw shape_error(message("typegrad: ", name, "(a, b): a's extent ", in[0].ext[a], " on axis ", a,
-                                              " differs from b's ", x.ext[a]));
+                    fail<shape_error>({"typegrad: ", name, "(a, b): a's extent ", in[0].ext[a], " on axis ", a,
+                                       " differs from b's ", x.ext[a]});
         for (std::size_t a = 0; a < x.rank; ++a) ext[a] = x.ext[a];
     }
     template <class N, class Ref, class T>

@@ -91,7 +91,7 @@ struct reshape_op : view_op_base<reshape_op<Target>> {
             if (ext[a] == dyn) ext[a] = fixed ? total / fixed : 0;
         }
         if (fixed * (Target::dyn_count ? ext_of_dyn(ext) : 1) != total)
-            throw shape_error(message("typegrad: reshape cannot view ", total, " elements as the target shape"));
+            fail<shape_error>({"typegrad: reshape cannot view ", total, " elements as the target shape"});
         std::ptrdiff_t s = 1;
         for (std::size_t a = Target::rank; a-- > 0;) {
             stride[a] = s;
@@ -123,7 +123,7 @@ struct reshape_like_op : view_op_base<reshape_like_op> {
         for (std::size_t a = 0; a < in[0].rank; ++a) total *= in[0].ext[a];
         for (std::size_t a = 0; a < in[1].rank; ++a) like *= (ext[a] = in[1].ext[a]);
         if (total != like)
-            throw shape_error(message("typegrad: reshape_like cannot view ", total, " elements as ", like));
+            fail<shape_error>({"typegrad: reshape_like cannot view ", total, " elements as ", like});
         std::ptrdiff_t s = 1;
         for (std::size_t a = in[1].rank; a-- > 0;) {
             stride[a] = s;
@@ -217,8 +217,8 @@ struct slice_op : view_op_base<slice_op<Axis, Begin, End>> {
     template <class N, class Ref>
     static void layout(const Ref* in, std::size_t* ext, std::ptrdiff_t* stride, std::ptrdiff_t& offset) {
         if (End > in[0].ext[Axis])
-            throw shape_error(message("typegrad: slice<", Axis, ", ", Begin, ", ", End, "> of an axis with extent ",
-                                      in[0].ext[Axis]));
+            fail<shape_error>({"typegrad: slice<", Axis, ", ", Begin, ", ", End, "> of an axis with extent ",
+                               in[0].ext[Axis]});
         for (std::size_t a = 0; a < in[0].rank; ++a) {
             ext[a] = a == Axis ? End - Begin : in[0].ext[a];
             stride[a] = in[0].stride[a];

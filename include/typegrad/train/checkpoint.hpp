@@ -119,8 +119,8 @@ public:
                 std::size_t n = 1;
                 for (std::size_t e : it->second) n *= e;
                 if (n != t.count)
-                    throw shape_error(detail::message("typegrad: safetensors_writer: '", t.name, "' has ", t.count,
-                                                      " elements, its shape ", n));
+                    detail::fail<shape_error>({"typegrad: safetensors_writer: '", t.name, "' has ", t.count,
+                                               " elements, its shape ", n});
                 shape = it->second;
             }
             add_entry(t, std::move(shape));
@@ -163,11 +163,11 @@ public:
             for (const entry& e : entries_)
                 out.write(reinterpret_cast<const char*>(e.ref.data), std::streamsize(e.ref.count * e.ref.element_size));
             if (!out.flush())
-                throw checkpoint_error(detail::message("typegrad: safetensors: cannot write ", tmp.string()));
+                detail::fail<checkpoint_error>({"typegrad: safetensors: cannot write ", tmp.string()});
         }
         std::error_code ec;
         std::filesystem::rename(tmp, path, ec);
-        if (ec) throw checkpoint_error(detail::message("typegrad: safetensors: cannot write ", path.string()));
+        if (ec) detail::fail<checkpoint_error>({"typegrad: safetensors: cannot write ", path.string()});
     }
 
 private:
@@ -178,7 +178,7 @@ private:
     void add_entry(detail::st_tensor_ref ref, std::vector<std::size_t> shape) {
         for (const entry& e : entries_)
             if (e.ref.name == ref.name)
-                throw checkpoint_error(detail::message("typegrad: safetensors_writer: tensor '", ref.name, "' added twice"));
+                detail::fail<checkpoint_error>({"typegrad: safetensors_writer: tensor '", ref.name, "' added twice"});
         entries_.push_back({std::move(ref), std::move(shape)});
     }
     std::vector<entry> entries_;
@@ -206,7 +206,7 @@ public:
     // the byte ranges, ranges inside the file that tile the data section without overlap.
     explicit safetensors_reader(const std::filesystem::path& path) {
         std::ifstream in(path, std::ios::binary);
-        if (!in) throw checkpoint_error(detail::message("typegrad: safetensors: cannot open ", path.string()));
+        if (!in) detail::fail<checkpoint_error>({"typegrad: safetensors: cannot open ", path.string()});
         std::vector<char> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         auto fail = [&](std::string_view why) {
             return checkpoint_error(detail::message("typegrad: safetensors: ", path.string(), ": ", why));
@@ -288,10 +288,10 @@ public:
                                 static_cast<std::byte*>(b.data), b.size, b.is_double ? 8u : 4u});
         const auto steps = tensors_.find(std::string(prefix) + "steps");
         if (steps == tensors_.end())
-            throw checkpoint_error(detail::message("typegrad: safetensors: no tensor '", prefix, "steps'"));
+            detail::fail<checkpoint_error>({"typegrad: safetensors: no tensor '", prefix, "steps'"});
         const std::size_t n_steps = (steps->second.end - steps->second.begin) / 8;
         if (steps->second.dtype != "I64" || n_steps != refs.size() / std::max<std::size_t>(opt.state_tables().size(), 1))
-            throw checkpoint_error(detail::message("typegrad: safetensors: '", prefix, "steps' does not match the optimizer"));
+            detail::fail<checkpoint_error>({"typegrad: safetensors: '", prefix, "steps' does not match the optimizer"});
         for (const detail::st_tensor_ref& r : refs) check(r, nullptr);
         for (const detail::st_tensor_ref& r : refs) copy(r);
         opt.steps.resize(n_steps);
@@ -309,17 +309,17 @@ private:
     void check(const detail::st_tensor_ref& r, const std::vector<std::size_t>* shape) const {
         const auto it = tensors_.find(r.name);
         if (it == tensors_.end())
-            throw checkpoint_error(detail::message("typegrad: safetensors: the file has no tensor '", r.name, "'"));
+            detail::fail<checkpoint_error>({"typegrad: safetensors: the file has no tensor '", r.name, "'"});
         const tensor_info& t = it->second;
         if (t.dtype != r.dtype)
-            throw checkpoint_error(detail::message("typegrad: safetensors: tensor '", r.name, "' is ", t.dtype,
-                                                   ", the buffer ", r.dtype, " (no silent conversion)"));
+            detail::fail<checkpoint_error>({"typegrad: safetensors: tensor '", r.name, "' is ", t.dtype,
+                                            ", the buffer ", r.dtype, " (no silent conversion)"});
         if ((t.end - t.begin) / r.element_size != r.count)
-            throw shape_error(detail::message("typegrad: safetensors: tensor '", r.name, "' has ",
-                                              (t.end - t.begin) / r.element_size, " elements, the buffer ", r.count));
+            detail::fail<shape_error>({"typegrad: safetensors: tensor '", r.name, "' has ",
+                                       (t.end - t.begin) / r.element_size, " elements, the buffer ", r.count});
         if (shape != nullptr && *shape != t.shape)
-            throw shape_error(detail::message("typegrad: safetensors: tensor '", r.name,
-                                              "' has another shape than the graph param"));
+            detail::fail<shape_error>({"typegrad: safetensors: tensor '", r.name,
+                                       "' has another shape than the graph param"});
     }
     void copy(const detail::st_tensor_ref& r) const {
         const tensor_info& t = tensors_.find(r.name)->second;

@@ -51,8 +51,8 @@ struct fans {
 // _calculate_fan_in_and_fan_out); throws shape_error for fewer than 2 extents.
 inline fans compute_fans(std::span<const std::size_t> extents) {
     if (extents.size() < 2)
-        throw shape_error(detail::message("typegrad: fan in and fan out need at least 2 extents, got ",
-                                          extents.size()));
+        detail::fail<shape_error>({"typegrad: fan in and fan out need at least 2 extents, got ",
+                                   extents.size()});
     std::size_t receptive = 1;
     for (std::size_t i = 2; i < extents.size(); ++i) receptive *= extents[i];
     return {extents[1] * receptive, extents[0] * receptive};
@@ -124,8 +124,8 @@ void check_numel(const R& buf, std::span<const std::size_t> extents, const char*
     std::size_t n = 1;
     for (std::size_t e : extents) n *= e;
     if (n != std::size_t(std::ranges::size(buf)))
-        throw shape_error(message("typegrad: ", what, ": the extents hold ", n, " elements, the buffer ",
-                                  std::size_t(std::ranges::size(buf))));
+        fail<shape_error>({"typegrad: ", what, ": the extents hold ", n, " elements, the buffer ",
+                           std::size_t(std::ranges::size(buf))});
 }
 
 }  // namespace detail

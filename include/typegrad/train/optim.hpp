@@ -67,12 +67,12 @@ std::vector<buffer_ref> buffer_table(S& set) {
 inline void check_same_layout(const std::vector<buffer_ref>& params, const std::vector<buffer_ref>& other,
                               std::string_view what) {
     if (other.size() != params.size())
-        throw shape_error(message("typegrad: optimizer: ", what, " has ", other.size(), " buffers, the params ",
-                                  params.size()));
+        fail<shape_error>({"typegrad: optimizer: ", what, " has ", other.size(), " buffers, the params ",
+                           params.size()});
     for (std::size_t i = 0; i < params.size(); ++i)
         if (other[i].size != params[i].size)
-            throw shape_error(message("typegrad: optimizer: ", what, " '", other[i].name, "' has ", other[i].size,
-                                      " elements, the param ", params[i].size));
+            fail<shape_error>({"typegrad: optimizer: ", what, " '", other[i].name, "' has ", other[i].size,
+                               " elements, the param ", params[i].size});
 }
 
 template <class S>
@@ -181,8 +181,8 @@ public:
         for (std::size_t i = 0; i < p.size(); ++i)
             if (p[i].data == param) {
                 if (p[i].size != size || p[i].is_double != is_double)
-                    throw shape_error(detail::message("typegrad: optimizer_step: the hooked param '", p[i].name,
-                                              "' differs from the parameter set's buffer"));
+                    detail::fail<shape_error>({"typegrad: optimizer_step: the hooked param '", p[i].name,
+                                               "' differs from the parameter set's buffer"});
                 for (auto& [what, table] : state) detail::check_same_layout(p, table, what);
                 run(i, p, grad, state);
                 return;

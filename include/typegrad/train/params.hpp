@@ -486,15 +486,15 @@ void check_vector_coverage(const Struct& s, const char* what) {
         vector_sizes(s, out);
         for (const member_path& p : C::paths)
             if (p.found && p.vector_slot != no_index && p.vector_element >= sizes[p.vector_slot])
-                throw shape_error(message("typegrad: ", what, ": a std::vector of blocks has ",
-                                          sizes[p.vector_slot], " elements, but the graph names element ",
-                                          p.vector_element));
+                fail<shape_error>({"typegrad: ", what, ": a std::vector of blocks has ",
+                                   sizes[p.vector_slot], " elements, but the graph names element ",
+                                   p.vector_element});
         // The graph's names are distinct and in range, so "every buffer used" is a count.
         for (std::size_t v = 0; v < C::slots; ++v)
             if (C::vector_uses[v] != sizes[v] * per_block[v])
-                throw shape_error(message("typegrad: ", what, ": a std::vector of blocks has ", sizes[v],
-                                          " elements of ", per_block[v], " buffers, but the graph uses ",
-                                          C::vector_uses[v], " of them; every buffer must be a graph param"));
+                fail<shape_error>({"typegrad: ", what, ": a std::vector of blocks has ", sizes[v],
+                                   " elements of ", per_block[v], " buffers, but the graph uses ",
+                                   C::vector_uses[v], " of them; every buffer must be a graph param"});
     }
 }
 
@@ -547,10 +547,10 @@ auto expand_params(const param_set_binding<Model>& set, type_list<Args...>) {
                     if constexpr (Sh::is_static) {
                         const std::size_t n = std::ranges::size(member_at<p>(m));
                         if (n != Sh::static_numel)
-                            throw shape_error(message("typegrad: params(model): member '", path_string<S, p>(),
-                                                      "' has ", n, " elements; the graph param '", L::name(),
-                                                      "' needs ", std::size_t(Sh::static_numel),
-                                                      " (row-major)"));
+                            fail<shape_error>({"typegrad: params(model): member '", path_string<S, p>(),
+                                               "' has ", n, " elements; the graph param '", L::name(),
+                                               "' needs ", std::size_t(Sh::static_numel),
+                                               " (row-major)"});
                     }
                 };
                 (check_size(static_cast<Ls*>(nullptr)), ...);
@@ -584,9 +584,9 @@ auto expand_grads(const grad_set_binding<Grads, Accumulate>& set, type_list<Args
                     if constexpr (Sh::is_static) {
                         const std::size_t n = std::ranges::size(member_at<p>(g));
                         if (n != Sh::static_numel)
-                            throw shape_error(message("typegrad: grads_into(grads): member '", path_string<S, p>(),
-                                                      "' has ", n, " elements; the gradient of '", L::name(),
-                                                      "' needs ", std::size_t(Sh::static_numel)));
+                            fail<shape_error>({"typegrad: grads_into(grads): member '", path_string<S, p>(),
+                                               "' has ", n, " elements; the gradient of '", L::name(),
+                                               "' needs ", std::size_t(Sh::static_numel)});
                     }
                 };
                 (check_size(static_cast<Ls*>(nullptr)), ...);

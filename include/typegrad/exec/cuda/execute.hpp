@@ -92,7 +92,7 @@ struct compiled_module {
 inline const std::string& device_architecture() {
     static const std::string arch = [] {
         const device_info& d = device_state();
-        if (!d.usable) throw device_error(message("typegrad: cuda: ", d.failure));
+        if (!d.usable) typegrad::detail::fail<device_error>({"typegrad: cuda: ", d.failure});
         return nvrtc_architecture(d.major, d.minor);
     }();
     return arch;

@@ -86,7 +86,7 @@ inline std::string driver_error_text(CUresult r) {
 
 inline void check(CUresult r, const char* what) {
     if (r != CUDA_SUCCESS)
-        throw device_error(message("typegrad: cuda: ", what, " failed: ", driver_error_text(r)));
+        typegrad::detail::fail<device_error>({"typegrad: cuda: ", what, " failed: ", driver_error_text(r)});
 }
 
 // The device the process uses, its primary context and what the code generator needs to know.
@@ -186,7 +186,7 @@ namespace typegrad::cuda::detail {
 // The driver API, with the device's context current on this thread; throws when unusable.
 inline const driver_api& api() {
     const device_info& d = device_state();
-    if (!d.usable) throw device_error(message("typegrad: cuda: ", d.failure));
+    if (!d.usable) typegrad::detail::fail<device_error>({"typegrad: cuda: ", d.failure});
     const driver_api& a = driver_functions();
     check(a.cuCtxSetCurrent(d.context), "cuCtxSetCurrent");
     return a;
@@ -195,7 +195,7 @@ inline const driver_api& api() {
 // ---- NVRTC -------------------------------------------------------------------------------
 inline void check_nvrtc(nvrtcResult r, const char* what) {
     if (r != NVRTC_SUCCESS)
-        throw device_error(message("typegrad: cuda: ", what, " failed: ", nvrtcGetErrorString(r)));
+        typegrad::detail::fail<device_error>({"typegrad: cuda: ", what, " failed: ", nvrtcGetErrorString(r)});
 }
 
 // The newest virtual architecture NVRTC supports that the device (major.minor) can run.
@@ -209,8 +209,8 @@ inline std::string nvrtc_architecture(int major, int minor) {
     for (int a : archs)
         if (a <= want && a > best) best = a;
     if (best == 0)
-        throw device_error(message("typegrad: cuda: NVRTC cannot target compute capability ", unsigned(major), ".",
-                                   unsigned(minor)));
+        typegrad::detail::fail<device_error>({"typegrad: cuda: NVRTC cannot target compute capability ", unsigned(major), ".",
+                                              unsigned(minor)});
     return std::string("compute_") + std::to_string(best);
 }
 
@@ -232,8 +232,8 @@ inline std::string compile_to_ptx(const std::string& source, const std::string& 
         nvrtcGetProgramLogSize(prog, &log_size);
         std::string log(log_size, '\0');
         if (log_size) nvrtcGetProgramLog(prog, log.data());
-        throw device_error(message("typegrad: cuda: NVRTC could not compile the generated kernels (",
-                                   nvrtcGetErrorString(r), "):\n", log));
+        typegrad::detail::fail<device_error>({"typegrad: cuda: NVRTC could not compile the generated kernels (",
+                                              nvrtcGetErrorString(r), "):\n", log});
     }
     std::size_t size = 0;
     check_nvrtc(nvrtcGetPTXSize(prog, &size), "nvrtcGetPTXSize");
@@ -245,7 +245,7 @@ inline std::string compile_to_ptx(const std::string& source, const std::string& 
 // ---- cuBLAS ------------------------------------------------------------------------------
 inline void check_cublas(cublasStatus_t s, const char* what) {
     if (s != CUBLAS_STATUS_SUCCESS)
-        throw device_error(message("typegrad: cuda: ", what, " failed: cuBLAS status ", unsigned(s)));
+        typegrad::detail::fail<device_error>({"typegrad: cuda: ", what, " failed: cuBLAS status ", unsigned(s)});
 }
 
 // One handle per thread (cuBLAS handles are not to be shared across threads), on the legacy

@@ -87,10 +87,10 @@ struct device_backend<step<Policy, Loss, Wrt...>> {
     template <class... Args>
     static void reject_host_arguments(const char* entry) {
         if constexpr (!all_device<Args...>)
-            throw device_error(message("typegrad: ", entry,
-                                       ": host and device bindings are mixed in one call; bind every leaf, "
-                                       "gradient and seed to device memory (tg::cuda::tensor) or every one to "
-                                       "host memory; nothing was run"));
+            fail<device_error>({"typegrad: ", entry,
+                                ": host and device bindings are mixed in one call; bind every leaf, "
+                                "gradient and seed to device memory (tg::cuda::tensor) or every one to "
+                                "host memory; nothing was run"});
     }
     // The call's checks, and the plan's on the device.
     template <class Plan, bool LeavesFromArgs, class... Args>

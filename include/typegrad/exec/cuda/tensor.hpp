@@ -132,8 +132,8 @@ public:
     explicit tensor(const std::array<std::size_t, rank>& extents) : extents_(extents) {
         for (std::size_t a = 0; a < rank; ++a)
             if (Shape::extents[a] != dyn && extents[a] != Shape::extents[a])
-                throw shape_error(typegrad::detail::message("typegrad: cuda::tensor: axis ", a, " has extent ", extents[a],
-                                          " but the shape declares ", Shape::extents[a]));
+                typegrad::detail::fail<shape_error>({"typegrad: cuda::tensor: axis ", a, " has extent ", extents[a],
+                                                     " but the shape declares ", Shape::extents[a]});
         buffer_ = detail::device_buffer(size() * sizeof(T));
     }
     // A device copy of host data (its size must fill the extents).
@@ -209,8 +209,8 @@ private:
     }
     void check_size(std::size_t n, const char* what) const {
         if (n != size())
-            throw shape_error(typegrad::detail::message("typegrad: cuda::tensor::", what, ": the host range has ", n,
-                                      " elements but the tensor has ", size()));
+            typegrad::detail::fail<shape_error>({"typegrad: cuda::tensor::", what, ": the host range has ", n,
+                                                 " elements but the tensor has ", size()});
     }
     std::array<std::size_t, rank> extents_{};
     detail::device_buffer buffer_;
