@@ -184,7 +184,9 @@ TEST_CASE("a long prod is one pass, the same bits on any thread count", "[ops][r
         exact *= double(d[i]);
     }
     const auto [p1, g1] = same_bits_on_1_and_3_threads(tg::compile(tg::prod(f), tg::wrt(f)), f, d);
-    CHECK_THAT(double(p1), Catch::Matchers::WithinRel(exact, 2e-4));
+    // 300007 float roundings: the kernel's order (blocks of 8192, four chains of 16 lanes) is off
+    // by 2.9e-4 here, a float loop of the same order too (the bound is n u = 0.018)
+    CHECK_THAT(double(p1), Catch::Matchers::WithinRel(exact, 1e-3));
     for (std::size_t i = 0; i < n; i += 9973) CHECK_THAT(g1[i], Catch::Matchers::WithinRel(p1 / d[i], 1e-6f));
 }
 
@@ -292,6 +294,58 @@ TEST_CASE("a reduction gets the same bits from forward() and value_and_grad()", 
         const float r1 = row_step.value_and_grad(tg::bind(rows, m, {3, n}), tg::grad_into(rows, gm));
         const float r2 = row_step.forward(tg::bind(rows, m, {3, n})).value();
         CHECK(std::memcmp(&r1, &r2, sizeof r1) == 0);
+    }
+}
+
+TEST_CASE("products and maxima in four chains get the same bits from forward() and value_and_grad()", "[ops][reduce][plan]") {
+    // A row's max, min and prod keep four accumulator chains (sums one): value_and_grad's loop also
+    // counts zeros and forms the product of the others, the forward plan's only the loss, and the
+    // chains must be the same in both; on 1 and 3 threads too.
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto rows = tg::param<"r", float, tg::shape<3, tg::dyn>>;
+    auto step = tg::compile(tg::prod(a / b) + tg::max(a * b) * tg::min(a - b) + tg::sum(a * a), tg::wrt(a));
+    auto prod_step = tg::compile(tg::prod(a * b), tg::wrt(a));
+    auto row_step = tg::compile(tg::sum(tg::prod(rows / tg::lit<3>, tg::axes<1>) + tg::max(rows, tg::axes<1>)), tg::wrt(rows));
+    for (std::size_t n : {std::size_t(5), std::size_t(100), std::size_t(1027), std::size_t(300007)}) {
+        const auto u = uniform(3 * n, 0.999, 1.001, unsigned(n + 3));
+        std::vector<float> x(u.begin(), u.begin() + std::ptrdiff_t(n)), y(u.begin() + std::ptrdiff_t(n), u.begin() + std::ptrdiff_t(2 * n));
+        std::vector<float> m(3 * n), g1(n), g3(n), gm(3 * n);
+        for (std::size_t i = 0; i < 3 * n; ++i) m[i] = float(3 * u[i]);
+        INFO("n = " << n);
+        tg::set_num_threads(1);
+        const float v1 = step.value_and_grad(tg::bind(a, x, {n}), tg::bind(b, y, {n}), tg::grad_into(a, g1));
+        const float v2 = step.forward(tg::bind(a, x, {n}), tg::bind(b, y, {n})).value();
+        const float r1 = row_step.value_and_grad(tg::bind(rows, m, {3, n}), tg::grad_into(rows, gm));
+        const float r2 = row_step.forward(tg::bind(rows, m, {3, n})).value();
+        tg::set_num_threads(3);
+        const float v3 = step.value_and_grad(tg::bind(a, x, {n}), tg::bind(b, y, {n}), tg::grad_into(a, g3));
+        const float r3 = row_step.forward(tg::bind(rows, m, {3, n})).value();
+        tg::set_num_threads(0);
+        std::vector<float> gp(n);
+        const float p1 = prod_step.value_and_grad(tg::bind(a, x, {n}), tg::bind(b, y, {n}), tg::grad_into(a, gp));
+        const float p2 = prod_step.forward(tg::bind(a, x, {n}), tg::bind(b, y, {n})).value();
+        CHECK(std::memcmp(&p1, &p2, sizeof p1) == 0);
+        CHECK(std::memcmp(&v1, &v2, sizeof v1) == 0);
+        CHECK(std::memcmp(&v1, &v3, sizeof v1) == 0);
+        CHECK(std::memcmp(g1.data(), g3.data(), n * sizeof(float)) == 0);
+        CHECK(std::memcmp(&r1, &r2, sizeof r1) == 0);
+        CHECK(std::memcmp(&r1, &r3, sizeof r1) == 0);
+        // and the values themselves, against double
+        long double p = 1, hi = -INFINITY, lo = INFINITY, sq = 0, rp = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            p *= (long double)x[i] / y[i];
+            hi = std::max(hi, (long double)x[i] * y[i]);
+            lo = std::min(lo, (long double)x[i] - y[i]);
+            sq += (long double)x[i] * x[i];
+        }
+        for (std::size_t r = 0; r < 3; ++r) {
+            long double q = 1, mx = -INFINITY;
+            for (std::size_t i = 0; i < n; ++i) q *= (long double)m[r * n + i] / 3, mx = std::max(mx, (long double)m[r * n + i]);
+            rp += q + mx;
+        }
+        CHECK_THAT(double(v1), Catch::Matchers::WithinRel(double(p + hi * lo + sq), 1e-3));
+        CHECK_THAT(double(r1), Catch::Matchers::WithinRel(double(rp), 1e-3));
     }
 }
 

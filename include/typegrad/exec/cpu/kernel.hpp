@@ -503,19 +503,33 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         }(std::make_index_sequence<n_red>{});
 
         std::size_t j = j0;
-        for (; j + W <= j1; j += W) {
+        auto step = [&]<std::size_t Chain>(std::size_t at, auto& chain_acc) __attribute__((always_inline)) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, j, inner_stride)), 0)...};
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, at, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
             eval_body(v);
-            finish<batch_t>(v, acc, out_ptr, off, j);
+            finish<batch_t, Chain>(v, acc, chain_acc, out_ptr, off, at);
+        };
+        if constexpr (split_chains) {
+            // four batches a step, each max/min/prod row reduction in four chains (sums in one)
+            std::array<batch_t, n_red + 1> acc1 = acc, acc2 = acc, acc3 = acc;
+            for (; j + 4 * W <= j1; j += 4 * W) {
+                step.template operator()<0>(j, acc);
+                step.template operator()<1>(j + W, acc1);
+                step.template operator()<2>(j + 2 * W, acc2);
+                step.template operator()<3>(j + 3 * W, acc3);
+            }
+            [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(join_chains<Rs>(acc, acc1, acc2, acc3)), 0)...};
+            }(std::make_index_sequence<n_red>{});
         }
+        for (; j + W <= j1; j += W) step.template operator()<0>(j, acc);
         for (; j < j1; ++j) {
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
                 [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_scalar<Is>(a, s, in_ptr, off, j, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
             eval_body(s);
-            finish<T>(s, acc_s, out_ptr, off, j);
+            finish<T, 0>(s, acc_s, acc_s, out_ptr, off, j);
         }
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
             [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(close_reduction<Rs>(acc, acc_s, out_ptr, off)), 0)...};
@@ -570,10 +584,33 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], a.node[I]);
     }
 
-    template <class V, class Values, class Acc, class OutPtr, class Off>
-    static void finish(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+    // A reduction along the row whose combine is max, min or prod: a cheap body (a max loop of a
+    // softmax) is bound by the latency of one accumulator chain, so the loop keeps four. Sums keep
+    // one chain, so their bits do not depend on the loop they are fused into; for max and min the
+    // order does not change the value, and a product's four chains are the same in every plan.
+    static constexpr bool chained(std::size_t r) {
+        return inner_broadcast(n_in + r) && static_cast<reduce_kind>(d[red_base + 2 * r]) != reduce_kind::sum;
+    }
+    static constexpr bool split_chains = [] {
+        for (std::size_t r = 0; r < n_red; ++r)
+            if (chained(r)) return true;
+        return false;
+    }();
+    template <std::size_t R_, class Acc>
+    static void join_chains(Acc& acc, const Acc& acc1, const Acc& acc2, const Acc& acc3) {
+        if constexpr (chained(R_)) {
+            constexpr reduce_kind K = red_kind<R_>();
+            acc[R_] = reduce_combine<K>(reduce_combine<K>(acc[R_], acc1[R_]), reduce_combine<K>(acc2[R_], acc3[R_]));
+        }
+    }
+
+    // The outputs of a step; Chain > 0: the chained row reductions accumulate in chain_acc.
+    template <class V, std::size_t Chain, class Values, class Acc, class OutPtr, class Off>
+    static void finish(const Values& v, Acc& acc, [[maybe_unused]] Acc& chain_acc, const OutPtr& out_ptr,
+                       const Off& off, std::size_t j) {
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(reduce_step<V, Rs>(v, acc, out_ptr, off, j)), 0)...};
+            [[maybe_unused]] const int in_order[] = {
+                0, (static_cast<void>(reduce_step<V, Rs>(v, Chain > 0 && chained(Rs) ? chain_acc : acc, out_ptr, off, j)), 0)...};
         }(std::make_index_sequence<n_red>{});
         [&]<std::size_t... Ms>(std::index_sequence<Ms...>) {
             [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(mat_step<V, Ms>(v, out_ptr, off, j)), 0)...};
