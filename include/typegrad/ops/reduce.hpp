@@ -210,14 +210,11 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
             // more zeros exactly 0, even for an infinite g (PyTorch's zeros_like). PyTorch's
             // exclusive cumulative products give NaN where a slice mixes a zero with inf or NaN
             // elements; here the others' gradient stays g * 0 (docs/reliability.md).
-            // The zeros are counted as a product of 1/2 per zero (1: none, 1/2: one, less: more;
-            // powers of two are exact in any order), not a sum: a product reduction keeps four
-            // accumulator chains in a fused loop, a sum one, which bound the loop's speed.
             auto zero = eq(x, lit<0>);
-            auto zeros = make_node<reduce_op<reduce_kind::prod, Target>>(lit<1> - zero * lit<0.5>);
+            auto zeros = sum_to<Target>(zero);
             auto rest = make_node<reduce_op<reduce_kind::prod, Target>>(where(zero, lit<1>, x));
-            auto others = where(eq(zeros, lit<1>), out / x, where(zero * eq(zeros, lit<0.5>), rest, lit<0>));
-            return where(lt(zeros, lit<0.5>), lit<0>, grad_mul(broadcast_like(g, x), others));
+            auto others = where(eq(zeros, lit<0>), out / x, where(zero * eq(zeros, lit<1>), rest, lit<0>));
+            return where(ge(zeros, lit<2>), lit<0>, grad_mul(broadcast_like(g, x), others));
         }
     } else {
         // Ties share the gradient evenly (torch.max / torch.amax); a NaN result (max and min
