@@ -283,22 +283,8 @@ struct custom_context {
         const Ref& r = in[first_input + I];
         return tensor_view<T, true>(out + offset, std::span<const std::size_t>(r.ext, r.rank));
     }
-    static std::size_t numel(const Ref& r) {
-        std::size_t n = 1;
-        for (std::size_t a = 0; a < r.rank; ++a) n *= r.ext[a];
-        return n;
-    }
+    static std::size_t numel(const Ref& r) { return numel_of(r); }
 };
-
-template <class Ref>
-bool dense(const Ref& r) {
-    std::ptrdiff_t s = 1;
-    for (std::size_t a = r.rank; a-- > 0;) {
-        if (r.ext[a] != 1 && r.stride[a] != s) return false;
-        s *= std::ptrdiff_t(r.ext[a]);
-    }
-    return true;
-}
 
 template <class Op, std::size_t I>
 struct custom_grad_part_op;
@@ -428,7 +414,7 @@ struct custom_forward_op : kernel_op_base, custom_device<Op, false> {
             for (std::size_t a = 0; a < in[0].rank; ++a) ext[a] = in[0].ext[a];
         }
         for (std::size_t k = 0; k < N::children::size; ++k)
-            if (!dense(in[k]))
+            if (!is_row_major(in[k]))
                 throw shape_error("typegrad: a custom op's inputs must be dense (pass tg::contiguous(x))");
     }
     template <class N, class Ref, class T>
