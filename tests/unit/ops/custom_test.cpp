@@ -142,6 +142,21 @@ TEST_CASE("custom ops compose with fused neighbours and higher order", "[custom]
     for (int i = 0; i < 4; ++i) CHECK_THAT(h[i], Catch::Matchers::WithinRel(std::exp(vd[i]) * (std::round(vd[i]) + 2), 1e-14));
 }
 
+TEST_CASE("a custom op rejects a strided input before writing, and takes tg::contiguous of it", "[custom][errors]") {
+    constexpr auto m = tg::param<"m", double, tg::shape<2, 3>>;
+    std::vector<double> md{0.2, 1.7, -0.6, 2.4, 3.1, -1.2}, g(6, 7.0);
+    auto strided = tg::compile(tg::sum(tg::custom<straight_through_round>(tg::transpose(m))), tg::wrt(m));
+    CHECK_THROWS_AS(strided.value_and_grad(tg::bind(m, md), tg::grad_into(m, g)), tg::shape_error);
+    CHECK_THROWS_WITH(strided.value_and_grad(tg::bind(m, md), tg::grad_into(m, g)),
+                      Catch::Matchers::Contains("custom op's inputs must be dense"));
+    CHECK(g == std::vector<double>(6, 7.0));
+    auto dense = tg::compile(tg::sum(tg::custom<straight_through_round>(tg::contiguous(tg::transpose(m)))), tg::wrt(m));
+    double expect = 0;
+    for (double x : md) expect += std::round(x);
+    CHECK(dense.value_and_grad(tg::bind(m, md), tg::grad_into(m, g)) == expect);
+    CHECK(g == std::vector<double>(6, 1.0));
+}
+
 TEST_CASE("create_graph with a mutating backward is rejected at run time; the check is free otherwise", "[custom][mutation]") {
     std::vector<float> ad(9, 1.f), bd(9, 1.f), ga(9), gb(9);
     auto step = tg::compile(tg::sum(a * tg::custom<double_input_in_backward>(b)), tg::wrt(a, b));
