@@ -25,11 +25,7 @@ namespace detail {
 
 // ---- text -------------------------------------------------------------------------------
 
-// Concatenation of texts (error.hpp's join_text: one function, not one per call site).
-template <class... Parts>
-std::string cat(const Parts&... parts) {
-    return join_text({text_piece(parts)...});
-}
+// Texts are joined by error.hpp's message() (one out-of-line join_text for every call site).
 
 [[gnu::cold]] inline std::string number_text(double x) {
     char buf[64];
@@ -48,10 +44,10 @@ std::string cat(const Parts&... parts) {
 }
 
 [[gnu::cold]] inline std::string type_text(const step_view& v, std::size_t n) {
-    return cat(v.facts[n].dtype, " ", shape_text(v.info[n]));
+    return message(v.facts[n].dtype, " ", shape_text(v.info[n]));
 }
 
-[[gnu::cold]] inline std::string id_text(std::size_t n) { return cat("%", std::to_string(n)); }
+[[gnu::cold]] inline std::string id_text(std::size_t n) { return message("%", std::to_string(n)); }
 
 // "x", "1", "exp": what a node is, in one word (a leaf's name, a constant's value).
 [[gnu::cold]] inline std::string op_text(const step_view& v, std::size_t n) {
@@ -65,10 +61,10 @@ std::string cat(const Parts&... parts) {
     const node_info& ni = v.info[n];
     if (ni.kind == op_kind::leaf) {
         const leaf_role r = v.facts[n].role;
-        return cat(r == leaf_role::param ? "param " : r == leaf_role::input ? "input " : "seed ", ni.name);
+        return message(r == leaf_role::param ? "param " : r == leaf_role::input ? "input " : "seed ", ni.name);
     }
-    if (ni.kind == op_kind::constant) return cat("constant ", number_text(v.facts[n].value));
-    std::string s = cat(ni.name, "(");
+    if (ni.kind == op_kind::constant) return message("constant ", number_text(v.facts[n].value));
+    std::string s = message(ni.name, "(");
     for (std::size_t c = 0; c < ni.arity; ++c) {
         if (c) s += ", ";
         if (ni.shape_only[c]) s += "shape=";
@@ -107,7 +103,7 @@ inline std::string_view use_text(backward_use u) {
     std::size_t w1 = 0, w2 = 0;
     std::vector<std::string> lhs, types;
     for (std::size_t n : ids) {
-        lhs.push_back(cat(id_text(n), " = ", definition_text(v, n)));
+        lhs.push_back(message(id_text(n), " = ", definition_text(v, n)));
         types.push_back(type_text(v, n));
         w1 = std::max(w1, lhs.back().size());
         w2 = std::max(w2, types.back().size());
@@ -130,14 +126,14 @@ inline std::string_view use_text(backward_use u) {
         out += types[i];
         if (!tags.empty()) {
             out.append(w2 + 2 - types[i].size(), ' ');
-            out += cat("[", tags, "]");
+            out += message("[", tags, "]");
         }
         out += '\n';
     }
 }
 
 [[gnu::cold]] inline std::string count_text(std::size_t n, std::string_view one, std::string_view many) {
-    return cat(std::to_string(n), " ", n == 1 ? one : many);
+    return message(std::to_string(n), " ", n == 1 ? one : many);
 }
 
 [[gnu::cold]] inline void append_id_list(std::string& out, const step_view& v,
@@ -145,21 +141,21 @@ inline std::string_view use_text(backward_use u) {
     for (std::size_t i = 0; i < ids.size(); ++i) {
         if (i) out += ", ";
         const bool is_constant = v.info[ids[i]].kind == op_kind::constant;
-        out += cat(id_text(ids[i]), is_constant ? " constant " : " ", op_text(v, ids[i]));
+        out += message(id_text(ids[i]), is_constant ? " constant " : " ", op_text(v, ids[i]));
         const std::string labels = labelled ? output_labels(v, ids[i]) : std::string();
-        if (!labels.empty()) out += cat(" (", labels, ")");
+        if (!labels.empty()) out += message(" (", labels, ")");
     }
 }
 
 // In execution order: per stage, its kernels, then its loops (see exec/execute.hpp).
 [[gnu::cold]] inline void append_plan(std::string& out, const step_view& v, const plan_view& p,
                                       std::string_view title) {
-    out += cat("kernel plan: ", title, " (", count_text(p.loops.size(), "loop", "loops"));
-    if (!p.kernels.empty()) out += cat(", ", count_text(p.kernels.size(), "kernel", "kernels"));
+    out += message("kernel plan: ", title, " (", count_text(p.loops.size(), "loop", "loops"));
+    if (!p.kernels.empty()) out += message(", ", count_text(p.kernels.size(), "kernel", "kernels"));
     out += ")\n";
     auto list = [&](std::string_view what, const std::vector<std::size_t>& ids, bool labelled) {
         if (ids.empty()) return;
-        out += cat("    ", what, ":");
+        out += message("    ", what, ":");
         out.append(what.size() < 13 ? 13 - what.size() : 1, ' ');
         append_id_list(out, v, ids, labelled);
         out += '\n';
@@ -170,16 +166,16 @@ inline std::string_view use_text(backward_use u) {
     for (std::size_t stage = 0; stage <= last_stage; ++stage) {
         for (const kernel_view& k : p.kernels) {
             if (k.stage != stage) continue;
-            out += cat("  kernel ", id_text(k.node), " = ", definition_text(v, k.node), ": stage ",
+            out += message("  kernel ", id_text(k.node), " = ", definition_text(v, k.node), ": stage ",
                        std::to_string(stage), ", ", type_text(v, k.node));
             const std::string labels = output_labels(v, k.node);
-            if (!labels.empty()) out += cat(" (", labels, ")");
+            if (!labels.empty()) out += message(" (", labels, ")");
             out += '\n';
         }
         for (std::size_t l = 0; l < p.loops.size(); ++l) {
             const loop_view& lp = p.loops[l];
             if (lp.stage != stage) continue;
-            out += cat("  loop ", std::to_string(l), ": stage ", std::to_string(lp.stage), ", over ",
+            out += message("  loop ", std::to_string(l), ": stage ", std::to_string(lp.stage), ", over ",
                        shape_text(v.info[lp.iter]), " (shape of ", id_text(lp.iter), ")\n");
             list("reads", lp.inputs, false);
             list("fused", lp.body, false);
@@ -192,12 +188,12 @@ inline std::string_view use_text(backward_use u) {
 }
 
 [[gnu::cold]] inline std::string describe_view(const step_view& v) {
-    std::string out = cat("typegrad step: loss ", id_text(v.loss), " ", op_text(v, v.loss), " (",
+    std::string out = message("typegrad step: loss ", id_text(v.loss), " ", op_text(v, v.loss), " (",
                           type_text(v, v.loss), "), wrt ");
     for (std::size_t w = 0; w < v.wrt_names.size(); ++w) {
         if (w) out += ", ";
         out += v.wrt_names[w];
-        if (v.wrt_ids[w] < v.size()) out += cat(" (", id_text(v.wrt_ids[w]), ")");
+        if (v.wrt_ids[w] < v.size()) out += message(" (", id_text(v.wrt_ids[w]), ")");
     }
     if (v.wrt_names.empty()) out += "nothing";
     out += "\n\n";
@@ -213,9 +209,9 @@ inline std::string_view use_text(backward_use u) {
         recomputed += v.use[n] == backward_use::recomputed;
         read += v.use[n] == backward_use::leaf || v.use[n] == backward_use::constant;
     }
-    out += cat("forward graph (", count_text(fwd_ids.size(), "node", "nodes"), ")\n");
+    out += message("forward graph (", count_text(fwd_ids.size(), "node", "nodes"), ")\n");
     append_node_lines(out, v, fwd_ids, false);
-    out += cat("\nbackward graph (", count_text(added, "new node", "new nodes"), "; from the forward graph: ",
+    out += message("\nbackward graph (", count_text(added, "new node", "new nodes"), "; from the forward graph: ",
                std::to_string(saved), " saved, ", std::to_string(recomputed), " recomputed, ",
                std::to_string(read), " read as is)\n");
     append_node_lines(out, v, bwd_ids, true);
@@ -249,7 +245,7 @@ namespace detail {
 // call). Installed when this header is first included: a program that leaves inspection out logs
 // one line that says so.
 [[gnu::cold]] inline void print_step_view(const step_view& v) {
-    const std::string text = cat("typegrad: TYPEGRAD_LOG=graphs\n", describe_view(v));
+    const std::string text = message("typegrad: TYPEGRAD_LOG=graphs\n", describe_view(v));
     std::fwrite(text.data(), 1, text.size(), stderr);
     std::fflush(stderr);
 }

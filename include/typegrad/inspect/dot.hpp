@@ -43,7 +43,7 @@ inline std::string_view loop_colour(std::size_t l) {
 [[gnu::cold]] inline std::string dot_node(const step_view& v, std::size_t n,
                                           const std::vector<std::vector<std::size_t>>& loops_of) {
     const node_info& ni = v.info[n];
-    std::string label = cat(op_text(v, n), "\n", type_text(v, n));
+    std::string label = message(op_text(v, n), "\n", type_text(v, n));
     std::string tags;
     auto tag = [&](std::string_view t) {
         if (t.empty()) return;
@@ -53,12 +53,12 @@ inline std::string_view loop_colour(std::size_t l) {
     if (v.use[n] == backward_use::saved) tag("saved");
     tag(output_labels(v, n));
     tag(v.facts[n].extra);
-    if (!tags.empty()) label += cat("\n", tags);
+    if (!tags.empty()) label += message("\n", tags);
 
-    std::string tooltip = cat(id_text(n), " = ", definition_text(v, n));
-    if (!use_text(v.use[n]).empty()) tooltip += cat(" [", use_text(v.use[n]), "]");
+    std::string tooltip = message(id_text(n), " = ", definition_text(v, n));
+    if (!use_text(v.use[n]).empty()) tooltip += message(" [", use_text(v.use[n]), "]");
 
-    std::string attrs = cat("label=", dot_quote(label), ", tooltip=", dot_quote(tooltip));
+    std::string attrs = message("label=", dot_quote(label), ", tooltip=", dot_quote(tooltip));
     std::string style;
     if (ni.kind == op_kind::leaf || ni.kind == op_kind::constant) {
         attrs += ni.kind == op_kind::constant ? ", shape=ellipse, fillcolor=\"#f4f4f4\""
@@ -77,26 +77,26 @@ inline std::string_view loop_colour(std::size_t l) {
             if (!colours.empty()) colours += ':';
             colours += loop_colour(l);
         }
-        attrs += cat(", fillcolor=\"", colours, "\"");
+        attrs += message(", fillcolor=\"", colours, "\"");
         style = loops_of[n].size() == 1 ? "filled" : "striped";
     }
     if (v.use[n] == backward_use::recomputed) style += ",dashed";
     if (v.use[n] == backward_use::saved) attrs += ", color=\"#d62728\", penwidth=2.5";
     if (!v.grad_of[n].empty() || n == v.loss) attrs += ", peripheries=2";
-    attrs += cat(", style=", dot_quote(style));
-    if (!v.facts[n].dot_attributes.empty()) attrs += cat(", ", v.facts[n].dot_attributes);
-    return cat("    n", std::to_string(n), " [", attrs, "];\n");
+    attrs += message(", style=", dot_quote(style));
+    if (!v.facts[n].dot_attributes.empty()) attrs += message(", ", v.facts[n].dot_attributes);
+    return message("    n", std::to_string(n), " [", attrs, "];\n");
 }
 
 [[gnu::cold]] inline std::string loop_summary(const step_view& v, const loop_view& lp, std::size_t l) {
-    std::string s = cat("loop ", std::to_string(l), " (stage ", std::to_string(lp.stage), ")\nover ",
+    std::string s = message("loop ", std::to_string(l), " (stage ", std::to_string(lp.stage), ")\nover ",
                         shape_text(v.info[lp.iter]), ", ", std::to_string(lp.body.size()), " fused ops");
     auto names = [&](std::string_view what, const std::vector<std::size_t>& ids) {
         if (ids.empty()) return;
-        s += cat("\n", what, ":");
+        s += message("\n", what, ":");
         for (std::size_t n : ids) {
             const std::string labels = output_labels(v, n);
-            s += cat(" ", labels.empty() ? op_text(v, n) : labels);
+            s += message(" ", labels.empty() ? op_text(v, n) : labels);
         }
     };
     names("reduces", lp.reductions);
@@ -120,8 +120,8 @@ inline std::string_view loop_colour(std::size_t l) {
     out += "  node [fontname=\"Helvetica\", fontsize=10, shape=box, color=\"#444444\"];\n";
     out += "  edge [color=\"#666666\", arrowsize=0.6];\n";
     auto cluster = [&](std::string_view name, std::string_view label, std::string_view colour, bool forward) {
-        out += cat("  subgraph ", name, " {\n");
-        out += cat("    label=", dot_quote(label), "; labeljust=l; style=rounded; color=\"", colour,
+        out += message("  subgraph ", name, " {\n");
+        out += message("    label=", dot_quote(label), "; labeljust=l; style=rounded; color=\"", colour,
                    "\"; fontcolor=\"", colour, "\";\n");
         for (std::size_t n = 0; n < v.size(); ++n)
             if (v.listed[n] && bool(v.forward[n]) == forward) out += dot_node(v, n, loops_of);
@@ -132,22 +132,22 @@ inline std::string_view loop_colour(std::size_t l) {
 
     out += "  subgraph cluster_plan {\n";
     std::string plan_title =
-        cat("value_and_grad: ", count_text(v.joint.loops.size(), "fused loop", "fused loops"));
+        message("value_and_grad: ", count_text(v.joint.loops.size(), "fused loop", "fused loops"));
     if (!v.joint.kernels.empty())
-        plan_title += cat(", ", count_text(v.joint.kernels.size(), "kernel", "kernels"));
-    out += cat("    label=", dot_quote(plan_title),
+        plan_title += message(", ", count_text(v.joint.kernels.size(), "kernel", "kernels"));
+    out += message("    label=", dot_quote(plan_title),
                "; labeljust=l; style=rounded; color=\"#555555\"; fontcolor=\"#555555\";\n");
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
-        out += cat("    loop", std::to_string(l), " [shape=note, style=filled, fillcolor=\"", loop_colour(l),
+        out += message("    loop", std::to_string(l), " [shape=note, style=filled, fillcolor=\"", loop_colour(l),
                    "\", label=", dot_quote(loop_summary(v, v.joint.loops[l], l)), "];\n");
-    out += cat("    key [shape=plaintext, fontsize=9, label=",
+    out += message("    key [shape=plaintext, fontsize=9, label=",
                dot_quote("fill: the loop(s) computing a node\ngrey: outside the loops (3-D: kernel)\n"
                          "dashed: recomputed by the backward\nred: saved for the backward\n"
                          "double border: gradient or loss"),
                "];\n");
     // Stack the loop boxes in execution order under the key.
     for (std::size_t l = 0; l < v.joint.loops.size(); ++l)
-        out += cat("    ", l ? cat("loop", std::to_string(l - 1)) : std::string("key"), " -> loop",
+        out += message("    ", l ? message("loop", std::to_string(l - 1)) : std::string("key"), " -> loop",
                    std::to_string(l), " [style=invis];\n");
     out += "  }\n";
 
@@ -158,7 +158,7 @@ inline std::string_view loop_colour(std::size_t l) {
         if (!v.listed[n]) continue;
         const node_info& ni = v.info[n];
         for (std::size_t c = 0; c < ni.arity; ++c)
-            out += cat("  n", std::to_string(ni.child[c]), " -> n", std::to_string(n),
+            out += message("  n", std::to_string(ni.child[c]), " -> n", std::to_string(n),
                        ni.shape_only[c] ? shape_edge : ";\n");
     }
     out += "}\n";
