@@ -297,6 +297,45 @@ TEST_CASE("a reduction gets the same bits from forward() and value_and_grad()", 
     }
 }
 
+TEST_CASE("a count of a mask is exact, in four chains, and has the same bits in every plan", "[ops][reduce][plan]") {
+    // A sum of a comparison (prod's count of zeros, a user's count) keeps four accumulator chains
+    // like max and prod: its value is an integer, exact in any order. Fused with a product and a
+    // plain sum (one chain), in value_and_grad (which also counts prod's zeros) and forward, on 1
+    // and 3 threads, and along rows.
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn>>;
+    constexpr auto rows = tg::param<"r", float, tg::shape<3, tg::dyn>>;
+    auto step = tg::compile(tg::sum(tg::gt(a, tg::lit<1>)) + tg::prod(a) + tg::sum(a * a), tg::wrt(a));
+    auto count = tg::compile(tg::sum(tg::gt(a, tg::lit<1>)), tg::wrt());
+    auto row_counts = tg::compile(tg::sum(tg::eq(rows, tg::lit<0>), tg::axes<1>), tg::wrt());
+    for (std::size_t n : {std::size_t(5), std::size_t(67), std::size_t(1027), std::size_t(300007)}) {
+        const auto u = uniform(3 * n, 0.999, 1.001, unsigned(n + 11));
+        std::vector<float> x(u.begin(), u.begin() + std::ptrdiff_t(n)), m(3 * n), g1(n), g3(n);
+        std::size_t above = 0;
+        for (std::size_t i = 0; i < n; ++i) above += x[i] > 1.0f;
+        std::size_t zeros[3] = {0, 0, 0};
+        for (std::size_t i = 0; i < 3 * n; ++i) {
+            m[i] = (i * 7919) % 5 == 0 ? 0.0f : float(u[i]);
+            zeros[i / n] += m[i] == 0.0f;
+        }
+        INFO("n = " << n << ", " << above << " above 1");
+        CHECK(values_of(count, tg::bind(a, x, {n}))[0] == float(above));
+        const auto counted = values_of(row_counts, tg::bind(rows, m, {3, n}));
+        for (std::size_t r = 0; r < 3; ++r) CHECK(counted[r] == float(zeros[r]));
+        tg::set_num_threads(1);
+        const float v1 = step.value_and_grad(tg::bind(a, x, {n}), tg::grad_into(a, g1));
+        const float v2 = step.forward(tg::bind(a, x, {n})).value();
+        tg::set_num_threads(3);
+        const float v3 = step.value_and_grad(tg::bind(a, x, {n}), tg::grad_into(a, g3));
+        tg::set_num_threads(0);
+        CHECK(std::memcmp(&v1, &v2, sizeof v1) == 0);
+        CHECK(std::memcmp(&v1, &v3, sizeof v1) == 0);
+        CHECK(std::memcmp(g1.data(), g3.data(), n * sizeof(float)) == 0);
+        long double p = 1, sq = 0;
+        for (std::size_t i = 0; i < n; ++i) p *= x[i], sq += (long double)x[i] * x[i];
+        CHECK_THAT(double(v1), Catch::Matchers::WithinRel(double(above + p + sq), 1e-3));
+    }
+}
+
 TEST_CASE("products and maxima in four chains get the same bits from forward() and value_and_grad()", "[ops][reduce][plan]") {
     // A row's max, min and prod keep four accumulator chains (sums one): value_and_grad's loop also
     // counts zeros and forms the product of the others, the forward plan's only the loss, and the

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 // GCC 12 flags the deliberately undefined vectors inside its own AVX-512 intrinsics
 // (_mm512_undefined_pd) as uninitialised once xsimd's exp/hadd inline into a kernel (GCC
@@ -110,26 +111,58 @@ inline T reduce_sum(const xsimd::batch<T, A>& v) { return xsimd::hadd(v); }
 template <class T>
   requires std::is_arithmetic_v<T>
 inline T reduce_sum(T v) { return v; }
+// The two halves of a register's lanes (GCC and clang vector extensions).
+template <class V>
+inline auto low_half(const V& v) {
+    constexpr std::size_t n = sizeof(V) / sizeof(v[0]);
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return __builtin_shufflevector(v, v, I...);
+    }(std::make_index_sequence<n / 2>{});
+}
+template <class V>
+inline auto high_half(const V& v) {
+    constexpr std::size_t n = sizeof(V) / sizeof(v[0]);
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return __builtin_shufflevector(v, v, (I + n / 2)...);
+    }(std::make_index_sequence<n / 2>{});
+}
+// The largest lane, NaN if any lane is NaN: lanes i and i + n/2 combined, down to one lane, on
+// the register itself (a loop over a stored array put a store-forwarding stall before each of
+// its W - 1 steps). Which of +0 and -0, or of several NaNs, comes out depends on the order, as
+// for the row's accumulator chains (docs/design.md).
+template <class V>
+inline auto max_of_halves(const V& v) {
+    constexpr std::size_t n = sizeof(V) / sizeof(v[0]);
+    if constexpr (n == 2) {
+        return (v[1] > v[0] || v[1] != v[1]) ? v[1] : v[0];
+    } else {
+        const auto lo = low_half(v), hi = high_half(v);
+        const auto take = (hi > lo) | (hi != hi);  // all ones where the higher lane wins
+        using I = decltype(take);
+        return max_of_halves(decltype(lo)((I(hi) & take) | (I(lo) & ~take)));
+    }
+}
 template <class T, class A>
 inline T reduce_max(const xsimd::batch<T, A>& v) {
-    alignas(64) T lanes[xsimd::batch<T, A>::size];
-    v.store_aligned(lanes);
-    T m = lanes[0];
-    for (std::size_t i = 1; i < xsimd::batch<T, A>::size; ++i)
-        m = (lanes[i] > m || lanes[i] != lanes[i]) ? lanes[i] : m;
-    return m;
+    if constexpr (xsimd::batch<T, A>::size == 1) return v.get(0);
+    else return max_of_halves(v.data);
 }
 template <class T>
   requires std::is_arithmetic_v<T>
 inline T reduce_max(T v) { return v; }
+// Lanes i and i + n/2 multiplied, down to one lane, on the register itself (a loop over a
+// stored array put a store-forwarding stall before each of its W - 1 products).
+template <class V>
+inline auto product_of_halves(const V& v) {
+    constexpr std::size_t n = sizeof(V) / sizeof(v[0]);
+    if constexpr (n == 2) return v[0] * v[1];
+    else return product_of_halves(low_half(v) * high_half(v));
+}
 // Pairwise, halving the lanes (as hadd): fewer roundings in a row than a left fold.
 template <class T, class A>
 inline T reduce_prod(const xsimd::batch<T, A>& v) {
-    alignas(64) T lanes[xsimd::batch<T, A>::size];
-    v.store_aligned(lanes);
-    for (std::size_t n = xsimd::batch<T, A>::size / 2; n > 0; n /= 2)
-        for (std::size_t i = 0; i < n; ++i) lanes[i] *= lanes[i + n];
-    return lanes[0];
+    if constexpr (xsimd::batch<T, A>::size == 1) return v.get(0);
+    else return product_of_halves(v.data);
 }
 template <class T>
   requires std::is_arithmetic_v<T>
@@ -222,13 +255,27 @@ inline auto pow(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y) {
 }
 // NaN-propagating, as torch.maximum / torch.minimum. Not `a != a`: xsimd 8.1 compiles batch
 // != to _CMP_NEQ_OQ on AVX and AVX-512, false for NaN operands (true on SSE2).
+// On x86, xsimd's float max and min are maxps / minps, which return their second operand when
+// either is NaN: b's NaN needs no test of its own (a cheap max loop, a softmax's, was bound by
+// the five instructions of two tests).
+#if defined(__SSE2__)
+inline constexpr bool second_nan_propagates = true;
+#else
+inline constexpr bool second_nan_propagates = false;
+#endif
 template <class T, class A>
 inline auto max(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
-    return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::max(a, b)));
+    if constexpr (second_nan_propagates && std::is_floating_point_v<T>)
+        return xsimd::select(xsimd::isnan(a), a, xsimd::max(a, b));
+    else
+        return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::max(a, b)));
 }
 template <class T, class A>
 inline auto min(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
-    return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::min(a, b)));
+    if constexpr (second_nan_propagates && std::is_floating_point_v<T>)
+        return xsimd::select(xsimd::isnan(a), a, xsimd::min(a, b));
+    else
+        return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::min(a, b)));
 }
 template <class T, class A>
 inline auto mask(const xsimd::batch_bool<T, A>& m) {

@@ -69,16 +69,24 @@ public:
     // yet started are then skipped.
     template <class F>
     void parallel_for(std::size_t n_tasks, std::size_t n_threads, F&& fn) {
+        using Fn = std::remove_reference_t<F>;
+        run(n_tasks, n_threads, [](const void* f, std::size_t i) { (*static_cast<Fn*>(const_cast<void*>(f)))(i); },
+            static_cast<const void*>(std::addressof(fn)));
+    }
+    // parallel_for's work, for call(fn, i): one function, not one per task type (every
+    // parallel_for instantiated the locking, waking and waiting below again, in every
+    // translation unit).
+    [[gnu::noinline]] void run(std::size_t n_tasks, std::size_t n_threads, void (*call)(const void*, std::size_t),
+                               const void* fn) {
         n_threads = std::min({n_threads, n_tasks, max_threads});
         std::unique_lock busy(busy_, std::try_to_lock);
         if (n_threads <= 1 || !busy.owns_lock()) {
-            for (std::size_t i = 0; i < n_tasks; ++i) fn(i);
+            for (std::size_t i = 0; i < n_tasks; ++i) call(fn, i);
             return;
         }
-        using Fn = std::remove_reference_t<F>;
         job j;
-        j.fn = static_cast<const void*>(std::addressof(fn));
-        j.call = [](const void* f, std::size_t i) { (*static_cast<Fn*>(const_cast<void*>(f)))(i); };
+        j.fn = fn;
+        j.call = call;
         j.n_tasks = n_tasks;
         std::size_t helpers = 0;
         {

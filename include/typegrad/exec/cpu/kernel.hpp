@@ -109,6 +109,8 @@ namespace loop_desc {
 // materialisation, 2 per store.
 inline constexpr std::size_t iter_rank = 0, n_in = 1, n_body = 2, n_red = 3, n_mat = 4, n_store = 5, header = 6;
 inline constexpr std::size_t flag_view = 1, flag_constant = 2;
+// A reduction's first word: its kind, plus this bit when its operand is a mask (node_info::mask).
+inline constexpr std::size_t red_kind_bits = 3, red_of_mask = 4;
 }  // namespace loop_desc
 
 // ---- a loop on several threads ------------------------------------------------------------
@@ -196,7 +198,7 @@ struct loop_traits {
         for (std::size_t t = 0; t < tasks; ++t) call(ctx, t);
         return;
     }
-    default_thread_pool().parallel_for(tasks, threads, [&](std::size_t t) { call(ctx, t); });
+    default_thread_pool().run(tasks, threads, call, ctx);
 }
 
 // What a loop kernel tells the driver below about its reductions (at most loop_max_reductions;
@@ -454,7 +456,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
             for (std::size_t g = 0; g + 1 < G; ++g)
                 if (broadcast_axis(n_in + r, groups.first[g])) rt.row_shared |= std::uint64_t(1) << r;
             if (inner_broadcast(n_in + r)) rt.col_shared |= std::uint64_t(1) << r;
-            rt.kinds |= std::uint64_t(d[red_base + 2 * r]) << (2 * r);
+            rt.kinds |= std::uint64_t(d[red_base + 2 * r] & loop_desc::red_kind_bits) << (2 * r);
             rt.ranks[r / 16] |= std::uint64_t(operand_rank(n_in + r)) << (4 * (r % 16));
         }
         return rt;
@@ -538,7 +540,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
 
     template <std::size_t R_>
     static constexpr reduce_kind red_kind() {
-        return static_cast<reduce_kind>(d[red_base + 2 * R_]);
+        return static_cast<reduce_kind>(d[red_base + 2 * R_] & loop_desc::red_kind_bits);
     }
     template <std::size_t I>
     static constexpr bool is_constant_input() {
@@ -584,12 +586,17 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], a.node[I]);
     }
 
-    // A reduction along the row whose combine is max, min or prod: a cheap body (a max loop of a
-    // softmax) is bound by the latency of one accumulator chain, so the loop keeps four. Sums keep
-    // one chain, so their bits do not depend on the loop they are fused into; for max and min the
-    // order does not change the value, and a product's four chains are the same in every plan.
+    // A reduction along the row whose combine is max, min or prod, or a sum of a mask: a cheap
+    // body (a max loop of a softmax, prod's count of zeros) is bound by the latency of one
+    // accumulator chain, so the loop keeps four. Other sums keep one chain, so their bits do not
+    // depend on the loop they are fused into; for max and min the order does not change the
+    // value, a product's four chains are the same in every plan, and a count of ones is exact in
+    // any order (below 2^24 per chain in float; the chains follow the operand's op, not the loop).
     static constexpr bool chained(std::size_t r) {
-        return inner_broadcast(n_in + r) && static_cast<reduce_kind>(d[red_base + 2 * r]) != reduce_kind::sum;
+        const std::size_t word = d[red_base + 2 * r];
+        return inner_broadcast(n_in + r) &&
+               (static_cast<reduce_kind>(word & loop_desc::red_kind_bits) != reduce_kind::sum ||
+                (word & loop_desc::red_of_mask) != 0);
     }
     static constexpr bool split_chains = [] {
         for (std::size_t r = 0; r < n_red; ++r)
@@ -809,7 +816,8 @@ struct loop_layout {
             }
             for (std::size_t i = 0; i < c.n_red; ++i) {
                 const std::size_t node = members[lp.red_begin + i];
-                r[k++] = static_cast<std::size_t>(info[node].combine);
+                r[k++] = static_cast<std::size_t>(info[node].combine) |
+                         (info[info[node].child[0]].mask ? loop_desc::red_of_mask : 0);
                 r[k++] = slot_of(info[node].child[0]);
             }
             for (std::size_t i = 0; i < c.n_mat; ++i) r[k++] = slot_of(members[lp.mat_begin + i]);
