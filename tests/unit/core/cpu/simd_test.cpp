@@ -1,0 +1,85 @@
+// core/cpu/simd.hpp: the NaN-aware max/min and the reductions of a register's lanes, against
+// scalar references, over lanes drawn from +-0, +-inf, NaNs of both signs and small integers.
+#include <catch2/catch.hpp>
+
+#include <typegrad/core/cpu/simd.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+
+namespace simd = typegrad::simd;
+
+namespace {
+template <class T>
+bool same_bits(T a, T b) {
+    return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+template <class T>
+T draw(std::mt19937& rng) {
+    constexpr T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+    switch (rng() % 7) {
+        case 0: return T(0);
+        case 1: return -T(0);
+        case 2: return rng() % 2 ? nan : -nan;
+        case 3: return rng() % 2 ? inf : -inf;
+        default: return T(int(rng() % 9) - 4) * (rng() % 2 ? T(1) : T(0.375));
+    }
+}
+
+template <class T>
+void check_max_min() {
+    using B = xsimd::batch<T>;
+    constexpr std::size_t W = B::size;
+    std::mt19937 rng(11);
+    std::size_t bad = 0;
+    for (int t = 0; t < 20000; ++t) {
+        alignas(64) T a[W], b[W], hi[W], lo[W];
+        for (std::size_t i = 0; i < W; ++i) a[i] = draw<T>(rng), b[i] = draw<T>(rng);
+        simd::max(B::load_aligned(a), B::load_aligned(b)).store_aligned(hi);
+        simd::min(B::load_aligned(a), B::load_aligned(b)).store_aligned(lo);
+        for (std::size_t i = 0; i < W; ++i) {
+            // a NaN wins (a's before b's); otherwise the larger (smaller), b when they compare equal
+            const T want_hi = a[i] != a[i] ? a[i] : b[i] != b[i] ? b[i] : (a[i] > b[i] ? a[i] : b[i]);
+            const T want_lo = a[i] != a[i] ? a[i] : b[i] != b[i] ? b[i] : (a[i] < b[i] ? a[i] : b[i]);
+            bad += !same_bits(hi[i], want_hi) + !same_bits(lo[i], want_lo);
+        }
+    }
+    CHECK(bad == 0);
+}
+
+template <class T>
+void check_lane_reductions() {
+    using B = xsimd::batch<T>;
+    constexpr std::size_t W = B::size;
+    std::mt19937 rng(12);
+    std::size_t bad_max = 0, bad_prod = 0;
+    for (int t = 0; t < 20000; ++t) {
+        alignas(64) T lanes[W], pairs[W];
+        for (std::size_t i = 0; i < W; ++i) lanes[i] = pairs[i] = draw<T>(rng);
+        T m = lanes[0];
+        for (std::size_t i = 1; i < W; ++i) m = (lanes[i] > m || lanes[i] != lanes[i]) ? lanes[i] : m;
+        for (std::size_t n = W / 2; n > 0; n /= 2)  // the pairing reduce_prod keeps: lane i with i + n
+            for (std::size_t i = 0; i < n; ++i) pairs[i] *= pairs[i + n];
+        const T got_max = simd::reduce_max(B::load_aligned(lanes));
+        const T got_prod = simd::reduce_prod(B::load_aligned(lanes));
+        // max: the same value, NaN exactly when a lane is NaN (which zero or NaN comes out may differ)
+        bad_max += m != m ? got_max == got_max : !(got_max == m);
+        // prod: the same bits, but for which NaN
+        bad_prod += pairs[0] != pairs[0] ? got_prod == got_prod : !same_bits(got_prod, pairs[0]);
+    }
+    CHECK(bad_max == 0);
+    CHECK(bad_prod == 0);
+}
+}  // namespace
+
+TEST_CASE("simd::max and min propagate either operand's NaN and otherwise keep maxps' choice", "[core][simd]") {
+    check_max_min<float>();
+    check_max_min<double>();
+}
+
+TEST_CASE("a register's lanes reduce to the left fold's maximum and the pairwise product", "[core][simd]") {
+    check_lane_reductions<float>();
+    check_lane_reductions<double>();
+}
