@@ -367,7 +367,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
     // semantic: an operand of a lower-precision op: typegrad's cast<bf16> node of an f32 node (one
     // per node: casts are CSE'd, so the cast's adjoint sums every use and rounds once), the node
     // itself if bf16; and the op's VJP rounds what it sends to it (a bf16 matmul's result).
-    std::vector<torch::Tensor> cast_nodes;
+    std::vector<torch::Tensor> cast_nodes, widen_nodes;  // widen_nodes: see layer_norm
     auto lowered = [&](const std::string& tok) {
         const std::size_t k = std::stoul(tok);
         if (is_bf16_node(k)) return rg(nodes.at(k));
@@ -532,13 +532,18 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
             // generate.py's norms over the last axis (generate_autocast.py, graphs FIRST_MODEL..):
             // typegrad computes statistics and affine in f32 and rounds the result once to the
             // promoted dtype of input and weights (ops/norm.hpp; the rounding below). A bf16
-            // operand is widened by a node whose VJP casts each contribution to bf16.
+            // operand is read through a widen node whose VJP casts its adjoint to bf16: one node
+            // per operand node (a type: layer_norm(g, g, h) and two norms of one node share it),
+            // so its contributions are summed in f32 and rounded once.
             const bool ln = op == "layer_norm";
             ts >> b;
             if (ln) ts >> x;
             auto widened = [&](const std::string& tok) {
                 const std::size_t k = std::stoul(tok);
-                return is_bf16_node(k) ? rg(nodes.at(k)) : nodes.at(k);
+                if (!is_bf16_node(k)) return nodes.at(k);
+                if (widen_nodes.size() <= k) widen_nodes.resize(k + 1);
+                if (!widen_nodes[k].defined()) widen_nodes[k] = rg(nodes.at(k));
+                return widen_nodes[k];
             };
             torch::Tensor v = widened(a), w = widened(b), s = ln ? widened(x) : torch::Tensor();
             if (c.special) {  // the squares of the (centred) values overflow f32 where the f64 reference's do not

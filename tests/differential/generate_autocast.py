@@ -448,6 +448,10 @@ class Graph(g.Graph):
                 parts.append(n)
                 continue
             op = self.pick_reduce(n)
+            k = self.existing("%s(%s)" % (g.CPP_UNARY[op], n.text)) if self.model() else None
+            if k is not None:  # (see emit)
+                parts.append(self.nodes[k])
+                continue
             self.pending_dtype = "f32" if op == "prod" else self.node_dtype(n)
             self.emit(op, [], (), g.interval(op, n), "%s(%s)" % (g.CPP_UNARY[op], n.text),
                       "%s %d" % (op, self.nodes.index(n)), force=True)
@@ -460,7 +464,9 @@ class Graph(g.Graph):
         # every norm and concat/stack drawn reaches the loss (as generate.py's model graphs)
         for k in self.model_nodes:
             n, total = self.nodes[k], self.nodes[-1]
-            if n.shape != ():
+            if n.shape != () and self.existing("tg::mean(%s)" % n.text) is not None:  # (see emit)
+                n = self.nodes[self.existing("tg::mean(%s)" % n.text)]
+            elif n.shape != ():
                 self.pending_dtype = self.node_dtype(n)
                 self.emit("mean", [], (), g.interval("mean", n), "tg::mean(%s)" % n.text, "mean %d" % k, force=True)
                 n = self.nodes[-1]
@@ -483,9 +489,20 @@ class Graph(g.Graph):
                 todo += [int(t) for t in tok[1:] if t.lstrip("-").isdigit()]
         return seen
 
+    def existing(self, text):
+        """The node whose expression is `text`, if there is one."""
+        for k, l in enumerate(self.lines):
+            if l.split(" = ", 1)[1] == text + ";":
+                return k
+        return None
+
     def emit(self, op, args, shape, bounds, text, line, force=False):
         lo, hi = bounds
-        if max(abs(lo), abs(hi)) > 1e3 and not force:
+        # Model graphs: no expression twice. typegrad's is one node (a type), the program's two
+        # LibTorch nodes, each sending its own rounded contribution in the semantic reference.
+        dup = self.model() and self.existing(text) is not None
+        assert not (dup and force), text
+        if (max(abs(lo), abs(hi)) > 1e3 and not force) or dup:
             self.pending_dtype = None  # (add() infers the next one where it is not set)
             return
         name = "e%d" % len(self.nodes)

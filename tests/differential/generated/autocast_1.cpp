@@ -696,9 +696,8 @@ double autocast_graph_2081(const tensors<double>& in, const extents& ext, tensor
     constexpr auto e7 = tg::sin(e6);
     constexpr auto e8 = tg::max(e7, b);
     constexpr auto e10 = tg::tanh(e8);
-    constexpr auto e11 = tg::tanh(e8);
-    constexpr auto e12 = tg::log1p(e11);
-    constexpr auto e14 = tg::concat<0>(e12, e10, b);
+    constexpr auto e11 = tg::log1p(e10);
+    constexpr auto e14 = tg::concat<0>(e11, b, e7);
     constexpr auto e15 = tg::mean(e14);
     constexpr auto e16 = tg::max(e5);
     constexpr auto e17 = (e15 + e16);
@@ -707,7 +706,7 @@ double autocast_graph_2081(const tensors<double>& in, const extents& ext, tensor
     constexpr auto e20 = (e19 + e15);
     constexpr auto loss = tg::autocast<tg::cpu_bf16>(e20);
     if (dtypes != nullptr) {
-        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(e5), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20)};
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(e5), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20)};
         return 0;
     }
     const auto in0 = narrow<float>(in[0]);
@@ -911,8 +910,8 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nadd 2 3\nlinear 2 5\nleaky_relu 1 0.01\nrms_norm 7 3\nsin 8\nstack1 3 4\nlse 10\nmean 6\nadd 11 12\nmean 9\nadd 13 14\nadd 15 11",
                 {{"a", true, 2, {4, -1}, -2.0, 2.0}, {"b", true, 2, {4, 5}, 0.25, 2.0}, {"c", true, 2, {-1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &autocast_graph_2077});
-    r.push_back({2081, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto e5 = tg::matmul(a, c);\nconstexpr auto e6 = tg::layer_norm(g, g, h);\nconstexpr auto e7 = tg::sin(e6);\nconstexpr auto e8 = tg::max(e7, b);\nconstexpr auto e10 = tg::tanh(e8);\nconstexpr auto e11 = tg::tanh(e8);\nconstexpr auto e12 = tg::log1p(e11);\nconstexpr auto e14 = tg::concat<0>(e12, e10, b);\nconstexpr auto e15 = tg::mean(e14);\nconstexpr auto e16 = tg::max(e5);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = tg::mean(e7);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e15);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e20);",
-                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nmatmul 0 2\nlayer_norm 3 3 4\nsin 6\nmaximum 7 1\ntanh 8\ntanh 8\nlog1p 10\ncat0 11 9 1\nmean 12\nmax 5\nadd 13 14\nmean 7\nadd 15 16\nadd 17 13",
+    r.push_back({2081, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto e5 = tg::matmul(a, c);\nconstexpr auto e6 = tg::layer_norm(g, g, h);\nconstexpr auto e7 = tg::sin(e6);\nconstexpr auto e8 = tg::max(e7, b);\nconstexpr auto e10 = tg::tanh(e8);\nconstexpr auto e11 = tg::log1p(e10);\nconstexpr auto e14 = tg::concat<0>(e11, b, e7);\nconstexpr auto e15 = tg::mean(e14);\nconstexpr auto e16 = tg::max(e5);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = tg::mean(e7);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e15);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e20);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nmatmul 0 2\nlayer_norm 3 3 4\nsin 6\nmaximum 7 1\ntanh 8\nlog1p 9\ncat0 10 1 7\nmean 11\nmax 5\nadd 12 13\nmean 7\nadd 14 15\nadd 16 12",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", false, 1, {5}, -2.0, 2.0}, {"c", true, 2, {2, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &autocast_graph_2081});
     r.push_back({2085, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, d));\nconstexpr auto e9 = tg::stack<1>(a, a);\nconstexpr auto e10 = tg::min(e9);\nconstexpr auto e12 = tg::layer_norm(c, g, h);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::log_sum_exp(e13);\nconstexpr auto e15 = tg::log_sum_exp(e6);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = (e16 + e10);\nconstexpr auto e18 = tg::mean(e13);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e19);",
