@@ -979,10 +979,10 @@ long diff::run_autocast_differential(long cases, long only) {
                 "<=4: %ld, <=8: %ld, more: %ld\n",
                 ulp_histogram[0], ulp_histogram[1], ulp_histogram[2], ulp_histogram[3], ulp_histogram[4],
                 ulp_histogram[5], ulp_histogram[6], ulp_histogram[7]);
-    // Special values (issue 17): TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES cases (default 160), both
+    // Special values (issue 17): TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES cases (default 264, 3 per graph), both
     // policies; see make_case and compare. Not part of the drift statistics below.
     const char* special_env = std::getenv("TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES");
-    const long special_cases = special_env ? std::atol(special_env) : 160;
+    const long special_cases = special_env ? std::atol(special_env) : 264;
     long s_compared = 0, s_nonfinite = 0, s_kinks = 0, s_overflow = 0, s_failures = 0;
     if (special_cases > 0) {
         const long per = std::max(1L, (special_cases + long(graphs.size()) - 1) / long(graphs.size()));
