@@ -286,80 +286,10 @@ class Graph:
         kind = rng.choices(kinds, weights)[0]
         a = self.nodes[self.pick()]
         ai = self.nodes.index(a)
-        if kind == "norm":  # over the last axis, which must be the graph's last extent (the weights')
-            # and must vary along it: rms_norm and layer_norm are scale invariant, so over a
-            # constant row (a broadcast, a where that picked one operand) the gradient is an
-            # eps-sized difference of O(1) terms (graph 2201 in float)
-            if a.shape == () or a.shape[-1] != self.full[-1] or not a.varies:
-                return False
-            op = rng.choice(["layer_norm", "rms_norm"])
-            last = a.shape[-1]
-            n = MAX_DYN if isinstance(last, str) else last
-            if op == "layer_norm":
-                bound = 1.5 * math.sqrt(n) + 1.0
-                text = "tg::layer_norm(%s, g, h)" % a.text
-                line = "layer_norm %d %d %d" % (ai, self.gain, self.shift)
-            else:
-                bound = 1.5 * math.sqrt(n)
-                text = "tg::rms_norm<1, 1e-06>(%s, g)" % a.text
-                line = "rms_norm %d %d" % (ai, self.gain)
-            n0 = len(self.nodes)
-            self.emit(op, [ai], a.shape, (-bound, bound), text, line)
-            if len(self.nodes) == n0:
-                return False
-            self.nodes[-1].varies = True
-            # used only through a sine: a linear function of a layer_norm that is constant along
-            # its axis (a sum, a mean) has a gradient that is exactly 0 in exact arithmetic and
-            # rounding noise in float
-            self.nodes[-1].odd = True
-            k = len(self.nodes) - 1
-            self.emit("sin", [k], a.shape, (-1.0, 1.0), "tg::sin(%s)" % self.nodes[k].text, "sin %d" % k)
-            self.model_nodes.append(len(self.nodes) - 1)
-            return True
-        if kind == "concat":  # cat along axis 0 of three nodes of a's shape, or stack of two along axis 1
-            if a.shape == ():
-                return False
-            same = [n for n in self.nodes if n.shape == a.shape and not getattr(n, "odd", False)]
-            b, c = rng.choice(same), rng.choice(same)
-            bi, ci = self.nodes.index(b), self.nodes.index(c)
-            before = len(self.nodes)
-            bounds = hull((a.lo, a.hi), (b.lo, b.hi), (c.lo, c.hi))
-            if rng.random() < 0.5:
-                self.emit("concat", [ai, bi, ci], a.shape, bounds, "tg::concat<0>(%s, %s, %s)" % (a.text, b.text, c.text),
-                          "cat0 %d %d %d" % (ai, bi, ci))
-                grow = 3
-            else:
-                self.emit("stack", [ai, bi], a.shape, hull((a.lo, a.hi), (b.lo, b.hi)),
-                          "tg::stack<1>(%s, %s)" % (a.text, b.text), "stack1 %d %d" % (ai, bi))
-                grow = 2
-            if len(self.nodes) == before:
-                return False
-            self.nodes[-1].odd = True
-            # sometimes an activation of it, then a reduction (over grow times the elements)
-            if rng.random() < 0.5:
-                x = self.nodes[-1]
-                op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)]
-                self.activations_drawn += 1
-                cc = rng.choice(ACTIVATION_PARAMS[op]) if op in ACTIVATION_PARAMS else None
-                ab = interval(op, x, c=cc)
-                if ab is not None:
-                    xi = len(self.nodes) - 1
-                    text, line = activation_call(op, x.text, xi, cc)
-                    n0 = len(self.nodes)
-                    self.emit(op, [xi], x.shape, ab, text, line)
-                    if len(self.nodes) > n0:
-                        self.nodes[-1].odd = True
-            x = self.nodes[-1]
-            op = rng.choice(REDUCE)
-            lo, hi = interval(op, x)
-            if op == "sum":
-                lo, hi = min(lo, grow * lo), max(hi, grow * hi)
-            elif op == "lse":
-                hi += math.log(grow)
-            self.emit(op, [], (), (lo, hi), "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, len(self.nodes) - 1),
-                      force=True)
-            self.model_nodes.append(len(self.nodes) - 1)
-            return True
+        if kind == "norm":
+            return self.try_norm(a, ai)
+        if kind == "concat":
+            return self.try_concat(a, ai)
         if kind == "unary":
             new = self.gid >= FIRST_NEW and rng.random() < 0.6
             # activations in turn (each graph starts elsewhere), so that every one is drawn
@@ -433,6 +363,89 @@ class Graph:
         if len(self.nodes) > n0 and op in ("add", "sub"):  # one varying operand plus a constant row
             lv, rv = getattr(left, "varies", False), getattr(right, "varies", False)
             self.nodes[-1].varies = lv != rv and shape == (lv and left or right).shape
+        return True
+
+    def try_norm(self, a, ai):
+        """layer_norm or rms_norm of node a (index ai), then a sine of it (a model node); also
+        drawn by generate_autocast.py. Over the last axis, which must be the graph's last extent
+        (the weights') and must vary along it: rms_norm and layer_norm are scale invariant, so over
+        a constant row (a broadcast, a where that picked one operand) the gradient is an eps-sized
+        difference of O(1) terms (graph 2201 in float)."""
+        rng = self.rng
+        if a.shape == () or a.shape[-1] != self.full[-1] or not a.varies:
+            return False
+        op = rng.choice(["layer_norm", "rms_norm"])
+        last = a.shape[-1]
+        n = MAX_DYN if isinstance(last, str) else last
+        if op == "layer_norm":
+            bound = 1.5 * math.sqrt(n) + 1.0
+            text = "tg::layer_norm(%s, g, h)" % a.text
+            line = "layer_norm %d %d %d" % (ai, self.gain, self.shift)
+        else:
+            bound = 1.5 * math.sqrt(n)
+            text = "tg::rms_norm<1, 1e-06>(%s, g)" % a.text
+            line = "rms_norm %d %d" % (ai, self.gain)
+        n0 = len(self.nodes)
+        self.emit(op, [ai], a.shape, (-bound, bound), text, line)
+        if len(self.nodes) == n0:
+            return False
+        self.nodes[-1].varies = True
+        # used only through a sine: a linear function of a layer_norm that is constant along
+        # its axis (a sum, a mean) has a gradient that is exactly 0 in exact arithmetic and
+        # rounding noise in float
+        self.nodes[-1].odd = True
+        k = len(self.nodes) - 1
+        self.emit("sin", [k], a.shape, (-1.0, 1.0), "tg::sin(%s)" % self.nodes[k].text, "sin %d" % k)
+        self.model_nodes.append(len(self.nodes) - 1)
+        return True
+
+    def try_concat(self, a, ai, others=None):
+        """concat<0> of three nodes of a's shape (index ai), or stack<1> of two; sometimes an
+        activation of it; then a reduction (a model node). The other operands are drawn from
+        `others` (default: every node of a's shape). Also drawn by generate_autocast.py."""
+        rng = self.rng
+        if a.shape == ():
+            return False
+        same = others or [n for n in self.nodes if n.shape == a.shape and not getattr(n, "odd", False)]
+        b, c = rng.choice(same), rng.choice(same)
+        bi, ci = self.nodes.index(b), self.nodes.index(c)
+        before = len(self.nodes)
+        bounds = hull((a.lo, a.hi), (b.lo, b.hi), (c.lo, c.hi))
+        if rng.random() < 0.5:
+            self.emit("concat", [ai, bi, ci], a.shape, bounds, "tg::concat<0>(%s, %s, %s)" % (a.text, b.text, c.text),
+                      "cat0 %d %d %d" % (ai, bi, ci))
+            grow = 3
+        else:
+            self.emit("stack", [ai, bi], a.shape, hull((a.lo, a.hi), (b.lo, b.hi)),
+                      "tg::stack<1>(%s, %s)" % (a.text, b.text), "stack1 %d %d" % (ai, bi))
+            grow = 2
+        if len(self.nodes) == before:
+            return False
+        self.nodes[-1].odd = True
+        # sometimes an activation of it, then a reduction (over grow times the elements)
+        if rng.random() < 0.5:
+            x = self.nodes[-1]
+            op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)]
+            self.activations_drawn += 1
+            cc = rng.choice(ACTIVATION_PARAMS[op]) if op in ACTIVATION_PARAMS else None
+            ab = interval(op, x, c=cc)
+            if ab is not None:
+                xi = len(self.nodes) - 1
+                text, line = activation_call(op, x.text, xi, cc)
+                n0 = len(self.nodes)
+                self.emit(op, [xi], x.shape, ab, text, line)
+                if len(self.nodes) > n0:
+                    self.nodes[-1].odd = True
+        x = self.nodes[-1]
+        op = rng.choice(REDUCE)
+        lo, hi = interval(op, x)
+        if op == "sum":
+            lo, hi = min(lo, grow * lo), max(hi, grow * hi)
+        elif op == "lse":
+            hi += math.log(grow)
+        self.emit(op, [], (), (lo, hi), "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, len(self.nodes) - 1),
+                  force=True)
+        self.model_nodes.append(len(self.nodes) - 1)
         return True
 
     def prod_chance(self):

@@ -11,6 +11,12 @@ binary_cross_entropy_with_logits (fp32), and the promote ops of generate.py (ele
 masks, where, reductions, log_sum_exp, softmax, log_softmax) mixing their f32 and bf16 results;
 graphs FIRST_ACTIVATION.. also draw the activations and special functions (erf, log1p, expm1,
 gelu in both forms, silu, softplus, leaky_relu, elu, clamp: their input's dtype on the CPU).
+Graphs FIRST_MODEL.. also draw generate.py's model ops (its try_norm and try_concat): layer_norm
+and rms_norm over the last extent M (static, 3 to 5; weight g and bias h of one dtype, f32 or
+bf16; a norm is read through a sine), concat<0> and stack<1> (reduced), each of which reaches the
+loss; under CPU autocast they promote over their operands (on no PyTorch CPU list; cat and stack
+on its promote list). Half the norms read a bf16 node (a matmul's result has extent M last) and
+half the concats mix dtypes, where the graph allows.
 Leaves are f32 or bf16. Some matmuls of leaves sit in a nested disabled region (they run in f32,
 their backward under the step's policy). Each graph is compiled twice: with the default backward
 policy (same_as_forward) and with backward_autocast::off. The generated function reports, for
@@ -23,9 +29,10 @@ import random
 import generate as g
 
 SEED = 20261124
-GRAPHS = 76
+GRAPHS = 88
 FIRST_PROD = 40     # graphs from here on (ids FIRST_ID + 40..) also draw prod, a float op under autocast
 FIRST_ACTIVATION = 52  # graphs from here on also draw the activations (generate.ACTIVATIONS), in turn
+FIRST_MODEL = 76    # graphs from here on also draw layer_norm, rms_norm, concat<0> and stack<1> (generate.py's)
 FIRST_ID = 2000
 UNITS = 4
 LEAF_NAMES = "abcdef"
@@ -55,6 +62,14 @@ def promote(a, b):
     return "f32" if "f32" in (a, b) else "bf16"
 
 
+def refs(line):
+    """The node ids a program line reads (not its constants)."""
+    tok = line.split()
+    if tok[0] == "off":
+        tok = tok[1:]
+    return [] if tok[0] == "leaf" else [int(t) for t in tok[1:] if t.lstrip("-").isdigit()]
+
+
 class Graph(g.Graph):
     """A generate.Graph whose nodes also carry the dtype they have in a cpu/bf16 region, as
     typegrad decides it (the harness checks each against LibTorch)."""
@@ -69,16 +84,56 @@ class Graph(g.Graph):
         self.dtypes = []
         self.disabled_texts = set()
         self.activations_drawn = 0
+        self.pending_dtype = None
         super().__init__(gid, rng)
+
+    def model(self):
+        """Graphs FIRST_MODEL.. draw generate.py's norms, concat and stack (try_norm, try_concat)."""
+        return self.gid - FIRST_ID >= FIRST_MODEL
 
     def add(self, op, args, shape, lo, hi, text, program_line):
         k = super().add(op, args, shape, lo, hi, text, program_line)
+        if self.pending_dtype is None:
+            # generate.py's try_norm and try_concat set no dtype: the norms, cat0 and stack1
+            # promote (ops/norm.hpp, ops/index.hpp), their sine, activation and reduction keep it
+            first = program_line.split()[0]
+            assert first in ("layer_norm", "rms_norm", "cat0", "stack1", "sin", "sum", "mean", "max", "min",
+                             "lse") or first in g.ACTIVATIONS, program_line
+            dts = [self.dtypes[j] for j in refs(program_line)]
+            self.pending_dtype = "f32" if "f32" in dts else "bf16"
         self.dtypes.append(self.pending_dtype)
+        self.pending_dtype = None
+        if self.model():
+            self.nodes[-1].varies = self.varies(op, shape, program_line)
         return k
+
+    def varies(self, op, shape, line):
+        """Whether a new node surely varies along its last axis (generate.Node.varies: the norms
+        read only such nodes): a leaf of the norms' extent there, a matrix product (random
+        weights), a strictly monotonic unary op of such a node, one plus a constant row."""
+        if not shape:
+            return False
+        if op == "leaf":
+            return shape[-1] == self.full[-1]
+        if op in ("matmul", "matmul_t", "linear", "linear_b"):
+            return True
+        ins = [self.nodes[j] for j in refs(line)]
+        if op in g.VARYING_UNARY:
+            return ins[0].varies
+        if op in ("add", "sub"):
+            tok = line.split()[1:]
+            lv, rv = [not t.startswith("c") and self.nodes[int(t)].varies for t in tok]
+            return lv != rv and shape == self.nodes[int(tok[0] if lv else tok[1])].shape
+        return False
 
     def make_leaves(self):
         rng = self.rng
         dims = [("d%d" % i) if rng.random() < 0.6 else rng.choice([2, 3, 4, 5]) for i in range(3)]
+        if self.model() and (isinstance(dims[2], str) or dims[2] < 3):
+            # the norms' axis is m: static and at least 3, as generate.py's (over 1 or 2 elements
+            # their gradients are eps-sized differences of O(1) terms)
+            dims[2] = rng.choice([3, 4, 5])
+        self.full = dims
         self.vars = sum(isinstance(d, str) for d in dims)
         # renumber the dynamic dims 0.. in order (the harness draws vars[k] for "dk")
         names, k = {}, 0
@@ -91,6 +146,8 @@ class Graph(g.Graph):
         shapes = [(n, kk), (kk, m), (m, kk), (m,), (kk,), (n, m), (n, kk), (kk,), (m,), (1, m)]
         count = rng.choice([3, 4, 4, 5, 6])
         picked = [shapes[0]] + rng.sample(shapes[1:], count - 1)
+        if self.model() and (kk, m) not in picked and (m, kk) not in picked:
+            picked[-1] = (kk, m)  # a weight whose product with a has the norms' extent last
         for i, shape in enumerate(picked):
             param = i == 0 or rng.random() < 0.7
             dt = "bf16" if rng.random() < 0.25 else "f32"
@@ -102,13 +159,50 @@ class Graph(g.Graph):
             self.lines.append('constexpr auto %s = tg::%s<"%s", %s, tg::shape<%s>>;' % (name, kind, name, cpp_dtype(dt), ext))
             self.pending_dtype = dt
             self.add("leaf", [i], tuple(shape), lo, hi, name, "leaf %d %s" % (i, dt))
+        if self.model():
+            # layer_norm's weight and bias and rms_norm's weight (generate.py's g and h), of one
+            # dtype: bf16 with a bf16 input is the norm PyTorch runs in bf16; f32 with a bf16
+            # input promotes in typegrad (LibTorch 1.13 has no mixed-dtype CPU layer_norm)
+            dt = "bf16" if rng.random() < 0.5 else "f32"
+            for name, lo, hi in (("g", 0.5, 1.5), ("h", -1.0, 1.0)):
+                i = len(self.leaves)
+                self.leaves.append((name, True, (m,), lo, hi, dt))
+                self.lines.append('constexpr auto %s = tg::param<"%s", %s, tg::shape<%s>>;' % (name, name, cpp_dtype(dt), m))
+                self.pending_dtype = dt
+                self.add("leaf", [i], (m,), lo, hi, name, "leaf %d %s" % (i, dt))
+                self.nodes[-1].varies = True
+            self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
 
     def node_dtype(self, n):
         return self.dtypes[self.nodes.index(n)]
 
-    def try_matmul(self):
+    def draw_norm(self):
+        """generate.py's try_norm (add() infers the dtypes), half the time of a bf16 input (a
+        matmul's, mostly, as in a model; pick() finds few)."""
+        rng = self.rng
+        a = self.nodes[self.pick()]
+        if rng.random() < 0.5:
+            cands = [n for n in self.nodes if n.shape != () and n.shape[-1] == self.full[-1] and n.varies
+                     and not getattr(n, "odd", False) and self.node_dtype(n) == "bf16"]
+            a = rng.choice(cands) if cands else a
+        return self.try_norm(a, self.nodes.index(a))
+
+    def draw_concat(self):
+        """generate.py's try_concat, half the time with the other operands of the other dtype
+        (promotion), where there are some."""
+        rng = self.rng
+        a = self.nodes[self.pick()]
+        other = [n for n in self.nodes if n.shape == a.shape and not getattr(n, "odd", False)
+                 and self.node_dtype(n) != self.node_dtype(a)] if rng.random() < 0.5 else []
+        return self.try_concat(a, self.nodes.index(a), other)
+
+    def try_matmul(self, want_last=None):
+        """A matmul or linear of random operands; with want_last, only one whose result has that
+        last extent."""
         rng = self.rng
         a, b = self.nodes[self.pick()], self.nodes[rng.randrange(len(self.nodes))]
+        if getattr(b, "odd", False):  # (generate.Graph.pick avoids them)
+            return False
         if rng.random() < 0.5:
             a, b = b, a
         sa, sb = a.shape, b.shape
@@ -123,7 +217,7 @@ class Graph(g.Graph):
             terms = [sa[-1]]
             bias = None
             if kind == "linear_b":
-                cands = [x for x in self.nodes if x.shape == (sb[0],)]
+                cands = [x for x in self.nodes if x.shape == (sb[0],) and not getattr(x, "odd", False)]
                 if not cands:
                     return False
                 bias = rng.choice(cands)
@@ -136,6 +230,8 @@ class Graph(g.Graph):
             if sa[-1] != inner_b:
                 return False
             shape = sa[:-1] + (sb[1:] if len(sb) == 2 else ())
+        if want_last is not None and (not shape or shape[-1] != want_last):
+            return False
         inner = sa[-1]
         n_in = g.MAX_DYN if isinstance(inner, str) else inner
         mag = max(abs(a.lo), abs(a.hi)) * max(abs(b.lo), abs(b.hi)) * n_in
@@ -173,7 +269,7 @@ class Graph(g.Graph):
     def try_loss(self):
         rng = self.rng
         a = self.nodes[self.pick()]
-        same = [x for x in self.nodes if x.shape == a.shape and x is not a]
+        same = [x for x in self.nodes if x.shape == a.shape and x is not a and not getattr(x, "odd", False)]
         if not same:
             return False
         b = rng.choice(same)
@@ -208,8 +304,14 @@ class Graph(g.Graph):
     def try_op(self):
         rng = self.rng
         unary = 14 if self.gid - FIRST_ID >= FIRST_ACTIVATION else 6
-        kind = rng.choices(["matmul", "unary", "binary", "mask", "where", "reduce", "loss", "softmax"],
-                           [5, unary, 6, 1, 1, 2, 2, 1])[0]
+        kinds, weights = ["matmul", "unary", "binary", "mask", "where", "reduce", "loss", "softmax"], [5, unary, 6, 1, 1, 2, 2, 1]
+        if self.model():
+            kinds, weights = kinds + ["norm", "concat"], weights + [3, 2]
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "norm":
+            return self.draw_norm()
+        if kind == "concat":
+            return self.draw_concat()
         if kind == "matmul":
             return self.try_matmul()
         if kind == "loss":
@@ -317,19 +419,26 @@ class Graph(g.Graph):
 
     def make(self):
         self.make_leaves()
-        target = self.rng.randint(3, 8)
+        target = self.rng.randint(3, 8) if not self.model() else self.rng.randint(4, 7)
         # every graph has a matmul (or linear) at least: the ops autocast lowers
-        for _ in range(100):
-            if self.try_matmul():
+        # (model graphs: one whose result a norm can read, as a transformer's projection)
+        for want_last in ([self.full[-1]] if self.model() else []) + [None]:
+            if any(self.try_matmul(want_last) for _ in range(100)):
                 break
         tries = 0
         while len(self.nodes) - len(self.leaves) < target and tries < 300:
             tries += 1
             self.try_op()
+        if self.model():  # a norm (its sine is the model node) and a concat or stack at least
+            for norm, attempt in ((True, self.draw_norm), (False, self.draw_concat)):
+                if not any((self.program[k].split()[0] == "sin") == norm for k in self.model_nodes):
+                    any(attempt() for _ in range(100))
         last = self.nodes[-1]
         parts = []
         second = ([self.nodes[self.rng.randrange(len(self.leaves), len(self.nodes))]]
                   if self.rng.random() < 0.5 and len(self.nodes) > len(self.leaves) else [])
+        if second and getattr(second[0], "odd", False):  # a norm or concat: read through its sine or reduction only
+            second = []
         # the loss reads a matmul: if the last node does not, the loss adds the latest matmul
         matmuls = [k for k, n in enumerate(self.nodes) if n.op in ("matmul", "matmul_t", "linear", "linear_b")]
         if matmuls and not any(k in self.ancestors(len(self.nodes) - 1) for k in matmuls):
@@ -339,6 +448,10 @@ class Graph(g.Graph):
                 parts.append(n)
                 continue
             op = self.pick_reduce(n)
+            k = self.existing("%s(%s)" % (g.CPP_UNARY[op], n.text)) if self.model() else None
+            if k is not None:  # (see emit)
+                parts.append(self.nodes[k])
+                continue
             self.pending_dtype = "f32" if op == "prod" else self.node_dtype(n)
             self.emit(op, [], (), g.interval(op, n), "%s(%s)" % (g.CPP_UNARY[op], n.text),
                       "%s %d" % (op, self.nodes.index(n)), force=True)
@@ -348,6 +461,18 @@ class Graph(g.Graph):
             self.pending_dtype = promote(self.node_dtype(a), self.node_dtype(b))
             self.emit("add", [], (), g.interval("add", a, b), "(%s + %s)" % (a.text, b.text),
                       "add %d %d" % (self.nodes.index(a), self.nodes.index(b)), force=True)
+        # every norm and concat/stack drawn reaches the loss (as generate.py's model graphs)
+        for k in self.model_nodes:
+            n, total = self.nodes[k], self.nodes[-1]
+            if n.shape != () and self.existing("tg::mean(%s)" % n.text) is not None:  # (see emit)
+                n = self.nodes[self.existing("tg::mean(%s)" % n.text)]
+            elif n.shape != ():
+                self.pending_dtype = self.node_dtype(n)
+                self.emit("mean", [], (), g.interval("mean", n), "tg::mean(%s)" % n.text, "mean %d" % k, force=True)
+                n = self.nodes[-1]
+            self.pending_dtype = promote(self.node_dtype(total), self.node_dtype(n))
+            self.emit("add", [], (), g.interval("add", total, n), "(%s + %s)" % (total.text, n.text),
+                      "add %d %d" % (self.nodes.index(total), self.nodes.index(n)), force=True)
         self.loss = self.nodes[-1].text
 
     def ancestors(self, k):
@@ -364,9 +489,21 @@ class Graph(g.Graph):
                 todo += [int(t) for t in tok[1:] if t.lstrip("-").isdigit()]
         return seen
 
+    def existing(self, text):
+        """The node whose expression is `text`, if there is one."""
+        for k, l in enumerate(self.lines):
+            if l.split(" = ", 1)[1] == text + ";":
+                return k
+        return None
+
     def emit(self, op, args, shape, bounds, text, line, force=False):
         lo, hi = bounds
-        if max(abs(lo), abs(hi)) > 1e3 and not force:
+        # Model graphs: no expression twice. typegrad's is one node (a type), the program's two
+        # LibTorch nodes, each sending its own rounded contribution in the semantic reference.
+        dup = self.model() and self.existing(text) is not None
+        assert not (dup and force), text
+        if (max(abs(lo), abs(hi)) > 1e3 and not force) or dup:
+            self.pending_dtype = None  # (add() infers the next one where it is not set)
             return
         name = "e%d" % len(self.nodes)
         self.lines.append("constexpr auto %s = %s;" % (name, text))

@@ -44,7 +44,7 @@ template <class Loss, class Seed, class Spec>
 struct step_gradients<Loss, Seed, Spec, true> {
     using refs = no_refs;
     template <class Leaf>
-    using node = typename canonical_gradient<Leaf, rewrite_t<gradient_node_t<Loss, Seed, Leaf>, Spec, topo<Loss>>>::type;
+    using node = typename canonical_gradient<Leaf, rewrite_t<gradient_node_t<Loss, Seed, Leaf, true>, Spec, topo<Loss>>>::type;
 };
 }  // namespace detail
 

@@ -16,6 +16,7 @@
 #include <typegrad/graph/node.hpp>
 #include <typegrad/graph/topo.hpp>
 #include <typegrad/ops/arithmetic.hpp>
+#include <typegrad/ops/autocast_entry.hpp>
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/hook.hpp>
@@ -173,25 +174,48 @@ struct children_contributions<Forward, Id, node<Op, Cs...>, G, std::index_sequen
 // (A weak scalar, the sum of constant contributions, has no dtype to cast.)
 template <class T, class V>
 concept keeps_dtype = !is_dtype_v<T> || !is_dtype_v<V> || __is_same(T, V);
+// A term of a sum of two or more contributions: the sum is taken in at least float and rounded
+// once to the node's dtype (docs/autocast.md). A bf16/f16 term is widened; a float one is marked
+// fp32 where the backward autocast rewrite will read the sum (Marked), so that a term it lowers
+// is widened back rather than summed in bf16.
+template <bool Marked, class M, class V = typename M::value_type>
+struct sum_term {
+    using type = expr<M>;  // f64, weak scalars, float unmarked
+};
+template <bool Marked, class M, class V>
+    requires is_reduced_precision_v<V>
+struct sum_term<Marked, M, V> {
+    using type = decltype(cast<float>(expr<M>{}));
+};
+template <class M>
+struct sum_term<true, M, float> {
+    using type = decltype(fp32_entry(expr<M>{}));
+};
+template <bool Many, bool Marked, class M>
+struct term_of {
+    using type = expr<M>;
+};
+template <bool Marked, class M>
+struct term_of<true, Marked, M> : sum_term<Marked, M> {};
 // The sum of the contributions Ms, in dtype T (a single one: the cast alone).
-template <class T>
+template <class T, bool Marked = false>
 struct sum_rule {
     template <class... Ms>
     struct apply {
-        using total = decltype((expr<Ms>{} + ...));
+        using total = decltype((typename term_of<(sizeof...(Ms) > 1), Marked, Ms>::type{} + ...));
         using type = typename std::conditional_t<keeps_dtype<T, typename total::value_type>,
                                                  std::type_identity<total>, cast_to<T, total>>::type;
     };
 };
-template <class T, class Contributions>
+template <class T, bool Marked, class Contributions>
 struct summed_contributions;
-template <class T, class M>
-struct summed_contributions<T, type_list<M>> {
+template <class T, bool Marked, class M>
+struct summed_contributions<T, Marked, type_list<M>> {
     using type = typename std::conditional_t<keeps_dtype<T, typename M::value_type>, std::type_identity<M>,
                                              traced<void, sum_rule<T>, M>>::type;
 };
-template <class T, class... Ms>
-struct summed_contributions<T, type_list<Ms...>> : traced<void, sum_rule<T>, Ms...> {};
+template <class T, bool Marked, class... Ms>
+struct summed_contributions<T, Marked, type_list<Ms...>> : traced<void, sum_rule<T, Marked>, Ms...> {};
 
 // Filters of the pending list (no fold: the list can be long).
 template <std::size_t Id>
@@ -217,14 +241,14 @@ struct adjoint_handle {
 // Visiting forward node I (type N) with the contributions Matched sent to it: its adjoint's
 // definition `def` (void when nothing reaches it), the handle its operands' contributions read,
 // and the pending list after it.
-template <class Forward, std::size_t I, class N, class Matched, class Rest, bool Any = (Matched::size > 0)>
+template <class Forward, bool Marked, std::size_t I, class N, class Matched, class Rest, bool Any = (Matched::size > 0)>
 struct reverse_visit {
     using def = void;
     using out = Rest;
 };
-template <class Forward, std::size_t I, class N, class Matched, class Rest>
-struct reverse_visit<Forward, I, N, Matched, Rest, true> {
-    using def = desc_forced_t<typename summed_contributions<typename N::value_type, Matched>::type>;  // (see desc_forced)
+template <class Forward, bool Marked, std::size_t I, class N, class Matched, class Rest>
+struct reverse_visit<Forward, Marked, I, N, Matched, Rest, true> {
+    using def = desc_forced_t<typename summed_contributions<typename N::value_type, Marked, Matched>::type>;  // (see desc_forced)
     using handle = typename adjoint_handle<I, def>::type;
     using out = concat_t<Rest, typename children_contributions<Forward, I, N, handle,
                                                                std::make_index_sequence<N::desc.arity>>::type>;
@@ -239,7 +263,7 @@ template <class Pass, std::size_t I>
 struct reverse_at<Pass, I, false> {
     using in = typename reverse_at<Pass, I + 1>::out;
     using node_type = typename topo_at<typename Pass::forward, I>::type;
-    using visited = reverse_visit<typename Pass::forward, I, node_type,
+    using visited = reverse_visit<typename Pass::forward, Pass::marked, I, node_type,
                                   decltype(detail::contributions(filter_t<in, targets<I>::template test>{})),
                                   filter_t<in, targets<I>::template other>>;
     using def = typename visited::def;
@@ -301,9 +325,11 @@ struct seed_form<Forward, Root, constant<V>> {
 // type spells the graph: a definition is as long as the VJP rules that made it. The pass is also
 // the context that resolves those references (`tables`, `resolve`) when the backward graph is
 // searched (graph/topo.hpp's basic_topo).
-template <class Root, class Seed>
+// Marked: the backward autocast rewrite will read the pass's sums (see sum_term).
+template <class Root, class Seed, bool Marked = false>
 struct reverse_pass {
     using forward = topo<Root>;
+    static constexpr bool marked = Marked;
     // A root that does not require grad (detach, a mask, an input-only expression) sends
     // nothing: every gradient is zero.
     using init = std::conditional_t<Root::requires_grad,
@@ -386,9 +412,9 @@ struct materialized {
 };
 
 // The gradient node of Leaf for the root Root with adjoint Seed, as one nested graph type.
-template <class Root, class Seed, class Leaf>
+template <class Root, class Seed, class Leaf, bool Marked = false>
 using gradient_node_t =
-    typename materialized<reverse_pass<Root, Seed>, gradient_ref_t<reverse_pass<Root, Seed>, Leaf>>::type;
+    typename materialized<reverse_pass<Root, Seed, Marked>, gradient_ref_t<reverse_pass<Root, Seed, Marked>, Leaf>>::type;
 
 template <class E>
 using node_of_t = typename std::remove_cvref_t<E>::node_type;

@@ -648,6 +648,154 @@ double autocast_graph_2072(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2076(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto d = tg::input<"d", tg::bf16, tg::shape<4>>;
+    constexpr auto e = tg::param<"e", tg::bf16, tg::shape<tg::dyn>>;
+    constexpr auto f = tg::param<"f", tg::bf16, tg::shape<4, tg::dyn>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<4>>;
+    constexpr auto e8 = tg::linear(f, f);
+    constexpr auto e9 = tg::matmul(g, h);
+    constexpr auto e10 = tg::where(tg::ge(d, g), d, e9);
+    constexpr auto e13 = tg::elu<1.0>(e10);
+    constexpr auto e14 = tg::layer_norm(h, g, h);
+    constexpr auto e15 = tg::sin(e14);
+    constexpr auto e16 = tg::concat<0>(e10, d, e13);
+    constexpr auto e17 = tg::log_sum_exp(e16);
+    constexpr auto e18 = tg::max(e8);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = tg::mean(e15);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = (e21 + e17);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e22);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, f, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2080(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<4>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto e6 = tg::matmul(b, d);
+    constexpr auto e7 = tg::where(tg::gt(h, g), e6, g);
+    constexpr auto e8 = tg::stack<1>(e7, e6);
+    constexpr auto e9 = tg::max(e8);
+    constexpr auto e10 = tg::layer_norm(e6, g, h);
+    constexpr auto e11 = tg::sin(e10);
+    constexpr auto e12 = tg::max(e11);
+    constexpr auto e13 = (e12 + e9);
+    constexpr auto e14 = (e13 + e9);
+    constexpr auto e15 = tg::mean(e11);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e16);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<float> g3(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2084(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<tg::dyn, 5>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<5, tg::dyn>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto e = tg::input<"e", float, tg::shape<tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto f = tg::input<"f", float, tg::shape<1, 5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto e8 = tg::linear(e, c);
+    constexpr auto e10 = tg::layer_norm(e8, g, h);
+    constexpr auto e11 = tg::sin(e10);
+    constexpr auto e13 = tg::concat<0>(b, e11, e11);
+    constexpr auto e14 = tg::softplus<2.0>(e13);
+    constexpr auto e15 = tg::min(e14);
+    constexpr auto e16 = tg::mean(e11);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = (e17 + e15);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e18);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<float> g5(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2000, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(c, tg::transpose(c));\nconstexpr auto e6 = tg::log_softmax(d);\nconstexpr auto e7 = tg::max(e6);\nconstexpr auto e8 = tg::max(e4);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
@@ -726,6 +874,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nmatmul 1 2\nsigmoid 5\nabs 6\nneg 6\nadd 7 8\nadd 9 7",
                 {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-2}, 0.25, 2.0}, {"c", true, 1, {-2}, 0.25, 2.0}, {"d", true, 2, {-3, -2}, 0.25, 2.0}, {"e", true, 1, {-3}, -2.0, 2.0}},
                 &autocast_graph_2072});
+    r.push_back({2076, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto d = tg::input<\"d\", tg::bf16, tg::shape<4>>;\nconstexpr auto e = tg::param<\"e\", tg::bf16, tg::shape<tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", tg::bf16, tg::shape<4, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<4>>;\nconstexpr auto e8 = tg::linear(f, f);\nconstexpr auto e9 = tg::matmul(g, h);\nconstexpr auto e10 = tg::where(tg::ge(d, g), d, e9);\nconstexpr auto e13 = tg::elu<1.0>(e10);\nconstexpr auto e14 = tg::layer_norm(h, g, h);\nconstexpr auto e15 = tg::sin(e14);\nconstexpr auto e16 = tg::concat<0>(e10, d, e13);\nconstexpr auto e17 = tg::log_sum_exp(e16);\nconstexpr auto e18 = tg::max(e8);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = tg::mean(e15);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = (e21 + e17);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e22);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nlinear 5 5\nmatmul 6 7\nwhere_ge 3 6 3 9\nelu 10 1.0\nlayer_norm 7 6 7\nsin 12\ncat0 10 3 11\nlse 14\nmax 8\nadd 15 16\nmean 13\nadd 17 18\nadd 19 15",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 1, {-2}, -2.0, 2.0}, {"c", true, 2, {-1, 4}, -2.0, 2.0}, {"d", false, 1, {4}, -2.0, 2.0}, {"e", true, 1, {-2}, 0.25, 2.0}, {"f", true, 2, {4, -2}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &autocast_graph_2076});
+    r.push_back({2080, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<4>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto e6 = tg::matmul(b, d);\nconstexpr auto e7 = tg::where(tg::gt(h, g), e6, g);\nconstexpr auto e8 = tg::stack<1>(e7, e6);\nconstexpr auto e9 = tg::max(e8);\nconstexpr auto e10 = tg::layer_norm(e6, g, h);\nconstexpr auto e11 = tg::sin(e10);\nconstexpr auto e12 = tg::max(e11);\nconstexpr auto e13 = (e12 + e9);\nconstexpr auto e14 = (e13 + e9);\nconstexpr auto e15 = tg::mean(e11);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e16);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nmatmul 1 3\nwhere_gt 5 4 6 4\nstack1 7 6\nmax 8\nlayer_norm 6 4 5\nsin 10\nmax 11\nadd 12 9\nadd 13 9\nmean 11\nadd 14 15",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 2, {-1, -2}, -2.0, 2.0}, {"c", false, 1, {4}, -2.0, 2.0}, {"d", false, 2, {-2, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &autocast_graph_2080});
+    r.push_back({2084, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<5, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::input<\"f\", float, tg::shape<1, 5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto e8 = tg::linear(e, c);\nconstexpr auto e10 = tg::layer_norm(e8, g, h);\nconstexpr auto e11 = tg::sin(e10);\nconstexpr auto e13 = tg::concat<0>(b, e11, e11);\nconstexpr auto e14 = tg::softplus<2.0>(e13);\nconstexpr auto e15 = tg::min(e14);\nconstexpr auto e16 = tg::mean(e11);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = (e17 + e15);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e18);",
+                "leaf 0 bf16\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nlinear 4 2\nlayer_norm 8 6 7\nsin 9\ncat0 1 10 10\nsoftplus 11 2.0\nmin 12\nmean 10\nadd 13 14\nadd 15 13",
+                {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {-1, 5}, -2.0, 2.0}, {"c", true, 2, {5, -2}, -2.0, 2.0}, {"d", true, 2, {-2, 5}, -2.0, 2.0}, {"e", false, 2, {-1, -2}, 0.25, 2.0}, {"f", false, 2, {1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &autocast_graph_2084});
     return true;
 }();
 

@@ -639,6 +639,142 @@ double autocast_graph_2073(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2077(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<4, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4, 5>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto e5 = tg::matmul(a, tg::transpose(a));
+    constexpr auto e6 = tg::leaky_relu<0.01>(c);
+    constexpr auto e9 = (e6 - tg::lit<-2.0>);
+    constexpr auto e12 = tg::layer_norm(e9, g, h);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::concat<0>(h, g, h);
+    constexpr auto e15 = tg::max(e14);
+    constexpr auto e16 = tg::min(e5);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = tg::mean(e13);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = (e19 + e15);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e20);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(e5), region_dtype(e6), region_dtype(e9), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2081(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", tg::bf16, tg::shape<5>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<2, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto e5 = tg::matmul(a, c);
+    constexpr auto e7 = tg::log1p(g);
+    constexpr auto e12 = tg::layer_norm(e7, g, h);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::concat<0>(e13, h, h);
+    constexpr auto e15 = tg::gelu(e14);
+    constexpr auto e16 = tg::log_sum_exp(e15);
+    constexpr auto e17 = tg::log_sum_exp(e5);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e13);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e16);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e21);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(e5), region_dtype(e7), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2085(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<4, tg::dyn>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, d));
+    constexpr auto e8 = tg::min(tg::lit<0.5>, c);
+    constexpr auto e9 = tg::mse_loss(e8, c);
+    constexpr auto e11 = tg::max(e9, h);
+    constexpr auto e12 = tg::rms_norm<1, 1e-06>(c, g);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::concat<0>(g, e11, e11);
+    constexpr auto e15 = tg::softplus<1.0>(e14);
+    constexpr auto e16 = tg::min(e15);
+    constexpr auto e17 = tg::sum(e6);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e13);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e16);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e21);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(e6), region_dtype(e8), region_dtype(e9), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[3].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, d, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2001, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 3>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<2>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<3>>;\nconstexpr auto e5 = tg::matmul(a, e);\nconstexpr auto e8 = tg::log_sum_exp(e);\nconstexpr auto e9 = tg::max(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
@@ -717,6 +853,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\noff matmul_t 3 3\ngelu 4\nmatmul 5 3\nsoftplus 6 2.0\nmax 7\nmin 5\nadd 8 9",
                 {{"a", true, 2, {2, 5}, -2.0, 2.0}, {"b", false, 2, {2, -1}, -2.0, 2.0}, {"c", true, 1, {-1}, 0.25, 2.0}, {"d", true, 2, {1, -1}, 0.25, 2.0}},
                 &autocast_graph_2073});
+    r.push_back({2077, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<4, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4, 5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto e5 = tg::matmul(a, tg::transpose(a));\nconstexpr auto e6 = tg::leaky_relu<0.01>(c);\nconstexpr auto e9 = (e6 - tg::lit<-2.0>);\nconstexpr auto e12 = tg::layer_norm(e9, g, h);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::concat<0>(h, g, h);\nconstexpr auto e15 = tg::max(e14);\nconstexpr auto e16 = tg::min(e5);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = tg::mean(e13);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e15);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e20);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nmatmul_t 0 0\nleaky_relu 2 0.01\nsub 6 c-2.0\nlayer_norm 7 3 4\nsin 8\ncat0 4 3 4\nmax 10\nmin 5\nadd 11 12\nmean 9\nadd 13 14\nadd 15 11",
+                {{"a", true, 2, {4, -1}, -2.0, 2.0}, {"b", true, 2, {4, 5}, 0.25, 2.0}, {"c", true, 2, {-1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &autocast_graph_2077});
+    r.push_back({2081, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto e5 = tg::matmul(a, c);\nconstexpr auto e7 = tg::log1p(g);\nconstexpr auto e12 = tg::layer_norm(e7, g, h);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::concat<0>(e13, h, h);\nconstexpr auto e15 = tg::gelu(e14);\nconstexpr auto e16 = tg::log_sum_exp(e15);\nconstexpr auto e17 = tg::log_sum_exp(e5);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e13);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e16);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e21);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nmatmul 0 2\nlog1p 3\nlayer_norm 6 3 4\nsin 7\ncat0 8 4 4\ngelu 9\nlse 10\nlse 5\nadd 11 12\nmean 8\nadd 13 14\nadd 15 11",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", false, 1, {5}, -2.0, 2.0}, {"c", true, 2, {2, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &autocast_graph_2081});
+    r.push_back({2085, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(b, d));\nconstexpr auto e8 = tg::min(tg::lit<0.5>, c);\nconstexpr auto e9 = tg::mse_loss(e8, c);\nconstexpr auto e11 = tg::max(e9, h);\nconstexpr auto e12 = tg::rms_norm<1, 1e-06>(c, g);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::concat<0>(g, e11, e11);\nconstexpr auto e15 = tg::softplus<1.0>(e14);\nconstexpr auto e16 = tg::min(e15);\nconstexpr auto e17 = tg::sum(e6);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e13);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e16);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e21);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\noff linear 1 3\nminimum c0.5 2\nmse 7 2\nmaximum 8 5\nrms_norm 2 4\nsin 10\ncat0 4 9 9\nsoftplus 12 1.0\nmin 13\nsum 6\nadd 14 15\nmean 11\nadd 16 17\nadd 18 14",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 2, {-1, -2}, -2.0, 2.0}, {"c", false, 2, {-2, 4}, -2.0, 2.0}, {"d", true, 2, {4, -2}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &autocast_graph_2085});
     return true;
 }();
 

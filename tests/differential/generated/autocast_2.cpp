@@ -671,6 +671,143 @@ double autocast_graph_2074(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2078(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, tg::dyn>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<5, tg::dyn>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(d, d));
+    constexpr auto e7 = tg::elu<1.0>(h);
+    constexpr auto e8 = tg::concat<0>(e7, h, c);
+    constexpr auto e9 = tg::clamp(e8, tg::lit<-0.5>, tg::lit<0.5>);
+    constexpr auto e10 = tg::mean(e9);
+    constexpr auto e12 = tg::layer_norm(g, g, h);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::max(e13);
+    constexpr auto e15 = tg::sum(e6);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto e17 = (e16 + e10);
+    constexpr auto e18 = tg::mean(e13);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e19);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[2].size());
+    std::vector<float> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, d, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2082(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<4, tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<1, 4>>;
+    [[maybe_unused]] constexpr auto e = tg::input<"e", float, tg::shape<tg::dyn>>;
+    [[maybe_unused]] constexpr auto f = tg::input<"f", float, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<4>>;
+    constexpr auto e8 = tg::linear(c, b, g);
+    constexpr auto e9 = tg::concat<0>(g, g, g);
+    constexpr auto e10 = tg::expm1(e9);
+    constexpr auto e11 = tg::log_sum_exp(e10);
+    constexpr auto e14 = tg::layer_norm(h, g, h);
+    constexpr auto e15 = tg::sin(e14);
+    constexpr auto e16 = tg::log_sum_exp(e15);
+    constexpr auto e17 = tg::log_sum_exp(e8);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = (e18 + e11);
+    constexpr auto e20 = tg::mean(e15);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e21);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<tg::bf16> g2(in[6].size());
+    std::vector<tg::bf16> g3(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    return v;
+}
+
+double autocast_graph_2086(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<2, tg::dyn>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto e5 = tg::matmul(a, c);
+    constexpr auto e11 = tg::layer_norm(g, g, h);
+    constexpr auto e12 = tg::sin(e11);
+    constexpr auto e13 = tg::concat<0>(a, a, a);
+    constexpr auto e14 = tg::leaky_relu<0.01>(e13);
+    constexpr auto e15 = tg::mean(e14);
+    constexpr auto e16 = tg::max(e5);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = tg::mean(e12);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = (e19 + e15);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e20);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(e5), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2002, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e7 = -d;\nconstexpr auto e9 = (e7 + tg::lit<0.25>);\nconstexpr auto e10 = tg::linear(c, c);\nconstexpr auto e11 = tg::cos(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::min(e10);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
@@ -749,6 +886,18 @@ const bool registered = [] {
                 "leaf 0 bf16\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 bf16\nmatmul_t 2 1\nsilu 3\nmaximum 6 6\nminimum 7 6\nmin 8\nmean 5\nadd 9 10",
                 {{"a", true, 2, {2, 3}, 0.25, 2.0}, {"b", false, 2, {1, -1}, 0.25, 2.0}, {"c", true, 2, {3, -1}, -2.0, 2.0}, {"d", true, 1, {-1}, -2.0, 2.0}, {"e", false, 1, {3}, -2.0, 2.0}},
                 &autocast_graph_2074});
+    r.push_back({2078, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<5, tg::dyn>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(d, d));\nconstexpr auto e7 = tg::elu<1.0>(h);\nconstexpr auto e8 = tg::concat<0>(e7, h, c);\nconstexpr auto e9 = tg::clamp(e8, tg::lit<-0.5>, tg::lit<0.5>);\nconstexpr auto e10 = tg::mean(e9);\nconstexpr auto e12 = tg::layer_norm(g, g, h);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::max(e13);\nconstexpr auto e15 = tg::sum(e6);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = (e16 + e10);\nconstexpr auto e18 = tg::mean(e13);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e19);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 bf16\nleaf 5 bf16\noff linear 3 3\nelu 5 1.0\ncat0 7 5 2\nclamp 8 -0.5 0.5\nmean 9\nlayer_norm 4 4 5\nsin 11\nmax 12\nsum 6\nadd 13 14\nadd 15 10\nmean 12\nadd 16 17",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", false, 2, {-1, 5}, 0.25, 2.0}, {"c", true, 1, {5}, -2.0, 2.0}, {"d", true, 2, {5, -2}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &autocast_graph_2078});
+    r.push_back({2082, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<4, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, 4>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<tg::dyn>>;\nconstexpr auto f = tg::input<\"f\", float, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<4>>;\nconstexpr auto e8 = tg::linear(c, b, g);\nconstexpr auto e9 = tg::concat<0>(g, g, g);\nconstexpr auto e10 = tg::expm1(e9);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e14 = tg::layer_norm(h, g, h);\nconstexpr auto e15 = tg::sin(e14);\nconstexpr auto e16 = tg::log_sum_exp(e15);\nconstexpr auto e17 = tg::log_sum_exp(e8);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = (e18 + e11);\nconstexpr auto e20 = tg::mean(e15);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e21);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 bf16\nleaf 7 bf16\nlinear 2 1 6\ncat0 6 6 6\nexpm1 9\nlse 10\nlayer_norm 7 6 7\nsin 12\nlse 13\nlse 8\nadd 14 15\nadd 16 11\nmean 13\nadd 17 18",
+                {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", false, 2, {4, -2}, 0.25, 2.0}, {"c", true, 1, {-2}, 0.25, 2.0}, {"d", false, 2, {1, 4}, -2.0, 2.0}, {"e", false, 1, {-2}, 0.25, 2.0}, {"f", false, 1, {4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
+                &autocast_graph_2082});
+    r.push_back({2086, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<2, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto e5 = tg::matmul(a, c);\nconstexpr auto e11 = tg::layer_norm(g, g, h);\nconstexpr auto e12 = tg::sin(e11);\nconstexpr auto e13 = tg::concat<0>(a, a, a);\nconstexpr auto e14 = tg::leaky_relu<0.01>(e13);\nconstexpr auto e15 = tg::mean(e14);\nconstexpr auto e16 = tg::max(e5);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = tg::mean(e12);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e15);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e20);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nmatmul 0 2\nlayer_norm 3 3 4\nsin 6\ncat0 0 0 0\nleaky_relu 8 0.01\nmean 9\nmax 5\nadd 10 11\nmean 7\nadd 12 13\nadd 14 10",
+                {{"a", true, 2, {2, -1}, -2.0, 2.0}, {"b", true, 1, {-1}, -2.0, 2.0}, {"c", true, 2, {-1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &autocast_graph_2086});
     return true;
 }();
 

@@ -416,3 +416,27 @@ TEST_CASE("bf16 vs f32 error on the documented layer (docs/autocast.md)", "[auto
     CHECK(err_w < 0.1);
     CHECK(err_b < 0.3);
 }
+
+TEST_CASE("a node's gradient contributions are summed in float and rounded once to its dtype", "[autocast]") {
+    // (a) a bf16 leaf with three bf16 contributions: 1 + 2^-8 + 2^-8 is the bf16 value 1 + 2^-7,
+    // where bf16 partial sums round 1 + 2^-8 to 1 (docs/reliability.md, finding 24)
+    constexpr auto g = tg::param<"g", bf16, tg::shape<1>>;
+    constexpr auto p1 = tg::param<"p1", bf16, tg::shape<1>>;
+    constexpr auto q1 = tg::param<"q1", bf16, tg::shape<1>>;
+    constexpr auto r1 = tg::param<"r1", bf16, tg::shape<1>>;
+    auto a = tg::compile(tg::autocast<tg::cpu_bf16>(tg::sum(g * p1) + tg::sum(g * q1) + tg::sum(g * r1)), tg::wrt(g));
+    const std::array<bf16, 1> one{bf16(1.0f)}, small{bf16(1.0f / 256)};
+    std::array<bf16, 1> gg{};
+    a.value_and_grad(tg::bind(g, one), tg::bind(p1, one), tg::bind(q1, small), tg::bind(r1, small), tg::grad_into(g, gg));
+    CHECK(double(gg[0]) == 1.0078125);
+
+    // (b) an f32 leaf whose two contributions the backward lowers to bf16 (same_as_forward: both
+    // backward GEMMs of a matmul in a disabled region): summed in f32 as PyTorch does
+    constexpr auto w = tg::param<"w", float, tg::shape<2, 2>>;
+    auto b = tg::compile(tg::autocast<tg::cpu_bf16>(tg::sum(tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(w, w)))),
+                         tg::wrt(w));
+    const std::array<float, 4> wv{1, 0, 0, 1.0f / 512};
+    std::array<float, 4> gw{};
+    b.value_and_grad(tg::bind(w, wv), tg::grad_into(w, gw));
+    CHECK(widen(gw) == std::vector<double>{2, 1.001953125, 1.001953125, 2.0 / 512});
+}
