@@ -55,7 +55,7 @@ struct node_info {
     // An elementwise op's cost per element in units of one arithmetic instruction (Op::cost;
     // about 12 for exp): the planner stores a value rather than recompute it where this is high.
     unsigned cost = 0;
-    // Its values are 0 and 1 (a comparison, Op::mask): a sum of them is exact in any order.
+    // Its values are 0 and 1 (a comparison, Op::mask_valued): a sum of them is exact in any order.
     bool mask = false;
 };
 
@@ -88,7 +88,8 @@ constexpr unsigned cost_of() {
 }
 template <class Op>
 constexpr bool mask_of() {
-    if constexpr (requires { Op::mask; }) return Op::mask;
+    // a constant only: an op (a user's too) may have a member of that name that is something else
+    if constexpr (requires { std::bool_constant<bool(Op::mask_valued)>{}; }) return Op::mask_valued;
     else return false;
 }
 template <class Op>

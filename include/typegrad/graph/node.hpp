@@ -112,7 +112,7 @@ template <class Op>
 concept op_declares_cost = requires {
     { Op::cost } -> std::convertible_to<unsigned>;
 };
-// Optional: an elementwise op's `static constexpr bool mask = true` says its values are 0 and 1
+// Optional: an elementwise op's `static constexpr bool mask_valued = true` says its values are 0 and 1
 // (the comparisons), so a fused loop may sum them in any order (four accumulator chains).
 // The whole protocol.
 template <class Op>
