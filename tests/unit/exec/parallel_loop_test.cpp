@@ -236,3 +236,62 @@ TEST_CASE("a long sum is blocked the same way on one thread and on many", "[exec
     for (float e : vd) ref += double(e) * e;
     CHECK(s1 == Approx(ref).epsilon(1e-5));
 }
+
+TEST_CASE("a loop over three axis groups walks every run of rows once, on any number of threads",
+          "[exec][threads]") {
+    // x [A, B, C] times w [A, 1, C] (broadcast along the middle axis) and a transposed view of
+    // t [A, C, B]: the iteration splits into three axis groups, w's gradient sums over the
+    // middle axis (a reduction shared by rows: cut into blocks whose rows start and end inside
+    // a group), and the view is read with a stride along the row. Sizes odd (SIMD tails).
+    constexpr auto x3 = tg::param<"x", float, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    constexpr auto w3 = tg::param<"w", float, tg::shape<tg::dyn, 1, tg::dyn>>;
+    constexpr auto t3 = tg::param<"t", float, tg::shape<tg::dyn, tg::dyn, tg::dyn>>;
+    const auto step = tg::compile(tg::sum(tg::tanh(x3 * w3) + x3 * tg::transpose(t3)), tg::wrt(x3, w3, t3));
+    const std::size_t A = 5, B = 61, C = GENERATE(std::size_t(70), std::size_t(3));
+    std::mt19937 rng(static_cast<unsigned>(C));
+    std::uniform_real_distribution<float> d(-1.5f, 1.5f);
+    std::vector<float> xd(A * B * C), wd(A * C), td(A * C * B);
+    for (auto* v : {&xd, &wd, &td})
+        for (float& e : *v) e = d(rng);
+    auto call = [&](std::vector<float>& gx, std::vector<float>& gw, std::vector<float>& gt) {
+        gx.assign(xd.size(), -1.f);
+        gw.assign(wd.size(), -1.f);
+        gt.assign(td.size(), -1.f);
+        return step.value_and_grad(tg::bind(x3, xd, {A, B, C}), tg::bind(w3, wd, {A, 1, C}),
+                                   tg::bind(t3, td, {A, C, B}), tg::grad_into(x3, gx), tg::grad_into(w3, gw),
+                                   tg::grad_into(t3, gt));
+    };
+    std::vector<float> gx1, gw1, gt1, gx3, gw3, gt3;
+    float v1 = 0, v3 = 0;
+    {
+        const thread_count one(1);
+        v1 = call(gx1, gw1, gt1);
+    }
+    {
+        const thread_count three(3);
+        v3 = call(gx3, gw3, gt3);
+    }
+    CHECK(std::memcmp(&v1, &v3, sizeof v1) == 0);
+    CHECK(same_bits(gx1, gx3));
+    CHECK(same_bits(gw1, gw3));
+    CHECK(same_bits(gt1, gt3));
+
+    // Closed forms in double: d/dx = (1 - tanh^2(x w)) w + t^T, d/dw = sum over b of
+    // (1 - tanh^2) x, d/dt = x^T.
+    double value = 0, gx_err = 0, gt_err = 0;
+    std::vector<double> gw(A * C, 0.0);
+    for (std::size_t a = 0; a < A; ++a)
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t c = 0; c < C; ++c) {
+                const double xv = xd[(a * B + b) * C + c], wv = wd[a * C + c], tv = td[(a * C + c) * B + b];
+                const double th = std::tanh(xv * wv);
+                value += th + xv * tv;
+                gx_err = std::max(gx_err, std::abs(gx1[(a * B + b) * C + c] - ((1 - th * th) * wv + tv)));
+                gt_err = std::max(gt_err, std::abs(gt1[(a * C + c) * B + b] - xv));
+                gw[a * C + c] += (1 - th * th) * xv;
+            }
+    CHECK(v1 == Approx(value).epsilon(1e-5));
+    CHECK(gx_err < 1e-5);
+    CHECK(gt_err == 0);
+    for (std::size_t k = 0; k < A * C; ++k) CHECK(gw1[k] == Approx(gw[k]).epsilon(1e-5).margin(1e-5));
+}

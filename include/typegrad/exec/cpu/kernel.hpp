@@ -3,7 +3,8 @@
 // code over an array of SIMD values, reductions and stores, all in one pass. The iteration
 // space is coalesced at compile time (adjacent axes that every operand reads the same way are
 // merged), the innermost axis runs over xsimd batches with a scalar tail, and operands that are
-// broadcast along it are loaded once per row.
+// broadcast along it are loaded once per row. The outer axes are walked by one function for
+// every loop (walk_rows), which hands each kernel runs of rows: a kernel holds only its row code.
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -216,8 +217,35 @@ struct loop_reductions {
 static_assert(max_rank < 16, "typegrad: internal: loop_reductions packs a rank into 4 bits");
 inline constexpr std::size_t no_block_copy = static_cast<std::size_t>(-1);
 
-// A loop's run-time state, shared by its tasks (the kernel's run_range reads it).
+// What the row walk (walk_rows) needs of one operand of a loop: its buffer's rank and element
+// size, the iteration axes it is broadcast along (bit per axis), and where its strides come from.
+struct loop_operand {
+    std::uint32_t rank = 0, elem_size = 0;
+    std::uint64_t broadcast = 0;
+    bool input = false, view = false;
+};
+// One run of a loop's rows, handed to the kernel's row code: every operand's address at the
+// first row (bytes), how far the next row is (bytes), the rows' count and their elements
+// [j0, j1); inputs' element strides along the row (views; 1 otherwise).
+struct row_run {
+    const loop_args* a;
+    char* const* ptr;
+    const std::ptrdiff_t* next;
+    const std::ptrdiff_t* inner_stride;
+    std::size_t rows, j0, j1;
+};
+// A loop kernel's shape for the walk: counts, coalesced axis groups (group g covers iteration
+// axes [first[g], last[g]]), its operands, and the code for a run of rows.
+struct loop_walk {
+    std::size_t n_in = 0, n_red = 0, n_mat = 0, n_ops = 0, iter_rank = 0, groups = 1, value_size = 0;
+    std::array<std::size_t, max_rank> last{};
+    const loop_operand* op = nullptr;
+    void (*rows)(const row_run&) = nullptr;
+};
+
+// A loop's run-time state, shared by its tasks (walk_rows reads it).
 struct loop_context {
+    const loop_walk* walk = nullptr;
     const loop_args* a = nullptr;
     std::array<std::size_t, max_rank + 1> gext{};  // extents of the coalesced axis groups
     std::size_t outer = 1, inner = 1;
@@ -288,6 +316,79 @@ template <class T>
         T* p = static_cast<T*>(const_cast<void*>(a.ptr[a.node[rt.first + r]]));
         for (std::size_t b = 0; b < c.split.tasks; ++b)
             combine_into(p, copies.data() + b * c.copies_per_block + c.copy_at[r], c.numel[r], rt.kind(r));
+    }
+}
+
+// Task t of a loop (split_loop): its rows [r0, r1) or its elements [j0, j1) of every row; in a
+// cut into blocks, the shared reductions accumulate into the block's copies. Walks the outer
+// axis groups and hands the kernel's row code one run of rows at a time (along the last outer
+// group). One function for every loop: the kernels hold only their row code.
+[[gnu::noinline]] inline void walk_rows(const void* context, std::size_t t) {
+    const loop_context& c = *static_cast<const loop_context*>(context);
+    const loop_walk& w = *c.walk;
+    const loop_args& a = *c.a;
+    const std::size_t G = w.groups, n = w.n_ops;
+    const loop_split& sp = c.split;
+    std::size_t r0 = 0, r1 = c.outer, j0 = 0, j1 = c.inner;
+    if (sp.by_rows) r0 = t * sp.rows, r1 = std::min(c.outer, r0 + sp.rows);
+    else j0 = t * sp.cols, j1 = std::min(c.inner, j0 + sp.cols);
+    // Byte strides per operand and group (stride[o * G + g]): inputs use their node's strides
+    // (views may be anything), outputs are dense row-major buffers of their own shape.
+    auto* stride = static_cast<std::ptrdiff_t*>(__builtin_alloca(sizeof(std::ptrdiff_t) * (n * G + 2 * n + 1)));
+    std::ptrdiff_t* const inner_stride = stride + n * G;
+    std::ptrdiff_t* const next = inner_stride + n;
+    auto** ptr = static_cast<char**>(__builtin_alloca(sizeof(char*) * (n + 1)));
+    for (std::size_t o = 0; o < n; ++o) {
+        const loop_operand& op = w.op[o];
+        const std::size_t lead = w.iter_rank - op.rank;
+        for (std::size_t g = 0; g < G; ++g) {
+            std::ptrdiff_t s = 0;
+            const std::size_t x = w.last[g];
+            if (w.iter_rank > 0 && !((op.broadcast >> x) & 1u)) {
+                if (op.input) {
+                    s = a.stride[a.offset[o] + (x - lead)];
+                } else {
+                    s = 1;
+                    for (std::size_t b = x + 1; b < w.iter_rank; ++b)
+                        if (b >= lead) s *= static_cast<std::ptrdiff_t>(a.ext[a.offset[o] + (b - lead)]);
+                }
+            }
+            stride[o * G + g] = s * std::ptrdiff_t(op.elem_size);
+        }
+        inner_stride[o] = op.view ? stride[o * G + G - 1] / std::ptrdiff_t(op.elem_size) : 1;
+        next[o] = G >= 2 ? stride[o * G + G - 2] : 0;
+        if (o < w.n_in + w.n_red + w.n_mat) ptr[o] = static_cast<char*>(const_cast<void*>(a.ptr[a.node[o]]));
+        else ptr[o] = static_cast<char*>(a.out[a.node[o]]);
+    }
+    if (sp.blocks)
+        for (std::size_t r = 0; r < w.n_red; ++r)
+            if (c.copy_at[r] != no_block_copy)
+                ptr[w.n_in + r] = static_cast<char*>(c.copies) + (t * c.copies_per_block + c.copy_at[r]) * w.value_size;
+    // The mixed-radix index of row r0 over the outer groups.
+    auto* idx = static_cast<std::size_t*>(__builtin_alloca(sizeof(std::size_t) * (G + 1)));
+    for (std::size_t g = 0; g < G; ++g) idx[g] = 0;
+    if (r0 != 0)
+        for (std::size_t g = G - 1, rest = r0; g-- > 0; rest /= c.gext[g]) {
+            idx[g] = rest % c.gext[g];
+            for (std::size_t o = 0; o < n; ++o) ptr[o] += stride[o * G + g] * std::ptrdiff_t(idx[g]);
+        }
+    for (std::size_t r = r0; r < r1;) {
+        // a run along the last outer group (one row when there is no outer group)
+        const std::size_t count = G >= 2 ? std::min(r1 - r, c.gext[G - 2] - idx[G - 2]) : r1 - r;
+        w.rows({&a, ptr, next, inner_stride, count, j0, j1});
+        r += count;
+        if (G < 2) break;
+        idx[G - 2] += count;
+        for (std::size_t o = 0; o < n; ++o) ptr[o] += next[o] * std::ptrdiff_t(count);
+        // carry into the outer groups
+        for (std::size_t g = G - 1; g-- > 0;) {
+            if (idx[g] < c.gext[g]) break;
+            for (std::size_t o = 0; o < n; ++o) ptr[o] -= stride[o * G + g] * std::ptrdiff_t(idx[g]);
+            idx[g] = 0;
+            if (g == 0) break;
+            ++idx[g - 1];
+            for (std::size_t o = 0; o < n; ++o) ptr[o] += stride[o * G + g - 1];
+        }
     }
 }
 
@@ -383,66 +484,53 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         return gext;
     }
 
+    // The walk's view of the operands (walk_rows).
+    static constexpr std::array<loop_operand, n_ops + 1> operands() {
+        std::array<loop_operand, n_ops + 1> r{};
+        constexpr std::array<std::size_t, n_ops + 1> sizes{sizeof(Bufs)..., 0};
+        for (std::size_t o = 0; o < n_ops; ++o) {
+            r[o].rank = static_cast<std::uint32_t>(operand_rank(o));
+            r[o].elem_size = static_cast<std::uint32_t>(sizes[o]);
+            for (std::size_t x = 0; x < iter_rank; ++x)
+                if (broadcast_axis(o, x)) r[o].broadcast |= std::uint64_t(1) << x;
+            r[o].input = o < n_in;
+            r[o].view = is_view_input(o);
+        }
+        return r;
+    }
+
     [[gnu::noinline]] static void run(const loop_args& a) {  // see run_kernel (execute.hpp)
+        // locals, copied from constants at each call: no symbol per loop
+        constexpr loop_reductions rt = reductions();
+        constexpr std::array<loop_operand, n_ops + 1> ops = operands();
+        loop_walk w;
+        w.n_in = n_in, w.n_red = n_red, w.n_mat = n_mat, w.n_ops = n_ops, w.iter_rank = iter_rank, w.groups = G;
+        w.value_size = sizeof(T);
+        for (std::size_t g = 0; g < G; ++g) w.last[g] = groups.last[g];
+        w.op = ops.data();
+        w.rows = &rows;
         loop_context c;
+        c.walk = &w;
         c.a = &a;
         const std::array<std::size_t, G> gext = group_extents(a);
         for (std::size_t g = 0; g < G; ++g) c.gext[g] = gext[g];
         for (std::size_t g = 0; g + 1 < G; ++g) c.outer *= gext[g];
         c.inner = gext[G - 1];
-        constexpr loop_reductions rt = reductions();  // a local: no symbol per loop
-        run_loop<T>(c, rt, W, n_body + n_ops, Check, &run_range);
+        run_loop<T>(c, rt, W, n_body + n_ops, Check, &walk_rows);
     }
 
-    // Task t of the loop (split_loop): its rows [r0, r1) or its elements [j0, j1) of every row;
-    // in a cut into blocks, the shared reductions accumulate into the block's copies. The loop's
-    // code, compiled once for the loop and its tasks.
-    static void run_range(const void* context, std::size_t t) {
-        const loop_context& c = *static_cast<const loop_context*>(context);
-        const loop_args& a = *c.a;
-        const auto& gext = c.gext;
-        const loop_split& sp = c.split;
-        std::size_t r0 = 0, r1 = c.outer, j0 = 0, j1 = c.inner;
-        if (sp.by_rows) r0 = t * sp.rows, r1 = std::min(c.outer, r0 + sp.rows);
-        else j0 = t * sp.cols, j1 = std::min(c.inner, j0 + sp.cols);
-        // Operand strides (elements) per group.
-        std::array<std::array<std::ptrdiff_t, G>, n_ops + 1> stride{};
-        [&]<std::size_t... Os>(std::index_sequence<Os...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(stride[Os] = operand_strides<Os>(a)), 0)...};
-        }(std::make_index_sequence<n_ops>{});
-
+    // A run of rows (walk_rows): the loop's code, compiled once for the loop and its tasks.
+    static void rows(const row_run& rr) {
         std::array<const void*, n_in + 1> in_ptr{};
         std::array<void*, n_out + 1> out_ptr{};
-        for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = a.ptr[a.node[i]];
-        for (std::size_t r = 0; r < n_red + n_mat; ++r) out_ptr[r] = const_cast<void*>(a.ptr[a.node[n_in + r]]);
-        for (std::size_t k = 0; k < n_store; ++k) out_ptr[n_red + n_mat + k] = a.out[a.node[n_in + n_red + n_mat + k]];
-        if constexpr (n_red > 0)
-            if (sp.blocks)
-                for (std::size_t r = 0; r < n_red; ++r)
-                    if (c.copy_at[r] != no_block_copy)
-                        out_ptr[r] = static_cast<T*>(c.copies) + t * c.copies_per_block + c.copy_at[r];
         std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
-        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(inner_stride[Is] = is_view_input(Is) ? stride[Is][G - 1] : 1), 0)...};
-        }(std::make_index_sequence<n_in>{});
-
-        std::array<std::ptrdiff_t, n_ops + 1> off{};
-        std::array<std::size_t, G> idx{};
-        if (r0 != 0)  // the mixed-radix index of row r0
-            for (std::size_t g = G - 1, rest = r0; g-- > 0; rest /= gext[g]) {
-                idx[g] = rest % gext[g];
-                for (std::size_t k = 0; k < n_ops; ++k) off[k] += stride[k][g] * std::ptrdiff_t(idx[g]);
-            }
-        for (std::size_t o = r0; o < r1; ++o) {
-            row(a, in_ptr, out_ptr, off, j0, j1, inner_stride);
-            // advance the mixed-radix index over the outer groups
-            for (std::size_t g = G - 1; g-- > 0;) {
-                ++idx[g];
-                for (std::size_t k = 0; k < n_ops; ++k) off[k] += stride[k][g];
-                if (idx[g] < gext[g]) break;
-                for (std::size_t k = 0; k < n_ops; ++k) off[k] -= stride[k][g] * std::ptrdiff_t(idx[g]);
-                idx[g] = 0;
-            }
+        for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = rr.ptr[i], inner_stride[i] = rr.inner_stride[i];
+        for (std::size_t k = 0; k < n_out; ++k) out_ptr[k] = rr.ptr[n_in + k];
+        constexpr std::array<std::ptrdiff_t, n_ops + 1> off{};  // the pointers are the row's
+        for (std::size_t r = 0; r < rr.rows; ++r) {
+            row(*rr.a, in_ptr, out_ptr, off, rr.j0, rr.j1, inner_stride);
+            for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = static_cast<const char*>(in_ptr[i]) + rr.next[i];
+            for (std::size_t k = 0; k < n_out; ++k) out_ptr[k] = static_cast<char*>(out_ptr[k]) + rr.next[n_in + k];
         }
     }
 
@@ -460,30 +548,6 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
             rt.ranks[r / 16] |= std::uint64_t(operand_rank(n_in + r)) << (4 * (r % 16));
         }
         return rt;
-    }
-
-    // Element stride of each axis group: inputs use their node's strides (views may be anything),
-    // outputs are dense row-major buffers of their own shape.
-    template <std::size_t O>
-    static std::array<std::ptrdiff_t, G> operand_strides(const loop_args& a) {
-        constexpr std::size_t prank = operand_rank(O);
-        std::array<std::ptrdiff_t, G> s{};
-        if constexpr (iter_rank > 0) {
-            constexpr std::size_t lead = iter_rank - prank;
-            for (std::size_t g = 0; g < G; ++g) {
-                const std::size_t x = groups.last[g];
-                if (broadcast_axis(O, x)) continue;
-                if constexpr (O < n_in) {
-                    s[g] = a.stride[a.offset[O] + (x - lead)];
-                } else {
-                    std::ptrdiff_t stride = 1;
-                    for (std::size_t b = x + 1; b < iter_rank; ++b)
-                        if (b >= lead) stride *= static_cast<std::ptrdiff_t>(a.ext[a.offset[O] + (b - lead)]);
-                    s[g] = stride;
-                }
-            }
-        }
-        return s;
     }
 
     // Elements [j0, j1) of one row.
