@@ -1,6 +1,6 @@
 #pragma once
 // The only header that includes xsimd. Every math function the kernels use is overloaded here
-// for scalars (loop tails) and for xsimd batches, so an op's kernel is one generic lambda-free
+// for scalars and for xsimd batches, so an op's kernel is one generic lambda-free
 // template. An xsimd upgrade (8.1 hadd -> 9+ reduce_add) touches this file alone.
 #include <cmath>
 #include <cstddef>
@@ -78,6 +78,62 @@ inline void store_as(S* p, const xsimd::batch<T, A>& v) {
         detail::convert_n(lanes, p, xsimd::batch<T, A>::size);
     }
 }
+// The first m lanes of a batch (0 < m < width): a load whose lanes past m repeat p[m - 1] (they
+// then compute what a real lane does), and a store of lanes [0, m). A loop's tail is one such
+// batch. AVX-512 and AVX2 use masked loads and stores (no access past p + m, no store-forwarding
+// stall); other targets go through a buffer.
+template <class T>
+inline batch<T> load_first_buffered(const T* p, std::size_t m) {
+    alignas(64) T lanes[width<T>];
+    for (std::size_t l = 0; l < width<T>; ++l) lanes[l] = p[l < m ? l : m - 1];
+    return batch<T>::load_aligned(lanes);
+}
+template <class T>
+inline void store_first_buffered(T* p, const batch<T>& v, std::size_t m) {
+    alignas(64) T lanes[width<T>];
+    v.store_aligned(lanes);
+    for (std::size_t l = 0; l < m; ++l) p[l] = lanes[l];
+}
+template <class T>
+inline batch<T> load_first(const T* p, std::size_t m) {
+    [[maybe_unused]] const T last = p[m - 1];
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float> && width<T> == 16) {
+        const __mmask16 k = static_cast<__mmask16>((1u << m) - 1u);
+        return _mm512_mask_loadu_ps(_mm512_set1_ps(last), k, p);
+    } else if constexpr (std::is_same_v<T, double> && width<T> == 8) {
+        const __mmask8 k = static_cast<__mmask8>((1u << m) - 1u);
+        return _mm512_mask_loadu_pd(_mm512_set1_pd(last), k, p);
+    }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float> && width<T> == 8) {
+        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(m)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        return _mm256_blendv_ps(_mm256_set1_ps(last), _mm256_maskload_ps(p, k), _mm256_castsi256_ps(k));
+    } else if constexpr (std::is_same_v<T, double> && width<T> == 4) {
+        const __m256i k = _mm256_cmpgt_epi64(_mm256_set1_epi64x(std::int64_t(m)), _mm256_setr_epi64x(0, 1, 2, 3));
+        return _mm256_blendv_pd(_mm256_set1_pd(last), _mm256_maskload_pd(p, k), _mm256_castsi256_pd(k));
+    }
+#endif
+    return load_first_buffered(p, m);
+}
+template <class T>
+inline void store_first(T* p, const batch<T>& v, std::size_t m) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float> && width<T> == 16) {
+        return _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << m) - 1u), v);
+    } else if constexpr (std::is_same_v<T, double> && width<T> == 8) {
+        return _mm512_mask_storeu_pd(p, static_cast<__mmask8>((1u << m) - 1u), v);
+    }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float> && width<T> == 8) {
+        return _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(m)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v);
+    } else if constexpr (std::is_same_v<T, double> && width<T> == 4) {
+        return _mm256_maskstore_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(std::int64_t(m)), _mm256_setr_epi64x(0, 1, 2, 3)), v);
+    }
+#endif
+    store_first_buffered(p, v, m);
+}
+
 // A value computed in T, rounded to S's precision (an op whose dtype is bf16 rounds its result
 // once, as a bf16 kernel that widens, computes and narrows does).
 template <class S, class T, class A>

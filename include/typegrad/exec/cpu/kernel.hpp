@@ -2,7 +2,7 @@
 // One fused loop of a plan: loads of materialised values, the elementwise body as straight-line
 // code over an array of SIMD values, reductions and stores, all in one pass. The iteration
 // space is coalesced at compile time (adjacent axes that every operand reads the same way are
-// merged), the innermost axis runs over xsimd batches with a scalar tail, and operands that are
+// merged), the innermost axis runs over xsimd batches (its tail too, as one partial batch), and operands that are
 // broadcast along it are loaded once per row. The outer axes are walked by one function for
 // every loop (walk_rows), which hands each kernel runs of rows: a kernel holds only its row code.
 #include <algorithm>
@@ -63,6 +63,14 @@ inline void note_nonfinite(const V& v, std::size_t node) {
     else bad = !std::isfinite(v);
     if (bad && anomaly_node() == no_anomaly) anomaly_node() = node;
 }
+
+// 0, 1, ..., W - 1: a batch of lane numbers (a loop's tail masks the lanes past its end).
+template <class T>
+inline constexpr auto lane_index = [] {
+    std::array<T, simd::width<T>> r{};
+    for (std::size_t l = 0; l < r.size(); ++l) r[l] = T(l);
+    return r;
+}();
 
 // Body node: its op, storage dtype, node id (anomaly mode only, for the report) and value slots.
 template <class Op, class D, std::size_t Id, class Slots>
@@ -556,27 +564,24 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
                                            const Off& off, std::size_t j0, std::size_t j1,
                                            const InnerStride& inner_stride) {
         std::array<batch_t, n_slots + 1> v;
-        std::array<T, n_slots + 1> s;
         // Inputs constant along the row.
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_row_constant<Is>(v, s, in_ptr, off)), 0)...};
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_row_constant<Is>(v, in_ptr, off)), 0)...};
         }(std::make_index_sequence<n_in>{});
         std::array<batch_t, n_red + 1> acc;
-        std::array<T, n_red + 1> acc_s;
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
-            ((acc[Rs] = batch_t(reduce_identity<T, red_kind<Rs>()>()),
-              acc_s[Rs] = reduce_identity<T, red_kind<Rs>()>()), ...);
+            ((acc[Rs] = batch_t(reduce_identity<T, red_kind<Rs>()>())), ...);
         }(std::make_index_sequence<n_red>{});
 
         std::size_t j = j0;
-        auto step = [&]<std::size_t Chain>(std::size_t at, auto& chain_acc) __attribute__((always_inline)) {
-            [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, at, inner_stride)), 0)...};
-            }(std::make_index_sequence<n_in>{});
-            eval_body(v);
-            finish<batch_t, Chain>(v, acc, chain_acc, out_ptr, off, at);
-        };
         if constexpr (split_chains) {
+            auto step = [&]<std::size_t Chain>(std::size_t at, auto& chain_acc) __attribute__((always_inline)) {
+                [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+                    [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, at, inner_stride)), 0)...};
+                }(std::make_index_sequence<n_in>{});
+                eval_body(v);
+                finish<Chain>(v, acc, chain_acc, out_ptr, off, at);
+            };
             // four batches a step, each max/min/prod row reduction in four chains (sums in one)
             std::array<batch_t, n_red + 1> acc1 = acc, acc2 = acc, acc3 = acc;
             for (; j + 4 * W <= j1; j += 4 * W) {
@@ -589,16 +594,22 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
                 [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(join_chains<Rs>(acc, acc1, acc2, acc3)), 0)...};
             }(std::make_index_sequence<n_red>{});
         }
-        for (; j + W <= j1; j += W) step.template operator()<0>(j, acc);
-        for (; j < j1; ++j) {
+        // One batch a step; the tail (fewer than W elements) is the last step: its lanes past the
+        // row's end repeat the last element (so they compute what a real lane does: no spurious
+        // NaN or Inf for anomaly mode) and their results are dropped or masked out. The body is
+        // compiled once here, for batches, with no scalar copy; the full steps take the plain
+        // loads and stores (one predictable branch each).
+        for (; j < j1; j += W) {
+            const std::size_t m = std::min(W, j1 - j);
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_scalar<Is>(a, s, in_ptr, off, j, inner_stride)), 0)...};
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(m == W ? load_vector<Is>(a, v, in_ptr, off, j, inner_stride)
+                                                                                     : load_tail<Is>(a, v, in_ptr, off, j, m, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
-            eval_body(s);
-            finish<T, 0>(s, acc_s, acc_s, out_ptr, off, j);
+            eval_body(v);
+            finish_part(v, acc, out_ptr, off, j, m);
         }
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(close_reduction<Rs>(acc, acc_s, out_ptr, off)), 0)...};
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(close_reduction<Rs>(acc, out_ptr, off)), 0)...};
         }(std::make_index_sequence<n_red>{});
     }
 
@@ -611,16 +622,13 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         return is_constant(I);
     }
 
-    template <std::size_t I, class VB, class VS, class InPtr, class Off>
-    static void load_row_constant(VB& v, VS& s, const InPtr& in_ptr, const Off& off) {
+    template <std::size_t I, class VB, class InPtr, class Off>
+    static void load_row_constant(VB& v, const InPtr& in_ptr, const Off& off) {
         if constexpr (is_constant_input<I>()) {
             constexpr T c = static_cast<T>(std::bit_cast<double>(d[op_base + 4 * I + 3]));
             v[I] = batch_t(c);
-            s[I] = c;
         } else if constexpr (inner_broadcast(I)) {
-            const T x = loop_loaded<val_t<I>, buf_t<I>>(simd::scalar_as<T>(static_cast<const buf_t<I>*>(in_ptr[I])[off[I]]));
-            v[I] = batch_t(x);
-            s[I] = x;
+            v[I] = batch_t(loop_loaded<val_t<I>, buf_t<I>>(simd::scalar_as<T>(static_cast<const buf_t<I>*>(in_ptr[I])[off[I]])));
         }
     }
     template <std::size_t I, class VB, class InPtr, class Off, class InnerStride>
@@ -642,12 +650,25 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         }
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], a.node[I]);
     }
-    template <std::size_t I, class VS, class InPtr, class Off, class InnerStride>
-    static void load_scalar([[maybe_unused]] const loop_args& a, VS& s, const InPtr& in_ptr, const Off& off,
-                            std::size_t j, const InnerStride& inner_stride) {
-        if constexpr (!is_constant_input<I>() && !inner_broadcast(I))
-            s[I] = loop_loaded<val_t<I>, buf_t<I>>(simd::scalar_as<T>(static_cast<const buf_t<I>*>(in_ptr[I])[off[I] + std::ptrdiff_t(j) * inner_stride[I]]));
-        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(s[I], a.node[I]);
+    // Elements [j, j + m) of the row, m < W, into a batch: lanes past m repeat element j + m - 1.
+    template <std::size_t I, class VB, class InPtr, class Off, class InnerStride>
+    static void load_tail([[maybe_unused]] const loop_args& a, VB& v, const InPtr& in_ptr, const Off& off,
+                          std::size_t j, std::size_t m, const InnerStride& inner_stride) {
+        if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
+            using S = buf_t<I>;
+            const std::ptrdiff_t step = inner_stride[I];
+            const S* p = static_cast<const S*>(in_ptr[I]) + off[I] + std::ptrdiff_t(j) * step;
+            if constexpr (std::is_same_v<S, T>)
+                if (step == 1) {
+                    v[I] = loop_loaded<val_t<I>, S>(simd::load_first(p, m));
+                    if constexpr (Check) note_nonfinite(v[I], a.node[I]);
+                    return;
+                }
+            alignas(64) S lanes[W];
+            for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(std::min(l, m - 1)) * step];
+            v[I] = loop_loaded<val_t<I>, S>(simd::load_as<T>(lanes));
+        }
+        if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], a.node[I]);
     }
 
     // A reduction along the row whose combine is max, min or prod, or a sum of a mask: a cheap
@@ -676,63 +697,91 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     }
 
     // The outputs of a step; Chain > 0: the chained row reductions accumulate in chain_acc.
-    template <class V, std::size_t Chain, class Values, class Acc, class OutPtr, class Off>
+    template <std::size_t Chain, class Values, class Acc, class OutPtr, class Off>
     static void finish(const Values& v, Acc& acc, [[maybe_unused]] Acc& chain_acc, const OutPtr& out_ptr,
                        const Off& off, std::size_t j) {
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
             [[maybe_unused]] const int in_order[] = {
-                0, (static_cast<void>(reduce_step<V, Rs>(v, Chain > 0 && chained(Rs) ? chain_acc : acc, out_ptr, off, j)), 0)...};
+                0, (static_cast<void>(reduce_step<Rs>(v, Chain > 0 && chained(Rs) ? chain_acc : acc, out_ptr, off, j, W)), 0)...};
         }(std::make_index_sequence<n_red>{});
         [&]<std::size_t... Ms>(std::index_sequence<Ms...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(mat_step<V, Ms>(v, out_ptr, off, j)), 0)...};
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(mat_step<Ms>(v, out_ptr, off, j, W)), 0)...};
         }(std::make_index_sequence<n_mat>{});
         [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(store_step<V, Ss>(v, out_ptr, off, j)), 0)...};
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(store_step<Ss>(v, out_ptr, off, j, W)), 0)...};
         }(std::make_index_sequence<n_store>{});
     }
-    template <class V, std::size_t M_, class Values, class OutPtr, class Off>
-    static void mat_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+    // The outputs of a step's first m lanes (m <= W; m < W: the tail).
+    template <class Values, class Acc, class OutPtr, class Off>
+    static void finish_part(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j,
+                            std::size_t m) {
+        [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(reduce_step<Rs>(v, acc, out_ptr, off, j, m)), 0)...};
+        }(std::make_index_sequence<n_red>{});
+        [&]<std::size_t... Ms>(std::index_sequence<Ms...>) {
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(mat_step<Ms>(v, out_ptr, off, j, m)), 0)...};
+        }(std::make_index_sequence<n_mat>{});
+        [&]<std::size_t... Ss>(std::index_sequence<Ss...>) {
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(store_step<Ss>(v, out_ptr, off, j, m)), 0)...};
+        }(std::make_index_sequence<n_store>{});
+    }
+    // A batch into p[0, m): all of it when m == W, else through a buffer.
+    template <class S>
+    [[gnu::always_inline]] static void store_lanes(S* p, const batch_t& x, std::size_t m) {
+        if (m == W) return simd::store_as(p, x);
+        if constexpr (std::is_same_v<S, T>) return simd::store_first(p, x, m);
+        alignas(64) S lanes[W];
+        simd::store_as(lanes, x);
+        for (std::size_t l = 0; l < m; ++l) p[l] = lanes[l];
+    }
+    // p[0, m) as a batch (lanes past m: unspecified, dropped by the caller).
+    template <class S>
+    [[gnu::always_inline]] static batch_t load_lanes(const S* p, std::size_t m) {
+        if (m == W) return simd::load_as<T>(p);
+        if constexpr (std::is_same_v<S, T>) return simd::load_first(p, m);
+        alignas(64) S lanes[W] = {};
+        for (std::size_t l = 0; l < m; ++l) lanes[l] = p[l];
+        return simd::load_as<T>(lanes);
+    }
+    // Lanes [0, m) set.
+    static auto first_lanes(std::size_t m) { return simd::load(lane_index<T>.data()) < batch_t(T(m)); }
+    template <std::size_t M_, class Values, class OutPtr, class Off>
+    static void mat_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j, std::size_t m) {
         constexpr std::size_t src = d[mat_base + M_];
         using S = buf_t<n_in + n_red + M_>;
-        S* p = static_cast<buf_t<n_in + n_red + M_>*>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j;
-        if constexpr (simd::is_batch_v<V>) simd::store_as(p, v[src]);
-        else *p = static_cast<S>(v[src]);
+        store_lanes(static_cast<S*>(out_ptr[n_red + M_]) + off[n_in + n_red + M_] + j, v[src], m);
     }
-    template <class V, std::size_t R_, class Values, class Acc, class OutPtr, class Off>
-    static void reduce_step(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+    template <std::size_t R_, class Values, class Acc, class OutPtr, class Off>
+    static void reduce_step(const Values& v, Acc& acc, const OutPtr& out_ptr, const Off& off, std::size_t j,
+                            std::size_t m) {
         constexpr std::size_t src = d[red_base + 2 * R_ + 1];
         constexpr reduce_kind K = red_kind<R_>();
         if constexpr (inner_broadcast(n_in + R_)) {
-            acc[R_] = reduce_combine<K>(acc[R_], v[src]);
+            if (m == W) acc[R_] = reduce_combine<K>(acc[R_], v[src]);
+            else acc[R_] = reduce_combine<K>(acc[R_], simd::select(first_lanes(m), v[src], batch_t(reduce_identity<T, K>())));
         } else {
             static_assert(std::is_same_v<buf_t<n_in + R_>, T>, "typegrad: internal: a reduction buffer is not in the loop's type");
             T* p = static_cast<buf_t<n_in + R_>*>(out_ptr[R_]) + off[n_in + R_] + j;
-            if constexpr (simd::is_batch_v<V>) simd::store(p, reduce_combine<K>(simd::load(p), v[src]));
-            else *p = reduce_combine<K>(*p, v[src]);
+            store_lanes(p, reduce_combine<K>(load_lanes(p, m), v[src]), m);
         }
     }
-    template <std::size_t R_, class Acc, class AccS, class OutPtr, class Off>
-    static void close_reduction(const Acc& acc, const AccS& acc_s, const OutPtr& out_ptr, const Off& off) {
+    template <std::size_t R_, class Acc, class OutPtr, class Off>
+    static void close_reduction(const Acc& acc, const OutPtr& out_ptr, const Off& off) {
         if constexpr (inner_broadcast(n_in + R_)) {
             constexpr reduce_kind K = red_kind<R_>();
             T* p = static_cast<buf_t<n_in + R_>*>(out_ptr[R_]) + off[n_in + R_];
-            *p = reduce_combine<K>(*p, reduce_combine<K>(reduce_lanes<K>(acc[R_]), acc_s[R_]));
+            *p = reduce_combine<K>(*p, reduce_lanes<K>(acc[R_]));
         }
     }
-    template <class V, std::size_t S_, class Values, class OutPtr, class Off>
-    static void store_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j) {
+    template <std::size_t S_, class Values, class OutPtr, class Off>
+    static void store_step(const Values& v, const OutPtr& out_ptr, const Off& off, std::size_t j, std::size_t m) {
         constexpr std::size_t src = d[store_base + 2 * S_];
         constexpr bool accumulate = d[store_base + 2 * S_ + 1] != 0;
         constexpr std::size_t o = n_in + n_red + n_mat + S_;
         using S = buf_t<o>;
         S* p = static_cast<buf_t<o>*>(out_ptr[n_red + n_mat + S_]) + off[o] + j;
-        if constexpr (simd::is_batch_v<V>) {
-            if constexpr (accumulate) simd::store_as(p, simd::load_as<T>(p) + v[src]);
-            else simd::store_as(p, v[src]);
-        } else {
-            if constexpr (accumulate) *p = static_cast<S>(simd::scalar_as<T>(*p) + v[src]);
-            else *p = static_cast<S>(v[src]);
-        }
+        if constexpr (accumulate) store_lanes(p, load_lanes(p, m) + v[src], m);
+        else store_lanes(p, v[src], m);
     }
 };
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 namespace simd = typegrad::simd;
 
@@ -82,4 +83,36 @@ TEST_CASE("simd::max and min propagate either operand's NaN and otherwise keep m
 TEST_CASE("a register's lanes reduce to the left fold's maximum and the pairwise product", "[core][simd]") {
     check_lane_reductions<float>();
     check_lane_reductions<double>();
+}
+
+namespace {
+// load_first(p, m): lanes [0, m) from p, the others p[m - 1]; store_first: writes p[0, m) only.
+// Native (masked AVX-512 / AVX2) and buffered versions alike, every m.
+template <class T>
+void check_first_lanes() {
+    using B = xsimd::batch<T>;
+    constexpr std::size_t W = B::size;
+    const T sentinel = T(-7.5);
+    for (std::size_t m = 1; m < W; ++m) {
+        for (const bool native : {true, false}) {
+            INFO("width " << W << ", m " << m << (native ? ", native" : ", buffered"));
+            std::vector<T> src(m);
+            for (std::size_t l = 0; l < m; ++l) src[l] = T(l) + T(0.25);
+            alignas(64) T got[W];
+            (native ? simd::load_first(src.data(), m) : simd::load_first_buffered(src.data(), m)).store_aligned(got);
+            for (std::size_t l = 0; l < W; ++l) CHECK(got[l] == src[l < m ? l : m - 1]);
+            alignas(64) T lanes[W];
+            for (std::size_t l = 0; l < W; ++l) lanes[l] = T(100 + l);
+            std::vector<T> dst(W, sentinel);
+            if (native) simd::store_first(dst.data(), B::load_aligned(lanes), m);
+            else simd::store_first_buffered(dst.data(), B::load_aligned(lanes), m);
+            for (std::size_t l = 0; l < W; ++l) CHECK(dst[l] == (l < m ? T(100 + l) : sentinel));
+        }
+    }
+}
+}  // namespace
+
+TEST_CASE("a partial batch loads the first lanes, repeats the last, and stores only the first", "[core][simd]") {
+    check_first_lanes<float>();
+    check_first_lanes<double>();
 }
