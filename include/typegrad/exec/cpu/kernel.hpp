@@ -2,9 +2,10 @@
 // One fused loop of a plan: loads of materialised values, the elementwise body as straight-line
 // code over an array of SIMD values, reductions and stores, all in one pass. The iteration
 // space is coalesced at compile time (adjacent axes that every operand reads the same way are
-// merged), the innermost axis runs over xsimd batches (its tail too, as one partial batch), and operands that are
-// broadcast along it are loaded once per row. The outer axes are walked by one function for
-// every loop (walk_rows), which hands each kernel runs of rows: a kernel holds only its row code.
+// merged), the innermost axis runs over xsimd batches (its tail as one partial batch), and
+// operands that are broadcast along it are loaded once per row. The outer axes are walked by one
+// function for every loop (walk_rows), which hands each kernel runs of rows: a kernel holds
+// only its row code.
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -725,7 +726,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
             [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(store_step<Ss>(v, out_ptr, off, j, m)), 0)...};
         }(std::make_index_sequence<n_store>{});
     }
-    // A batch into p[0, m): all of it when m == W, else through a buffer.
+    // A batch into p[0, m): all of it when m == W, else a masked store (through a buffer when
+    // the buffer's type is not the loop's).
     template <class S>
     [[gnu::always_inline]] static void store_lanes(S* p, const batch_t& x, std::size_t m) {
         if (m == W) return simd::store_as(p, x);
