@@ -350,6 +350,15 @@ template <class T>
     for (std::size_t o = 0; o < n; ++o) {
         const loop_operand& op = w.op[o];
         const std::size_t lead = w.iter_rank - op.rank;
+        if (o < w.n_in + w.n_red + w.n_mat) ptr[o] = static_cast<char*>(const_cast<void*>(a.ptr[a.node[o]]));
+        else ptr[o] = static_cast<char*>(a.out[a.node[o]]);
+        if (G == 1) {  // one row (most loops): only a view's stride along it is needed
+            next[o] = 0;
+            inner_stride[o] = 1;
+            const std::size_t x = w.last[0];
+            if (op.view && w.iter_rank > 0 && !((op.broadcast >> x) & 1u)) inner_stride[o] = a.stride[a.offset[o] + (x - lead)];
+            continue;
+        }
         for (std::size_t g = 0; g < G; ++g) {
             std::ptrdiff_t s = 0;
             const std::size_t x = w.last[g];
@@ -365,9 +374,7 @@ template <class T>
             stride[o * G + g] = s * std::ptrdiff_t(op.elem_size);
         }
         inner_stride[o] = op.view ? stride[o * G + G - 1] / std::ptrdiff_t(op.elem_size) : 1;
-        next[o] = G >= 2 ? stride[o * G + G - 2] : 0;
-        if (o < w.n_in + w.n_red + w.n_mat) ptr[o] = static_cast<char*>(const_cast<void*>(a.ptr[a.node[o]]));
-        else ptr[o] = static_cast<char*>(a.out[a.node[o]]);
+        next[o] = stride[o * G + G - 2];
     }
     if (sp.blocks)
         for (std::size_t r = 0; r < w.n_red; ++r)
