@@ -664,17 +664,16 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
                           std::size_t j, std::size_t m, const InnerStride& inner_stride) {
         if constexpr (!is_constant_input<I>() && !inner_broadcast(I)) {
             using S = buf_t<I>;
-            const std::ptrdiff_t step = inner_stride[I];
+            // only a view may be strided along the row (inner_stride is 1 otherwise)
+            const std::ptrdiff_t step = is_view_input(I) ? inner_stride[I] : 1;
             const S* p = static_cast<const S*>(in_ptr[I]) + off[I] + std::ptrdiff_t(j) * step;
-            if constexpr (std::is_same_v<S, T>)
-                if (step == 1) {
-                    v[I] = loop_loaded<val_t<I>, S>(simd::load_first(p, m));
-                    if constexpr (Check) note_nonfinite(v[I], a.node[I]);
-                    return;
-                }
-            alignas(64) S lanes[W];
-            for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(std::min(l, m - 1)) * step];
-            v[I] = loop_loaded<val_t<I>, S>(simd::load_as<T>(lanes));
+            if (std::is_same_v<S, T> && step == 1) {
+                if constexpr (std::is_same_v<S, T>) v[I] = loop_loaded<val_t<I>, S>(simd::load_first(p, m));
+            } else if constexpr (!std::is_same_v<S, T> || is_view_input(I)) {
+                alignas(64) S lanes[W];
+                for (std::size_t l = 0; l < W; ++l) lanes[l] = p[std::ptrdiff_t(std::min(l, m - 1)) * step];
+                v[I] = loop_loaded<val_t<I>, S>(simd::load_as<T>(lanes));
+            }
         }
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], a.node[I]);
     }
@@ -737,20 +736,28 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     // the buffer's type is not the loop's).
     template <class S>
     [[gnu::always_inline]] static void store_lanes(S* p, const batch_t& x, std::size_t m) {
-        if (m == W) return simd::store_as(p, x);
-        if constexpr (std::is_same_v<S, T>) return simd::store_first(p, x, m);
-        alignas(64) S lanes[W];
-        simd::store_as(lanes, x);
-        for (std::size_t l = 0; l < m; ++l) p[l] = lanes[l];
+        if (m == W) {
+            simd::store_as(p, x);
+        } else if constexpr (std::is_same_v<S, T>) {
+            simd::store_first(p, x, m);
+        } else {
+            alignas(64) S lanes[W];
+            simd::store_as(lanes, x);
+            for (std::size_t l = 0; l < m; ++l) p[l] = lanes[l];
+        }
     }
     // p[0, m) as a batch (lanes past m: unspecified, dropped by the caller).
     template <class S>
     [[gnu::always_inline]] static batch_t load_lanes(const S* p, std::size_t m) {
-        if (m == W) return simd::load_as<T>(p);
-        if constexpr (std::is_same_v<S, T>) return simd::load_first(p, m);
-        alignas(64) S lanes[W] = {};
-        for (std::size_t l = 0; l < m; ++l) lanes[l] = p[l];
-        return simd::load_as<T>(lanes);
+        if (m == W) {
+            return simd::load_as<T>(p);
+        } else if constexpr (std::is_same_v<S, T>) {
+            return simd::load_first(p, m);
+        } else {
+            alignas(64) S lanes[W] = {};
+            for (std::size_t l = 0; l < m; ++l) lanes[l] = p[l];
+            return simd::load_as<T>(lanes);
+        }
     }
     // Lanes [0, m) set.
     static auto first_lanes(std::size_t m) { return simd::load(lane_index<T>.data()) < batch_t(T(m)); }
