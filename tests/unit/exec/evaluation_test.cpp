@@ -2,10 +2,13 @@
 // forward/backward with a saved context, seeds, and errors that leave every buffer untouched.
 #include <check_gradient.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <span>
+#include <string>
 
 namespace tg = typegrad;
 
@@ -204,4 +207,72 @@ TEST_CASE("values saved for later loops give the bits of recomputing them", "[ex
         CHECK_THAT(double(l1), Catch::Matchers::WithinAbs(lref, 1e-4 * (1 + std::abs(lref))));
         for (std::size_t i = 0; i < n; ++i) CHECK_THAT(g1[i], Catch::Matchers::WithinAbs(g2[i], 1e-4f * (1 + std::abs(g2[i]))));
     }
+}
+
+namespace {
+// y <- 0.9 tanh(y) + 0.1, N times: three fused nodes a link in the forward, more in the backward.
+template <int N, class E>
+auto long_chain(E e) {
+    if constexpr (N == 0) return e;
+    else return long_chain<N - 1>(tg::tanh(e) * tg::lit<0.9> + tg::lit<0.1>);
+}
+// The nodes of the first loop a describe() section lists as fused.
+std::size_t fused_count(const std::string& text, const std::string& section) {
+    const std::size_t at = text.find(section);
+    REQUIRE(at != std::string::npos);
+    const std::size_t line = text.find("fused:", at);
+    REQUIRE(line != std::string::npos);
+    const std::size_t end = text.find('\n', line);
+    return std::size_t(std::count(text.begin() + std::ptrdiff_t(line), text.begin() + std::ptrdiff_t(end), '%'));
+}
+}  // namespace
+
+TEST_CASE("a loop body longer than a chunk computes what the chain rule gives, in and out of anomaly mode", "[exec][plan]") {
+    constexpr int links = 60;
+    constexpr auto xd = tg::param<"x", double, tg::shape<tg::dyn>>;
+    constexpr auto zd = tg::input<"z", double, tg::shape<tg::dyn>>;
+    const auto chain = long_chain<links>(xd);
+    auto step = tg::compile(tg::sum(chain), tg::wrt(xd));
+    // one loop each, cut into chunks (exec/cpu/kernel.hpp, body_chunk): 2 in the forward, 4 in the joint
+    const std::string text = tg::describe(step);
+    CHECK(fused_count(text, "kernel plan: forward") > tg::detail::body_chunk);
+    CHECK(fused_count(text, "kernel plan: value_and_grad") > 3 * tg::detail::body_chunk);
+
+    // a run that is not a multiple of the SIMD width, so the tail batch goes through the chunks too
+    const std::size_t n = 3 * tg::simd::width<double> + 3;
+    std::vector<double> a(n), g(n, -7.0);
+    for (std::size_t i = 0; i < n; ++i) a[i] = -2.0 + 4.0 * double(i) / double(n - 1);
+    const double l = step.value_and_grad(tg::bind(xd, a), tg::grad_into(xd, g));
+    double lref = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        double y = a[i], dy = 1;  // forward-mode derivative along the chain
+        for (int k = 0; k < links; ++k) {
+            const double t = std::tanh(y);
+            dy *= 0.9 * (1 - t * t);
+            y = 0.9 * t + 0.1;
+        }
+        lref += y;
+        INFO("element " << i);
+        CHECK_THAT(g[i], Catch::Matchers::WithinAbs(dy, 1e-13 * (1 + std::abs(dy))));
+    }
+    CHECK_THAT(l, Catch::Matchers::WithinRel(lref, 1e-13));
+    CHECK(step.forward(tg::bind(xd, a)).value() == l);  // the forward plan's chunks: the same bits
+    tg::testing::check_gradient(tg::sum(chain), tg::testing::at(xd, tg::testing::uniform(9, -2, 2), {9}));
+
+    // anomaly mode: the log at the chain's end (in its loop's last chunk) is named
+    auto checked = tg::compile<tg::detect_anomaly>(tg::sum(tg::log(chain - zd)), tg::wrt(xd));
+    std::vector<double> z(n, -1.0), g2(n, -7.0);  // chain > -1: clean
+    CHECK(std::isfinite(checked.value_and_grad(tg::bind(xd, a), tg::bind(zd, z), tg::grad_into(xd, g2))));
+    z[n - 1] = 5.0;  // the last element only, in the tail batch: log of a negative number
+    std::vector<double> g3(n, -7.0);
+    try {
+        checked.value_and_grad(tg::bind(xd, a), tg::bind(zd, z), tg::grad_into(xd, g3));
+        FAIL("no anomaly_error");
+    } catch (const tg::anomaly_error& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(what.find("'log'") != std::string::npos);
+        CHECK(what.find("forward") != std::string::npos);
+    }
+    CHECK(g3 == std::vector<double>(n, -7.0));  // nothing written
 }

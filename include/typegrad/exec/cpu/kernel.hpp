@@ -73,8 +73,9 @@ inline constexpr auto lane_index = [] {
     return r;
 }();
 
-// Body node: its op, storage dtype, node id (anomaly mode only, for the report) and value slots.
-template <class Op, class D, std::size_t Id, class Slots>
+// Body node: its op, storage dtype, node id (anomaly mode only, for the report), its value's
+// slot and its operands' slots.
+template <class Op, class D, std::size_t Id, std::size_t Out, class Slots>
 struct loop_instr {};
 
 // One fused-loop node: v[Out] = Op(v[Cs]...), rounded to the node's storage dtype when that is
@@ -82,8 +83,8 @@ struct loop_instr {};
 // what they depend on (op, dtypes, slot numbers), never the loop's signature: g++ mangles every
 // function it instantiates, and as members of loop_kernel these were thousands of names of 1-7 KB
 // each (a 4-block model: 4,000 names, 4.3 MB, most of its callgraph time).
-template <std::size_t Out, bool Check, class Values, class Op, class D, std::size_t Id, std::size_t... Cs>
-[[gnu::always_inline]] inline void eval_instr(Values& v, loop_instr<Op, D, Id, std::index_sequence<Cs...>>) {
+template <bool Check, class Values, class Op, class D, std::size_t Id, std::size_t Out, std::size_t... Cs>
+[[gnu::always_inline]] inline void eval_instr(Values& v, loop_instr<Op, D, Id, Out, std::index_sequence<Cs...>>) {
     if constexpr (is_reduced_precision_v<D>) v[Out] = simd::round_as<D>(Op::apply(v[Cs]...));
     else v[Out] = Op::apply(v[Cs]...);
     if constexpr (Check) note_nonfinite(v[Out], Id);
@@ -243,8 +244,8 @@ struct row_run {
     const std::ptrdiff_t* inner_stride;
     std::size_t rows, j0, j1;
 };
-// A loop kernel's shape for the walk: counts, coalesced axis groups (group g covers iteration
-// axes [first[g], last[g]]), its operands, and the code for a run of rows.
+// A loop kernel's shape for the walk: counts, the last iteration axis of each coalesced axis
+// group (a group's stride is its last axis's), its operands, and the code for a run of rows.
 struct loop_walk {
     std::size_t n_in = 0, n_red = 0, n_mat = 0, n_ops = 0, iter_rank = 0, groups = 1, value_size = 0;
     std::array<std::size_t, max_rank> last{};
@@ -343,10 +344,15 @@ template <class T>
     else j0 = t * sp.cols, j1 = std::min(c.inner, j0 + sp.cols);
     // Byte strides per operand and group (stride[o * G + g]): inputs use their node's strides
     // (views may be anything), outputs are dense row-major buffers of their own shape.
-    auto* stride = static_cast<std::ptrdiff_t*>(__builtin_alloca(sizeof(std::ptrdiff_t) * (n * G + 2 * n + 1)));
+    // One stack block (all three element types are 8 bytes): stride[n * G], inner_stride[n],
+    // next[n], ptr[n], and idx[G], the row's mixed-radix index (below).
+    static_assert(sizeof(std::ptrdiff_t) == sizeof(char*) && sizeof(std::size_t) == sizeof(char*));
+    char* const block = static_cast<char*>(__builtin_alloca(sizeof(char*) * (n * G + 3 * n + G + 1)));
+    auto* const stride = reinterpret_cast<std::ptrdiff_t*>(block);
     std::ptrdiff_t* const inner_stride = stride + n * G;
     std::ptrdiff_t* const next = inner_stride + n;
-    auto** ptr = static_cast<char**>(__builtin_alloca(sizeof(char*) * (n + 1)));
+    auto** const ptr = reinterpret_cast<char**>(next + n);
+    auto* const idx = reinterpret_cast<std::size_t*>(ptr + n);
     for (std::size_t o = 0; o < n; ++o) {
         const loop_operand& op = w.op[o];
         const std::size_t lead = w.iter_rank - op.rank;
@@ -381,7 +387,6 @@ template <class T>
             if (c.copy_at[r] != no_block_copy)
                 ptr[w.n_in + r] = static_cast<char*>(c.copies) + (t * c.copies_per_block + c.copy_at[r]) * w.value_size;
     // The mixed-radix index of row r0 over the outer groups.
-    auto* idx = static_cast<std::size_t*>(__builtin_alloca(sizeof(std::size_t) * (G + 1)));
     for (std::size_t g = 0; g < G; ++g) idx[g] = 0;
     if (r0 != 0)
         for (std::size_t g = G - 1, rest = r0; g-- > 0; rest /= c.gext[g]) {
@@ -408,11 +413,17 @@ template <class T>
     }
 }
 
-template <class T, class Bufs, class Vals, class Body, class Desc, bool Check>
-struct loop_kernel;
+// A loop's code but for its body: everything that depends only on its signature's types and
+// integers. Its functions are named without the body (a loop_instr per node), which for a loop
+// of thousands of nodes is a name of 100 KB: g++ spent a third of a 1000-op chain's compile
+// mangling the 70-odd functions, lambdas and constants that once were loop_kernel's. The body
+// comes in as a function pointer that the always_inline chain from loop_kernel::rows makes a
+// constant, so it is inlined as before.
+template <class T, class Bufs, class Vals, class Desc, bool Check>
+struct loop_code;
 
-template <class T, class... Bufs, class... Vals, class... Body, std::size_t... Desc, bool Check>
-struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>, std::index_sequence<Desc...>, Check> {
+template <class T, class... Bufs, class... Vals, std::size_t... Desc, bool Check>
+struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<Desc...>, Check> {
     static constexpr std::array<std::size_t, sizeof...(Desc)> d{Desc...};
     using batch_t = simd::batch<T>;
     static constexpr std::size_t W = simd::width<T>;
@@ -480,12 +491,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         return broadcast_axis(o, groups.first[G - 1]);
     }
 
-    template <class Values>
-    static void eval_body(Values& v) {
-        [&]<std::size_t... Bs>(std::index_sequence<Bs...>) {
-            [[maybe_unused]] const int in_order[] = {0, (eval_instr<n_in + Bs, Check>(v, Body{}), 0)...};
-        }(std::make_index_sequence<n_body>{});
-    }
+    using values = std::array<batch_t, n_slots + 1>;
+    using eval_fn = void (*)(values&);
 
     // Group extents.
     static std::array<std::size_t, G> group_extents(const loop_args& a) {
@@ -515,7 +522,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         return r;
     }
 
-    [[gnu::noinline]] static void run(const loop_args& a) {  // see run_kernel (execute.hpp)
+    [[gnu::noinline]] static void run(const loop_args& a, void (*rows)(const row_run&)) {
         // locals, copied from constants at each call: no symbol per loop
         constexpr loop_reductions rt = reductions();
         constexpr std::array<loop_operand, n_ops + 1> ops = operands();
@@ -524,7 +531,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         w.value_size = sizeof(T);
         for (std::size_t g = 0; g < G; ++g) w.last[g] = groups.last[g];
         w.op = ops.data();
-        w.rows = &rows;
+        w.rows = rows;
         loop_context c;
         c.walk = &w;
         c.a = &a;
@@ -536,7 +543,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     }
 
     // A run of rows (walk_rows): the loop's code, compiled once for the loop and its tasks.
-    static void rows(const row_run& rr) {
+    [[gnu::always_inline]] static void rows(const row_run& rr, eval_fn eval) {
         std::array<const void*, n_in + 1> in_ptr{};
         std::array<void*, n_out + 1> out_ptr{};
         std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
@@ -544,7 +551,7 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         for (std::size_t k = 0; k < n_out; ++k) out_ptr[k] = rr.ptr[n_in + k];
         constexpr std::array<std::ptrdiff_t, n_ops + 1> off{};  // the pointers are the row's
         for (std::size_t r = 0; r < rr.rows; ++r) {
-            row(*rr.a, in_ptr, out_ptr, off, rr.j0, rr.j1, inner_stride);
+            row(*rr.a, in_ptr, out_ptr, off, rr.j0, rr.j1, inner_stride, eval);
             for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = static_cast<const char*>(in_ptr[i]) + rr.next[i];
             for (std::size_t k = 0; k < n_out; ++k) out_ptr[k] = static_cast<char*>(out_ptr[k]) + rr.next[n_in + k];
         }
@@ -570,8 +577,8 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     template <class InPtr, class OutPtr, class Off, class InnerStride>
     [[gnu::always_inline]] static void row(const loop_args& a, const InPtr& in_ptr, const OutPtr& out_ptr,
                                            const Off& off, std::size_t j0, std::size_t j1,
-                                           const InnerStride& inner_stride) {
-        std::array<batch_t, n_slots + 1> v;
+                                           const InnerStride& inner_stride, eval_fn eval) {
+        values v;
         // Inputs constant along the row.
         [&]<std::size_t... Is>(std::index_sequence<Is...>) {
             [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_row_constant<Is>(v, in_ptr, off)), 0)...};
@@ -582,14 +589,15 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         }(std::make_index_sequence<n_red>{});
 
         std::size_t j = j0;
+        // One full batch at `at`; Chain > 0: the chained row reductions accumulate in chain_acc.
+        auto step = [&]<std::size_t Chain>(std::size_t at, auto& chain_acc) __attribute__((always_inline)) {
+            [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, at, inner_stride)), 0)...};
+            }(std::make_index_sequence<n_in>{});
+            eval(v);
+            finish<Chain>(v, acc, chain_acc, out_ptr, off, at, W);
+        };
         if constexpr (split_chains) {
-            auto step = [&]<std::size_t Chain>(std::size_t at, auto& chain_acc) __attribute__((always_inline)) {
-                [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                    [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, at, inner_stride)), 0)...};
-                }(std::make_index_sequence<n_in>{});
-                eval_body(v);
-                finish<Chain>(v, acc, chain_acc, out_ptr, off, at, W);
-            };
             // four batches a step, each max/min/prod row reduction in four chains (sums in one)
             std::array<batch_t, n_red + 1> acc1 = acc, acc2 = acc, acc3 = acc;
             for (; j + 4 * W <= j1; j += 4 * W) {
@@ -607,19 +615,13 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
         // spurious NaN or Inf for anomaly mode) and their results are dropped or masked out. No
         // scalar copy of the body. (One loop for both, the tail as its last step, compiles 4% faster
         // but its per-step choice of loads and masks cost 15% in a light loop: normal_log_pdf.)
-        for (; j + W <= j1; j += W) {
-            [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-                [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_vector<Is>(a, v, in_ptr, off, j, inner_stride)), 0)...};
-            }(std::make_index_sequence<n_in>{});
-            eval_body(v);
-            finish<0>(v, acc, acc, out_ptr, off, j, W);
-        }
+        for (; j + W <= j1; j += W) step.template operator()<0>(j, acc);
         if (j < j1) {
             const std::size_t m = j1 - j;
             [&]<std::size_t... Is>(std::index_sequence<Is...>) {
                 [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_tail<Is>(a, v, in_ptr, off, j, m, inner_stride)), 0)...};
             }(std::make_index_sequence<n_in>{});
-            eval_body(v);
+            eval(v);
             finish<0>(v, acc, acc, out_ptr, off, j, m);
         }
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
@@ -794,6 +796,38 @@ struct loop_kernel<T, type_list<Bufs...>, type_list<Vals...>, type_list<Body...>
     }
 };
 
+// A loop body comes in chunks of up to body_chunk nodes (loop_kernel_of). One chunk is inlined
+// into the batch loop and the tail; a longer body is one function per chunk, which both call.
+// Cut, because g++'s inliner works per function at a cost that grows faster than the function
+// (38% of a 1000-op chain's compile was its heuristics over one 3,300-node body); as functions
+// of their own, because two copies of thousands of nodes would double the loop's compile (and
+// g++ had kept such a body out of line itself). Named with their chunk only, not the loop.
+inline constexpr std::size_t body_chunk = 128;
+template <bool Check, class Values, class... Instrs>
+[[gnu::always_inline]] inline void eval_instrs(Values& v, type_list<Instrs...>) {
+    [[maybe_unused]] const int in_order[] = {0, (eval_instr<Check>(v, Instrs{}), 0)...};
+}
+template <bool Check, class Values, class... Instrs>
+[[gnu::noinline]] void eval_chunk(Values& v, type_list<Instrs...>) {
+    [[maybe_unused]] const int in_order[] = {0, (eval_instr<Check>(v, Instrs{}), 0)...};
+}
+
+// A loop: its code (loop_code) and its body (a list of chunks, each a list of loop_instr). Only
+// these functions are named with the whole body.
+template <class T, class Bufs, class Vals, class Body, class Desc, bool Check>
+struct loop_kernel;
+template <class T, class Bufs, class Vals, class... Chunks, class Desc, bool Check>
+struct loop_kernel<T, Bufs, Vals, type_list<Chunks...>, Desc, Check> {
+    using code = loop_code<T, Bufs, Vals, Desc, Check>;
+    [[gnu::always_inline]] static void eval_inline(typename code::values& v) { (eval_instrs<Check>(v, Chunks{}), ...); }
+    [[gnu::always_inline]] static void eval_chunks(typename code::values& v) { (eval_chunk<Check>(v, Chunks{}), ...); }
+    static void rows(const row_run& rr) {
+        if constexpr (sizeof...(Chunks) <= 1) code::rows(rr, &eval_inline);
+        else code::rows(rr, &eval_chunks);
+    }
+    static void run(const loop_args& a) { code::run(a, &rows); }  // see run_kernel (execute.hpp)
+};
+
 // ---- a plan's loops as signatures -------------------------------------------------------------
 //
 // Every loop of a plan is described by integers, computed once per plan in flat tables
@@ -958,31 +992,47 @@ struct loop_layout {
     static constexpr tables table = make();
 };
 
-// Body node J of a layout as a loop_instr.
-template <class Layout, std::size_t J, class Ks = std::make_index_sequence<Layout::table.body_nslots[J]>>
+// Body node J of a layout as a loop_instr whose value goes to slot Out.
+template <class Layout, std::size_t J, std::size_t Out, class Ks = std::make_index_sequence<Layout::table.body_nslots[J]>>
 struct body_instr;
-template <class Layout, std::size_t J, std::size_t... Ks>
-struct body_instr<Layout, J, std::index_sequence<Ks...>> {
+template <class Layout, std::size_t J, std::size_t Out, std::size_t... Ks>
+struct body_instr<Layout, J, Out, std::index_sequence<Ks...>> {
     using node = typename Layout::prog::template node_at<Layout::table.body_id[J]>;
     using type = loop_instr<typename node::op, storage_t<typename node::value_type>,
-                            Layout::check ? Layout::table.body_id[J] : 0,
+                            Layout::check ? Layout::table.body_id[J] : 0, Out,
                             std::index_sequence<Layout::table.body_slots[J * max_arity + Ks]...>>;
+};
+// Chunk C of loop L's body (body_chunk nodes, fewer in the last).
+template <class Layout, std::size_t L, std::size_t C,
+          class Is = std::make_index_sequence<std::min(body_chunk, Layout::table.n_body[L] - C * body_chunk)>>
+struct body_chunk_of;
+template <class Layout, std::size_t L, std::size_t C, std::size_t... Is>
+struct body_chunk_of<Layout, L, C, std::index_sequence<Is...>> {
+    static constexpr std::size_t first = C * body_chunk;
+    static constexpr std::size_t n_in = Layout::table.desc[Layout::table.desc_start[L] + loop_desc::n_in];
+    using type = type_list<typename body_instr<Layout, Layout::table.body_start[L] + first + Is, n_in + first + Is>::type...>;
+};
+template <class Layout, std::size_t L,
+          class Cs = std::make_index_sequence<(Layout::table.n_body[L] + body_chunk - 1) / body_chunk>>
+struct body_of;
+template <class Layout, std::size_t L, std::size_t... Cs>
+struct body_of<Layout, L, std::index_sequence<Cs...>> {
+    using type = type_list<typename body_chunk_of<Layout, L, Cs>::type...>;
 };
 // Loop L's kernel type. A loop computes in its iteration node's compute type: double, or float
 // for the float family (f32, bf16, f16 never meet f64); operands convert from and to their
 // buffers' types.
 template <class Layout, std::size_t L, class Os = std::make_index_sequence<Layout::table.n_ops[L]>,
-          class Bs = std::make_index_sequence<Layout::table.n_body[L]>,
           class Ds = std::make_index_sequence<Layout::table.desc_size[L]>>
 struct loop_kernel_of;
-template <class Layout, std::size_t L, std::size_t... Os, std::size_t... Bs, std::size_t... Ds>
-struct loop_kernel_of<Layout, L, std::index_sequence<Os...>, std::index_sequence<Bs...>, std::index_sequence<Ds...>> {
+template <class Layout, std::size_t L, std::size_t... Os, std::size_t... Ds>
+struct loop_kernel_of<Layout, L, std::index_sequence<Os...>, std::index_sequence<Ds...>> {
     using prog = typename Layout::prog;
     using type = loop_kernel<
         compute_t<typename prog::template node_at<Layout::table.iter[L]>::value_type>,
         type_list<buffer_t<typename prog::template node_at<Layout::table.op_node[Layout::table.op_start[L] + Os]>>...>,
         type_list<storage_t<typename prog::template node_at<Layout::table.op_node[Layout::table.op_start[L] + Os]>::value_type>...>,
-        type_list<typename body_instr<Layout, Layout::table.body_start[L] + Bs>::type...>,
+        typename body_of<Layout, L>::type,
         std::index_sequence<Layout::table.desc[Layout::table.desc_start[L] + Ds]...>, Layout::check>;
 };
 
