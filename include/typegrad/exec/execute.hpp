@@ -528,8 +528,9 @@ template <class Plan, class AccumulateMask, bool Check>
 struct loop_tables {
     using layout = loop_layout<Plan, AccumulateMask, Check>;
     template <std::size_t... Ls>
-    static constexpr std::array<void (*)(const loop_args&), layout::count + 1> make_fns(std::index_sequence<Ls...>) {
-        return {&loop_kernel_of<layout, Ls>::type::run..., nullptr};
+    static constexpr std::array<loop_fns, layout::count + 1> make_fns(std::index_sequence<Ls...>) {
+        return {loop_fns{&loop_kernel_of<layout, Ls>::type::code::run, &loop_kernel_of<layout, Ls>::type::rows}...,
+                loop_fns{}};
     }
     static constexpr auto fns = make_fns(std::make_index_sequence<layout::count>{});
 };
@@ -549,7 +550,7 @@ void run_loops(typename Plan::state_type& state, const post_hook_calls& hooks = 
             const std::size_t* ids = t.ids.data() + 2 * t.op_start[item.index];
             const loop_args args{state.ptr.data(), state.out.data(), state.ext.data(), state.stride.data(), ids,
                                  ids + t.n_ops[item.index] + 1};
-            loops::fns[item.index](args);
+            loops::fns[item.index].run(args, loops::fns[item.index].rows);
             if constexpr (Check) {
                 const loop_plan& lp = Plan::plan.loops[item.index];
                 for (std::size_t m = lp.red_begin; m < lp.mat_end; ++m) check_buffer<Plan>(state, Plan::plan.members[m]);

@@ -804,28 +804,33 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
 // g++ had kept such a body out of line itself). Named with their chunk only, not the loop.
 inline constexpr std::size_t body_chunk = 128;
 template <bool Check, class Values, class... Instrs>
-[[gnu::always_inline]] inline void eval_instrs(Values& v, type_list<Instrs...>) {
-    [[maybe_unused]] const int in_order[] = {0, (eval_instr<Check>(v, Instrs{}), 0)...};
-}
-template <bool Check, class Values, class... Instrs>
 [[gnu::noinline]] void eval_chunk(Values& v, type_list<Instrs...>) {
     [[maybe_unused]] const int in_order[] = {0, (eval_instr<Check>(v, Instrs{}), 0)...};
 }
 
 // A loop: its code (loop_code) and its body (a list of chunks, each a list of loop_instr). Only
-// these functions are named with the whole body.
+// its rows and its body's evaluation are named with the whole body; a plan runs a loop as
+// code::run(args, &rows) (loop_fns, exec/execute.hpp).
 template <class T, class Bufs, class Vals, class Body, class Desc, bool Check>
 struct loop_kernel;
 template <class T, class Bufs, class Vals, class... Chunks, class Desc, bool Check>
 struct loop_kernel<T, Bufs, Vals, type_list<Chunks...>, Desc, Check> {
     using code = loop_code<T, Bufs, Vals, Desc, Check>;
-    [[gnu::always_inline]] static void eval_inline(typename code::values& v) { (eval_instrs<Check>(v, Chunks{}), ...); }
-    [[gnu::always_inline]] static void eval_chunks(typename code::values& v) { (eval_chunk<Check>(v, Chunks{}), ...); }
-    static void rows(const row_run& rr) {
-        if constexpr (sizeof...(Chunks) <= 1) code::rows(rr, &eval_inline);
-        else code::rows(rr, &eval_chunks);
+    [[gnu::always_inline]] static void eval(typename code::values& v) { (eval_chunk<Check>(v, Chunks{}), ...); }
+    static void rows(const row_run& rr) { code::rows(rr, &eval); }
+};
+template <class T, class Bufs, class Vals, class... Instrs, class Desc, bool Check>
+struct loop_kernel<T, Bufs, Vals, type_list<type_list<Instrs...>>, Desc, Check> {
+    using code = loop_code<T, Bufs, Vals, Desc, Check>;
+    [[gnu::always_inline]] static void eval(typename code::values& v) {
+        [[maybe_unused]] const int in_order[] = {0, (eval_instr<Check>(v, Instrs{}), 0)...};
     }
-    static void run(const loop_args& a) { code::run(a, &rows); }  // see run_kernel (execute.hpp)
+    static void rows(const row_run& rr) { code::rows(rr, &eval); }
+};
+// What a plan calls to run loop l (exec/execute.hpp).
+struct loop_fns {
+    void (*run)(const loop_args&, void (*)(const row_run&)) = nullptr;
+    void (*rows)(const row_run&) = nullptr;
 };
 
 // ---- a plan's loops as signatures -------------------------------------------------------------
