@@ -167,6 +167,58 @@ void for_each_window_max(const pool_geometry& g, const C* x, std::size_t p, F&& 
     }
 }
 
+// 2 x 2 windows with stride 2 and no padding (max_pool2d<2>, avg_pool2d<2>: the common case)
+// tile the plane (an odd last row or column is in no window), so a pooled row is computed from
+// two input rows in registers: up to W windows at a time, their 2 W columns of each row loaded
+// (masked at the row's end) and split into even and odd columns, no gathers; the backward
+// writes both rows back interleaved. The same rules as the scalar scan (window_argmax): the
+// first maximum in row-major order, a NaN wins (the last one); sums in the same order.
+template <std::size_t K, std::size_t S, std::size_t P, class C>
+inline constexpr bool pool_tiles_2x2 = K == 2 && S == 2 && P == 0 && simd::width<C> > 1;
+
+// v[2 a + b] lane l = src(2 i + a, 2 (j0 + l) + b) for the cnt windows of pooled row i from j0
+// (src: the plane, rows w apart)
+template <class C>
+void pool2_windows(const C* src, std::size_t w, std::size_t i, std::size_t j0, std::size_t cnt, simd::batch<C> (&v)[4]) {
+    constexpr std::size_t W = simd::width<C>;
+    for (std::size_t a = 0; a < 2; ++a) {
+        const C* row = src + (2 * i + a) * w + 2 * j0;
+        const simd::batch<C> lo = simd::load_upto(row, 2 * cnt), hi = simd::load_upto(row + W, 2 * cnt > W ? 2 * cnt - W : 0);
+        v[2 * a] = simd::even_lanes(lo, hi);
+        v[2 * a + 1] = simd::odd_lanes(lo, hi);
+    }
+}
+// the windows' maxima and which of the four holds each (its code 2 a + b, as a C)
+template <class C>
+void pool2_max(const simd::batch<C> (&v)[4], simd::batch<C>& m, simd::batch<C>& code) {
+    m = v[0];
+    code = simd::batch<C>(C(0));
+    for (std::size_t k = 1; k < 4; ++k) {
+        const auto take = (v[k] > m) | xsimd::isnan(v[k]);  // xsimd's != is ordered: false for NaN
+        m = simd::select(take, v[k], m);
+        code = simd::select(take, simd::batch<C>(C(k)), code);
+    }
+}
+// d[2 a + b] back into rows 2 i + a of dst (the plane), the windows' 2 cnt columns of each
+template <class C>
+void pool2_store(C* dst, std::size_t w, std::size_t i, std::size_t j0, std::size_t cnt, const simd::batch<C> (&d)[4]) {
+    constexpr std::size_t W = simd::width<C>;
+    for (std::size_t a = 0; a < 2; ++a) {
+        simd::batch<C> lo, hi;
+        simd::zip_lanes(d[2 * a], d[2 * a + 1], lo, hi);
+        C* row = dst + (2 * i + a) * w + 2 * j0;
+        simd::store_upto(row, lo, 2 * cnt);
+        simd::store_upto(row + W, hi, 2 * cnt > W ? 2 * cnt - W : 0);
+    }
+}
+// f(o, i, j0, cnt) for plane p's pooled rows in blocks of at most W windows (o: the first's output index)
+template <class C, class F>
+void pool2_blocks(const pool_geometry& g, std::size_t p, F&& f) {
+    constexpr std::size_t W = simd::width<C>;
+    for (std::size_t i = 0; i < g.ho; ++i)
+        for (std::size_t j0 = 0; j0 < g.wo; j0 += W) f((p * g.ho + i) * g.wo + j0, i, j0, std::min(W, g.wo - j0));
+}
+
 // fn(p) for every plane (image x channel), split over the thread pool when the windows are
 // many: every plane reads and writes only its own elements.
 template <std::size_t K, class F>
@@ -224,7 +276,16 @@ struct pool_op : kernel_op_base {
             const auto xd = dense_input_of<C, typename X::value_type, buffer_t<X>>(xr);
             const C* const x = xd.data;
             for_each_plane<K>(g, [&](std::size_t p) {
-                if constexpr (Max) {
+                if constexpr (pool_tiles_2x2<K, S, P, C> && std::is_same_v<T, C>) {
+                    const C* plane = x + p * g.h * g.w;
+                    pool2_blocks<C>(g, p, [&](std::size_t o, std::size_t i, std::size_t j0, std::size_t cnt) {
+                        simd::batch<C> v[4], m, code;
+                        pool2_windows(plane, g.w, i, j0, cnt, v);
+                        if constexpr (Max) pool2_max(v, m, code);
+                        else m = (((simd::batch<C>(C(0)) + v[0]) + v[1]) + v[2] + v[3]) * simd::batch<C>(inv);
+                        simd::store_upto(out + o, m, cnt);
+                    });
+                } else if constexpr (Max) {
                     for_each_window_max<K, S, P>(g, x, p, [&](std::size_t o, std::size_t, C m) { out[o] = T(m); });
                 } else {
                     for_each_window<K, S, P>(g, p, [&](std::size_t o, std::size_t i, std::size_t j) {
@@ -249,7 +310,29 @@ struct pool_op : kernel_op_base {
                 const dense_output<C, T> acc(out, g.planes * g.h * g.w);  // out itself for f32/f64
                 C* const dx = acc.data;
                 for_each_plane<K>(g, [&](std::size_t p) {  // a window's elements lie in its plane
-                    std::fill_n(dx + p * g.h * g.w, g.h * g.w, C(0));
+                    C* const plane = dx + p * g.h * g.w;
+                    if constexpr (pool_tiles_2x2<K, S, P, C>) {
+                        // every element of a window written (0 + g: as the scalar scatter into
+                        // zeros, -0 gives +0); the rest zeroed only when a row or column is left over
+                        if (g.h % 2 != 0 || g.w % 2 != 0) std::fill_n(plane, g.h * g.w, C(0));
+                        const C* xp = x + p * g.h * g.w;
+                        pool2_blocks<C>(g, p, [&](std::size_t o, std::size_t i, std::size_t j0, std::size_t cnt) {
+                            const simd::batch<C> zero(C(0));
+                            simd::batch<C> d[4];
+                            if constexpr (Max) {
+                                const simd::batch<C> gv = zero + simd::load_upto(gy + o, cnt);
+                                simd::batch<C> v[4], m, code;
+                                pool2_windows(xp, g.w, i, j0, cnt, v);
+                                pool2_max(v, m, code);
+                                for (std::size_t k = 0; k < 4; ++k) d[k] = simd::select(code == simd::batch<C>(C(k)), gv, zero);
+                            } else {
+                                d[0] = d[1] = d[2] = d[3] = zero + simd::load_upto(gy + o, cnt) * simd::batch<C>(inv);
+                            }
+                            pool2_store(plane, g.w, i, j0, cnt, d);
+                        });
+                        return;
+                    }
+                    std::fill_n(plane, g.h * g.w, C(0));
                     if constexpr (Max) {
                         for_each_window_max<K, S, P>(g, x, p, [&](std::size_t o, std::size_t e, C) {
                             if (e != std::size_t(-1)) dx[e] += gy[o];
@@ -268,6 +351,19 @@ struct pool_op : kernel_op_base {
                 acc.store(out);
             } else {  // max gather: h (x-shaped) at each window's maximum
                 for_each_plane<K>(g, [&](std::size_t p) {
+                    if constexpr (pool_tiles_2x2<K, S, P, C> && std::is_same_v<T, C>) {
+                        const C *xp = x + p * g.h * g.w, *hp = gy + p * g.h * g.w;
+                        pool2_blocks<C>(g, p, [&](std::size_t o, std::size_t i, std::size_t j0, std::size_t cnt) {
+                            simd::batch<C> v[4], hv[4], m, code;
+                            pool2_windows(xp, g.w, i, j0, cnt, v);
+                            pool2_windows(hp, g.w, i, j0, cnt, hv);
+                            pool2_max(v, m, code);
+                            simd::batch<C> r = hv[0];
+                            for (std::size_t k = 1; k < 4; ++k) r = simd::select(code == simd::batch<C>(C(k)), hv[k], r);
+                            simd::store_upto(out + o, r, cnt);
+                        });
+                        return;
+                    }
                     for_each_window_max<K, S, P>(g, x, p, [&](std::size_t o, std::size_t e, C) {
                         out[o] = T(e == std::size_t(-1) ? C(0) : gy[e]);
                     });

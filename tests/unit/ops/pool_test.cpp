@@ -228,3 +228,62 @@ TEST_CASE("max_pool2d without padding: rows of windows at the SIMD width (ties, 
     auto inner = tg::sum(tg::square(tg::max_pool2d<2>(y)));
     check_gradient(tg::sum(tg::square(tg::grad(inner, y)) * tg::sin(y)), at(y, yv, {1, 2, 4, 70}));
 }
+
+namespace {
+// 2 x 2 windows, stride 2 (ops/pool.hpp's register path): values and gradients against the
+// scalar rules computed here in T, compared bit for bit (sums in the scalar order from +0, the
+// first maximum, gradients added into zeros)
+template <class T>
+void check_tiled_pool(std::size_t h, std::size_t w) {
+    constexpr auto x = tg::param<"x", T, tg::shape<1, 2, tg::dyn, tg::dyn>>;
+    constexpr auto q = tg::input<"q", T, tg::shape<1, 2, tg::dyn, tg::dyn>>;
+    const std::size_t ho = h / 2, wo = w / 2, planes = 2;
+    const auto xd = uniform(planes * h * w, -1.0, 1.0, 11), qd = uniform(planes * ho * wo, -1.0, 1.0, 12);
+    std::vector<T> xv(xd.begin(), xd.end()), qv(qd.begin(), qd.end());
+    xv[0] = xv[1] = xv[w] = xv[w + 1] = T(-0.0);  // window (0, 0): -0 everywhere (the sum is +0)
+    if (wo > 1) xv[3] = xv[2];                     // window (0, 1): a tie in its first row
+    qv[0] = T(-0.0);                               // a -0 gradient (into zeros: +0)
+    std::vector<T> max_ref(planes * ho * wo), avg_ref(max_ref.size()), gmax_ref(xv.size(), T(0)), gavg_ref(xv.size(), T(0));
+    for (std::size_t c = 0; c < planes; ++c)
+        for (std::size_t i = 0; i < ho; ++i)
+            for (std::size_t j = 0; j < wo; ++j) {
+                const std::size_t o = (c * ho + i) * wo + j, first = (c * h + 2 * i) * w + 2 * j;
+                std::size_t best = first;
+                T s = T(0);
+                for (std::size_t a = 0; a < 2; ++a)
+                    for (std::size_t b = 0; b < 2; ++b) {
+                        const std::size_t e = first + a * w + b;
+                        s += xv[e];
+                        if (xv[e] > xv[best]) best = e;
+                        gavg_ref[e] += qv[o] * T(0.25);
+                    }
+                max_ref[o] = xv[best];
+                avg_ref[o] = s * T(0.25);
+                gmax_ref[best] += qv[o];
+            }
+    const auto bx = tg::bind(x, xv, {1, 2, h, w});
+    const auto bq = tg::bind(q, qv, {1, 2, ho, wo});
+    const auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+    };
+    INFO(h << " x " << w << ", " << sizeof(T) * 8 << "-bit");
+    CHECK(same(values_of<T>(tg::compile(tg::max_pool2d<2>(x), tg::wrt(x)), bx), max_ref));
+    CHECK(same(values_of<T>(tg::compile(tg::avg_pool2d<2>(x), tg::wrt(x)), bx), avg_ref));
+    std::vector<T> g(xv.size(), T(-7));
+    tg::compile(tg::sum(tg::max_pool2d<2>(x) * q), tg::wrt(x)).value_and_grad(bx, bq, tg::grad_into(x, g));
+    CHECK(same(g, gmax_ref));
+    std::fill(g.begin(), g.end(), T(-7));
+    tg::compile(tg::sum(tg::avg_pool2d<2>(x) * q), tg::wrt(x)).value_and_grad(bx, bq, tg::grad_into(x, g));
+    CHECK(same(g, gavg_ref));
+}
+}  // namespace
+
+TEST_CASE("2 x 2 pooling with stride 2 in registers: the scalar rules bit for bit (short, odd and long rows)",
+          "[ops][pool][gradient]") {
+    // pooled rows shorter than a register (the CNN's 7 and 14), one, and between one and two;
+    // odd extents leave a row and a column in no window (their gradient 0)
+    for (const auto& [h, w] : std::vector<std::pair<std::size_t, std::size_t>>{{2, 2}, {5, 15}, {14, 14}, {28, 28}, {3, 33}, {4, 64}, {7, 75}}) {
+        check_tiled_pool<float>(h, w);
+        check_tiled_pool<double>(h, w);
+    }
+}

@@ -161,6 +161,44 @@ inline T scalar_as(S x) {
     else return static_cast<T>(static_cast<float>(x));
 }
 
+// Up to a whole batch: m in [0, width]; lanes past m are p[m - 1] (or 0 when m is 0) and are
+// not stored.
+template <class T>
+inline batch<T> load_upto(const T* p, std::size_t m) {
+    if (m >= width<T>) return load(p);
+    return m == 0 ? batch<T>(T(0)) : load_first(p, m);
+}
+template <class T>
+inline void store_upto(T* p, const batch<T>& v, std::size_t m) {
+    if (m >= width<T>) store(p, v);
+    else if (m > 0) store_first(p, v, m);
+}
+
+// ---- lane permutations (GCC and clang vector extensions) ----------------------------------
+// The even and the odd lanes of the 2 width lanes lo ++ hi, and back: zip(a, b) is a0 b0 a1 b1
+// ..., its first width lanes in lo, the rest in hi.
+template <class T, class A>
+inline xsimd::batch<T, A> even_lanes(const xsimd::batch<T, A>& lo, const xsimd::batch<T, A>& hi) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return xsimd::batch<T, A>(__builtin_shufflevector(lo.data, hi.data, (2 * I)...));
+    }(std::make_index_sequence<xsimd::batch<T, A>::size>{});
+}
+template <class T, class A>
+inline xsimd::batch<T, A> odd_lanes(const xsimd::batch<T, A>& lo, const xsimd::batch<T, A>& hi) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return xsimd::batch<T, A>(__builtin_shufflevector(lo.data, hi.data, (2 * I + 1)...));
+    }(std::make_index_sequence<xsimd::batch<T, A>::size>{});
+}
+template <class T, class A>
+inline void zip_lanes(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b, xsimd::batch<T, A>& lo,
+                      xsimd::batch<T, A>& hi) {
+    constexpr std::size_t n = xsimd::batch<T, A>::size;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+        lo = xsimd::batch<T, A>(__builtin_shufflevector(a.data, b.data, (I % 2 ? n + I / 2 : I / 2)...));
+        hi = xsimd::batch<T, A>(__builtin_shufflevector(a.data, b.data, (I % 2 ? n + (n + I) / 2 : (n + I) / 2)...));
+    }(std::make_index_sequence<n>{});
+}
+
 // ---- horizontal -------------------------------------------------------------------------
 template <class T, class A>
 inline T reduce_sum(const xsimd::batch<T, A>& v) { return xsimd::hadd(v); }
