@@ -14,7 +14,7 @@
 // Images go in chunks: the im2col blocks of a chunk's images sit side by side ([C KH KW, nb Ho Wo]),
 // so each product is one GEMM with nb times the columns (small images were one narrow GEMM each;
 // the wide one is threaded and packs W once per chunk). A chunk holds as many images as fit
-// conv_chunk_elements of im2col, at least one.
+// conv_chunk_elements of im2col per thread (the weight gradient: one thread), at least one.
 // With G groups, channels [g C/G, (g+1) C/G) meet only output channels [g O/G, (g+1) O/G): each
 // product above is G GEMMs over the matching row blocks of W, im2col(x_n) and g_n (block-diagonal
 // W, never materialised).
@@ -33,6 +33,7 @@
 
 #include <typegrad/core/cpu/buffer_pool.hpp>
 #include <typegrad/core/cpu/gemm.hpp>
+#include <typegrad/core/cpu/simd.hpp>
 #include <typegrad/core/cpu/thread_pool.hpp>
 #include <typegrad/core/error.hpp>
 #include <typegrad/ops/arithmetic.hpp>
@@ -67,12 +68,23 @@ struct conv_geometry {
     std::size_t pixels() const { return ho * wo; }
 };
 
-// im2col elements per chunk of images (2^21: 8 MB of float, within L2/L3 reach of the GEMM's
-// blocks); a chunk takes at least one image.
-inline constexpr std::size_t conv_chunk_elements = std::size_t(1) << 21;
-inline std::size_t conv_chunk_images(const conv_geometry& g) {
+// im2col elements per chunk of images and thread (2^18: 1 MiB of float, so that the buffer the
+// GEMM packs from, written just before, is still in the core's L2; 2^21 made a one-thread CNN
+// step 12-15% slower, benchmarks/README.md); a chunk takes at least one image.
+inline constexpr std::size_t conv_chunk_elements = std::size_t(1) << 18;
+// The images of a chunk, for `threads` threads. The forward and the input gradient compute each
+// column of a chunk's product alone (the same FMA chain over k whatever the chunk), so their chunk
+// grows with the threads; the weight gradient sums chunk after chunk and takes one (its order
+// then depends on the extents alone). A product one column wide goes another way (the
+// matrix-vector path): one-pixel outputs keep the one-thread chunk.
+// A chunk also spans at least conv_chunk_columns output pixels: the packed GEMM computes whole
+// micro-panels of columns, and one image of 14 x 14 (196 columns) was 14% padding.
+inline constexpr std::size_t conv_chunk_columns = 1024;
+inline std::size_t conv_chunk_images(const conv_geometry& g, std::size_t threads = 1) {
     const std::size_t per = std::max<std::size_t>(1, g.ckk() * g.pixels());
-    return std::clamp<std::size_t>(conv_chunk_elements / per, 1, std::max<std::size_t>(1, g.n));
+    const std::size_t elements = conv_chunk_elements * (g.pixels() > 1 ? std::max<std::size_t>(1, threads) : 1);
+    const std::size_t wide = (conv_chunk_columns + g.pixels() - 1) / std::max<std::size_t>(1, g.pixels());
+    return std::clamp<std::size_t>(std::max(elements / per, wide), 1, std::max<std::size_t>(1, g.n));
 }
 
 // A strided rank-4 operand as a dense buffer of C.
@@ -119,6 +131,15 @@ inline void conv_inner_columns(const conv_geometry& g, std::size_t j, std::size_
     hi = g.w - 1 + g.pw < off ? 0 : std::min(g.wo, (g.w - 1 + g.pw - off) / g.sw + 1);
     lo = std::min(lo, hi);
 }
+// dst[0, n) = src[0, n) in registers: im2col copies runs of an output row (a few dozen elements),
+// for which a memmove call apiece cost more than the copy
+template <class C>
+inline void copy_run(const C* src, C* dst, std::size_t n) {
+    constexpr std::size_t W = simd::width<C>;
+    std::size_t k = 0;
+    for (; k + W <= n; k += W) simd::store(dst + k, simd::load(src + k));
+    if (k < n) simd::store_upto(dst + k, simd::load_upto(src + k, n - k), n - k);
+}
 // col [C * KH * KW, Ho * Wo] of image x (dense [C, H, W]), rows ld apart (ld >= Ho * Wo: the
 // image's block of a chunk's buffer); channels [c0, c1) only
 template <class C>
@@ -136,11 +157,11 @@ void im2col(const conv_geometry& g, const C* x, C* col, std::size_t ld, std::siz
                         std::fill_n(d, g.wo, C(0));
                         continue;
                     }
-                    std::fill_n(d, lo, C(0));
-                    std::fill_n(d + hi, g.wo - hi, C(0));
+                    for (std::size_t ow = 0; ow < lo; ++ow) d[ow] = C(0);  // a padding's width: a few
+                    for (std::size_t ow = hi; ow < g.wo; ++ow) d[ow] = C(0);
                     if (lo == hi) continue;
                     const C* src = x + (c * g.h + std::size_t(ih)) * g.w + (j * g.dw + lo * g.sw - g.pw);
-                    if (g.sw == 1) std::copy_n(src, hi - lo, d + lo);
+                    if (g.sw == 1) copy_run(src, d + lo, hi - lo);
                     else
                         for (std::size_t ow = lo; ow < hi; ++ow) d[ow] = src[(ow - lo) * g.sw];
                 }
@@ -547,7 +568,7 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
             y.store(out);
             return;
         }
-        const std::size_t nb = conv_chunk_images(g);
+        const std::size_t nb = conv_chunk_images(g, num_threads());
         pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
         for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
             const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
@@ -635,7 +656,7 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         const auto gy = dense_input_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto w = dense_input_of<C, typename W::value_type, buffer_t<W>>(in[1]);
         dense_output<C, T> dx(out, g.n * g.c * g.h * g.w);
-        const std::size_t nb = conv_chunk_images(g);
+        const std::size_t nb = conv_chunk_images(g, num_threads());
         pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
         std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));  // after the buffers: nothing written if they throw
         for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {

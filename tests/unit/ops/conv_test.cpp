@@ -213,11 +213,13 @@ TEST_CASE("conv2d under CPU bf16 autocast: lower precision, then pooling in bf16
 
 TEST_CASE("conv2d over several chunks of images (the last one partial): values and both gradients",
           "[ops][conv][gradient]") {
-    // 16 channels of 70 x 70 with a 3 x 3 kernel: 144 x 4900 im2col elements per image, so a chunk
-    // holds two images and three images make a full chunk and a partial one; groups 2, padding 1
-    constexpr std::size_t n = 3, c = 16, h = 70, o = 4;
+    // 16 channels of 30 x 30 with a 3 x 3 kernel: 144 x 900 im2col elements per image, so a chunk
+    // (of one thread) holds two images and three images make a full chunk and a partial one;
+    // groups 2, padding 1
+    constexpr std::size_t n = 3, c = 16, h = 30, o = 4;
     const tg::detail::conv_geometry geo{n, c, h, h, o, 3, 3, h, h, 1, 1, 1, 1, 1, 1, 2};
     REQUIRE(tg::detail::conv_chunk_images(geo) == 2);
+    REQUIRE(tg::detail::conv_chunk_images(geo, 2) == 3);
     constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, c, h, h>>;
     constexpr auto w = tg::param<"w", double, tg::shape<o, c / 2, 3, 3>>;
     constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, o, h, h>>;
