@@ -131,6 +131,25 @@ inline void conv_inner_columns(const conv_geometry& g, std::size_t j, std::size_
     hi = g.w - 1 + g.pw < off ? 0 : std::min(g.wo, (g.w - 1 + g.pw - off) / g.sw + 1);
     lo = std::min(lo, hi);
 }
+// Stride 1 and "same" width (W = Wo: 2 pw = dw (KW - 1)): output row oh of tap row i reads input
+// row oh + i dh - ph at the same pitch, so the rows [oh0, oh1) inside the image are one run of the
+// plane (shifted by the tap's column). False otherwise.
+inline bool conv_same_rows(const conv_geometry& g, std::size_t i, std::size_t& oh0, std::size_t& oh1) {
+    if (g.sh != 1 || g.sw != 1 || g.w != g.wo) return false;
+    const std::ptrdiff_t shift = std::ptrdiff_t(i * g.dh) - std::ptrdiff_t(g.ph);  // ih = oh + shift
+    oh0 = std::size_t(std::clamp<std::ptrdiff_t>(-shift, 0, std::ptrdiff_t(g.ho)));
+    oh1 = std::size_t(std::clamp<std::ptrdiff_t>(std::ptrdiff_t(g.h) - shift, std::ptrdiff_t(oh0), std::ptrdiff_t(g.ho)));
+    return true;
+}
+// columns [0, lo) and [hi, Wo) of rows [oh0, oh1) of a tap's row: 0
+template <class C>
+void conv_zero_edges(const conv_geometry& g, C* row, std::size_t oh0, std::size_t oh1, std::size_t lo, std::size_t hi) {
+    for (std::size_t oh = oh0; oh < oh1; ++oh) {
+        C* d = row + oh * g.wo;
+        for (std::size_t ow = 0; ow < lo; ++ow) d[ow] = C(0);
+        for (std::size_t ow = std::max(lo, hi); ow < g.wo; ++ow) d[ow] = C(0);
+    }
+}
 // dst[0, n) = src[0, n) in registers: im2col copies runs of an output row (a few dozen elements),
 // for which a memmove call apiece cost more than the copy
 template <class C>
@@ -150,6 +169,19 @@ void im2col(const conv_geometry& g, const C* x, C* col, std::size_t ld, std::siz
                 C* dst = col + ((c * g.kh + i) * g.kw + j) * ld;
                 std::size_t lo, hi;
                 conv_inner_columns(g, j, lo, hi);
+                std::size_t oh0, oh1;
+                if (conv_same_rows(g, i, oh0, oh1)) {
+                    // the tap's rows are one run of the input plane, shifted: copied at once, then
+                    // the columns that read padding (or, in the run, a neighbouring row) zeroed
+                    std::fill_n(dst, oh0 * g.wo, C(0));
+                    std::fill_n(dst + oh1 * g.wo, (g.ho - oh1) * g.wo, C(0));
+                    if (oh0 == oh1) continue;
+                    const std::size_t first = oh0 * g.wo + lo, last = (oh1 - 1) * g.wo + hi;
+                    if (lo < hi)
+                        copy_run(x + (c * g.h + oh0 + i * g.dh - g.ph) * g.w + lo + j * g.dw - g.pw, dst + first, last - first);
+                    conv_zero_edges(g, dst, oh0, oh1, lo, hi);
+                    continue;
+                }
                 for (std::size_t oh = 0; oh < g.ho; ++oh) {
                     const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
                     C* d = dst + oh * g.wo;
@@ -169,13 +201,26 @@ void im2col(const conv_geometry& g, const C* x, C* col, std::size_t ld, std::siz
 }
 // x (dense [C, H, W]) += col2im(col), col's rows ld apart; channels [c0, c1) only
 template <class C>
-void col2im_add(const conv_geometry& g, const C* col, C* x, std::size_t ld, std::size_t c0, std::size_t c1) {
+void col2im_add(const conv_geometry& g, C* col, C* x, std::size_t ld, std::size_t c0, std::size_t c1) {
     for (std::size_t c = c0; c < c1; ++c)
         for (std::size_t i = 0; i < g.kh; ++i)
             for (std::size_t j = 0; j < g.kw; ++j) {
-                const C* srcc = col + ((c * g.kh + i) * g.kw + j) * ld;
+                C* srcc = col + ((c * g.kh + i) * g.kw + j) * ld;
                 std::size_t lo, hi;
                 conv_inner_columns(g, j, lo, hi);
+                std::size_t oh0, oh1;
+                if (conv_same_rows(g, i, oh0, oh1)) {
+                    // one run, as im2col's: the entries standing for padding (col is the caller's
+                    // scratch) zeroed first, so the run adds +0 where it crosses a row's edge, which
+                    // leaves every sum as it was (the sums start at +0, so none is -0)
+                    if (oh0 == oh1 || lo >= hi) continue;
+                    conv_zero_edges(g, srcc, oh0, oh1, lo, hi);
+                    const std::size_t first = oh0 * g.wo + lo, last = (oh1 - 1) * g.wo + hi;
+                    C* dst = x + (c * g.h + oh0 + i * g.dh - g.ph) * g.w + lo + j * g.dw - g.pw;
+                    const C* s = srcc + first;
+                    for (std::size_t e = 0; e < last - first; ++e) dst[e] += s[e];
+                    continue;
+                }
                 for (std::size_t oh = 0; oh < g.ho; ++oh) {
                     const std::ptrdiff_t ih = std::ptrdiff_t(oh * g.sh + i * g.dh) - std::ptrdiff_t(g.ph);
                     if (ih < 0 || ih >= std::ptrdiff_t(g.h) || lo == hi) continue;
@@ -200,7 +245,7 @@ void im2col_chunk(const conv_geometry& g, const C* x, std::size_t n0, std::size_
     });
 }
 template <class C>
-void col2im_chunk_add(const conv_geometry& g, const C* col, std::size_t n0, std::size_t nb, C* x) {
+void col2im_chunk_add(const conv_geometry& g, C* col, std::size_t n0, std::size_t nb, C* x) {
     parallel_ranges(g.c, g.kh * g.kw * nb * g.pixels(), [&](std::size_t c0, std::size_t c1) {
         for (std::size_t i = 0; i < nb; ++i)
             col2im_add(g, col + i * g.pixels(), x + (n0 + i) * g.c * g.h * g.w, nb * g.pixels(), c0, c1);
