@@ -315,14 +315,13 @@ struct pool_op : kernel_op_base {
                         // every element of a window written (0 + g: as the scalar scatter into
                         // zeros, -0 gives +0); the rest zeroed only when a row or column is left over
                         if (g.h % 2 != 0 || g.w % 2 != 0) std::fill_n(plane, g.h * g.w, C(0));
-                        const C* xp = x + p * g.h * g.w;
                         pool2_blocks<C>(g, p, [&](std::size_t o, std::size_t i, std::size_t j0, std::size_t cnt) {
                             const simd::batch<C> zero(C(0));
                             simd::batch<C> d[4];
                             if constexpr (Max) {
                                 const simd::batch<C> gv = zero + simd::load_upto(gy + o, cnt);
                                 simd::batch<C> v[4], m, code;
-                                pool2_windows(xp, g.w, i, j0, cnt, v);
+                                pool2_windows(x + p * g.h * g.w, g.w, i, j0, cnt, v);  // (avg reads no x)
                                 pool2_max(v, m, code);
                                 for (std::size_t k = 0; k < 4; ++k) d[k] = simd::select(code == simd::batch<C>(C(k)), gv, zero);
                             } else {
