@@ -230,29 +230,6 @@ inline void pack_copy(std::size_t kc, std::size_t len, const T* src, std::size_t
     }
 }
 
-// dst[q * ldd + l] = src[l * lds + q] for l, q < 8 (float): the usual three rounds of shuffles
-// (pairs of rows interleaved, then pairs of pairs, then halves), as GCC/clang vector extensions.
-[[gnu::always_inline]] inline void transpose_8x8(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
-    using V = float __attribute__((vector_size(32)));
-    V r[8], t[8], u[8];
-    for (std::size_t l = 0; l < 8; ++l) std::memcpy(&r[l], src + l * lds, sizeof(V));
-    for (std::size_t l = 0; l < 8; l += 2) {
-        t[l] = __builtin_shufflevector(r[l], r[l + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-        t[l + 1] = __builtin_shufflevector(r[l], r[l + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-    }
-    for (std::size_t l = 0; l < 8; l += 4)
-        for (std::size_t h = 0; h < 2; ++h) {
-            u[l + 2 * h] = __builtin_shufflevector(t[l + h], t[l + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-            u[l + 2 * h + 1] = __builtin_shufflevector(t[l + h], t[l + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-        }
-    for (std::size_t q = 0; q < 4; ++q) {
-        const V lo = __builtin_shufflevector(u[q], u[q + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-        const V hi = __builtin_shufflevector(u[q], u[q + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-        std::memcpy(dst + q * ldd, &lo, sizeof(V));
-        std::memcpy(dst + (q + 4) * ldd, &hi, sizeof(V));
-    }
-}
-
 // Lanes are strided: row l of src holds lane l for p = 0..kc (A not transposed, B transposed).
 // Groups of G lanes walk their rows in step: G read streams, G-element runs written (2.3x
 // faster than one lane at a time for R = 32, and no slower for R = 8).
@@ -268,7 +245,7 @@ inline void pack_gather(std::size_t kc, std::size_t len, const T* src, std::size
             const T* rows = src + (l0 + g) * ld;
             std::size_t p = 0;
             if constexpr (std::is_same_v<T, float> && G == 8)
-                for (; p + 8 <= kc; p += 8) transpose_8x8(rows + p, ld, out + p * R + g, R);
+                for (; p + 8 <= kc; p += 8) simd::transpose_8x8(rows + p, ld, out + p * R + g, R);
             for (; p < kc; ++p) {
                 T* dst = out + p * R + g;
                 unroll<G>([&](auto l) { dst[l] = rows[l * ld + p]; });
