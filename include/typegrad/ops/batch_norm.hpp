@@ -12,8 +12,11 @@
 // rm = (1 - momentum) rm + momentum mean, rv = (1 - momentum) rv + momentum var * n / (n - 1)
 // (the unbiased variance), written into the caller's rm and rv buffers (tg::input leaves of shape
 // [C]). The update is a custom op that declares the data mutation of those two inputs
-// (ops/custom.hpp, forward_mutates): its output is the normalised value itself, and the statistics
-// are recomputed from x in double, once per forward. rm and rv must have x's dtype.
+// (ops/custom.hpp, forward_mutates) and no gradient, recomputing the statistics from x in double
+// once per forward. Its output is a scalar -0 added to the normalised value (y + -0 is y, bit for
+// bit, for every y): the addition orders the update before y's readers and costs one operand of
+// y's fused loop, where passing y through the op had copied y, and detaching x had copied x.
+// rm and rv must have x's dtype.
 //
 // Autocast: on no PyTorch list (promote); the statistics run in f32 for bf16/f16 input anyway.
 #include <bit>
@@ -88,16 +91,20 @@ constexpr auto batch_normalize_plain(X x) {
     return value_with_vjp<batch_norm_backward<Eps>>(batch_normalize<Eps>(xf), xf);
 }
 
-// y passes through; rm and rv get the running-average update from x's batch statistics.
+// rm and rv get the running-average update from x's batch statistics; the output is -0.
 template <std::uint64_t MomentumBits>
 struct batch_norm_running_update {
-    static constexpr auto forward_mutates = mutates(data<2>, data<3>);
+    static constexpr auto forward_mutates = mutates(data<1>, data<2>);
+    static constexpr bool differentiable = false;  // statistics: no gradient, and x needs no detach
     static constexpr double momentum = std::bit_cast<double>(MomentumBits);
+    template <class X, class... Rs>
+    struct result {
+        using value_type = typename X::value_type;
+        using shape_type = scalar_shape;
+    };
     template <class Ctx>
     static void forward(Ctx& ctx) {
-        auto [y, x, rm, rv] = ctx.inputs();
-        auto out = ctx.output();
-        for (std::size_t i = 0; i < out.size(); ++i) out[i] = y[i];
+        auto [x, rm, rv] = ctx.inputs();
         const auto ext = x.extents();
         const std::size_t n = ext[0], c = ext[1];
         std::size_t inner = 1;
@@ -122,6 +129,7 @@ struct batch_norm_running_update {
                 rvp[ch] = T((1 - momentum) * double(rvp[ch]) + momentum * var);
             }
         });
+        ctx.output()[0] = T(-0.0);
     }
     // The sum over channel ch of [n, c, inner] x of x, or of (x - mu)^2, in double over eight lanes
     // (element k of the channel into lane k mod 8, whatever the rows).
@@ -143,11 +151,6 @@ struct batch_norm_running_update {
             for (; e < inner; ++e, l = (l + 1) % lanes) add(l, row[e]);
         }
         return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    }
-    template <std::size_t I, class G, class Out, class... Xs>
-    static constexpr auto vjp(G g, Out, Xs...) {
-        static_assert(I == 0, "typegrad: internal: batch_norm's statistics carry no gradient");
-        return g;
     }
 };
 
@@ -203,8 +206,7 @@ constexpr auto batch_norm(X x, RM running_mean, RV running_var, W w, B b) {
     constexpr std::size_t R = X::shape_type::rank;
     if constexpr (Training) {
         auto y = batch_norm<Eps>(x, w, b);
-        return custom<detail::batch_norm_running_update<Momentum.bits>>(y, contiguous(detach(x)), running_mean,
-                                                                         running_var);
+        return y + custom<detail::batch_norm_running_update<Momentum.bits>>(contiguous(x), running_mean, running_var);
     } else {
         using detail::per_channel;
         auto inv = lit<1> / sqrt(per_channel<R>(detail::widened(running_var)) + lit<Eps>);

@@ -28,6 +28,7 @@
 // Extents: static ones are checked at compile time; dynamic ones when bound (tg::shape_error
 // before anything is written): C must agree, and the padded input must hold one window.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <type_traits>
 
@@ -277,11 +278,34 @@ void rows_to_images(const conv_geometry& g, const C* rows, std::size_t n0, std::
 // standing for it, which is the same unless the other operand holds an infinity or NaN (0 * inf
 // is NaN): then these direct loops, which skip the padding, run instead (docs/reliability.md,
 // finding 19).
+// The scan sums v - v (0 for a finite v; NaN for an infinity or NaN, and no sum makes a NaN
+// finite) at SIMD width, block by block over the pool, stopping at the first block that holds
+// one: the element-wise early exit ran at one element a cycle on the calling thread alone, 4% of
+// a two-thread CNN step.
+template <class C>
+bool finite_block(const C* v, std::size_t m) {
+    using B = simd::batch<C>;
+    constexpr std::size_t w = simd::width<C>;
+    B a0(C(0)), a1(C(0));
+    std::size_t e = 0;
+    for (; e + 2 * w <= m; e += 2 * w) {
+        const B x0 = simd::load(v + e), x1 = simd::load(v + e + w);
+        a0 += x0 - x0;
+        a1 += x1 - x1;
+    }
+    C tail(0);
+    for (; e < m; ++e) tail += v[e] - v[e];
+    return simd::reduce_sum(a0 + a1) + tail == C(0);
+}
 template <class C>
 bool all_finite(const C* v, std::size_t n) {
-    for (std::size_t e = 0; e < n; ++e)
-        if (!(v[e] - v[e] == C(0))) return false;
-    return true;
+    constexpr std::size_t block = 4096;
+    std::atomic<bool> finite{true};
+    parallel_ranges((n + block - 1) / block, block, [&](std::size_t b0, std::size_t b1) {
+        for (std::size_t b = b0; b < b1 && finite.load(std::memory_order_relaxed); ++b)
+            if (!finite_block(v + b * block, std::min(block, n - b * block))) finite.store(false, std::memory_order_relaxed);
+    });
+    return finite.load();
 }
 // y [N, O, Ho, Wo] = conv(x [N, C, H, W], w [O, C / groups, KH, KW]); output channel o reads
 // the input channels of its group.

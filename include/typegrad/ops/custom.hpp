@@ -19,6 +19,9 @@
 // as_strided_, set_ are static_asserts), and declaring tg::metadata<I> is rejected too. An op
 // may give `template <std::size_t I, class G, class Out, class... Xs> static constexpr auto
 // vjp(G, Out, Xs...)` as expressions instead of backward(): then it is differentiable again.
+// An op that declares `static constexpr bool differentiable = false` gives an output that carries
+// no gradient (ctx.mark_non_differentiable): it needs no backward, and its inputs need no
+// tg::detach (a detach of a computed value is a copy).
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -382,8 +385,15 @@ struct custom_device {
 
 // (the device: custom_device, the op's device_forward statements)
 template <class Op>
+constexpr bool custom_differentiable() {
+    if constexpr (requires { Op::differentiable; }) return bool(Op::differentiable);
+    else return true;
+}
+
+template <class Op>
 struct custom_forward_op : kernel_op_base, custom_device<Op, false> {
     static constexpr const char* name = "custom";
+    static constexpr bool differentiable = custom_differentiable<Op>();
     static constexpr std::size_t extra_bytes = saved_of<Op>::bytes;
     using op = Op;
     // inspect/describe.hpp's extension point: the declared mutations, in red in to_dot()

@@ -337,3 +337,36 @@ TEST_CASE("conv2d with groups and dilation: the direct loops for non-finite oper
                              tg::grad_into(w, gw_got));
     for (std::size_t i = 8; i < 32; ++i) CHECK(gw_got[i] == Approx(gw_ref[i]).epsilon(1e-12));
 }
+
+TEST_CASE("conv's finiteness scan finds one infinity or NaN anywhere, on one thread and on two",
+          "[ops][conv][edge]") {
+    // all_finite picks the direct loops (above); it scans in blocks of 4096 at SIMD width, with a
+    // scalar tail per block, the blocks split over the pool.
+    const auto scan = [](auto zero) {
+        using C = decltype(zero);
+        const C bad[] = {std::numeric_limits<C>::infinity(), -std::numeric_limits<C>::infinity(),
+                         std::numeric_limits<C>::quiet_NaN()};
+        for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(13), std::size_t(4096),
+                                    std::size_t(4099), std::size_t(70001)}) {
+            std::vector<C> v(n);
+            for (std::size_t i = 0; i < n; ++i) v[i] = C(std::sin(0.1 * double(i))) * C(1e30);  // large, finite
+            CHECK(tg::detail::all_finite(v.data(), n));
+            for (const std::size_t at_ : {std::size_t(0), std::size_t(7), std::size_t(4095), std::size_t(4096),
+                                          std::size_t(4098), std::size_t(65537), n - 1})
+                for (const C b : bad) {
+                    if (at_ >= n) continue;
+                    const C keep = v[at_];
+                    v[at_] = b;
+                    CHECK_FALSE(tg::detail::all_finite(v.data(), n));
+                    v[at_] = keep;
+                }
+        }
+        CHECK(tg::detail::all_finite(std::vector<C>(5000, std::numeric_limits<C>::max()).data(), 5000));
+    };
+    for (const std::size_t threads : {1, 2}) {
+        tg::set_num_threads(threads);
+        scan(0.f);
+        scan(0.0);
+    }
+    tg::set_num_threads(0);
+}

@@ -84,6 +84,17 @@ struct straight_through_round {
     template <std::size_t I, class G, class Out, class X>
     static constexpr auto vjp(G g, Out, X) { return g; }
 };
+
+// round(x), declared to carry no gradient (ctx.mark_non_differentiable): no backward, no vjp.
+struct rounded_no_grad {
+    static constexpr bool differentiable = false;
+    template <class Ctx>
+    static void forward(Ctx& ctx) {
+        auto out = ctx.output();
+        auto [x] = ctx.inputs();
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = std::round(x[i]);
+    }
+};
 }  // namespace
 
 TEST_CASE("a backward that mutates a forward input: f(a, b) = a * F(b)", "[custom][mutation]") {
@@ -140,6 +151,21 @@ TEST_CASE("custom ops compose with fused neighbours and higher order", "[custom]
     std::vector<double> h(4);
     tg::compile(gg, tg::wrt(v)).value_and_grad(tg::bind(v, vd), tg::grad_into(v, h));
     for (int i = 0; i < 4; ++i) CHECK_THAT(h[i], Catch::Matchers::WithinRel(std::exp(vd[i]) * (std::round(vd[i]) + 2), 1e-14));
+}
+
+TEST_CASE("a custom op declared not differentiable: its value flows, no gradient, its input needs no detach",
+          "[custom]") {
+    constexpr auto v = tg::param<"v", double, tg::shape<4>>;
+    auto r = tg::custom<rounded_no_grad>(v);
+    STATIC_REQUIRE(decltype(v)::requires_grad);
+    STATIC_REQUIRE_FALSE(decltype(r)::requires_grad);
+    std::vector<double> vd{0.2, 1.7, -0.6, 2.4}, g(4);
+    // d/dv sum(v^2 + v round(v)) with round(v) held constant: 2 v + round(v)
+    const double l = tg::compile(tg::sum(v * v + v * r), tg::wrt(v)).value_and_grad(tg::bind(v, vd), tg::grad_into(v, g));
+    double expect = 0;
+    for (int i = 0; i < 4; ++i) expect += vd[i] * vd[i] + vd[i] * std::round(vd[i]);
+    CHECK_THAT(l, Catch::Matchers::WithinRel(expect, 1e-14));
+    for (int i = 0; i < 4; ++i) CHECK_THAT(g[i], Catch::Matchers::WithinRel(2 * vd[i] + std::round(vd[i]), 1e-15));
 }
 
 TEST_CASE("a custom op rejects a strided input before writing, and takes tg::contiguous of it", "[custom][errors]") {
