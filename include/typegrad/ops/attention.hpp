@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -395,13 +394,7 @@ struct attention_batches {
     template <class F>
     void run(F&& fn) const {
         if (slots == 1) return fn(std::size_t(0), std::size_t(0), n);
-        thread_local std::deque<gemm_impl::thread_buffers<C>> packing;  // (slot-indexed; grows, never shrinks)
-        while (packing.size() < slots) packing.emplace_back();
-        std::deque<gemm_impl::thread_buffers<C>>* const mine = &packing;  // (in a task, `packing` names the worker's)
-        default_thread_pool().parallel_for(slots, threads, [&](std::size_t t) {
-            const gemm_impl::scoped_pack_buffers<C> own((*mine)[t]);
-            fn(t, t * per, std::min(n, (t + 1) * per));
-        });
+        gemm_impl::parallel_slots<C>(slots, threads, [&](std::size_t t) { fn(t, t * per, std::min(n, (t + 1) * per)); });
     }
 };
 

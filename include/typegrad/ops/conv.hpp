@@ -13,8 +13,8 @@
 //   conv2d_weight   dW   = sum_n g_n . im2col(x_n)^T  (the VJP for W)
 // Images go in chunks: the im2col blocks of a chunk's images sit side by side ([C KH KW, nb Ho Wo]),
 // so each product is one GEMM with nb times the columns (small images were one narrow GEMM each;
-// the wide one is threaded and packs W once per chunk). A chunk holds as many images as fit
-// conv_chunk_elements of im2col per thread (the weight gradient: one thread), at least one.
+// the wide one packs W once per chunk). A chunk holds as many images as fit conv_chunk_elements
+// of im2col, at least one; on several threads the chunks go in waves, one per thread (conv_waves).
 // With G groups, channels [g C/G, (g+1) C/G) meet only output channels [g O/G, (g+1) O/G): each
 // product above is G GEMMs over the matching row blocks of W, im2col(x_n) and g_n (block-diagonal
 // W, never materialised).
@@ -69,24 +69,48 @@ struct conv_geometry {
     std::size_t pixels() const { return ho * wo; }
 };
 
-// im2col elements per chunk of images and thread (2^18: 1 MiB of float, so that the buffer the
-// GEMM packs from, written just before, is still in the core's L2; 2^21 made a one-thread CNN
-// step 12-15% slower, benchmarks/README.md); a chunk takes at least one image.
+// im2col elements per chunk of images (2^18: 1 MiB of float, so that the buffer the GEMM packs
+// from, written just before, is still in the core's L2; 2^21 made a one-thread CNN step 12-15%
+// slower, benchmarks/README.md); a chunk takes at least one image. The chunk depends on the
+// extents only, so the weight gradient, which sums chunk after chunk, has one order on any
+// number of threads.
 inline constexpr std::size_t conv_chunk_elements = std::size_t(1) << 18;
-// The images of a chunk, for `threads` threads. The forward and the input gradient compute each
-// column of a chunk's product alone (the same FMA chain over k whatever the chunk), so their chunk
-// grows with the threads; the weight gradient sums chunk after chunk and takes one (its order
-// then depends on the extents alone). A product one column wide goes another way (the
-// matrix-vector path): one-pixel outputs keep the one-thread chunk.
 // A chunk also spans at least conv_chunk_columns output pixels: the packed GEMM computes whole
 // micro-panels of columns, and one image of 14 x 14 (196 columns) was 14% padding.
 inline constexpr std::size_t conv_chunk_columns = 1024;
-inline std::size_t conv_chunk_images(const conv_geometry& g, std::size_t threads = 1) {
+inline std::size_t conv_chunk_images(const conv_geometry& g) {
     const std::size_t per = std::max<std::size_t>(1, g.ckk() * g.pixels());
-    const std::size_t elements = conv_chunk_elements * (g.pixels() > 1 ? std::max<std::size_t>(1, threads) : 1);
     const std::size_t wide = (conv_chunk_columns + g.pixels() - 1) / std::max<std::size_t>(1, g.pixels());
-    return std::clamp<std::size_t>(std::max(elements / per, wide), 1, std::max<std::size_t>(1, g.n));
+    return std::clamp<std::size_t>(std::max(conv_chunk_elements / per, wide), 1, std::max<std::size_t>(1, g.n));
 }
+
+// A convolution's chunks, on several threads in waves of one chunk per thread: each chunk's
+// im2col, copies and products run on one thread, the chunk in that core's L2, with one wake-up
+// a wave (splitting each of them over the threads had woken the pool for every one, and a
+// product of few outputs, the first layer's 9 x 16 weight gradient, had run on one thread).
+// One chunk (a small batch) splits its work over the threads instead.
+struct conv_waves {
+    std::size_t n, nb, chunks, slots = 1;
+    explicit conv_waves(const conv_geometry& g)
+        : n(g.n), nb(conv_chunk_images(g)), chunks((g.n + nb - 1) / nb) {
+        if (chunks > 1 && g.n * g.ckk() * g.pixels() >= parallel_min_work) slots = std::min(chunks, num_threads());
+    }
+    // fn(slot, n0, count, gemm_threads) for every chunk [n0, n0 + count), then after(wave) for
+    // each wave of `wave` chunks (slots 0 .. wave - 1), in order
+    template <class C, class F, class After>
+    void run(F&& fn, After&& after) const {
+        for (std::size_t k0 = 0; k0 < chunks; k0 += slots) {
+            const std::size_t wave = std::min(slots, chunks - k0);
+            const auto one = [&](std::size_t t, std::size_t threads) {
+                const std::size_t n0 = (k0 + t) * nb;
+                fn(t, n0, std::min(nb, n - n0), threads);
+            };
+            if (wave == 1) one(0, 0);
+            else gemm_impl::parallel_slots<C>(wave, wave, [&](std::size_t t) { one(t, 1); });
+            after(wave);
+        }
+    }
+};
 
 // A strided rank-4 operand as a dense buffer of C.
 // (Kernel temporaries come from the per-thread buffer pool: fresh vectors of this size were
@@ -236,20 +260,29 @@ void col2im_add(const conv_geometry& g, C* col, C* x, std::size_t ld, std::size_
 }
 
 // The chunk [n0, n0 + nb)'s im2col ([C KH KW, nb Ho Wo]: image i in columns [i Ho Wo, (i + 1) Ho Wo))
-// and its col2im: every channel writes only its own rows (im2col) or its own planes (col2im), so
-// the channels are split over the thread pool with the results of one thread.
+// and its col2im: every (image, channel) pair writes only its own block of rows (im2col) or its
+// own plane (col2im), so the pairs are split over the thread pool with the results of one
+// thread (pairs, not channels: a one-channel first layer has only its images to split).
+template <class F>
+void for_each_image_channels(const conv_geometry& g, std::size_t nb, F&& fn) {
+    parallel_ranges(nb * g.c, g.kh * g.kw * g.pixels(), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1;) {
+            const std::size_t i = r / g.c, c0 = r % g.c, c1 = std::min(g.c, c0 + (r1 - r));
+            fn(i, c0, c1);
+            r += c1 - c0;
+        }
+    });
+}
 template <class C>
 void im2col_chunk(const conv_geometry& g, const C* x, std::size_t n0, std::size_t nb, C* col) {
-    parallel_ranges(g.c, g.kh * g.kw * nb * g.pixels(), [&](std::size_t c0, std::size_t c1) {
-        for (std::size_t i = 0; i < nb; ++i)
-            im2col(g, x + (n0 + i) * g.c * g.h * g.w, col + i * g.pixels(), nb * g.pixels(), c0, c1);
+    for_each_image_channels(g, nb, [&](std::size_t i, std::size_t c0, std::size_t c1) {
+        im2col(g, x + (n0 + i) * g.c * g.h * g.w, col + i * g.pixels(), nb * g.pixels(), c0, c1);
     });
 }
 template <class C>
 void col2im_chunk_add(const conv_geometry& g, C* col, std::size_t n0, std::size_t nb, C* x) {
-    parallel_ranges(g.c, g.kh * g.kw * nb * g.pixels(), [&](std::size_t c0, std::size_t c1) {
-        for (std::size_t i = 0; i < nb; ++i)
-            col2im_add(g, col + i * g.pixels(), x + (n0 + i) * g.c * g.h * g.w, nb * g.pixels(), c0, c1);
+    for_each_image_channels(g, nb, [&](std::size_t i, std::size_t c0, std::size_t c1) {
+        col2im_add(g, col + i * g.pixels(), x + (n0 + i) * g.c * g.h * g.w, nb * g.pixels(), c0, c1);
     });
 }
 // [N, O, P] images n0.. n0 + nb  <->  [O, nb P] (a chunk's GEMM layout; P = Ho Wo)
@@ -637,17 +670,21 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
             y.store(out);
             return;
         }
-        const std::size_t nb = conv_chunk_images(g, num_threads());
-        pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
-        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
-            const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
-            im2col_chunk(g, x.data, n0, cnt, col.data());
-            C* dst = cnt > 1 ? rows.data() : y.data + n0 * g.o * g.pixels();  // one image: its rows are y's
-            for (std::size_t b = 0; b < g.groups; ++b)
-                gemm(transpose::no, transpose::no, g.group_o(), ld, g.group_ckk(), w.data + b * g.group_o() * g.group_ckk(),
-                     g.group_ckk(), col.data() + b * g.group_ckk() * ld, ld, dst + b * g.group_o() * ld, ld, false);
-            if (cnt > 1) rows_to_images(g, rows.data(), n0, cnt, y.data);
-        }
+        const conv_waves waves(g);
+        const std::size_t col_n = g.ckk() * waves.nb * g.pixels(), rows_n = waves.nb > 1 ? g.o * waves.nb * g.pixels() : 0;
+        pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n);
+        waves.run<C>(
+            [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
+                const std::size_t ld = cnt * g.pixels();
+                C* const cc = col.data() + t * col_n;
+                im2col_chunk(g, x.data, n0, cnt, cc);
+                C* dst = cnt > 1 ? rows.data() + t * rows_n : y.data + n0 * g.o * g.pixels();  // one image: its rows are y's
+                for (std::size_t b = 0; b < g.groups; ++b)
+                    gemm(transpose::no, transpose::no, g.group_o(), ld, g.group_ckk(), w.data + b * g.group_o() * g.group_ckk(),
+                         g.group_ckk(), cc + b * g.group_ckk() * ld, ld, dst + b * g.group_o() * ld, ld, false, threads);
+                if (cnt > 1) rows_to_images(g, dst, n0, cnt, y.data);
+            },
+            [](std::size_t) {});
         y.store(out);
     }
     // The device (conv_device): per chunk of images, im2col, then y_n = W . col_n per group as
@@ -725,17 +762,21 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         const auto gy = dense_input_of<C, typename Gr::value_type, buffer_t<Gr>>(in[0]);
         const auto w = dense_input_of<C, typename W::value_type, buffer_t<W>>(in[1]);
         dense_output<C, T> dx(out, g.n * g.c * g.h * g.w);
-        const std::size_t nb = conv_chunk_images(g, num_threads());
-        pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
+        const conv_waves waves(g);
+        const std::size_t col_n = g.ckk() * waves.nb * g.pixels(), rows_n = waves.nb > 1 ? g.o * waves.nb * g.pixels() : 0;
+        pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n);
         std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));  // after the buffers: nothing written if they throw
-        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
-            const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
-            const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data());
-            for (std::size_t b = 0; b < g.groups; ++b)
-                gemm(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w.data + b * g.group_o() * g.group_ckk(),
-                     g.group_ckk(), src + b * g.group_o() * ld, ld, col.data() + b * g.group_ckk() * ld, ld, false);
-            col2im_chunk_add(g, col.data(), n0, cnt, dx.data);
-        }
+        waves.run<C>(
+            [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
+                const std::size_t ld = cnt * g.pixels();
+                C* const cc = col.data() + t * col_n;
+                const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data() + t * rows_n);
+                for (std::size_t b = 0; b < g.groups; ++b)
+                    gemm(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w.data + b * g.group_o() * g.group_ckk(),
+                         g.group_ckk(), src + b * g.group_o() * ld, ld, cc + b * g.group_ckk() * ld, ld, false, threads);
+                col2im_chunk_add(g, cc, n0, cnt, dx.data);
+            },
+            [](std::size_t) {});
         dx.store(out);
     }
     // The device: per chunk of images, W^T . g_n per group as one batched GEMM into the im2col
@@ -816,20 +857,26 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
         // packed once per block, and the small one (g: o x pixels) its B; dW = g im2col(x)^T
         // made the large operand B, repacked for every row panel of a small A (o rows): -15% of
         // a C = 64, 56x56 step, within noise at 14x14 (benchmarks/README.md, "Op benchmarks").
-        // A chunk of images is one product with nb Ho Wo as its k: the sum over the chunk's
-        // pixels, then chunk after chunk (a fixed order: the chunk size depends on the extents only).
-        const std::size_t nb = conv_chunk_images(g);
-        pooled_buffer<C> col(g.ckk() * nb * g.pixels()), rows(nb > 1 ? g.o * nb * g.pixels() : 0);
-        pooled_buffer<C> dwt(g.o * g.group_ckk(), C(0));
-        const std::size_t block = g.group_o() * g.group_ckk();
-        for (std::size_t n0 = 0; n0 < g.n; n0 += nb) {
-            const std::size_t cnt = std::min(nb, g.n - n0), ld = cnt * g.pixels();
-            im2col_chunk(g, x.data, n0, cnt, col.data());
-            const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data());
-            for (std::size_t b = 0; b < g.groups; ++b)
-                gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), ld, col.data() + b * g.group_ckk() * ld, ld,
-                     src + b * g.group_o() * ld, ld, dwt.data() + b * block, g.group_o(), true);
-        }
+        // A chunk of images is one product with nb Ho Wo as its k, into a partial dW^T; the
+        // partials are added chunk after chunk, wave after wave (conv_waves: a fixed order).
+        const conv_waves waves(g);
+        const std::size_t col_n = g.ckk() * waves.nb * g.pixels(), rows_n = waves.nb > 1 ? g.o * waves.nb * g.pixels() : 0;
+        const std::size_t block = g.group_o() * g.group_ckk(), whole = g.o * g.group_ckk();
+        pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n), part(waves.slots * whole), dwt(whole, C(0));
+        waves.run<C>(
+            [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
+                const std::size_t ld = cnt * g.pixels();
+                C* const cc = col.data() + t * col_n;
+                im2col_chunk(g, x.data, n0, cnt, cc);
+                const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data() + t * rows_n);
+                for (std::size_t b = 0; b < g.groups; ++b)
+                    gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), ld, cc + b * g.group_ckk() * ld, ld,
+                         src + b * g.group_o() * ld, ld, part.data() + t * whole + b * block, g.group_o(), false, threads);
+            },
+            [&](std::size_t wave) {
+                for (std::size_t t = 0; t < wave; ++t)
+                    for (std::size_t e = 0; e < whole; ++e) dwt[e] += part[t * whole + e];
+            });
         for (std::size_t b = 0; b < g.groups; ++b)
             for (std::size_t i = 0; i < g.group_ckk(); ++i)
                 for (std::size_t o = 0; o < g.group_o(); ++o)

@@ -6,6 +6,7 @@
 #include <special_values.hpp>
 
 #include <cmath>
+#include <cstring>
 
 namespace tg = typegrad;
 using tg::testing::inf;
@@ -214,21 +215,37 @@ TEST_CASE("conv2d under CPU bf16 autocast: lower precision, then pooling in bf16
 TEST_CASE("conv2d over several chunks of images (the last one partial): values and both gradients",
           "[ops][conv][gradient]") {
     // 16 channels of 30 x 30 with a 3 x 3 kernel: 144 x 900 im2col elements per image, so a chunk
-    // (of one thread) holds two images and three images make a full chunk and a partial one;
-    // groups 2, padding 1
+    // holds two images and three images make a full chunk and a partial one (on two threads, one
+    // wave of both); groups 2, padding 1
     constexpr std::size_t n = 3, c = 16, h = 30, o = 4;
     const tg::detail::conv_geometry geo{n, c, h, h, o, 3, 3, h, h, 1, 1, 1, 1, 1, 1, 2};
     REQUIRE(tg::detail::conv_chunk_images(geo) == 2);
-    REQUIRE(tg::detail::conv_chunk_images(geo, 2) == 3);
     constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, c, h, h>>;
     constexpr auto w = tg::param<"w", double, tg::shape<o, c / 2, 3, 3>>;
     constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, o, h, h>>;
     auto xv = uniform(n * c * h * h, -1.0, 1.0, 31), wv = uniform(o * c / 2 * 9, -1.0, 1.0, 32),
          qv = uniform(n * o * h * h, -1.0, 1.0, 33);
-    std::vector<double> gx(xv.size()), gw(wv.size());
-    const double v = tg::compile(tg::sum(tg::conv2d<1, 1, 1, 2>(x, w) * q), tg::wrt(x, w))
-                         .value_and_grad(tg::bind(x, xv, {n, c, h, h}), tg::bind(w, wv), tg::bind(q, qv, {n, o, h, h}),
-                                         tg::grad_into(x, gx), tg::grad_into(w, gw));
+    const auto step = tg::compile(tg::sum(tg::conv2d<1, 1, 1, 2>(x, w) * q), tg::wrt(x, w));
+    const auto run = [&](std::size_t threads, std::vector<double>& gx, std::vector<double>& gw) {
+        tg::set_num_threads(threads);
+        gx.assign(xv.size(), 0.0);
+        gw.assign(wv.size(), 0.0);
+        const double value = step.value_and_grad(tg::bind(x, xv, {n, c, h, h}), tg::bind(w, wv), tg::bind(q, qv, {n, o, h, h}),
+                                                 tg::grad_into(x, gx), tg::grad_into(w, gw));
+        tg::set_num_threads(0);
+        return value;
+    };
+    std::vector<double> gx, gw;
+    const double v = run(1, gx, gw);
+    // two and three threads: the chunks in one wave, each on its thread; the same bits
+    for (const std::size_t threads : {2, 3}) {
+        std::vector<double> hx, hw;
+        const double u = run(threads, hx, hw);
+        INFO(threads << " threads");
+        CHECK(std::memcmp(&u, &v, sizeof v) == 0);
+        CHECK(std::memcmp(hx.data(), gx.data(), gx.size() * sizeof(double)) == 0);
+        CHECK(std::memcmp(hw.data(), gw.data(), gw.size() * sizeof(double)) == 0);
+    }
     // the loss from the direct convolution; the gradients by their definitions: every product
     // x[a, ic, ih, iw] w[oc, k, p, r] of y[a, oc, i, j] contributes q[a, oc, i, j] times the other factor
     const auto y = ref_conv2d(xv, wv, n, c, h, h, o, 3, 3, 1, 1, 1, 1, {}, 1, 1, 2);

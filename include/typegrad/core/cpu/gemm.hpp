@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -198,6 +199,21 @@ public:
 private:
     thread_buffers<T>* previous_;
 };
+
+// Calls fn(t) for t in [0, n) on up to `threads` threads of the pool (n tasks at once), task t's
+// products packing into buffers the calling thread keeps for slot t (scoped_pack_buffers), so
+// that they grow in the first call only, whichever thread runs the task. Work a task splits over
+// the pool itself runs on the task's thread (the pool is busy).
+template <class T, class F>
+void parallel_slots(std::size_t n, std::size_t threads, F&& fn) {
+    thread_local std::deque<thread_buffers<T>> packing;  // (slot-indexed; grows, never shrinks)
+    while (packing.size() < n) packing.emplace_back();
+    std::deque<thread_buffers<T>>* const mine = &packing;  // (in a task, `packing` names the worker's)
+    default_thread_pool().parallel_for(n, threads, [&](std::size_t t) {
+        const scoped_pack_buffers<T> own((*mine)[t]);
+        fn(t);
+    });
+}
 
 // Packing: op(A) and op(B) are cut into micro-panels of R lanes (R = MR rows of op(A), or
 // R = NR columns of op(B)) by kc deep, each stored p-major (panel[p * R + lane]) and the panels
@@ -730,12 +746,14 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
 // or k x m when ta is transpose::yes (likewise B). C must not overlap A or B. When accumulate is
 // false C is only written, so it may hold anything (NaN included). Large products run on the
 // shared thread pool (detail::num_threads()). Throws only std::bad_alloc (packing buffers).
+// n_threads caps the threads (0: num_threads()).
 template <class T>
 void gemm(transpose ta, transpose tb, std::size_t m, std::size_t n, std::size_t k, const T* a,
-          std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate) {
+          std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate,
+          std::size_t n_threads = 0) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm takes float or double (bf16/f16: gemm_half.hpp)");
     gemm_impl::gemm_batched<T, gemm_impl::default_config<T>>(1, ta, tb, m, n, k, a, lda, 0, b, ldb, 0, c, ldc, 0,
-                                                             accumulate, 0);
+                                                             accumulate, n_threads);
 }
 
 // `batch` independent products; stride_a / stride_b / stride_c are the element distances between
