@@ -1,7 +1,8 @@
 // typegrad_e2e: one training step (value and gradient + optimizer) of the GPT and CNN examples'
 // models, typegrad against LibTorch eager, at 1 thread and at all hardware threads. Steps of the
 // two implementations alternate (warm-up first), so that a change of the machine's load hits
-// both; each figure is the median of the timed steps. Prints a Markdown table.
+// both; each figure is the median of the timed steps. Prints a Markdown table. --profile runs
+// one side alone (for perf record) and prints its median step per model.
 //
 //   typegrad_e2e [--steps N] [--threads 1,2] [--only gpt|cnn] [--quick] [--profile typegrad|torch]
 #include "e2e.hpp"
@@ -109,18 +110,25 @@ int main(int argc, char** argv) {
     std::vector<e2e::cnn_config> cnns{{12, 8, 8, 64}, {28, 16, 32, 128}};
     if (quick) gpts.resize(1), cnns.resize(1);
     if (!profile.empty()) {
+        // one side alone (for perf record, or for its time without the other's in the process:
+        // the median of the steps after two untimed ones, at the last thread count given)
         const bool tgs = profile == "typegrad";
         for (std::size_t t : threads) e2e::typegrad_threads(t), e2e::torch_threads(t);
+        const auto alone = [&](const std::string& name, auto m) {
+            if (!m) return;
+            float loss = 0;
+            std::vector<double> wall;
+            for (int i = 0; i < steps + 2; ++i) {
+                const double w = time_step(*m, loss).wall;
+                if (i >= 2) wall.push_back(w);
+            }
+            std::printf("%s %s, %zu threads: %.2f ms/step\n", profile.c_str(), name.c_str(), threads.back(),
+                        1e3 * median(wall));
+        };
         if (only.empty() || only == "gpt")
-            for (const e2e::gpt_config& c : gpts) {
-                auto m = tgs ? e2e::typegrad_gpt(c) : e2e::torch_gpt(c);
-                for (int i = 0; m && i < steps; ++i) m->step();
-            }
+            for (const e2e::gpt_config& c : gpts) alone(c.name(), tgs ? e2e::typegrad_gpt(c) : e2e::torch_gpt(c));
         if (only.empty() || only == "cnn")
-            for (const e2e::cnn_config& c : cnns) {
-                auto m = tgs ? e2e::typegrad_cnn(c) : e2e::torch_cnn(c);
-                for (int i = 0; m && i < steps; ++i) m->step();
-            }
+            for (const e2e::cnn_config& c : cnns) alone(c.name(), tgs ? e2e::typegrad_cnn(c) : e2e::torch_cnn(c));
         return 0;
     }
 
