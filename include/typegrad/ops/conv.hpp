@@ -88,13 +88,18 @@ inline std::size_t conv_chunk_images(const conv_geometry& g) {
 // im2col, copies and products run on one thread, the chunk in that core's L2, with one wake-up
 // a wave (splitting each of them over the threads had woken the pool for every one, and a
 // product of few outputs, the first layer's 9 x 16 weight gradient, had run on one thread).
-// One chunk (a small batch) splits its work over the threads instead.
+// One chunk (a small batch) splits its work over the threads instead. The images are dealt
+// to the chunks evenly (sizes differing by one at most: 8 images of conv_chunk_images 6 are two
+// chunks of 4, not 6 and 2, which left one thread a quarter of the work), which depends on the
+// extents only.
 struct conv_waves {
-    std::size_t n, nb, chunks, slots = 1;
+    std::size_t n, chunks, nb, slots = 1;  // nb: the largest chunk
     explicit conv_waves(const conv_geometry& g)
-        : n(g.n), nb(conv_chunk_images(g)), chunks((g.n + nb - 1) / nb) {
+        : n(g.n), chunks((g.n + conv_chunk_images(g) - 1) / conv_chunk_images(g)),
+          nb(chunks > 0 ? (g.n + chunks - 1) / chunks : 1) {
         if (chunks > 1 && g.n * g.ckk() * g.pixels() >= parallel_min_work) slots = std::min(chunks, num_threads());
     }
+    std::size_t first(std::size_t k) const { return k * n / chunks; }
     // fn(slot, n0, count, gemm_threads) for every chunk [n0, n0 + count), then after(wave) for
     // each wave of `wave` chunks (slots 0 .. wave - 1), in order
     template <class C, class F, class After>
@@ -102,8 +107,8 @@ struct conv_waves {
         for (std::size_t k0 = 0; k0 < chunks; k0 += slots) {
             const std::size_t wave = std::min(slots, chunks - k0);
             const auto one = [&](std::size_t t, std::size_t threads) {
-                const std::size_t n0 = (k0 + t) * nb;
-                fn(t, n0, std::min(nb, n - n0), threads);
+                const std::size_t n0 = first(k0 + t);
+                fn(t, n0, first(k0 + t + 1) - n0, threads);
             };
             if (wave == 1) one(0, 0);
             else gemm_impl::parallel_slots<C>(wave, wave, [&](std::size_t t) { one(t, 1); });

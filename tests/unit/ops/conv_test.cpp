@@ -215,11 +215,14 @@ TEST_CASE("conv2d under CPU bf16 autocast: lower precision, then pooling in bf16
 TEST_CASE("conv2d over several chunks of images (the last one partial): values and both gradients",
           "[ops][conv][gradient]") {
     // 16 channels of 30 x 30 with a 3 x 3 kernel: 144 x 900 im2col elements per image, so a chunk
-    // holds two images and three images make a full chunk and a partial one (on two threads, one
-    // wave of both); groups 2, padding 1
+    // holds up to two images and three images make two chunks, of one and two (on two threads,
+    // one wave of both); groups 2, padding 1
     constexpr std::size_t n = 3, c = 16, h = 30, o = 4;
     const tg::detail::conv_geometry geo{n, c, h, h, o, 3, 3, h, h, 1, 1, 1, 1, 1, 1, 2};
     REQUIRE(tg::detail::conv_chunk_images(geo) == 2);
+    const tg::detail::conv_waves waves(geo);
+    REQUIRE(waves.chunks == 2);
+    REQUIRE(waves.first(1) == 1);
     constexpr auto x = tg::param<"x", double, tg::shape<tg::dyn, c, h, h>>;
     constexpr auto w = tg::param<"w", double, tg::shape<o, c / 2, 3, 3>>;
     constexpr auto q = tg::input<"q", double, tg::shape<tg::dyn, o, h, h>>;
@@ -274,6 +277,21 @@ TEST_CASE("conv2d over several chunks of images (the last one partial): values a
                 }
     require_close(gx, rx);
     require_close(gw, rw, 1e-10);  // sums of 14,700 products, in another order
+
+    // an infinite gradient at the corner pixel of the last image (the second chunk: on two
+    // threads, the wave's second slot) sends the whole weight gradient to the direct loops: its
+    // padded taps take no product (no NaN from 0 * inf), its inside taps are infinite
+    qv[((2 * o + 0) * h + 0) * h + 0] = std::numeric_limits<double>::infinity();
+    std::vector<double> one_x, one_w;
+    run(1, one_x, one_w);
+    for (const std::size_t threads : {1, 2, 3}) {
+        std::vector<double> hx, hw;
+        run(threads, hx, hw);
+        INFO(threads << " threads");
+        for (std::size_t e = 0; e < hw.size(); ++e) CHECK_FALSE(std::isnan(hw[e]));
+        for (const std::size_t tap : {4, 5, 7, 8}) CHECK(std::isinf(hw[tap]));  // o = 0, k = 0: taps (1..2, 1..2)
+        CHECK(std::memcmp(hw.data(), one_w.data(), hw.size() * sizeof(double)) == 0);
+    }
 }
 
 TEST_CASE("conv1d/conv2d: the padding takes part in no product, so an infinite weight or gradient stays +-inf",
