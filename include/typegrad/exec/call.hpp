@@ -337,7 +337,7 @@ struct call_layer {
             for (std::size_t i = 0; i < sizeof...(Args); ++i) r[ids[i]] = false;
             return r;
         }();
-        for (std::size_t n = 0; n < Plan::M; ++n)
+        for (const std::size_t n : node_ids_of_kind<typename Plan::program, op_kind::leaf>)  // not all M nodes
             if (unbound[n])
                 for (std::size_t a = 0; a < Plan::program::info[n].rank; ++a)
                     state.ext[Plan::rank_offset[n] + a] = Plan::program::info[n].ext[a];
@@ -376,8 +376,8 @@ struct call_layer {
                            out_ranges.data(), n_out),
                 ++arg, 0)...};
         // Leaves bound earlier (a forward pass whose context this backward reads) count as inputs.
-        for (std::size_t n = 0; n < Plan::M; ++n) {
-            if (Plan::program::info[n].kind != op_kind::leaf || state.ptr[n] == nullptr) continue;
+        for (const std::size_t n : node_ids_of_kind<typename Plan::program, op_kind::leaf>) {
+            if (state.ptr[n] == nullptr) continue;
             const auto* p = static_cast<const unsigned char*>(state.ptr[n]);
             in_ranges[2 * n_in] = p;
             in_ranges[2 * n_in + 1] = p + node_numel<Plan>(state, n) * Plan::program::info[n].elem_size;

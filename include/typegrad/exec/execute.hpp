@@ -326,10 +326,11 @@ void compute_meta(typename Plan::state_type& state, void* buffer) {
         state.ext.data() + Plan::rank_offset[Plan::program::info[N].child[0]], buffer);
 }
 
-// Fills extents and strides of every non-leaf node from its children's, checking them. Leaf
-// extents must have been filled by the caller. Throws before anything is written.
+// Fills extents and strides of every non-leaf node from its children's, checking every one:
+// the reference pass, which names the node a check fails at. Leaf extents must have been
+// filled by the caller. Throws before anything is written.
 template <class Plan>
-void compute_shapes(typename Plan::state_type& state) {
+void compute_shapes_checked(typename Plan::state_type& state) {
     for (std::size_t n = 0; n < Plan::M; ++n) {
         const op_kind kind = Plan::program::info[n].kind;
         if (kind == op_kind::elementwise || kind == op_kind::reduce) elementwise_shape<Plan>(state, n);
@@ -338,6 +339,195 @@ void compute_shapes(typename Plan::state_type& state) {
             kind == op_kind::kernel)
             dense_strides<Plan>(state, n);
     }
+}
+
+// ---- the shape pass as a straight-line program ------------------------------------------------
+// compute_shapes_checked walks every node and every operand axis on every call, reading the
+// node rows at run time: a quarter of a small step (normal_log_pdf at 16 floats). The shape
+// program is the same pass with what the plan knows done at compile time: each elementwise or
+// reduced extent is a copy (or a constant), dense strides are copied from an operand with the
+// same extents, and only the checks that earlier checks and copies do not already imply remain
+// (a chain of elementwise ops over one leaf checks nothing). Rank-0 nodes cost nothing.
+enum class shape_op : unsigned char { set, copy, check, routine, strides, copy_strides, copy_node };
+struct shape_step {
+    std::uint32_t a = 0, b = 0;  // positions in ext/stride, or a node id (routine, strides)
+    std::uint16_t count = 0;     // copy_strides, copy_node: the rank
+    shape_op op = shape_op::set;
+};
+template <std::size_t N>
+struct shape_program {
+    bool usable = true;  // false: ids or static extents past 32 bits (never in practice)
+    std::size_t size = 0;
+    shape_step steps[N ? N : 1]{};
+};
+
+// The program of a plan's nodes: counts its steps (out == nullptr) or writes them. Union-find
+// over (node, axis) positions: two positions in one class hold equal extents once the steps so
+// far have run (a copy, or a check that passed). Static axes of elementwise and reduced nodes
+// hold their static extents (the steps set them); leaves', views' and kernels' extents are
+// not assumed (they come from bindings and routines). Linear in the positions and operand axes.
+template <std::size_t M, std::size_t R>
+constexpr std::size_t make_shape_steps(const node_info* info, const std::size_t* offset, shape_step* out,
+                                       bool& usable) {
+    std::size_t up_[R + 1]{};  // 0: a class's root; else its parent's position + 1
+    std::size_t* const up = up_;
+    auto find = [up](std::size_t a) {
+        for (; up[a]; a = up[a] - 1)
+            if (up[up[a] - 1]) up[a] = up[up[a] - 1];  // path halving
+        return a;
+    };
+    auto unite = [&](std::size_t a, std::size_t b) {
+        a = find(a);
+        b = find(b);
+        if (a != b) up[b] = a + 1;
+    };
+    auto set_by_steps = [info](std::size_t n) {
+        return info[n].kind == op_kind::elementwise || info[n].kind == op_kind::reduce;
+    };
+    std::size_t count = 0;
+    auto emit = [&](shape_op op, std::size_t a, std::size_t b, std::size_t c) {
+        if (a > UINT32_MAX || b > UINT32_MAX) usable = false;
+        if (out) out[count] = {static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(b),
+                               static_cast<std::uint16_t>(c), op};
+        ++count;
+    };
+    auto dense = [&](std::size_t n) {
+        const op_kind k = info[n].kind;
+        return k == op_kind::leaf || k == op_kind::elementwise || k == op_kind::reduce || k == op_kind::kernel;
+    };
+    for (std::size_t n = 0; n < M; ++n) {
+        const node_info& ni = info[n];
+        const std::size_t p0 = offset[n];
+        if (ni.kind == op_kind::leaf) {
+            if (ni.rank) emit(shape_op::strides, n, 0, 0);
+        } else if (ni.kind == op_kind::view || ni.kind == op_kind::kernel) {
+            emit(shape_op::routine, n, 0, 0);
+            if (ni.kind == op_kind::kernel && ni.rank) emit(shape_op::strides, n, 0, 0);
+        } else if (ni.kind == op_kind::reduce) {
+            const std::size_t c = ni.child[0], lead = info[c].rank - ni.rank;
+            for (std::size_t a = 0; a < ni.rank; ++a) {
+                if (ni.ext[a] != dyn) {
+                    emit(shape_op::set, p0 + a, ni.ext[a], 0);
+                } else {
+                    emit(shape_op::copy, p0 + a, offset[c] + a + lead, 0);
+                    unite(offset[c] + a + lead, p0 + a);
+                }
+            }
+            if (ni.rank) emit(shape_op::strides, n, 0, 0);
+        } else if (ni.kind == op_kind::elementwise) {
+            // extents: as compute_shapes_checked (the first operand not broadcast on the axis)
+            std::size_t from[max_rank]{}, whole = M;  // whole: every axis from this dense operand's
+            for (std::size_t a = 0; a < ni.rank; ++a) {
+                from[a] = R;
+                std::size_t c = M;
+                if (ni.ext[a] == dyn)
+                    for (std::size_t k = 0; k < ni.arity && from[a] == R; ++k) {
+                        const node_info& ci = info[ni.child[k]];
+                        const std::size_t lead = ni.rank - ci.rank;
+                        if (a >= lead && ci.ext[a - lead] != 1)
+                            from[a] = offset[ni.child[k]] + a - lead, c = lead == 0 ? ni.child[k] : M;
+                    }
+                whole = a == 0 ? c : whole == c ? whole : M;
+            }
+            if (ni.rank && whole != M && dense(whole)) {
+                emit(shape_op::copy_node, p0, offset[whole], ni.rank);  // extents and strides
+                for (std::size_t a = 0; a < ni.rank; ++a) unite(from[a], p0 + a);
+            } else {
+                whole = M;
+                for (std::size_t a = 0; a < ni.rank; ++a) {
+                    if (from[a] == R) {
+                        emit(shape_op::set, p0 + a, ni.ext[a] == dyn ? 1 : ni.ext[a], 0);
+                    } else {
+                        emit(shape_op::copy, p0 + a, from[a], 0);
+                        unite(from[a], p0 + a);
+                    }
+                }
+            }
+            // checks: those no earlier step implies
+            for (std::size_t k = 0; k < ni.arity; ++k) {
+                const node_info& ci = info[ni.child[k]];
+                const std::size_t lead = ni.rank - ci.rank;
+                for (std::size_t a = 0; a < ci.rank; ++a) {
+                    if (ci.ext[a] == 1) continue;  // broadcast
+                    const std::size_t q = offset[ni.child[k]] + a, p = p0 + a + lead;
+                    const bool same_static = ci.ext[a] != dyn && ci.ext[a] == ni.ext[a + lead] &&
+                                             set_by_steps(ni.child[k]);
+                    if (!same_static && find(p) != find(q)) emit(shape_op::check, p, q, 0);
+                    unite(p, q);
+                }
+            }
+            // strides: an operand's, when it is dense with the same extents
+            if (ni.rank && whole == M) {
+                std::size_t same = M;
+                for (std::size_t k = 0; k < ni.arity && same == M; ++k) {
+                    const std::size_t c = ni.child[k];
+                    if (info[c].rank != ni.rank || !dense(c)) continue;
+                    bool eq = true;
+                    for (std::size_t a = 0; a < ni.rank && eq; ++a)
+                        eq = find(offset[c] + a) == find(p0 + a);
+                    if (eq) same = c;
+                }
+                if (same == M) emit(shape_op::strides, n, 0, 0);
+                else emit(shape_op::copy_strides, p0, offset[same], ni.rank);
+            }
+        }
+    }
+    return count;
+}
+// One evaluation into room for the most steps a plan can need (a set or copy per position, a
+// check per union of two classes, two steps per node), then the steps copied to a program of
+// their exact size: counting them first would repeat the whole pass.
+template <class Plan>
+struct shape_program_of {
+    static constexpr shape_program<Plan::total_rank * 2 + Plan::M * 2> most = [] {
+        shape_program<Plan::total_rank * 2 + Plan::M * 2> r;
+        r.size = make_shape_steps<Plan::M, Plan::total_rank>(Plan::program::info.data(),
+                                                             Plan::rank_offset.data(), r.steps, r.usable);
+        return r;
+    }();
+    static constexpr shape_program<most.size> value = [] {
+        shape_program<most.size> r;
+        r.usable = most.usable;
+        r.size = most.size;
+        for (std::size_t i = 0; i < most.size; ++i) r.steps[i] = most.steps[i];
+        return r;
+    }();
+};
+
+// Runs the shape program; false when a check fails (compute_shapes_checked then names it).
+template <class Plan>
+bool run_shape_program(typename Plan::state_type& state) {
+    constexpr auto& prog = shape_program_of<Plan>::value;
+    std::size_t* const ext = state.ext.data();
+    std::ptrdiff_t* const stride = state.stride.data();
+    for (std::size_t i = 0; i < prog.size; ++i) {
+        const shape_step& s = prog.steps[i];
+        switch (s.op) {
+        case shape_op::set: ext[s.a] = s.b; break;
+        case shape_op::copy: ext[s.a] = ext[s.b]; break;
+        case shape_op::check:
+            if (ext[s.a] != ext[s.b]) return false;
+            break;
+        case shape_op::routine: node_tables<Plan>::shape[s.a](node_call_of<Plan>(state, s.a)); break;
+        case shape_op::strides: dense_strides<Plan>(state, s.a); break;
+        case shape_op::copy_strides:
+            for (std::size_t a = 0; a < s.count; ++a) stride[s.a + a] = stride[s.b + a];
+            break;
+        case shape_op::copy_node:  // before the node's checks: a failed one discards both
+            for (std::size_t a = 0; a < s.count; ++a) ext[s.a + a] = ext[s.b + a], stride[s.a + a] = stride[s.b + a];
+            break;
+        }
+    }
+    return true;
+}
+
+// Extents and strides of every non-leaf node (leaf extents filled by the caller), checked:
+// throws before anything is written, naming the first node whose operands do not fit.
+template <class Plan>
+void compute_shapes(typename Plan::state_type& state) {
+    if constexpr (shape_program_of<Plan>::value.usable)
+        if (run_shape_program<Plan>(state)) return;
+    compute_shapes_checked<Plan>(state);
 }
 
 // Scratch is counted in 8-byte units (a plan may hold float and double buffers); each buffer
@@ -363,14 +553,42 @@ std::size_t checked_numel(const typename Plan::state_type& state, std::size_t no
     return n;
 }
 
+// The nodes a call visits outside its loops, by what it does with them: lists of ids, so that
+// a call walks these (a few) rather than all M nodes and their rows.
+enum class node_set { computed, reduce, meta, view };
+template <class Plan, node_set Set>
+struct node_list {
+    static constexpr bool in(std::size_t n) {
+        const op_kind k = Plan::program::info[n].kind;
+        if constexpr (Set == node_set::view) return k == op_kind::view && Plan::plan.needed[n];
+        else if constexpr (Set == node_set::reduce) return k == op_kind::reduce && Plan::plan.computed[n];
+        else if constexpr (Set == node_set::meta) return k == op_kind::meta && Plan::plan.computed[n];
+        else return Plan::plan.computed[n];
+    }
+    static constexpr std::size_t size = [] {
+        std::size_t c = 0;
+        for (std::size_t n = 0; n < Plan::M; ++n) c += in(n);
+        return c;
+    }();
+    static constexpr std::array<std::size_t, size + 1> ids = [] {
+        std::array<std::size_t, size + 1> r{};
+        std::size_t c = 0;
+        for (std::size_t n = 0; n < Plan::M; ++n)
+            if (in(n)) r[c++] = n;
+        return r;
+    }();
+};
+
+// Scratch offsets of the computed nodes (the only ones read) and the total.
 template <class Plan>
 std::size_t scratch_layout(const typename Plan::state_type& state, std::array<std::size_t, Plan::M + 1>& offset) {
+    using list = node_list<Plan, node_set::computed>;
     std::size_t total = 0;
-    for (std::size_t n = 0; n < Plan::M; ++n) {
+    for (std::size_t i = 0; i < list::size; ++i) {
+        const std::size_t n = list::ids[i];
         offset[n] = total;
-        if (Plan::plan.computed[n])
-            total += (checked_numel<Plan>(state, n) * Plan::program::info[n].elem_size + 63) / 64 * 8 +
-                     (Plan::program::info[n].extra_bytes + 63) / 64 * 8;
+        total += (checked_numel<Plan>(state, n) * Plan::program::info[n].elem_size + 63) / 64 * 8 +
+                 (Plan::program::info[n].extra_bytes + 63) / 64 * 8;
     }
     offset[Plan::M] = total;
     return total;
@@ -381,20 +599,23 @@ template <class Plan>
 void prepare_scratch(typename Plan::state_type& state, scratch_unit* scratch,
                      const std::array<std::size_t, Plan::M + 1>& offset) {
     constexpr auto& info = Plan::program::info;
-    for (std::size_t n = 0; n < Plan::M; ++n) {
-        if (!Plan::plan.computed[n]) continue;
-        void* p = scratch + offset[n];
-        state.ptr[n] = p;
-        if (info[n].kind == op_kind::reduce) {
-            if (info[n].elem_size == sizeof(double)) fill_identity(static_cast<double*>(p), node_numel<Plan>(state, n), info[n].combine);
-            else fill_identity(static_cast<float*>(p), node_numel<Plan>(state, n), info[n].combine);
-        }
+    using computed = node_list<Plan, node_set::computed>;
+    using reduces = node_list<Plan, node_set::reduce>;
+    using metas = node_list<Plan, node_set::meta>;
+    using views = node_list<Plan, node_set::view>;
+    for (std::size_t i = 0; i < computed::size; ++i) state.ptr[computed::ids[i]] = scratch + offset[computed::ids[i]];
+    for (std::size_t i = 0; i < reduces::size; ++i) {
+        const std::size_t n = reduces::ids[i];
+        void* p = const_cast<void*>(state.ptr[n]);
+        if (info[n].elem_size == sizeof(double)) fill_identity(static_cast<double*>(p), node_numel<Plan>(state, n), info[n].combine);
+        else fill_identity(static_cast<float*>(p), node_numel<Plan>(state, n), info[n].combine);
     }
-    for (std::size_t n = 0; n < Plan::M; ++n)
-        if (info[n].kind == op_kind::meta && Plan::plan.computed[n]) node_tables<Plan>::meta[n](node_call_of<Plan>(state, n));
+    for (std::size_t i = 0; i < metas::size; ++i)
+        node_tables<Plan>::meta[metas::ids[i]](node_call_of<Plan>(state, metas::ids[i]));
     // Views alias their input (children first, so chains of views resolve in one sweep).
-    for (std::size_t n = 0; n < Plan::M; ++n) {
-        if (info[n].kind != op_kind::view || !Plan::plan.needed[n] || state.ptr[n] != nullptr) continue;
+    for (std::size_t i = 0; i < views::size; ++i) {
+        const std::size_t n = views::ids[i];
+        if (state.ptr[n] != nullptr) continue;
         const auto* base = static_cast<const char*>(state.ptr[info[n].child[0]]);
         state.ptr[n] = base ? base + state.view_offset[n] * std::ptrdiff_t(info[n].elem_size) : nullptr;
     }
