@@ -94,12 +94,16 @@ inline std::size_t conv_chunk_images(const conv_geometry& g) {
 // extents only.
 struct conv_waves {
     std::size_t n, chunks, nb, slots = 1;  // nb: the largest chunk
-    explicit conv_waves(const conv_geometry& g)
-        : n(g.n), chunks((g.n + conv_chunk_images(g) - 1) / conv_chunk_images(g)),
-          nb(chunks > 0 ? (g.n + chunks - 1) / chunks : 1) {
+    explicit conv_waves(const conv_geometry& g) : conv_waves(g, conv_chunk_images(g)) {}
+    conv_waves(const conv_geometry& g, std::size_t per_chunk)
+        : n(g.n), chunks((g.n + per_chunk - 1) / per_chunk), nb(chunks > 0 ? (g.n + chunks - 1) / chunks : 1) {
         if (chunks > 1 && g.n * g.ckk() * g.pixels() >= parallel_min_work) slots = std::min(chunks, num_threads());
     }
     std::size_t first(std::size_t k) const { return k * n / chunks; }
+    // Per-slot buffer sizes: a chunk's im2col columns, and its rows of y or g gathered into one
+    // matrix (none for chunks of one image, whose rows are the caller's buffer's).
+    std::size_t col_size(const conv_geometry& g) const { return g.ckk() * nb * g.pixels(); }
+    std::size_t rows_size(const conv_geometry& g) const { return nb > 1 ? g.o * nb * g.pixels() : 0; }
     // fn(slot, n0, count, gemm_threads) for every chunk [n0, n0 + count), then after(wave) for
     // each wave of `wave` chunks (slots 0 .. wave - 1), in order
     template <class C, class F, class After>
@@ -676,7 +680,7 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
             return;
         }
         const conv_waves waves(g);
-        const std::size_t col_n = g.ckk() * waves.nb * g.pixels(), rows_n = waves.nb > 1 ? g.o * waves.nb * g.pixels() : 0;
+        const std::size_t col_n = waves.col_size(g), rows_n = waves.rows_size(g);
         pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n);
         waves.run<C>(
             [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
@@ -768,7 +772,7 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         const auto w = dense_input_of<C, typename W::value_type, buffer_t<W>>(in[1]);
         dense_output<C, T> dx(out, g.n * g.c * g.h * g.w);
         const conv_waves waves(g);
-        const std::size_t col_n = g.ckk() * waves.nb * g.pixels(), rows_n = waves.nb > 1 ? g.o * waves.nb * g.pixels() : 0;
+        const std::size_t col_n = waves.col_size(g), rows_n = waves.rows_size(g);
         pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n);
         std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));  // after the buffers: nothing written if they throw
         waves.run<C>(
@@ -865,7 +869,7 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
         // A chunk of images is one product with nb Ho Wo as its k, into a partial dW^T; the
         // partials are added chunk after chunk, wave after wave (conv_waves: a fixed order).
         const conv_waves waves(g);
-        const std::size_t col_n = g.ckk() * waves.nb * g.pixels(), rows_n = waves.nb > 1 ? g.o * waves.nb * g.pixels() : 0;
+        const std::size_t col_n = waves.col_size(g), rows_n = waves.rows_size(g);
         const std::size_t block = g.group_o() * g.group_ckk(), whole = g.o * g.group_ckk();
         pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n), part(waves.slots * whole), dwt(whole, C(0));
         waves.run<C>(
