@@ -366,11 +366,11 @@ struct call_layer {
     // Grad destinations: sizes, then aliasing against every input and each other.
     template <class Plan, class... Args>
     static void bind_grads(typename Plan::state_type& state, const Args&... args) {
-        // room for every argument and every leaf, filled from the front (n_in, n_out): not
-        // zeroed, which for a plan of a few hundred nodes was a fifth of a small call
+        // room for every argument and every leaf (not every node: zeroing arrays of the plan's
+        // size was a large part of a small call's fixed cost), filled from the front
         constexpr std::size_t room = 2 * (sizeof...(Args) + node_ids_of_kind<typename Plan::program, op_kind::leaf>.size()) + 2;
-        std::array<const void*, room> in_ranges;
-        std::array<const void*, room> out_ranges;
+        std::array<const void*, room> in_ranges{};
+        std::array<const void*, room> out_ranges{};
         std::size_t n_in = 0, n_out = 0;
         constexpr std::array<std::size_t, sizeof...(Args) + 1> ids{bound_leaf_id<Plan, Args>::value..., Plan::M};
         std::size_t arg = 0;
