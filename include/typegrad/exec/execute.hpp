@@ -361,7 +361,7 @@ struct shape_program {
     shape_step steps[N ? N : 1]{};
 };
 
-// The program of a plan's nodes: counts its steps (out == nullptr) or writes them. Union-find
+// The program of a plan's nodes: writes its steps to out, returns their count. Union-find
 // over (node, axis) positions: two positions in one class hold equal extents once the steps so
 // far have run (a copy, or a check that passed). Static axes of elementwise and reduced nodes
 // hold their static extents (the steps set them); leaves', views' and kernels' extents are
@@ -387,8 +387,7 @@ constexpr std::size_t make_shape_steps(const node_info* info, const std::size_t*
     std::size_t count = 0;
     auto emit = [&](shape_op op, std::size_t a, std::size_t b, std::size_t c) {
         if (a > UINT32_MAX || b > UINT32_MAX) usable = false;
-        if (out) out[count] = {static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(b),
-                               static_cast<std::uint16_t>(c), op};
+        out[count] = {static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(b), static_cast<std::uint16_t>(c), op};
         ++count;
     };
     auto dense = [&](std::size_t n) {
