@@ -140,7 +140,10 @@ TYPEGRAD_DETAIL_REJECT_NUMBER_OPERATOR(/)
 namespace detail {
 // Gradient products. An adjoint that is a broadcast constant (the seed of a sum, say) times a
 // value of the same shape is just the constant times the value: the graph stays small and the
-// kernels do not multiply by 1.
+// kernels do not multiply by 1. Constant factors also merge where that is exact: c1 * (y * c2) is
+// y * (c1 * c2) bit for bit when c1 or c2 is a power of two (scaling by 2^k commutes with
+// rounding), so `-0.5 * square(z) * s`'s gradient is one multiply, z * -s, as a hand loop writes
+// it. (Out of float's range the merged product is the closer one: z * 2 no longer overflows.)
 struct expand_op;
 template <class N>
 struct constant_expand {
@@ -149,8 +152,59 @@ struct constant_expand {
 template <std::uint64_t V, class Like>
 struct constant_expand<node<expand_op, constant<V>, Like>> {
     static constexpr bool value = true;
+    static constexpr double c = constant<V>::value;
     using like = Like;
 };
+// A value as base * c for a compile-time c: y * c, c * y and -y; `value` false for any other.
+template <class N>
+struct scaled {
+    static constexpr bool value = false;
+};
+template <class Y, std::uint64_t V>
+struct scaled<node<mul_op, Y, constant<V>>> {
+    static constexpr bool value = true;
+    static constexpr double c = constant<V>::value;
+    using base = Y;
+};
+template <class Y, std::uint64_t V>
+    requires(!is_constant_v<Y>)
+struct scaled<node<mul_op, constant<V>, Y>> : scaled<node<mul_op, Y, constant<V>>> {};
+template <class Y>
+struct scaled<node<neg_op, Y>> {
+    static constexpr bool value = true;
+    static constexpr double c = -1.0;
+    using base = Y;
+};
+// +-2^k, a normal double: multiplying by it is exact.
+constexpr bool power_of_two(double c) {
+    const auto bits = std::bit_cast<std::uint64_t>(c);
+    const auto exponent = (bits >> 52) & 0x7ff;
+    return (bits & 0xfffffffffffffULL) == 0 && exponent != 0 && exponent != 0x7ff;
+}
+// a * b exact and within float's normal range, so that rounding it to the kernel's dtype once
+// equals rounding the factors (for values in range; out of it the merged product is the closer).
+constexpr bool exact_product(double a, double b) {
+    const double p = a * b < 0 ? -(a * b) : a * b;
+    return (power_of_two(a) || power_of_two(b)) && p >= 0x1p-126 && p <= 0x1p127;
+}
+// e * K with constant factors merged where exact; Otherwise when they are not.
+template <double K, expression E, class Otherwise>
+constexpr auto scale(E, Otherwise otherwise) {
+    using N = typename E::node_type;
+    if constexpr (constant_expand<N>::value) {
+        if constexpr (exact_product(constant_expand<N>::c, K))
+            return make_node<expand_op>(lit<constant_expand<N>::c * K>, expr<typename constant_expand<N>::like>{});
+        else return otherwise;
+    } else if constexpr (scaled<N>::value) {
+        if constexpr (exact_product(scaled<N>::c, K)) {
+            constexpr double p = scaled<N>::c * K;
+            using base = expr<typename scaled<N>::base>;
+            if constexpr (p == 1.0) return base{};
+            else if constexpr (p == -1.0) return -base{};
+            else return base{} * lit<p>;
+        } else return otherwise;
+    } else return otherwise;
+}
 template <class G, class X>
 constexpr bool folds_into() {
     using NG = typename G::node_type;
@@ -160,18 +214,25 @@ constexpr bool folds_into() {
 }
 template <expression G, expression X>
 constexpr auto grad_mul(G g, X x) {
-    if constexpr (folds_into<G, X>()) return expr<type_at_t<0, typename G::node_type::children>>{} * x;
+    using NG = typename G::node_type;
+    using NX = typename X::node_type;
+    if constexpr (folds_into<G, X>()) return scale<constant_expand<NG>::c>(x, lit<constant_expand<NG>::c> * x);
+    else if constexpr (is_constant_v<NX>) return scale<NX::value>(g, g * x);
     else return g * x;
 }
 template <expression G, expression X>
 constexpr auto grad_div(G g, X x) {
+    using NX = typename X::node_type;
     if constexpr (folds_into<G, X>()) return expr<type_at_t<0, typename G::node_type::children>>{} / x;
+    else if constexpr (power_of_two(constant_of<NX>::value)) return scale<1.0 / NX::value>(g, g / x);
     else return g / x;
 }
+template <expression G>
+constexpr auto grad_neg(G g) { return scale<-1.0>(g, -g); }
 
 template <std::size_t I, class G, class Out, class A, class B>
 constexpr auto sub_op::vjp(G g, Out, A, B) {
-    if constexpr (I == 0) return g; else return -g;
+    if constexpr (I == 0) return g; else return grad_neg(g);
 }
 template <std::size_t I, class G, class Out, class A, class B>
 constexpr auto mul_op::vjp(G g, Out, A a, B b) {
@@ -182,7 +243,7 @@ constexpr auto div_op::vjp(G g, Out out, A, B b) {
     if constexpr (I == 0) return grad_div(g, b); else return -(grad_mul(g, out) / b);
 }
 template <std::size_t I, class G, class Out, class A>
-constexpr auto neg_op::vjp(G g, Out, A) { return -g; }
+constexpr auto neg_op::vjp(G g, Out, A) { return grad_neg(g); }
 }  // namespace detail
 
 }  // namespace typegrad

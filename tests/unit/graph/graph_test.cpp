@@ -129,6 +129,35 @@ TEST_CASE("grad_t names the gradient expression", "[graph][autodiff]") {
     STATIC_REQUIRE(std::is_same_v<typename B::shape_type, tg::shape<3>>);
 }
 
+TEST_CASE("constant factors of a gradient merge where the product is exact", "[graph][autodiff]") {
+    // d/dx sum(-0.5 * square(z)), z = (x - 0.3) * 0.75: -0.5 * (z * 2) * 0.75 is z * -0.75, one
+    // multiply (-0.5 and 2 are powers of two, so no rounding differs)
+    constexpr auto z = (x - tg::lit<0.3>) * tg::lit<0.75>;
+    using P = decltype(tg::sum(tg::lit<-0.5> * tg::square(z)));
+    STATIC_REQUIRE(std::is_same_v<tg::grad_t<P, decltype(x)>, decltype(z * tg::lit<-0.75>)>);
+    // the seed times constants stays a broadcast constant: -(x * 3) and x / 4
+    using N = node_t<tg::grad_t<decltype(tg::sum(-(x * tg::lit<3>))), decltype(x)>>;
+    STATIC_REQUIRE(tg::detail::constant_expand<N>::c == -3.0);
+    using D = node_t<tg::grad_t<decltype(tg::sum(x / tg::lit<4>)), decltype(x)>>;
+    STATIC_REQUIRE(tg::detail::constant_expand<D>::c == 0.25);
+    // neither factor a power of two: 0.3 * 0.7 is not merged (it would round once, not twice)
+    using M = node_t<tg::grad_t<decltype(tg::sum(tg::lit<0.3> * (x * tg::lit<0.7>))), decltype(x)>>;
+    STATIC_REQUIRE_FALSE(tg::detail::constant_expand<M>::value);
+    STATIC_REQUIRE(tg::detail::scaled<M>::value);
+    STATIC_REQUIRE(tg::detail::scaled<M>::c == 0.7);
+    // nor is a division by 3 made a product by 1/3
+    using T3 = node_t<tg::grad_t<decltype(tg::sum(x / tg::lit<3>)), decltype(x)>>;
+    STATIC_REQUIRE_FALSE(tg::detail::constant_expand<T3>::value);
+    // the rule itself: powers of two, a product inside float's normal range
+    STATIC_REQUIRE(tg::detail::power_of_two(-0.5));
+    STATIC_REQUIRE_FALSE(tg::detail::power_of_two(0.75));
+    STATIC_REQUIRE_FALSE(tg::detail::power_of_two(0.0));
+    STATIC_REQUIRE(tg::detail::exact_product(0.75, -2.0));
+    STATIC_REQUIRE_FALSE(tg::detail::exact_product(0.3, 0.7));
+    STATIC_REQUIRE_FALSE(tg::detail::exact_product(0x1p-100, 0x1p-40));
+    STATIC_REQUIRE_FALSE(tg::detail::exact_product(0x1p100, 0x1p40));
+}
+
 template <class T>
 struct is_stand_in : std::false_type {};
 template <std::size_t K, class T, class S, bool R, bool C, tg::op_kind Kind>
