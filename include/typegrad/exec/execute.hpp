@@ -698,6 +698,71 @@ constexpr buffer_steps<Plan::M, Plan::NS> make_buffer_steps() {
 template <class Plan>
 inline constexpr buffer_steps<Plan::M, Plan::NS> buffer_steps_v = make_buffer_steps<Plan>();
 
+// Saved values written straight into a gradient's buffer. When the loop that stores gradient g
+// is the last to read saved node n, and reads it at the element it writes (the same static
+// shape as its iteration space: dense, nothing broadcast, no view of n anywhere), and g
+// overwrites its buffer (not tg::accumulate), n needs no scratch of its own: its loop writes it
+// into g's buffer and the last loop overwrites it element by element, each element read before it
+// is written, by the same task. log_sum_exp saves exp(x - max) and scales it into the gradient:
+// its last loop then reads and writes one buffer, as a hand loop does in place (at 1e6 floats a
+// third buffer cost the write's read-for-ownership and 4 MB more of cache). Gradient buffers never
+// overlap an input or each other (exec/call.hpp checks), and a post-accumulate hook runs after
+// its gradient's last write, so no one sees the buffer in between.
+template <class Plan, class AccumulateMask>
+struct in_place_saves {
+    struct table {
+        std::size_t count = 0;
+        std::size_t node[Plan::NS + 1]{};
+        std::size_t store[Plan::NS + 1]{};
+    };
+    static constexpr bool same_dense_shape(const node_info& a, const node_info& f) {
+        if (a.rank != f.rank || a.rank == 0 || !a.contiguous) return false;
+        for (std::size_t i = 0; i < a.rank; ++i)
+            if (a.ext[i] != f.ext[i]) return false;
+        return true;
+    }
+    static constexpr table make() {
+        constexpr auto& plan = Plan::plan;
+        const node_info* const info = Plan::program::info.data();
+        const std::size_t* const members = plan.members.data();
+        const step_item* const items = schedule_v<Plan>.data();
+        constexpr auto& steps = buffer_steps_v<Plan>;
+        table t;
+        bool viewed[Plan::M + 1]{}, used[Plan::NS + 1]{};
+        for (std::size_t n = 0; n < Plan::M; ++n)
+            if (info[n].kind == op_kind::view) viewed[info[n].child[0]] = true;
+        for (std::size_t i = 0; i < schedule_size<Plan>(); ++i) {
+            if (!items[i].is_loop) continue;
+            const loop_plan& lp = plan.loops.data()[items[i].index];
+            const node_info& f = info[lp.iter];
+            for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) {
+                const std::size_t n = members[m];
+                if (!plan.saved[n] || !plan.computed[n] || info[n].kind != op_kind::elementwise || viewed[n] ||
+                    steps.read[n] != i || !same_dense_shape(info[n], f))
+                    continue;
+                for (std::size_t k = lp.store_begin; k < lp.store_end; ++k) {
+                    const std::size_t g = members[k];
+                    const node_info& sn = info[Plan::stores[g]];
+                    if (used[g] || AccumulateMask::test(g) || !same_dense_shape(sn, f) || sn.buffer != info[n].buffer ||
+                        sn.elem_size != info[n].elem_size)
+                        continue;
+                    used[g] = true;
+                    t.node[t.count] = n, t.store[t.count] = g, ++t.count;
+                    break;
+                }
+            }
+        }
+        return t;
+    }
+    static constexpr table value = make();
+};
+// Points those saved values at their gradients' buffers (after prepare_scratch and bind_grads).
+template <class Plan, class AccumulateMask>
+void save_in_place(typename Plan::state_type& state) {
+    constexpr auto& t = in_place_saves<Plan, AccumulateMask>::value;
+    for (std::size_t i = 0; i < t.count; ++i) state.ptr[t.node[i]] = state.out[t.store[i]];
+}
+
 // Post-accumulate hooks run by the schedule walk: entry k runs right after schedule step
 // after[k] (ascending; a step past the schedule: after its last one), on param buffer
 // mut[param[k]] with extents ext + param_ext[k] and the gradient in store store[k]. The tables

@@ -137,6 +137,7 @@ public:
         if constexpr (Loss::kind == op_kind::elementwise) state.out[Plan::NS - 1] = &loss_slot;
         if constexpr (anomaly) dry_run<Plan, accumulate_mask<grads, Args...>>(state, scratch, offset);
         detail::prepare_scratch<Plan>(state, scratch, offset);
+        detail::save_in_place<Plan, accumulate_mask<grads, Args...>>(state);
         // the post-accumulate hooks run inside, each once its gradient is final
         if constexpr (post_hooks::size > 0)
             detail::run_loops<Plan, accumulate_mask<grads, Args...>>(
@@ -217,6 +218,7 @@ public:
         detail::note_plan_use<Plan>();
         if constexpr (anomaly) dry_run<Plan, accumulate_mask<grads, Args...>>(state, scratch, offset);
         detail::prepare_scratch<Plan>(state, scratch, offset);
+        detail::save_in_place<Plan, accumulate_mask<grads, Args...>>(state);
         if constexpr (post_hooks::size > 0)
             detail::run_loops<Plan, accumulate_mask<grads, Args...>>(
                 state, detail::post_hook_calls_of(hooks::table, ctx.state_.mut.data(), ctx.state_.ext.data()));
