@@ -155,9 +155,11 @@ struct loop_traits {
     bool row_shared, col_shared, serial;
 };
 // cost: operations per element; shared_elements: the row-shared reductions' buffer sizes, summed.
-[[gnu::noinline]] inline loop_split split_loop(std::size_t outer, std::size_t inner, std::size_t width,
-                                               std::size_t cost, loop_traits lt, std::size_t shared_elements) {
-    loop_split s;
+// Writes the split into s (a loop's context: returned by value, it was copied there through a
+// 32-byte register whose load waited for the callee's narrower stores, a store-forwarding stall).
+[[gnu::noinline]] inline void split_loop_into(loop_split& s, std::size_t outer, std::size_t inner, std::size_t width,
+                                              std::size_t cost, loop_traits lt, std::size_t shared_elements) {
+    s = loop_split{};
     s.rows = outer;
     s.cols = inner;
     if (outer == 1 && lt.col_shared && inner > loop_block) {
@@ -178,12 +180,12 @@ struct loop_traits {
         }
     }
     const std::size_t work = outer * inner * cost;
-    if (lt.serial || work < parallel_min_work) return s;
+    if (lt.serial || work < parallel_min_work) return;
     const std::size_t threads = num_threads();
-    if (threads <= 1) return s;
+    if (threads <= 1) return;
     if (s.blocks) {
         s.threads = threads;
-        return s;
+        return;
     }
     const std::size_t want = parallel_tasks(outer * inner, work, threads);
     const bool rows_ok = outer >= 2 && !lt.row_shared, cols_ok = inner >= 2 * width && !lt.col_shared;
@@ -198,6 +200,12 @@ struct loop_traits {
         s.tasks = (inner + s.cols - 1) / s.cols;
         s.threads = threads;
     }
+}
+// The same, returned (tests and one-off callers).
+inline loop_split split_loop(std::size_t outer, std::size_t inner, std::size_t width, std::size_t cost,
+                             loop_traits lt, std::size_t shared_elements) {
+    loop_split s;
+    split_loop_into(s, outer, inner, width, cost, lt, shared_elements);
     return s;
 }
 
@@ -233,6 +241,7 @@ struct loop_operand {
     std::uint32_t rank = 0, elem_size = 0;
     std::uint64_t broadcast = 0;
     bool input = false, view = false;
+    bool constant = false;  // a compile-time constant: the kernel has its value, the walk skips it
 };
 // One run of a loop's rows, handed to the kernel's row code: every operand's address at the
 // first row (bytes), how far the next row is (bytes), the rows' count and their elements
@@ -257,12 +266,15 @@ struct loop_walk {
 struct loop_context {
     const loop_walk* walk = nullptr;
     const loop_args* a = nullptr;
-    std::array<std::size_t, max_rank + 1> gext{};  // extents of the coalesced axis groups
+    // Not zeroed (each call wrote 73 words, a `rep stos` that was a third of a one-batch loop's
+    // set-up): gext is written for the loop's groups, copy_at and numel for its reductions, before
+    // anything reads them.
+    std::array<std::size_t, max_rank + 1> gext;  // extents of the coalesced axis groups
     std::size_t outer = 1, inner = 1;
     loop_split split;
     void* copies = nullptr;  // blocks: every block's copies of the shared reductions
     std::size_t copies_per_block = 0;
-    std::array<std::size_t, loop_max_reductions> copy_at{}, numel{};  // per reduction (no_block_copy: none)
+    std::array<std::size_t, loop_max_reductions> copy_at, numel;  // per reduction (no_block_copy: none)
 };
 
 // reduce_identity and reduce_combine for a kind known at run time (the driver's copies).
@@ -291,13 +303,17 @@ inline void combine_into(T* p, const T* q, std::size_t n, reduce_kind k) {
 // Splits a loop (split_loop) and runs its tasks, range(&c, t); a cut into blocks gives every
 // block its copies of the shared reductions, filled with their identities, then combines them
 // into the reductions' buffers in block order. One function per element type, not per loop.
+// (outer and inner come as arguments too: read back from c right after the caller's stores, the
+// pair was one 16-byte load that waited for both, a store-forwarding stall.)
 template <class T>
-[[gnu::noinline]] void run_loop(loop_context& c, const loop_reductions& rt, std::size_t width, std::size_t cost,
-                                bool serial, void (*range)(const void*, std::size_t)) {
+[[gnu::noinline]] void run_loop(loop_context& c, std::size_t outer, std::size_t inner, const loop_reductions& rt,
+                                std::size_t width, std::size_t cost, bool serial,
+                                void (*range)(const void*, std::size_t)) {
     const loop_args& a = *c.a;
-    c.split.rows = c.outer;
-    c.split.cols = c.inner;
-    if (rt.count > loop_max_reductions) return range(&c, 0);
+    if (rt.count > loop_max_reductions) {
+        c.split.rows = outer, c.split.cols = inner;
+        return range(&c, 0);
+    }
     std::size_t shared_elements = 0;
     for (std::size_t r = 0; r < rt.count; ++r) {
         std::size_t n = 1;
@@ -305,7 +321,8 @@ template <class T>
         c.numel[r] = n;
         if ((rt.row_shared >> r) & 1u) shared_elements += n;
     }
-    c.split = split_loop(c.outer, c.inner, width, cost, {rt.row_shared != 0, rt.col_shared != 0, serial}, shared_elements);
+    split_loop_into(c.split, outer, inner, width, cost, {rt.row_shared != 0, rt.col_shared != 0, serial},
+                    shared_elements);
     if (!c.split.blocks) return run_loop_tasks(c.split.tasks, c.split.threads, range, &c);
     const bool rows = c.split.by_rows;
     for (std::size_t r = 0; r < rt.count; ++r) {
@@ -355,6 +372,11 @@ template <class T>
     auto* const idx = reinterpret_cast<std::size_t*>(ptr + n);
     for (std::size_t o = 0; o < n; ++o) {
         const loop_operand& op = w.op[o];
+        if (op.constant) {  // no buffer: nothing moves along any axis
+            ptr[o] = nullptr, next[o] = 0, inner_stride[o] = 1;
+            for (std::size_t g = 0; g < G; ++g) stride[o * G + g] = 0;
+            continue;
+        }
         const std::size_t lead = w.iter_rank - op.rank;
         if (o < w.n_in + w.n_red + w.n_mat) ptr[o] = static_cast<char*>(const_cast<void*>(a.ptr[a.node[o]]));
         else ptr[o] = static_cast<char*>(a.out[a.node[o]]);
@@ -518,6 +540,7 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
                 if (broadcast_axis(o, x)) r[o].broadcast |= std::uint64_t(1) << x;
             r[o].input = o < n_in;
             r[o].view = is_view_input(o);
+            r[o].constant = o < n_in && is_constant(o);
         }
         return r;
     }
@@ -537,9 +560,10 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
         c.a = &a;
         const std::array<std::size_t, G> gext = group_extents(a);
         for (std::size_t g = 0; g < G; ++g) c.gext[g] = gext[g];
-        for (std::size_t g = 0; g + 1 < G; ++g) c.outer *= gext[g];
-        c.inner = gext[G - 1];
-        run_loop<T>(c, rt, W, n_body + n_ops, Check, &walk_rows);
+        std::size_t outer = 1;
+        for (std::size_t g = 0; g + 1 < G; ++g) outer *= gext[g];
+        c.outer = outer, c.inner = gext[G - 1];
+        run_loop<T>(c, outer, gext[G - 1], rt, W, n_body + n_ops, Check, &walk_rows);
     }
 
     // A run of rows (walk_rows): the loop's code, compiled once for the loop and its tasks.
