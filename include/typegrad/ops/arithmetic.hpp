@@ -1,6 +1,9 @@
 #pragma once
 // + - * / and negation: operators on expressions, constant folding, and the identities that
 // keep gradient graphs small (x*1, x+0, -(-x)).
+#include <bit>
+#include <cstdint>
+
 #include <typegrad/ops/op_base.hpp>
 
 namespace typegrad {
@@ -187,9 +190,11 @@ constexpr bool exact_product(double a, double b) {
     const double p = a * b < 0 ? -(a * b) : a * b;
     return (power_of_two(a) || power_of_two(b)) && p >= 0x1p-126 && p <= 0x1p127;
 }
-// e * K with constant factors merged where exact; Otherwise when they are not.
-template <double K, expression E, class Otherwise>
+// e * K with constant factors merged where exact; otherwise when they are not. (K as its bits:
+// clang 14 takes no floating-point template arguments.)
+template <std::uint64_t KBits, expression E, class Otherwise>
 constexpr auto scale(E, Otherwise otherwise) {
+    constexpr double K = std::bit_cast<double>(KBits);
     using N = typename E::node_type;
     if constexpr (constant_expand<N>::value) {
         if constexpr (exact_product(constant_expand<N>::c, K))
@@ -216,19 +221,21 @@ template <expression G, expression X>
 constexpr auto grad_mul(G g, X x) {
     using NG = typename G::node_type;
     using NX = typename X::node_type;
-    if constexpr (folds_into<G, X>()) return scale<constant_expand<NG>::c>(x, lit<constant_expand<NG>::c> * x);
-    else if constexpr (is_constant_v<NX>) return scale<NX::value>(g, g * x);
+    if constexpr (folds_into<G, X>())
+        return scale<std::bit_cast<std::uint64_t>(constant_expand<NG>::c)>(x, lit<constant_expand<NG>::c> * x);
+    else if constexpr (is_constant_v<NX>) return scale<std::bit_cast<std::uint64_t>(NX::value)>(g, g * x);
     else return g * x;
 }
 template <expression G, expression X>
 constexpr auto grad_div(G g, X x) {
     using NX = typename X::node_type;
     if constexpr (folds_into<G, X>()) return expr<type_at_t<0, typename G::node_type::children>>{} / x;
-    else if constexpr (power_of_two(constant_of<NX>::value)) return scale<1.0 / NX::value>(g, g / x);
+    else if constexpr (power_of_two(constant_of<NX>::value))
+        return scale<std::bit_cast<std::uint64_t>(1.0 / NX::value)>(g, g / x);
     else return g / x;
 }
 template <expression G>
-constexpr auto grad_neg(G g) { return scale<-1.0>(g, -g); }
+constexpr auto grad_neg(G g) { return scale<std::bit_cast<std::uint64_t>(-1.0)>(g, -g); }
 
 template <std::size_t I, class G, class Out, class A, class B>
 constexpr auto sub_op::vjp(G g, Out, A, B) {
