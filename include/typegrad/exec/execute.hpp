@@ -708,13 +708,18 @@ inline constexpr buffer_steps<Plan::M, Plan::NS> buffer_steps_v = make_buffer_st
 // third buffer cost the write's read-for-ownership and 4 MB more of cache). Gradient buffers never
 // overlap an input or each other (exec/call.hpp checks), and a post-accumulate hook runs after
 // its gradient's last write, so no one sees the buffer in between.
+// Its table: a type keyed by a size, not by the plan (a struct nested in a plan-keyed class gets
+// the plan's whole type printed into its code-generation name: clang's code generation then ran
+// out of memory on two GPT blocks).
+template <std::size_t N>
+struct in_place_table {
+    std::size_t count = 0;
+    std::size_t node[N]{};
+    std::size_t store[N]{};
+};
 template <class Plan, class AccumulateMask>
 struct in_place_saves {
-    struct table {
-        std::size_t count = 0;
-        std::size_t node[Plan::NS + 1]{};
-        std::size_t store[Plan::NS + 1]{};
-    };
+    using table = in_place_table<Plan::NS + 1>;
     static constexpr bool same_dense_shape(const node_info& a, const node_info& f) {
         if (a.rank != f.rank || a.rank == 0 || !a.contiguous) return false;
         for (std::size_t i = 0; i < a.rank; ++i)
@@ -726,19 +731,32 @@ struct in_place_saves {
         const node_info* const info = Plan::program::info.data();
         const std::size_t* const members = plan.members.data();
         const step_item* const items = schedule_v<Plan>.data();
-        constexpr auto& steps = buffer_steps_v<Plan>;
+        constexpr std::size_t steps = schedule_size<Plan>();
         table t;
-        bool viewed[Plan::M + 1]{}, used[Plan::NS + 1]{};
+        // the last step that reads each node (views of it are excluded below, so directly)
+        std::size_t last_[Plan::M + 1]{};
+        bool viewed_[Plan::M + 1]{}, used_[Plan::NS + 1]{};
+        std::size_t* const last = last_;
+        bool *const viewed = viewed_, *const used = used_;
         for (std::size_t n = 0; n < Plan::M; ++n)
             if (info[n].kind == op_kind::view) viewed[info[n].child[0]] = true;
-        for (std::size_t i = 0; i < schedule_size<Plan>(); ++i) {
+        for (std::size_t i = 0; i < steps; ++i) {
+            if (items[i].is_loop) {
+                const loop_plan& lp = plan.loops.data()[items[i].index];
+                for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) last[members[m]] = i + 1;
+            } else {
+                const node_info& ni = info[items[i].index];
+                for (std::size_t c = 0; c < ni.arity; ++c) last[ni.child[c]] = i + 1;
+            }
+        }
+        for (std::size_t i = 0; i < steps; ++i) {
             if (!items[i].is_loop) continue;
             const loop_plan& lp = plan.loops.data()[items[i].index];
             const node_info& f = info[lp.iter];
             for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) {
                 const std::size_t n = members[m];
                 if (!plan.saved[n] || !plan.computed[n] || info[n].kind != op_kind::elementwise || viewed[n] ||
-                    steps.read[n] != i || !same_dense_shape(info[n], f))
+                    last[n] != i + 1 || !same_dense_shape(info[n], f))
                     continue;
                 for (std::size_t k = lp.store_begin; k < lp.store_end; ++k) {
                     const std::size_t g = members[k];
