@@ -112,8 +112,8 @@ TEST_CASE("exp reaches subnormal results and overflows only past the largest flo
     CHECK(r[3] == std::exp(88.7f));  // 3.3e38, was inf
     CHECK(r[20] == inf);
     CHECK(r[32] == 0.f);
-    // infinite and NaN lanes stay on the vector path (xsimd's exp is right there), beside lanes
-    // that take the C library's (first batch) and in batches of their own (masked logits)
+    // infinite and NaN lanes beside subnormal results (first batch) and in batches of their own
+    // (masked logits)
     std::vector<float> xi(48, -inf);
     xi[1] = -90.f;
     xi[2] = inf;
