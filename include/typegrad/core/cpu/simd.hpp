@@ -332,6 +332,8 @@ inline auto exp(const xsimd::batch<T, A>& x) {
             }
             return out;
         } else {
+            // xsimd 8.1's own reduction (an internal of Debian 12's xsimd, the version this header is
+            // written for; its only use of xsimd internals)
             using reduction = xsimd::kernel::detail::exp_reduction<T, A, xsimd::kernel::detail::exp_tag>;
             const B xc = _mm512_min_pd(_mm512_set1_pd(800.0), _mm512_max_pd(_mm512_set1_pd(-800.0), x));
             B hi, lo, r;
