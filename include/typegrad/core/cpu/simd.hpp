@@ -287,6 +287,21 @@ template <class T>
 inline T reduce_prod(T v) { return v; }
 
 // ---- elementwise math: batches ------------------------------------------------------------
+// r with its finite lanes beyond +-edge replaced by the C library's exp (rare: one check a batch).
+template <class T, class A>
+inline xsimd::batch<T, A> exp_far_lanes(const xsimd::batch<T, A>& x, xsimd::batch<T, A> r, T edge) {
+    using B = xsimd::batch<T, A>;
+    const B ax = xsimd::abs(x);
+    if (xsimd::any((ax > B(edge)) & (ax < B(std::numeric_limits<T>::infinity())))) [[unlikely]] {
+        alignas(64) T in[B::size], out[B::size];
+        x.store_aligned(in);
+        r.store_aligned(out);
+        for (std::size_t i = 0; i < B::size; ++i)
+            if (std::abs(in[i]) > edge && std::isfinite(in[i])) out[i] = std::exp(in[i]);
+        r = B::load_aligned(out);
+    }
+    return r;
+}
 // xsimd 8.1's exp flushes results below the smallest normal number to 0 (exp(-90.f) = 0, not
 // 8.2e-40) and overflows early (exp(88.7f) = inf, not 3.3e38); PyTorch's kernels do neither.
 // Finite lanes that far out (rare) take the C library's exp. Infinite lanes do not: exp(-inf) = 0
@@ -321,16 +336,7 @@ inline auto exp(const xsimd::batch<T, A>& x) {
             B out = B(_mm512_mul_ps(e, _mm512_castsi512_ps(bits)));
             out = xsimd::select(x < B(-87.5f), B(0.f), out);
             out = xsimd::select(x > B(88.5f), B(std::numeric_limits<float>::infinity()), out);
-            const B ax = xsimd::abs(x);
-            if (xsimd::any((ax > B(87.f)) & (ax < B(std::numeric_limits<float>::infinity())))) [[unlikely]] {
-                alignas(64) float in[B::size], res[B::size];
-                x.store_aligned(in);
-                out.store_aligned(res);
-                for (std::size_t i = 0; i < B::size; ++i)
-                    if (std::abs(in[i]) > 87.f && std::isfinite(in[i])) res[i] = std::exp(in[i]);
-                out = B::load_aligned(res);
-            }
-            return out;
+            return exp_far_lanes(x, out, 87.f);
         } else {
             // xsimd 8.1's own reduction (an internal of Debian 12's xsimd, the version this header is
             // written for; its only use of xsimd internals)
@@ -343,18 +349,7 @@ inline auto exp(const xsimd::batch<T, A>& x) {
     } else
 #endif
     {
-        B r = xsimd::exp(x);
-        constexpr T edge = std::is_same_v<T, float> ? T(87) : T(708);
-        const B ax = xsimd::abs(x);
-        if (xsimd::any((ax > B(edge)) & (ax < B(std::numeric_limits<T>::infinity())))) [[unlikely]] {
-            alignas(64) T in[B::size], out[B::size];
-            x.store_aligned(in);
-            r.store_aligned(out);
-            for (std::size_t i = 0; i < B::size; ++i)
-                if (std::abs(in[i]) > edge && std::isfinite(in[i])) out[i] = std::exp(in[i]);
-            r = B::load_aligned(out);
-        }
-        return r;
+        return exp_far_lanes(x, xsimd::exp(x), std::is_same_v<T, float> ? T(87) : T(708));
     }
 }
 // xsimd 8.1's double log is wrong for subnormal inputs (log(1e-310) gave -746.5, not -713.8;
