@@ -119,7 +119,7 @@ TEST_CASE("prod matches finite differences, over all elements and along axes", "
     check_gradient(tg::sum(tg::square(tg::prod(t, tg::axes<1>))), at(t, tv));
     check_gradient(tg::sum(tg::exp(tg::prod(t, tg::axes<0, 2>))), at(t, tv));
     check_gradient(tg::sum(t * tg::prod(t, tg::axes<-1>, tg::keepdim)), at(t, tv));
-    // second order: the gradient graph holds a second prod (the zero-free product)
+    // second order without a zero: the gradient out / x
     check_gradient(tg::sum(tg::square(tg::grad(tg::prod(m), m))), at(m, uniform(15, 0.5, 1.5, 6)));
 }
 
@@ -169,6 +169,107 @@ TEST_CASE("prod's gradient with zeros is torch.prod's", "[ops][reduce]") {
     std::vector<double> sv{INFINITY}, gs(1);
     CHECK(tg::compile(tg::prod(s), tg::wrt(s)).value_and_grad(tg::bind(s, sv), tg::grad_into(s, gs)) == INFINITY);
     CHECK(gs[0] == 1);
+}
+
+namespace {
+// torch.prod's gradient of sum(prod(slices) * w) over slices given as lists of element indices
+// of x, in double: out / x without a zero; the others' product at a slice's only zero and 0
+// elsewhere; 0 everywhere with two zeros.
+std::vector<double> prod_grad_reference(const std::vector<double>& x, const std::vector<std::vector<std::size_t>>& slices,
+                                        const std::vector<double>& w) {
+    std::vector<double> g(x.size(), -1.0);
+    for (std::size_t s = 0; s < slices.size(); ++s) {
+        std::size_t zeros = 0;
+        for (std::size_t i : slices[s]) zeros += x[i] == 0;
+        for (std::size_t i : slices[s]) {
+            double others = 1;
+            for (std::size_t j : slices[s])
+                if (j != i) others *= x[j];
+            g[i] = zeros >= 2 ? 0.0 : w[s] * others;
+        }
+    }
+    return g;
+}
+}  // namespace
+
+TEST_CASE("prod's zero statistics per slice: along axes, through a view, under underflow and NaN", "[ops][reduce]") {
+    // [3, 4, 5]: the slices of axis 1 (15 of 4 elements) hold no zero, one or two; those of
+    // axes 0 and 2 (4 of 15) likewise
+    constexpr auto t = tg::param<"t", double, tg::shape<3, 4, 5>>;
+    std::vector<double> tv = uniform(60, 0.6, 1.4, 21);
+    for (std::size_t i = 0; i < 60; i += 7) tv[i] = -tv[i];
+    for (std::size_t i : {5u, 12u, 17u, 26u, 33u, 46u}) tv[i] = 0.0;
+    tv[26] = -0.0;
+    const std::size_t along1 = 15, along02 = 4;
+    std::vector<std::vector<std::size_t>> s1(along1), s02(along02);
+    for (std::size_t a = 0; a < 3; ++a)
+        for (std::size_t b = 0; b < 4; ++b)
+            for (std::size_t c = 0; c < 5; ++c) {
+                s1[a * 5 + c].push_back(a * 20 + b * 5 + c);
+                s02[b].push_back(a * 20 + b * 5 + c);
+            }
+    std::size_t one_zero = 0, two_zeros = 0;
+    for (const auto& sl : s1) {
+        const auto z = std::count_if(sl.begin(), sl.end(), [&](std::size_t i) { return tv[i] == 0; });
+        one_zero += z == 1, two_zeros += z >= 2;
+    }
+    REQUIRE(one_zero >= 3);  // the data exercise every branch
+    REQUIRE(two_zeros >= 1);
+    std::vector<double> w1 = uniform(along1, -2, 2, 22), w02 = uniform(along02, -2, 2, 23), g(60);
+    constexpr auto w15 = tg::input<"w15", double, tg::shape<3, 5>>;
+    constexpr auto w4 = tg::input<"w4", double, tg::shape<1, 4, 1>>;
+    auto check = [&](const std::vector<double>& expect) {
+        for (std::size_t i = 0; i < 60; ++i) {
+            INFO("element " << i);
+            if (expect[i] == 0) CHECK(g[i] == 0);
+            else CHECK_THAT(g[i], Catch::Matchers::WithinRel(expect[i], 1e-12));
+        }
+    };
+    tg::compile(tg::sum(tg::prod(t, tg::axes<1>) * w15), tg::wrt(t))
+        .value_and_grad(tg::bind(t, tv), tg::bind(w15, w1), tg::grad_into(t, g));
+    check(prod_grad_reference(tv, s1, w1));
+    tg::compile(tg::sum(tg::prod(t, tg::axes<0, 2>, tg::keepdim) * w4), tg::wrt(t))
+        .value_and_grad(tg::bind(t, tv), tg::bind(w4, w02), tg::grad_into(t, g));
+    check(prod_grad_reference(tv, s02, w02));
+    // through a transposed view ([5, 4, 3] read with strides 1, 5, 20): the same slices
+    constexpr auto u = tg::param<"u", double, tg::shape<5, 4, 3>>;
+    std::vector<double> uv(60), gu(60);
+    for (std::size_t a = 0; a < 3; ++a)
+        for (std::size_t b = 0; b < 4; ++b)
+            for (std::size_t c = 0; c < 5; ++c) uv[c * 12 + b * 3 + a] = tv[a * 20 + b * 5 + c];
+    tg::compile(tg::sum(tg::prod(tg::permute<2, 1, 0>(u), tg::axes<1>) * w15), tg::wrt(u))
+        .value_and_grad(tg::bind(u, uv), tg::bind(w15, w1), tg::grad_into(u, gu));
+    for (std::size_t a = 0; a < 3; ++a)
+        for (std::size_t b = 0; b < 4; ++b)
+            for (std::size_t c = 0; c < 5; ++c) g[a * 20 + b * 5 + c] = gu[c * 12 + b * 3 + a];
+    check(prod_grad_reference(tv, s1, w1));
+
+    // A product that underflows to 0 without a zero factor, and a NaN factor: the slice is read,
+    // no zero found, and the gradient is out / x (0 and NaN), as torch.prod's.
+    constexpr auto r = tg::param<"r", float, tg::shape<tg::dyn, 3>>;
+    auto rows = tg::compile(tg::sum(tg::prod(r, tg::axes<1>)), tg::wrt(r));
+    std::vector<float> d{1e-30f, 1e-30f, 2, NAN, 2, 3, 4, 0, NAN}, gr(9);
+    rows.value_and_grad(tg::bind(r, d, {3, 3}), tg::grad_into(r, gr));
+    CHECK(gr[0] == 0);
+    CHECK(gr[1] == 0);
+    CHECK(gr[2] == 0);
+    CHECK(std::isnan(gr[3]));
+    CHECK(std::isnan(gr[4]));
+    CHECK(std::isnan(gr[5]));
+    // one zero beside a NaN: the product of the others (NaN) at the zero, g * 0 at the others
+    CHECK(gr[6] == 0);
+    CHECK(std::isnan(gr[7]));
+    CHECK(gr[8] == 0);
+
+    // second order at a slice's only zero: the gradient there is the product of the others, whose
+    // own gradient is that product over each other factor, finite (a division that zeros do not
+    // reach had made it NaN). The others' gradient there is g * 0, a constant, which lacks its
+    // derivative with respect to the zero (as before this change); the square multiplies that
+    // term by the others' gradient, 0, so the check below is exact without it.
+    auto mv = uniform(15, 0.5, 1.5, 6);
+    mv[4] = 0.0;
+    check_gradient(tg::sum(tg::square(tg::grad(tg::prod(m), m))), at(m, mv));
+    check_gradient(tg::sum(tg::square(tg::grad(tg::sum(tg::prod(m, tg::axes<1>)), m))), at(m, mv));
 }
 
 TEST_CASE("a long prod is one pass, the same bits on any thread count", "[ops][reduce][threads]") {
