@@ -361,7 +361,8 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
             // had made this loop 1.25x the hand-written one).
             auto zeros = make_node<prod_zeros_op<0>>(detach(out), x);
             auto rest = make_node<prod_zeros_op<1>>(detach(out), x);
-            auto one = eq(zeros, lit<1>), none = eq(zeros, lit<0>);
+            auto one = eq(zeros, lit<1>);
+            auto none = eq(zeros, lit<0>);
             auto only_zero = where(one, lit<0>, lit<__builtin_nan("")>);
             auto others = where(one, g * lit<0>, lit<0>);
             return where(eq(x, only_zero), grad_mul(g, rest),
