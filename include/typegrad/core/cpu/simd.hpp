@@ -318,8 +318,8 @@ inline xsimd::batch<T, A> exp_far_lanes(const xsimd::batch<T, A>& x, xsimd::batc
 // xsimd's bits wherever xsimd's are not flushed.
 template <class T, class A>
 inline auto exp(const xsimd::batch<T, A>& x) {
-    using B = xsimd::batch<T, A>;
 #if XSIMD_WITH_AVX512F
+    using B = xsimd::batch<T, A>;  // in the AVX-512 branch only: unused elsewhere (-Wunused-local-typedefs)
     if constexpr (std::is_base_of_v<xsimd::avx512f, A> && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
         if constexpr (std::is_same_v<T, float>) {
             const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f)),
