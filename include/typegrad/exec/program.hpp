@@ -55,8 +55,6 @@ struct node_info {
     // An elementwise op's cost per element in units of one arithmetic instruction (Op::cost;
     // about 12 for exp): the planner stores a value rather than recompute it where this is high.
     unsigned cost = 0;
-    // Its values are 0 and 1 (a comparison, Op::mask_valued): a sum of them is exact in any order.
-    bool mask = false;
 };
 
 // Node N's row, without its operand ids. A class template's constant, not a function: a function
@@ -85,12 +83,6 @@ template <class Op>
 constexpr unsigned cost_of() {
     if constexpr (requires { Op::cost; }) return Op::cost;
     else return 0;
-}
-template <class Op>
-constexpr bool mask_of() {
-    // a constant only: an op (a user's too) may have a member of that name that is something else
-    if constexpr (requires { std::bool_constant<bool(Op::mask_valued)>{}; }) return Op::mask_valued;
-    else return false;
 }
 template <class Op>
 constexpr std::size_t extra_bytes_of() {
@@ -147,8 +139,7 @@ struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
                                                         .value = dtype_code_of<storage_t<Value>>(),
                                                         .extra_bytes = extra_bytes_of<Op>(),
                                                         .name = Op::name,
-                                                        .cost = cost_of<Op>(),
-                                                        .mask = mask_of<Op>()}));
+                                                        .cost = cost_of<Op>()}));
 };
 
 // The flat program of a graph (a topo<Roots...>): its nodes in topological order and one

@@ -112,8 +112,6 @@ template <class Op>
 concept op_declares_cost = requires {
     { Op::cost } -> std::convertible_to<unsigned>;
 };
-// Optional: an elementwise op's `static constexpr bool mask_valued = true` says its values are 0 and 1
-// (the comparisons), so a fused loop may sum them in any order (four accumulator chains).
 // The whole protocol.
 template <class Op>
 concept op_struct = op_declares_kind<Op> && op_declares_name<Op> && op_declares_differentiable<Op> &&

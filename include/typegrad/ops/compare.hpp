@@ -8,7 +8,6 @@ namespace detail {
 
 #define TYPEGRAD_DETAIL_MASK_OP(fn)                                                     \
     struct fn##_op : nondifferentiable_elementwise_op {                                  \
-        static constexpr bool mask_valued = true; /* 0 or 1: sums exact in any order */  \
         static constexpr const char* name = #fn;                                         \
         static constexpr const char* device = "tg_" #fn "({0}, {1})";                    \
         template <class V> static V apply(const V& a, const V& b) { return simd::fn(a, b); } \

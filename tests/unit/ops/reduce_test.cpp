@@ -399,10 +399,10 @@ TEST_CASE("a reduction gets the same bits from forward() and value_and_grad()", 
 }
 
 TEST_CASE("a count of a mask is exact, in four chains, and has the same bits in every plan", "[ops][reduce][plan]") {
-    // A sum of a comparison (prod's count of zeros, a user's count) keeps four accumulator chains
-    // like max and prod: its value is an integer, exact in any order. Fused with a product and a
-    // plain sum (one chain), in value_and_grad (which also counts prod's zeros) and forward, on 1
-    // and 3 threads, and along rows.
+    // A sum of a comparison (a user's count) keeps four accumulator chains like every row
+    // reduction, and its value is an integer: exact. Fused with a product and a plain sum, in
+    // value_and_grad (which also reads prod's zero statistics) and forward, on 1 and 3 threads,
+    // and along rows.
     constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn>>;
     constexpr auto rows = tg::param<"r", float, tg::shape<3, tg::dyn>>;
     auto step = tg::compile(tg::sum(tg::gt(a, tg::lit<1>)) + tg::prod(a) + tg::sum(a * a), tg::wrt(a));
@@ -438,9 +438,9 @@ TEST_CASE("a count of a mask is exact, in four chains, and has the same bits in 
 }
 
 TEST_CASE("products and maxima in four chains get the same bits from forward() and value_and_grad()", "[ops][reduce][plan]") {
-    // A row's max, min and prod keep four accumulator chains (sums one): value_and_grad's loop also
-    // counts zeros and forms the product of the others, the forward plan's only the loss, and the
-    // chains must be the same in both; on 1 and 3 threads too.
+    // A row's max, min, prod and sum keep four accumulator chains: value_and_grad's loops also
+    // compute the gradient, the forward plan's only the loss, and the chains must be the same in
+    // both; on 1 and 3 threads too.
     constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn>>;
     constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn>>;
     constexpr auto rows = tg::param<"r", float, tg::shape<3, tg::dyn>>;

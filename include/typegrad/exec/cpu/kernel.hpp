@@ -120,8 +120,8 @@ namespace loop_desc {
 // materialisation, 2 per store.
 inline constexpr std::size_t iter_rank = 0, n_in = 1, n_body = 2, n_red = 3, n_mat = 4, n_store = 5, header = 6;
 inline constexpr std::size_t flag_view = 1, flag_constant = 2;
-// A reduction's first word: its kind, plus this bit when its operand is a mask (node_info::mask).
-inline constexpr std::size_t red_kind_bits = 3, red_of_mask = 4;
+// A reduction's first word: its kind (these bits).
+inline constexpr std::size_t red_kind_bits = 3;
 }  // namespace loop_desc
 
 // ---- a loop on several threads ------------------------------------------------------------
@@ -622,7 +622,7 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
             finish<Chain>(v, acc, chain_acc, out_ptr, off, at, W);
         };
         if constexpr (split_chains) {
-            // four batches a step, each max/min/prod row reduction in four chains (sums in one)
+            // four batches a step, each row reduction in four chains
             std::array<batch_t, n_red + 1> acc1 = acc, acc2 = acc, acc3 = acc;
             for (; j + 4 * W <= j1; j += 4 * W) {
                 step.template operator()<0>(j, acc);
@@ -710,18 +710,13 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
         if constexpr (Check && !is_constant_input<I>()) note_nonfinite(v[I], a.node[I]);
     }
 
-    // A reduction along the row whose combine is max, min or prod, or a sum of a mask: a cheap
-    // body (a max loop of a softmax, prod's count of zeros) is bound by the latency of one
-    // accumulator chain, so the loop keeps four. Other sums keep one chain, so their bits do not
-    // depend on the loop they are fused into; for max and min the order does not change the
-    // value, a product's four chains are the same in every plan, and a count of ones is exact in
-    // any order (below 2^24 per chain in float; the chains follow the operand's op, not the loop).
-    static constexpr bool chained(std::size_t r) {
-        const std::size_t word = d[red_base + 2 * r];
-        return inner_broadcast(n_in + r) &&
-               (static_cast<reduce_kind>(word & loop_desc::red_kind_bits) != reduce_kind::sum ||
-                (word & loop_desc::red_of_mask) != 0);
-    }
+    // Every reduction along the row accumulates in four chains: a body of a few instructions (a
+    // max loop of a softmax, a sum of squares) is bound by the latency of one accumulator chain.
+    // Their order is the row's alone: element j goes to chain (j - j0) / W % 4 up to the last
+    // full step of four batches, the chains are joined pairwise, then the rest go in one by one.
+    // So a sum's bits do not depend on the loop it is fused into, nor on the thread count (a row
+    // is cut into blocks by its length alone: split_loop_into).
+    static constexpr bool chained(std::size_t r) { return inner_broadcast(n_in + r); }
     static constexpr bool split_chains = [] {
         for (std::size_t r = 0; r < n_red; ++r)
             if (chained(r)) return true;
@@ -1001,8 +996,7 @@ struct loop_layout {
             }
             for (std::size_t i = 0; i < c.n_red; ++i) {
                 const std::size_t node = members[lp.red_begin + i];
-                r[k++] = static_cast<std::size_t>(info[node].combine) |
-                         (info[info[node].child[0]].mask ? loop_desc::red_of_mask : 0);
+                r[k++] = static_cast<std::size_t>(info[node].combine);
                 r[k++] = slot_of(info[node].child[0]);
             }
             for (std::size_t i = 0; i < c.n_mat; ++i) r[k++] = slot_of(members[lp.mat_begin + i]);
