@@ -157,8 +157,13 @@ struct loop_traits {
 // cost: operations per element; shared_elements: the row-shared reductions' buffer sizes, summed.
 // Writes the split into s (a loop's context: returned by value, it was copied there through a
 // 32-byte register whose load waited for the callee's narrower stores, a store-forwarding stall).
+// The traits come as three arguments: as one struct, run_loop built them in memory a byte at a
+// time and passed them as one 4-byte load of those stores (a store-forwarding stall: most of
+// run_loop's samples in a 16-element call).
 [[gnu::noinline]] inline void split_loop_into(loop_split& s, std::size_t outer, std::size_t inner, std::size_t width,
-                                              std::size_t cost, loop_traits lt, std::size_t shared_elements) {
+                                              std::size_t cost, bool row_shared, bool col_shared, bool serial,
+                                              std::size_t shared_elements) {
+    const loop_traits lt{row_shared, col_shared, serial};
     s = loop_split{};
     s.rows = outer;
     s.cols = inner;
@@ -205,7 +210,7 @@ struct loop_traits {
 inline loop_split split_loop(std::size_t outer, std::size_t inner, std::size_t width, std::size_t cost,
                              loop_traits lt, std::size_t shared_elements) {
     loop_split s;
-    split_loop_into(s, outer, inner, width, cost, lt, shared_elements);
+    split_loop_into(s, outer, inner, width, cost, lt.row_shared, lt.col_shared, lt.serial, shared_elements);
     return s;
 }
 
@@ -321,7 +326,7 @@ template <class T>
         c.numel[r] = n;
         if ((rt.row_shared >> r) & 1u) shared_elements += n;
     }
-    split_loop_into(c.split, outer, inner, width, cost, {rt.row_shared != 0, rt.col_shared != 0, serial},
+    split_loop_into(c.split, outer, inner, width, cost, rt.row_shared != 0, rt.col_shared != 0, serial,
                     shared_elements);
     if (!c.split.blocks) return run_loop_tasks(c.split.tasks, c.split.threads, range, &c);
     const bool rows = c.split.by_rows;
