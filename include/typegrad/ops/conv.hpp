@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include <typegrad/core/cpu/buffer_pool.hpp>
@@ -308,11 +309,171 @@ const C* chunk_rows(const conv_geometry& g, const C* gy, std::size_t n0, std::si
     images_to_rows(g, gy, n0, nb, rows);
     return rows;
 }
+// [channels, nb P] -> [N, channels, P] images n0 .. n0 + nb
+template <class C>
+void rows_to_images(const C* rows, std::size_t n0, std::size_t nb, std::size_t channels, std::size_t pixels, C* y) {
+    for (std::size_t i = 0; i < nb; ++i)
+        for (std::size_t o = 0; o < channels; ++o)
+            std::copy_n(rows + (o * nb + i) * pixels, pixels, y + ((n0 + i) * channels + o) * pixels);
+}
 template <class C>
 void rows_to_images(const conv_geometry& g, const C* rows, std::size_t n0, std::size_t nb, C* y) {
-    for (std::size_t i = 0; i < nb; ++i)
-        for (std::size_t o = 0; o < g.o; ++o)
-            std::copy_n(rows + (o * nb + i) * g.pixels(), g.pixels(), y + ((n0 + i) * g.o + o) * g.pixels());
+    rows_to_images(rows, n0, nb, g.o, g.pixels(), y);
+}
+
+// A chunk's im2col matrix, never stored: packs its blocks for gemm_packed_b straight from the
+// dense input ([images, channels, H, W], `x` at the chunk's first image and the group's first
+// channel). Row p is tap (c, i, j), column q output pixel q of the chunk's images; the values are
+// im2col's, so a product over them has the bits of one over im2col's buffer. Writing im2col and
+// packing it read and wrote every element twice more (im2col, its zeros and the packing: 10% of
+// a conv2d step, benchmarks/README.md).
+template <class C>
+struct conv_panels {
+    const conv_geometry& g;  // the kernel, stride, padding, dilation and both extents
+    const C* x;
+    std::size_t image;  // elements between the input's images
+    const C* first;     // the whole operand [first, last): what may be read
+    const C* last;
+
+    void operator()(std::size_t pc, std::size_t kc, std::size_t jc, std::size_t nc, C* out) const {
+        constexpr std::size_t R = gemm_panel_width<C>, W = simd::width<C>;
+        static_assert(R % W == 0);
+        // The lanes of a panel in runs, each in one output row of one image: a run's lanes read
+        // one input row at the stride (or padding) whatever the tap.
+        struct run {
+            std::size_t lane, len;
+            const C* base;         // the run's image
+            std::ptrdiff_t ih, iw;  // input row and column of its first lane at tap (0, 0)
+        };
+        const std::size_t pixels = g.pixels(), taps = g.kh * g.kw, plane = g.h * g.w;
+        for (std::size_t jr = 0; jr < nc; jr += R, out += R * kc) {
+            const std::size_t len = std::min(R, nc - jr);
+            run runs[R];
+            std::size_t nr = 0;
+            const std::size_t q = jc + jr;
+            std::size_t img = q / pixels, oh = q % pixels / g.wo, ow = q % pixels % g.wo;
+            for (std::size_t l = 0; l < len;) {
+                const std::size_t take = std::min(len - l, g.wo - ow);
+                runs[nr++] = {l, take, x + img * image, std::ptrdiff_t(oh * g.sh) - std::ptrdiff_t(g.ph),
+                              std::ptrdiff_t(ow * g.sw) - std::ptrdiff_t(g.pw)};
+                l += take;
+                ow = 0;
+                if (++oh == g.ho) oh = 0, ++img;
+            }
+            std::size_t c = pc / taps, i = pc % taps / g.kw, j = pc % g.kw;
+#if defined(__AVX512F__)
+            // Stride 1 with AVX-512, tap by tap: a tap reads the same pieces of every channel's
+            // plane (the vector, its lanes and their offset in the plane), found once for the panel;
+            // each piece a whole-vector load merged into the row in registers, the row stored once.
+            // Zeroing the row and copying the runs over it took a masked store per run and masked
+            // loads, both slow on AMD's cores (two thirds of this packing's samples on Zen 5).
+            if constexpr ((std::is_same_v<C, float> && W == 16) || (std::is_same_v<C, double> && W == 8))
+                if (g.sw == 1) {
+                    constexpr std::size_t V = R / W;
+                    struct piece {
+                        std::ptrdiff_t at;  // element offset from x (channel 0) of the vector's lane 0
+                        unsigned mask, v;
+                    };
+                    piece pieces[R + V];
+                    const std::ptrdiff_t w = std::ptrdiff_t(g.w);
+                    const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(first);
+                    const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(last);
+                    for (std::size_t t = 0; t < taps; ++t) {
+                        const std::ptrdiff_t di = std::ptrdiff_t(t / g.kw * g.dh), dj = std::ptrdiff_t(t % g.kw * g.dw);
+                        std::size_t np = 0;
+                        for (std::size_t r = 0; r < nr; ++r) {
+                            const run& u = runs[r];
+                            const std::ptrdiff_t ih = u.ih + di, iw = u.iw + dj;
+                            if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
+                            for (std::size_t v = u.lane / W * W; v < u.lane + u.len; v += W) {
+                                // the run's lanes e in [lo, hi) read iw + e, within vector v
+                                const std::ptrdiff_t lo = std::max<std::ptrdiff_t>({0, -iw, std::ptrdiff_t(v) - std::ptrdiff_t(u.lane)});
+                                const std::ptrdiff_t hi = std::min<std::ptrdiff_t>(
+                                    {std::ptrdiff_t(u.len), w - iw, std::ptrdiff_t(v + W) - std::ptrdiff_t(u.lane)});
+                                if (lo >= hi) continue;
+                                const std::size_t a = u.lane + std::size_t(lo) - v, b = u.lane + std::size_t(hi) - v;
+                                pieces[np++] = {(u.base - x) + ih * w + iw + lo - std::ptrdiff_t(a),
+                                                ((1u << b) - 1u) & ~((1u << a) - 1u), unsigned(v / W)};
+                            }
+                        }
+                        // this tap's rows of the block: p = c taps + t
+                        for (std::size_t p = (pc + taps - 1 - t) / taps * taps + t; p < pc + kc; p += taps) {
+                            const C* const channel = x + p / taps * plane;
+                            // (pieces come in the order of their vectors: each vector's in one register)
+                            std::size_t e = 0;
+                            for (std::size_t v = 0; v < V; ++v) {
+                              simd::batch<C> acc(C(0));
+                              for (; e < np && pieces[e].v == v; ++e) {
+                                const piece& q = pieces[e];
+                                // lane 0's address formed as an integer: it can precede the row
+                                const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(channel) + q.at * std::ptrdiff_t(sizeof(C));
+                                const void* const src = reinterpret_cast<const void*>(at);
+                                // the next panel reads the R elements after these: into L2 now (a
+                                // panel's rows are a stream each, too many for the prefetchers)
+                                _mm_prefetch(reinterpret_cast<const char*>(at + R * sizeof(C)), _MM_HINT_T1);
+                                // a whole vector unless it would reach outside the operand (its first or
+                                // last row); the empty asm keeps the compilers from folding load and
+                                // merge into one masked load
+                                const bool inside = at >= begin && at + W * sizeof(C) <= end;
+                                if constexpr (std::is_same_v<C, float>) {
+                                    const __mmask16 k = static_cast<__mmask16>(q.mask);
+                                    if (inside) {
+                                        __m512 l = _mm512_loadu_ps(src);
+                                        __asm__("" : "+v"(l));
+                                        acc = _mm512_mask_mov_ps(acc, k, l);
+                                    } else {
+                                        acc = _mm512_mask_loadu_ps(acc, k, src);
+                                    }
+                                } else {
+                                    const __mmask8 k = static_cast<__mmask8>(q.mask);
+                                    if (inside) {
+                                        __m512d l = _mm512_loadu_pd(src);
+                                        __asm__("" : "+v"(l));
+                                        acc = _mm512_mask_mov_pd(acc, k, l);
+                                    } else {
+                                        acc = _mm512_mask_loadu_pd(acc, k, src);
+                                    }
+                                }
+                            }
+                              simd::store(out + (p - pc) * R + v * W, acc);
+                            }
+                        }
+                    }
+                    continue;
+                }
+#endif
+            for (std::size_t p = 0; p < kc; ++p) {
+                C* const dst = out + p * R;
+                for (std::size_t v = 0; v < R; v += W) simd::store(dst + v, simd::batch<C>(C(0)));
+                const std::ptrdiff_t di = std::ptrdiff_t(i * g.dh), dj = std::ptrdiff_t(j * g.dw);
+                for (std::size_t r = 0; r < nr; ++r) {
+                    const run& u = runs[r];
+                    const std::ptrdiff_t ih = u.ih + di, iw = u.iw + dj;
+                    if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
+                    // lanes t of [lo, hi) read iw + t sw inside the row
+                    const std::ptrdiff_t sw = std::ptrdiff_t(g.sw), w = std::ptrdiff_t(g.w);
+                    const std::ptrdiff_t lo = iw >= 0 ? 0 : (-iw + sw - 1) / sw;
+                    const std::ptrdiff_t hi = iw > w - 1 ? 0 : std::min<std::ptrdiff_t>(std::ptrdiff_t(u.len), (w - 1 - iw) / sw + 1);
+                    if (lo >= hi) continue;
+                    const C* src = u.base + c * plane + std::size_t(ih) * g.w + std::size_t(iw + lo * sw);
+                    if (g.sw == 1) copy_run(src, dst + u.lane + std::size_t(lo), std::size_t(hi - lo));
+                    else
+                        for (std::ptrdiff_t t = lo; t < hi; ++t) dst[u.lane + std::size_t(t)] = src[(t - lo) * sw];
+                }
+                if (++j == g.kw) {
+                    j = 0;
+                    if (++i == g.kh) i = 0, ++c;
+                }
+            }
+        }
+    }
+};
+// Whether a chunk's product of m rows, n columns and depth k packs its B with conv_panels: the
+// products gemm would run as packed blocks (not the small, unpacked or matrix-vector paths, which
+// read a stored B), so that the bits are those of the im2col path.
+template <class C>
+inline bool conv_packs_directly(std::size_t m, std::size_t n, std::size_t k) {
+    return m > 1 && n > 1 && k > 0 && !gemm_impl::use_small_path<C>(m, n, k);
 }
 
 // The padding is no input: a padded position takes part in no product (oneDNN's and cuDNN's
@@ -680,17 +841,28 @@ struct conv2d_op : conv_kernel_base<conv2d_op<P>> {
             return;
         }
         const conv_waves waves(g);
-        const std::size_t col_n = waves.col_size(g), rows_n = waves.rows_size(g);
+        // (the smallest chunk decides: a larger one is no smaller a product)
+        const bool direct = conv_packs_directly<C>(g.group_o(), g.n / waves.chunks * g.pixels(), g.group_ckk());
+        const std::size_t col_n = direct ? 0 : waves.col_size(g), rows_n = waves.rows_size(g);
         pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n);
+        const std::size_t image = g.c * g.h * g.w;
         waves.run<C>(
             [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
                 const std::size_t ld = cnt * g.pixels();
                 C* const cc = col.data() + t * col_n;
-                im2col_chunk(g, x.data, n0, cnt, cc);
+                if (!direct) im2col_chunk(g, x.data, n0, cnt, cc);
                 C* dst = cnt > 1 ? rows.data() + t * rows_n : y.data + n0 * g.o * g.pixels();  // one image: its rows are y's
-                for (std::size_t b = 0; b < g.groups; ++b)
-                    gemm(transpose::no, transpose::no, g.group_o(), ld, g.group_ckk(), w.data + b * g.group_o() * g.group_ckk(),
-                         g.group_ckk(), cc + b * g.group_ckk() * ld, ld, dst + b * g.group_o() * ld, ld, false, threads);
+                for (std::size_t b = 0; b < g.groups; ++b) {
+                    const C* wb = w.data + b * g.group_o() * g.group_ckk();
+                    C* const yb = dst + b * g.group_o() * ld;
+                    if (direct)
+                        gemm_packed_b(transpose::no, g.group_o(), ld, g.group_ckk(), wb, g.group_ckk(),
+                                      conv_panels<C>{g, x.data + n0 * image + b * (g.c / g.groups) * g.h * g.w, image, x.data, x.data + g.n * image}, yb, ld,
+                                      false, threads);
+                    else
+                        gemm(transpose::no, transpose::no, g.group_o(), ld, g.group_ckk(), wb, g.group_ckk(),
+                             cc + b * g.group_ckk() * ld, ld, yb, ld, false, threads);
+                }
                 if (cnt > 1) rows_to_images(g, dst, n0, cnt, y.data);
             },
             [](std::size_t) {});

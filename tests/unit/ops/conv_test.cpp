@@ -405,3 +405,61 @@ TEST_CASE("conv's finiteness scan finds one infinity or NaN anywhere, on one thr
     }
     tg::set_num_threads(0);
 }
+
+namespace {
+// conv2d's forward product with B packed straight from x (conv_panels) against im2col's buffer
+// and the same GEMM: the same bits, on 1 and 3 threads
+template <class T>
+void check_panels(const tg::detail::conv_geometry& g, unsigned seed) {
+    using namespace tg::detail;
+    const std::size_t image = g.c * g.h * g.w, ld = g.n * g.pixels(), cg = g.c / g.groups;
+    const auto xv = uniform(g.n * image, -1.0, 1.0, seed), wv = uniform(g.o * g.group_ckk(), -1.0, 1.0, seed + 1);
+    const std::vector<T> x(xv.begin(), xv.end()), w(wv.begin(), wv.end());
+    REQUIRE(conv_packs_directly<T>(g.group_o(), ld, g.group_ckk()));
+    std::vector<T> col(g.ckk() * ld), want(g.o * ld), got(g.o * ld, T(7));
+    im2col_chunk(g, x.data(), 0, g.n, col.data());
+    for (std::size_t b = 0; b < g.groups; ++b)
+        gemm(transpose::no, transpose::no, g.group_o(), ld, g.group_ckk(), w.data() + b * g.group_o() * g.group_ckk(),
+             g.group_ckk(), col.data() + b * g.group_ckk() * ld, ld, want.data() + b * g.group_o() * ld, ld, false, 1);
+    for (std::size_t threads : {1, 3}) {
+        tg::set_num_threads(threads);
+        std::fill(got.begin(), got.end(), T(7));
+        for (std::size_t b = 0; b < g.groups; ++b)
+            gemm_packed_b(transpose::no, g.group_o(), ld, g.group_ckk(), w.data() + b * g.group_o() * g.group_ckk(), g.group_ckk(),
+                          conv_panels<T>{g, x.data() + b * cg * g.h * g.w, image, x.data(), x.data() + g.n * image},
+                          got.data() + b * g.group_o() * ld, ld, false, threads);
+        CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+    }
+}
+}  // namespace
+
+TEST_CASE("conv2d's forward packs its panels straight from x: the bits of im2col and the same product",
+          "[ops][conv]") {
+    // {n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw, dh, dw, groups}: output rows wider and
+    // narrower than a panel (runs across rows and images), padding 0 to 2, stride 2 (the strided
+    // loop), dilation, groups, a 1 x 1 kernel, a kernel wider than the padding
+    using tg::detail::conv_geometry;
+    const conv_geometry cases[] = {
+        {2, 8, 30, 30, 16, 3, 3, 30, 30, 1, 1, 1, 1, 1, 1, 1},   // "same", rows of 30 (runs of 30 and 2)
+        {3, 5, 9, 7, 12, 3, 3, 9, 7, 1, 1, 1, 1, 1, 1, 1},       // rows of 7: several a panel, across images
+        {2, 6, 40, 37, 10, 3, 3, 38, 35, 1, 1, 0, 0, 1, 1, 1},   // no padding, "valid" output
+        {2, 4, 21, 19, 9, 5, 5, 21, 19, 1, 1, 2, 2, 1, 1, 1},    // padding 2
+        {2, 8, 23, 23, 16, 3, 3, 12, 12, 2, 2, 1, 1, 1, 1, 1},   // stride 2
+        {1, 8, 25, 26, 8, 3, 3, 25, 26, 1, 1, 2, 2, 2, 2, 1},    // dilation 2
+        {2, 8, 20, 20, 16, 3, 3, 20, 20, 1, 1, 1, 1, 1, 1, 2},   // two groups
+        {2, 16, 17, 17, 24, 1, 1, 17, 17, 1, 1, 0, 0, 1, 1, 1},  // 1 x 1
+        {2, 6, 15, 40, 8, 2, 7, 16, 40, 1, 1, 1, 3, 1, 1, 1},    // a 2 x 7 kernel, uneven padding
+        {2, 32, 40, 40, 32, 3, 3, 40, 40, 1, 1, 1, 1, 1, 1, 1},  // large enough for 3 threads
+    };
+    unsigned seed = 61;
+    for (const conv_geometry& g : cases) {
+        INFO("c " << g.c << " h " << g.h << " w " << g.w << " o " << g.o << " k " << g.kh << "x" << g.kw << " stride " << g.sh
+                  << " pad " << g.ph << "," << g.pw << " dilation " << g.dh << " groups " << g.groups);
+        REQUIRE(g.ho == tg::detail::conv_out_extent(g.h, g.kh, g.sh, g.ph, g.dh));
+        REQUIRE(g.wo == tg::detail::conv_out_extent(g.w, g.kw, g.sw, g.pw, g.dw));
+        check_panels<float>(g, seed);
+        check_panels<double>(g, seed + 2);
+        seed += 4;
+    }
+    tg::set_num_threads(0);
+}

@@ -306,9 +306,11 @@ struct operands {
 // The serial blocked algorithm on the C block [i_begin, i_end) x [j_begin, j_end).
 // size_m x size_n is the largest block of the call: buffers are sized for it even when this
 // block is a smaller edge block, so that whichever task a thread gets first, it grows once.
-template <class T, class Config>
+// pack(pc, kc, jc, nc, out) packs op(B)[pc, pc + kc) x [jc, jc + nc) as pack_b does: the stored B
+// by default, or a B that is never stored (gemm_packed_b).
+template <class T, class Config, class PackB>
 void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
-                std::size_t j_end, std::size_t size_m, std::size_t size_n) {
+                std::size_t j_end, std::size_t size_m, std::size_t size_n, PackB&& pack) {
     constexpr std::size_t MR = Config::MR, NR = Config::NR, NV = Config::NV;
     constexpr std::size_t KC = Config::KC, MC = Config::MC, NC = Config::NC;
     static_assert(NR == NV * simd::width<T> && MC % MR == 0 && NC % NR == 0);
@@ -325,8 +327,7 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
         const std::size_t nc = std::min(NC, j_end - jc);
         for (std::size_t pc = 0; pc < k; pc += KC) {
             const std::size_t kc = std::min(KC, k - pc);
-            const T* b_src = op.tb == transpose::no ? op.b + pc * op.ldb + jc : op.b + jc * op.ldb + pc;
-            pack_b<T, NR>(op.tb, kc, nc, b_src, op.ldb, bp);
+            pack(pc, kc, jc, nc, bp);
             const bool add = op.accumulate || pc > 0;
             for (std::size_t ic = i_begin; ic < i_end; ic += MC) {
                 const std::size_t mc = std::min(MC, i_end - ic);
@@ -355,6 +356,16 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
             }
         }
     }
+}
+
+template <class T, class Config>
+void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
+                std::size_t j_end, std::size_t size_m, std::size_t size_n) {
+    gemm_block<T, Config>(op, i_begin, i_end, j_begin, j_end, size_m, size_n,
+                          [&op](std::size_t pc, std::size_t kc, std::size_t jc, std::size_t nc, T* out) {
+                              const T* src = op.tb == transpose::no ? op.b + pc * op.ldb + jc : op.b + jc * op.ldb + pc;
+                              pack_b<T, Config::NR>(op.tb, kc, nc, src, op.ldb, out);
+                          });
 }
 
 // A call of fewer multiply-adds than parallel_threshold stays on the calling thread, and each
@@ -739,6 +750,35 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
     });
 }
 
+// gemm_batched's product for batch 1 and a B that is never stored: pack (as gemm_block's) writes
+// its panels straight from the data B stands for (a convolution's input: ops/conv.hpp), so B is
+// not written out and read back before it is packed. The same blocks, threads and micro-kernel
+// as a stored B: the same bits as gemm over a B that holds the values pack writes.
+template <class T, class Config, class PackB>
+void gemm_packed_b(transpose ta, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
+                   const PackB& pack, T* c, std::size_t ldc, bool accumulate, std::size_t n_threads) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        if (!accumulate)
+            for (std::size_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, T(0));
+        return;
+    }
+    const operands<T> op{ta, transpose::no, k, a, lda, nullptr, 0, c, ldc, accumulate};
+    const std::size_t threads = plan_threads(1, m, n, k, n_threads);
+    if (threads <= 1) {
+        gemm_block<T, Config>(op, 0, m, 0, n, m, n, pack);
+        return;
+    }
+    const std::pair<std::size_t, std::size_t> grid = thread_grid(threads, m, n, Config::MR, Config::NR);
+    const std::size_t tm = grid.first, tn = grid.second;
+    const std::size_t bm = ((m + tm - 1) / tm + Config::MR - 1) / Config::MR * Config::MR;
+    const std::size_t bn = ((n + tn - 1) / tn + Config::NR - 1) / Config::NR * Config::NR;
+    default_thread_pool().parallel_for(tm * tn, threads, [&](std::size_t r) {
+        const std::size_t i0 = std::min(m, (r / tn) * bm), j0 = std::min(n, (r % tn) * bn);
+        gemm_block<T, Config>(op, i0, std::min(m, i0 + bm), j0, std::min(n, j0 + bn), bm, bn, pack);
+    });
+}
+
 }  // namespace gemm_impl
 
 // C[m x n] = (accumulate ? C : 0) + op(A) * op(B), all row-major; op(A) is m x k, op(B) is k x n.
@@ -766,6 +806,21 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_batched takes float or double (bf16/f16: gemm_half.hpp)");
     gemm_impl::gemm_batched<T, gemm_impl::default_config<T>>(batch, ta, tb, m, n, k, a, lda, stride_a, b, ldb,
                                                              stride_b, c, ldc, stride_c, accumulate, 0);
+}
+
+// The width of the column panels gemm_packed_b's pack writes (NR).
+template <class T>
+inline constexpr std::size_t gemm_panel_width = gemm_impl::default_config<T>::NR;
+
+// C[m x n] = (accumulate ? C : 0) + op(A) * B, B (k x n) packed by pack(pc, kc, jc, nc, out): the
+// rows [pc, pc + kc) and columns [jc, jc + nc) of B as gemm_panel_width<T>-column panels, one after
+// the other, each p-major (panel[p * width + lane]), lanes past nc zero. pack is called from
+// several threads at once for different blocks. n_threads caps the threads (0: num_threads()).
+template <class T, class PackB>
+void gemm_packed_b(transpose ta, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
+                   const PackB& pack, T* c, std::size_t ldc, bool accumulate, std::size_t n_threads = 0) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_packed_b takes float or double");
+    gemm_impl::gemm_packed_b<T, gemm_impl::default_config<T>>(ta, m, n, k, a, lda, pack, c, ldc, accumulate, n_threads);
 }
 
 }  // namespace typegrad::detail
