@@ -468,6 +468,138 @@ struct conv_panels {
         }
     }
 };
+// The same matrix as the weight gradient's A (dW^T = im2col(x) g^T: rows are taps, the depth is
+// pixels), never stored: packs its row panels for gemm_packed_a from x. A panel's taps are
+// gathered first into a block that stays in L1 (im2col of its MR rows over kc pixels), which
+// gemm's pack_a then transposes into the panel as it does im2col's rows: the same values, so
+// the bits of the im2col path.
+template <class C>
+struct conv_row_panels {
+    const conv_geometry& g;
+    const C* x;         // the chunk's first image, the group's first channel
+    std::size_t image;  // elements between the input's images
+    const C* first;     // the whole operand [first, last): what may be read
+    const C* last;
+
+    void operator()(std::size_t ic, std::size_t mc, std::size_t pc, std::size_t kc, C* out) const {
+        constexpr std::size_t MR = gemm_panel_height<C>, KC = gemm_panel_depth<C>, W = simd::width<C>;
+        // Each row has W elements of slack: a run is written in whole vectors, which may run past
+        // its end into the next run's elements (written after it) or the slack.
+        constexpr std::size_t ld = KC + W;
+        alignas(64) C rows[MR * ld];
+        struct run {
+            std::size_t p, len;     // the run's pixels [p, p + len) of the block
+            const C* base;          // its image
+            std::ptrdiff_t ih, iw;  // input row and column of its first pixel at tap (0, 0)
+        };
+        run runs[KC];
+        std::size_t nr = 0;
+        {
+            const std::size_t pixels = g.pixels();
+            std::size_t img = pc / pixels, oh = pc % pixels / g.wo, ow = pc % pixels % g.wo;
+            for (std::size_t p = 0; p < kc;) {
+                const std::size_t take = std::min(kc - p, g.wo - ow);
+                runs[nr++] = {p, take, x + img * image, std::ptrdiff_t(oh * g.sh) - std::ptrdiff_t(g.ph),
+                              std::ptrdiff_t(ow * g.sw) - std::ptrdiff_t(g.pw)};
+                p += take;
+                ow = 0;
+                if (++oh == g.ho) oh = 0, ++img;
+            }
+        }
+        const std::size_t taps = g.kh * g.kw, plane = g.h * g.w;
+        const auto zero = [](C* d, std::size_t n) {
+            for (std::size_t e = 0; e < n; e += W) simd::store(d + e, simd::batch<C>(C(0)));
+        };
+        // dst[0, n) = src[0, n) in whole vectors (what they write past n is rewritten after), the
+        // last one element by element where a whole one would read past the operand
+        const auto copy = [this](const C* src, C* dst, std::size_t n) {
+            std::size_t e = 0;
+            for (; e + W <= n; e += W) simd::store(dst + e, simd::load(src + e));
+            if (e < n) {
+                if (reinterpret_cast<std::uintptr_t>(src + e) + W * sizeof(C) <= reinterpret_cast<std::uintptr_t>(last))
+                    simd::store(dst + e, simd::load(src + e));
+                else
+                    for (; e < n; ++e) dst[e] = src[e];
+            }
+        };
+        if (g.sh == 1 && g.sw == 1 && g.w == g.wo) {
+            // Stride 1 and the same width in and out (a "same" convolution): a tap reads its rows
+            // of the plane as one run, shifted, as im2col does (conv_same_rows); then the columns
+            // that read padding are zeroed. Runs of one output row each were 10-20% slower.
+            const std::size_t pixels = g.pixels();
+            for (std::size_t i0 = 0; i0 < mc; i0 += MR, out += MR * kc) {
+                const std::size_t mr = std::min(MR, mc - i0);
+                for (std::size_t l = 0; l < mr; ++l) {
+                    const std::size_t tap = ic + i0 + l, c = tap / taps;
+                    std::size_t oh0, oh1, lo, hi;
+                    conv_same_rows(g, tap % taps / g.kw, oh0, oh1);
+                    conv_inner_columns(g, tap % g.kw, lo, hi);
+                    // pixel q (of rows [oh0, oh1)) reads element q + offset of the input plane
+                    const std::ptrdiff_t shift = std::ptrdiff_t(tap % taps / g.kw * g.dh) - std::ptrdiff_t(g.ph);
+                    const std::ptrdiff_t offset = shift * std::ptrdiff_t(g.w) + std::ptrdiff_t(tap % g.kw * g.dw) - std::ptrdiff_t(g.pw);
+                    C* const row = rows + l * ld;
+                    // the block's pixels [p, p + len), image by image: pixels [q0, q0 + len) of image img
+                    for (std::size_t p = 0; p < kc;) {
+                        const std::size_t at = pc + p, img = at / pixels, q0 = at % pixels, len = std::min(kc - p, pixels - q0);
+                        C* const d = row + p;  // d[q - q0]: pixel q
+                        const std::size_t qa = std::clamp(oh0 * g.wo, q0, q0 + len), qb = std::clamp(oh1 * g.wo, qa, q0 + len);
+                        zero(d, qa - q0);
+                        // the run [qa, qb) reads [qa + offset, qb + offset) of the plane, [ra, rb) of it
+                        // inside the plane (the pixels outside are padding columns, zeroed)
+                        const std::ptrdiff_t a = std::ptrdiff_t(qa), b = std::ptrdiff_t(qb);
+                        const std::size_t ra = std::size_t(std::clamp<std::ptrdiff_t>(-offset, a, b));
+                        const std::size_t rb = std::size_t(std::clamp<std::ptrdiff_t>(std::ptrdiff_t(plane) - offset, std::ptrdiff_t(ra), b));
+                        zero(d + (qa - q0), ra - qa);
+                        if (ra < rb) copy(x + img * image + c * plane + std::size_t(std::ptrdiff_t(ra) + offset), d + (ra - q0), rb - ra);
+                        zero(d + (rb - q0), q0 + len - rb);
+                        // the columns [0, lo) and [hi, Wo) of the rows in [qa, qb)
+                        if (lo > 0 || hi < g.wo)
+                            for (std::size_t oh = qa / g.wo; oh * g.wo < qb; ++oh) {
+                                const std::size_t r0 = oh * g.wo;
+                                for (std::size_t q = std::max(r0, qa); q < std::min(r0 + lo, qb); ++q) d[q - q0] = C(0);
+                                for (std::size_t q = std::max(r0 + hi, qa); q < std::min(r0 + g.wo, qb); ++q) d[q - q0] = C(0);
+                            }
+                        p += len;
+                    }
+                }
+                gemm_impl::pack_gather<C, MR>(kc, mr, rows, ld, out);
+            }
+            return;
+        }
+        for (std::size_t i0 = 0; i0 < mc; i0 += MR, out += MR * kc) {
+            const std::size_t mr = std::min(MR, mc - i0);
+            for (std::size_t l = 0; l < mr; ++l) {
+                const std::size_t tap = ic + i0 + l, c = tap / taps;
+                const std::ptrdiff_t di = std::ptrdiff_t(tap % taps / g.kw * g.dh), dj = std::ptrdiff_t(tap % g.kw * g.dw);
+                C* const row = rows + l * ld;
+                for (std::size_t r = 0; r < nr; ++r) {
+                    const run& u = runs[r];
+                    C* const d = row + u.p;
+                    const std::ptrdiff_t ih = u.ih + di, iw = u.iw + dj, len = std::ptrdiff_t(u.len);
+                    if (ih < 0 || ih >= std::ptrdiff_t(g.h)) {
+                        zero(d, u.len);
+                        continue;
+                    }
+                    // pixels t in [lo, hi) read iw + t sw inside the row
+                    const std::ptrdiff_t sw = std::ptrdiff_t(g.sw), w = std::ptrdiff_t(g.w);
+                    const std::ptrdiff_t lo = std::min(len, iw >= 0 ? 0 : (-iw + sw - 1) / sw);
+                    const std::ptrdiff_t hi = std::max(lo, iw > w - 1 ? 0 : std::min(len, (w - 1 - iw) / sw + 1));
+                    zero(d, std::size_t(lo));
+                    const C* const src = u.base + c * plane + std::size_t(ih) * g.w + std::size_t(iw + lo * sw);
+                    const std::size_t n = std::size_t(hi - lo);
+                    if (g.sw == 1) {
+                        copy(src, d + lo, n);
+                    } else {
+                        for (std::size_t e = 0; e < n; ++e) d[std::size_t(lo) + e] = src[e * g.sw];
+                    }
+                    zero(d + hi, std::size_t(len - hi));
+                }
+            }
+            gemm_impl::pack_gather<C, MR>(kc, mr, rows, ld, out);
+        }
+    }
+};
+
 // Whether a chunk's product of m rows, n columns and depth k packs its B with conv_panels: the
 // products gemm would run as packed blocks (not the small, unpacked or matrix-vector paths, which
 // read a stored B), so that the bits are those of the im2col path.
@@ -1043,16 +1175,28 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
         const conv_waves waves(g);
         const std::size_t col_n = waves.col_size(g), rows_n = waves.rows_size(g);
         const std::size_t block = g.group_o() * g.group_ckk(), whole = g.o * g.group_ckk();
-        pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n), part(waves.slots * whole), dwt(whole, C(0));
+        // (A packed straight from x, as the forward's B: conv_row_panels; the smallest chunk decides)
+        const bool direct = conv_packs_directly<C>(g.group_ckk(), g.group_o(), g.n / waves.chunks * g.pixels());
+        const std::size_t image = g.c * g.h * g.w;
+        pooled_buffer<C> col(direct ? 0 : waves.slots * col_n), rows(waves.slots * rows_n), part(waves.slots * whole),
+            dwt(whole, C(0));
         waves.run<C>(
             [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
                 const std::size_t ld = cnt * g.pixels();
                 C* const cc = col.data() + t * col_n;
-                im2col_chunk(g, x.data, n0, cnt, cc);
+                if (!direct) im2col_chunk(g, x.data, n0, cnt, cc);
                 const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data() + t * rows_n);
-                for (std::size_t b = 0; b < g.groups; ++b)
-                    gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), ld, cc + b * g.group_ckk() * ld, ld,
-                         src + b * g.group_o() * ld, ld, part.data() + t * whole + b * block, g.group_o(), false, threads);
+                for (std::size_t b = 0; b < g.groups; ++b) {
+                    C* const pb = part.data() + t * whole + b * block;
+                    if (direct)
+                        gemm_packed_a(transpose::yes, g.group_ckk(), g.group_o(), ld,
+                                      conv_row_panels<C>{g, x.data + n0 * image + b * (g.c / g.groups) * g.h * g.w, image, x.data,
+                                                         x.data + g.n * image},
+                                      src + b * g.group_o() * ld, ld, pb, g.group_o(), false, threads);
+                    else
+                        gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), ld, cc + b * g.group_ckk() * ld, ld,
+                             src + b * g.group_o() * ld, ld, pb, g.group_o(), false, threads);
+                }
             },
             [&](std::size_t wave) {
                 for (std::size_t t = 0; t < wave; ++t)

@@ -5,6 +5,7 @@
 #include <check_gradient.hpp>
 #include <special_values.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -407,8 +408,9 @@ TEST_CASE("conv's finiteness scan finds one infinity or NaN anywhere, on one thr
 }
 
 namespace {
-// conv2d's forward product with B packed straight from x (conv_panels) against im2col's buffer
-// and the same GEMM: the same bits, on 1 and 3 threads
+// conv2d's forward product with B packed straight from x (conv_panels), and its weight gradient's
+// with A so packed (conv_row_panels), against im2col's buffer and the same GEMMs: the same bits,
+// on 1 and 3 threads
 template <class T>
 void check_panels(const tg::detail::conv_geometry& g, unsigned seed) {
     using namespace tg::detail;
@@ -430,10 +432,28 @@ void check_panels(const tg::detail::conv_geometry& g, unsigned seed) {
                           got.data() + b * g.group_o() * ld, ld, false, threads);
         CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
     }
+    // the weight gradient's product dW^T = im2col(x) g^T, its A packed straight from x (conv_row_panels)
+    const auto gv = uniform(g.o * ld, -1.0, 1.0, seed + 2);
+    const std::vector<T> gy(gv.begin(), gv.end());
+    const std::size_t block = g.group_ckk() * g.group_o();
+    REQUIRE(conv_packs_directly<T>(g.group_ckk(), g.group_o(), ld));
+    std::vector<T> dwt_want(g.groups * block), dwt_got(g.groups * block);
+    for (std::size_t b = 0; b < g.groups; ++b)
+        gemm(transpose::no, transpose::yes, g.group_ckk(), g.group_o(), ld, col.data() + b * g.group_ckk() * ld, ld,
+             gy.data() + b * g.group_o() * ld, ld, dwt_want.data() + b * block, g.group_o(), false, 1);
+    for (std::size_t threads : {1, 3}) {
+        tg::set_num_threads(threads);
+        std::fill(dwt_got.begin(), dwt_got.end(), T(7));
+        for (std::size_t b = 0; b < g.groups; ++b)
+            gemm_packed_a(transpose::yes, g.group_ckk(), g.group_o(), ld,
+                          conv_row_panels<T>{g, x.data() + b * cg * g.h * g.w, image, x.data(), x.data() + g.n * image},
+                          gy.data() + b * g.group_o() * ld, ld, dwt_got.data() + b * block, g.group_o(), false, threads);
+        CHECK(std::memcmp(dwt_got.data(), dwt_want.data(), dwt_got.size() * sizeof(T)) == 0);
+    }
 }
 }  // namespace
 
-TEST_CASE("conv2d's forward packs its panels straight from x: the bits of im2col and the same product",
+TEST_CASE("conv2d's forward and weight gradient pack their panels straight from x: the bits of im2col's path",
           "[ops][conv]") {
     // {n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw, dh, dw, groups}: output rows wider and
     // narrower than a panel (runs across rows and images), padding 0 to 2, stride 2 (the strided

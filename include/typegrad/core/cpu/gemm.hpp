@@ -306,11 +306,30 @@ struct operands {
 // The serial blocked algorithm on the C block [i_begin, i_end) x [j_begin, j_end).
 // size_m x size_n is the largest block of the call: buffers are sized for it even when this
 // block is a smaller edge block, so that whichever task a thread gets first, it grows once.
-// pack(pc, kc, jc, nc, out) packs op(B)[pc, pc + kc) x [jc, jc + nc) as pack_b does: the stored B
-// by default, or a B that is never stored (gemm_packed_b).
-template <class T, class Config, class PackB>
+// The stored operands' packing: op(B)[pc, pc + kc) x [jc, jc + nc) as pack_b does, and
+// op(A)[ic, ic + mc) x [pc, pc + kc) as pack_a does.
+template <class T, class Config>
+struct stored_b {
+    const operands<T>& op;
+    void operator()(std::size_t pc, std::size_t kc, std::size_t jc, std::size_t nc, T* out) const {
+        const T* src = op.tb == transpose::no ? op.b + pc * op.ldb + jc : op.b + jc * op.ldb + pc;
+        pack_b<T, Config::NR>(op.tb, kc, nc, src, op.ldb, out);
+    }
+};
+template <class T, class Config>
+struct stored_a {
+    const operands<T>& op;
+    void operator()(std::size_t ic, std::size_t mc, std::size_t pc, std::size_t kc, T* out) const {
+        const T* src = op.ta == transpose::no ? op.a + ic * op.lda + pc : op.a + pc * op.lda + ic;
+        pack_a<T, Config::MR>(op.ta, mc, kc, src, op.lda, out);
+    }
+};
+
+// pack(pc, kc, jc, nc, out) packs B's block and pack_a(ic, mc, pc, kc, out) A's, as stored_b and
+// stored_a do from stored operands, or from an operand that is never stored (gemm_packed).
+template <class T, class Config, class PackB, class PackA>
 void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
-                std::size_t j_end, std::size_t size_m, std::size_t size_n, PackB&& pack) {
+                std::size_t j_end, std::size_t size_m, std::size_t size_n, const PackB& pack, const PackA& pack_a) {
     constexpr std::size_t MR = Config::MR, NR = Config::NR, NV = Config::NV;
     constexpr std::size_t KC = Config::KC, MC = Config::MC, NC = Config::NC;
     static_assert(NR == NV * simd::width<T> && MC % MR == 0 && NC % NR == 0);
@@ -331,8 +350,7 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
             const bool add = op.accumulate || pc > 0;
             for (std::size_t ic = i_begin; ic < i_end; ic += MC) {
                 const std::size_t mc = std::min(MC, i_end - ic);
-                const T* a_src = op.ta == transpose::no ? op.a + ic * op.lda + pc : op.a + pc * op.lda + ic;
-                pack_a<T, MR>(op.ta, mc, kc, a_src, op.lda, ap);
+                pack_a(ic, mc, pc, kc, ap);
                 for (std::size_t jr = 0; jr < nc; jr += NR) {
                     const std::size_t nr = std::min(NR, nc - jr);
                     const T* b_panel = bp + jr * kc;
@@ -361,11 +379,7 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
 template <class T, class Config>
 void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
                 std::size_t j_end, std::size_t size_m, std::size_t size_n) {
-    gemm_block<T, Config>(op, i_begin, i_end, j_begin, j_end, size_m, size_n,
-                          [&op](std::size_t pc, std::size_t kc, std::size_t jc, std::size_t nc, T* out) {
-                              const T* src = op.tb == transpose::no ? op.b + pc * op.ldb + jc : op.b + jc * op.ldb + pc;
-                              pack_b<T, Config::NR>(op.tb, kc, nc, src, op.ldb, out);
-                          });
+    gemm_block<T, Config>(op, i_begin, i_end, j_begin, j_end, size_m, size_n, stored_b<T, Config>{op}, stored_a<T, Config>{op});
 }
 
 // A call of fewer multiply-adds than parallel_threshold stays on the calling thread, and each
@@ -750,23 +764,24 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
     });
 }
 
-// gemm_batched's product for batch 1 and a B that is never stored: pack (as gemm_block's) writes
-// its panels straight from the data B stands for (a convolution's input: ops/conv.hpp), so B is
-// not written out and read back before it is packed. The same blocks, threads and micro-kernel
-// as a stored B: the same bits as gemm over a B that holds the values pack writes.
-template <class T, class Config, class PackB>
-void gemm_packed_b(transpose ta, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
-                   const PackB& pack, T* c, std::size_t ldc, bool accumulate, std::size_t n_threads) {
+// gemm_batched's product for batch 1 where an operand is never stored: pack_b or pack_a (as
+// gemm_block's) writes its panels straight from the data the operand stands for (a
+// convolution's input: ops/conv.hpp), so it is not written out and read back before it is
+// packed. The same blocks, threads and micro-kernel as stored operands: the same bits as gemm
+// over operands that hold the values the packers write.
+template <class T, class Config, class PackB, class PackA>
+void gemm_packed(const operands<T>& op, std::size_t m, std::size_t n, std::size_t n_threads, const PackB& pack,
+                 const PackA& pack_a) {
+    const std::size_t k = op.k;
     if (m == 0 || n == 0) return;
     if (k == 0) {
-        if (!accumulate)
-            for (std::size_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, T(0));
+        if (!op.accumulate)
+            for (std::size_t i = 0; i < m; ++i) std::fill_n(op.c + i * op.ldc, n, T(0));
         return;
     }
-    const operands<T> op{ta, transpose::no, k, a, lda, nullptr, 0, c, ldc, accumulate};
     const std::size_t threads = plan_threads(1, m, n, k, n_threads);
     if (threads <= 1) {
-        gemm_block<T, Config>(op, 0, m, 0, n, m, n, pack);
+        gemm_block<T, Config>(op, 0, m, 0, n, m, n, pack, pack_a);
         return;
     }
     const std::pair<std::size_t, std::size_t> grid = thread_grid(threads, m, n, Config::MR, Config::NR);
@@ -775,7 +790,7 @@ void gemm_packed_b(transpose ta, std::size_t m, std::size_t n, std::size_t k, co
     const std::size_t bn = ((n + tn - 1) / tn + Config::NR - 1) / Config::NR * Config::NR;
     default_thread_pool().parallel_for(tm * tn, threads, [&](std::size_t r) {
         const std::size_t i0 = std::min(m, (r / tn) * bm), j0 = std::min(n, (r % tn) * bn);
-        gemm_block<T, Config>(op, i0, std::min(m, i0 + bm), j0, std::min(n, j0 + bn), bm, bn, pack);
+        gemm_block<T, Config>(op, i0, std::min(m, i0 + bm), j0, std::min(n, j0 + bn), bm, bn, pack, pack_a);
     });
 }
 
@@ -808,9 +823,14 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
                                                              stride_b, c, ldc, stride_c, accumulate, 0);
 }
 
-// The width of the column panels gemm_packed_b's pack writes (NR).
+// The width of the column panels gemm_packed_b's pack writes (NR), the height of the row panels
+// gemm_packed_a's pack writes (MR), and the greatest depth either is asked for (KC).
 template <class T>
 inline constexpr std::size_t gemm_panel_width = gemm_impl::default_config<T>::NR;
+template <class T>
+inline constexpr std::size_t gemm_panel_height = gemm_impl::default_config<T>::MR;
+template <class T>
+inline constexpr std::size_t gemm_panel_depth = gemm_impl::default_config<T>::KC;
 
 // C[m x n] = (accumulate ? C : 0) + op(A) * B, B (k x n) packed by pack(pc, kc, jc, nc, out): the
 // rows [pc, pc + kc) and columns [jc, jc + nc) of B as gemm_panel_width<T>-column panels, one after
@@ -820,7 +840,20 @@ template <class T, class PackB>
 void gemm_packed_b(transpose ta, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
                    const PackB& pack, T* c, std::size_t ldc, bool accumulate, std::size_t n_threads = 0) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_packed_b takes float or double");
-    gemm_impl::gemm_packed_b<T, gemm_impl::default_config<T>>(ta, m, n, k, a, lda, pack, c, ldc, accumulate, n_threads);
+    using config = gemm_impl::default_config<T>;
+    const gemm_impl::operands<T> op{ta, transpose::no, k, a, lda, nullptr, 0, c, ldc, accumulate};
+    gemm_impl::gemm_packed<T, config>(op, m, n, n_threads, pack, gemm_impl::stored_a<T, config>{op});
+}
+// C[m x n] = (accumulate ? C : 0) + A * op(B), A (m x k) packed by pack(ic, mc, pc, kc, out): the
+// rows [ic, ic + mc) and columns [pc, pc + kc) of A as gemm_panel_height<T>-row panels, one after
+// the other, each p-major (panel[p * height + lane]), lanes past mc zero. As gemm_packed_b's.
+template <class T, class PackA>
+void gemm_packed_a(transpose tb, std::size_t m, std::size_t n, std::size_t k, const PackA& pack, const T* b, std::size_t ldb,
+                   T* c, std::size_t ldc, bool accumulate, std::size_t n_threads = 0) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_packed_a takes float or double");
+    using config = gemm_impl::default_config<T>;
+    const gemm_impl::operands<T> op{transpose::no, tb, k, nullptr, 0, b, ldb, c, ldc, accumulate};
+    gemm_impl::gemm_packed<T, config>(op, m, n, n_threads, gemm_impl::stored_b<T, config>{op}, pack);
 }
 
 }  // namespace typegrad::detail
