@@ -531,7 +531,7 @@ struct conv_row_panels {
                 const std::size_t mr = std::min(MR, mc - i0);
                 for (std::size_t l = 0; l < mr; ++l) {
                     const std::size_t tap = ic + i0 + l, c = tap / taps;
-                    std::size_t oh0, oh1, lo, hi;
+                    std::size_t oh0 = 0, oh1 = 0, lo, hi;
                     conv_same_rows(g, tap % taps / g.kw, oh0, oh1);
                     conv_inner_columns(g, tap % g.kw, lo, hi);
                     // pixel q (of rows [oh0, oh1)) reads element q + offset of the input plane
