@@ -18,6 +18,11 @@
 // With G groups, channels [g C/G, (g+1) C/G) meet only output channels [g O/G, (g+1) O/G): each
 // product above is G GEMMs over the matching row blocks of W, im2col(x_n) and g_n (block-diagonal
 // W, never materialised).
+// The forward's and the weight gradient's products never store im2col: the GEMM packs its
+// panels of it straight from x (conv_panels, conv_row_panels; gemm_packed_b / gemm_packed_a), the
+// same values, so the same bits. The input gradient writes W^T . g_n into an im2col-shaped buffer
+// for col2im (the transposed convolution over panels of g packed 9x the elements col2im reads:
+// no faster, benchmarks/README.md).
 // The three are bilinear and adjoint to each other, so each one's VJP is another of them: second
 // derivatives come for free. Operands of any strides and dtypes are read into dense buffers of
 // the compute dtype (f32 for bf16/f16, as PyTorch's CPU kernels accumulate); the result is
