@@ -1207,10 +1207,15 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
                 for (std::size_t t = 0; t < wave; ++t)
                     for (std::size_t e = 0; e < whole; ++e) dwt[e] += part[t * whole + e];
             });
+        // dW = (dW^T)^T in tiles of 16 x 16: a row of dW^T at a time wrote dW a ckk-element stride
+        // apart, a cache line (and at 256 x 2304, a page) per element
+        constexpr std::size_t tile = 16;
         for (std::size_t b = 0; b < g.groups; ++b)
-            for (std::size_t i = 0; i < g.group_ckk(); ++i)
-                for (std::size_t o = 0; o < g.group_o(); ++o)
-                    dw.data[b * block + o * g.group_ckk() + i] = dwt[b * block + i * g.group_o() + o];
+            for (std::size_t i0 = 0; i0 < g.group_ckk(); i0 += tile)
+                for (std::size_t o0 = 0; o0 < g.group_o(); o0 += tile)
+                    for (std::size_t o = o0; o < std::min(g.group_o(), o0 + tile); ++o)
+                        for (std::size_t i = i0; i < std::min(g.group_ckk(), i0 + tile); ++i)
+                            dw.data[b * block + o * g.group_ckk() + i] = dwt[b * block + i * g.group_o() + o];
         dw.store(out);
     }
     // The device: per chunk of images, g as rows [O][nb P] and im2col as [CKK][nb P], one GEMM
