@@ -326,6 +326,30 @@ void rows_to_images(const conv_geometry& g, const C* rows, std::size_t n0, std::
     rows_to_images(rows, n0, nb, g.o, g.pixels(), y);
 }
 
+// Output pixels [q, q + n) of a chunk (image q / P, then row and column) in runs, each in one
+// output row of one image: a run's pixels read one input row at the stride (or the padding)
+// whatever the tap. Writes at most n runs and returns their count.
+template <class C>
+struct conv_run {
+    std::size_t at, len;    // the run's pixels [at, at + len) of the n
+    const C* base;          // its image
+    std::ptrdiff_t ih, iw;  // input row and column of its first pixel at tap (0, 0)
+};
+template <class C>
+std::size_t conv_runs(const conv_geometry& g, const C* x, std::size_t image, std::size_t q, std::size_t n, conv_run<C>* runs) {
+    const std::size_t pixels = g.pixels();
+    std::size_t nr = 0, img = q / pixels, oh = q % pixels / g.wo, ow = q % pixels % g.wo;
+    for (std::size_t at = 0; at < n;) {
+        const std::size_t take = std::min(n - at, g.wo - ow);
+        runs[nr++] = {at, take, x + img * image, std::ptrdiff_t(oh * g.sh) - std::ptrdiff_t(g.ph),
+                      std::ptrdiff_t(ow * g.sw) - std::ptrdiff_t(g.pw)};
+        at += take;
+        ow = 0;
+        if (++oh == g.ho) oh = 0, ++img;
+    }
+    return nr;
+}
+
 // A chunk's im2col matrix, never stored: packs its blocks for gemm_packed_b straight from the
 // dense input ([images, channels, H, W], `x` at the chunk's first image and the group's first
 // channel). Row p is tap (c, i, j), column q output pixel q of the chunk's images; the values are
@@ -343,28 +367,11 @@ struct conv_panels {
     void operator()(std::size_t pc, std::size_t kc, std::size_t jc, std::size_t nc, C* out) const {
         constexpr std::size_t R = gemm_panel_width<C>, W = simd::width<C>;
         static_assert(R % W == 0);
-        // The lanes of a panel in runs, each in one output row of one image: a run's lanes read
-        // one input row at the stride (or padding) whatever the tap.
-        struct run {
-            std::size_t lane, len;
-            const C* base;         // the run's image
-            std::ptrdiff_t ih, iw;  // input row and column of its first lane at tap (0, 0)
-        };
-        const std::size_t pixels = g.pixels(), taps = g.kh * g.kw, plane = g.h * g.w;
+        const std::size_t taps = g.kh * g.kw, plane = g.h * g.w;
         for (std::size_t jr = 0; jr < nc; jr += R, out += R * kc) {
             const std::size_t len = std::min(R, nc - jr);
-            run runs[R];
-            std::size_t nr = 0;
-            const std::size_t q = jc + jr;
-            std::size_t img = q / pixels, oh = q % pixels / g.wo, ow = q % pixels % g.wo;
-            for (std::size_t l = 0; l < len;) {
-                const std::size_t take = std::min(len - l, g.wo - ow);
-                runs[nr++] = {l, take, x + img * image, std::ptrdiff_t(oh * g.sh) - std::ptrdiff_t(g.ph),
-                              std::ptrdiff_t(ow * g.sw) - std::ptrdiff_t(g.pw)};
-                l += take;
-                ow = 0;
-                if (++oh == g.ho) oh = 0, ++img;
-            }
+            conv_run<C> runs[R];  // the panel's lanes
+            const std::size_t nr = conv_runs(g, x, image, jc + jr, len, runs);
             std::size_t c = pc / taps, i = pc % taps / g.kw, j = pc % g.kw;
 #if defined(__AVX512F__)
             // Stride 1 with AVX-512, tap by tap: a tap reads the same pieces of every channel's
@@ -387,16 +394,16 @@ struct conv_panels {
                         const std::ptrdiff_t di = std::ptrdiff_t(t / g.kw * g.dh), dj = std::ptrdiff_t(t % g.kw * g.dw);
                         std::size_t np = 0;
                         for (std::size_t r = 0; r < nr; ++r) {
-                            const run& u = runs[r];
+                            const conv_run<C>& u = runs[r];
                             const std::ptrdiff_t ih = u.ih + di, iw = u.iw + dj;
                             if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
-                            for (std::size_t v = u.lane / W * W; v < u.lane + u.len; v += W) {
+                            for (std::size_t v = u.at / W * W; v < u.at + u.len; v += W) {
                                 // the run's lanes e in [lo, hi) read iw + e, within vector v
-                                const std::ptrdiff_t lo = std::max<std::ptrdiff_t>({0, -iw, std::ptrdiff_t(v) - std::ptrdiff_t(u.lane)});
+                                const std::ptrdiff_t lo = std::max<std::ptrdiff_t>({0, -iw, std::ptrdiff_t(v) - std::ptrdiff_t(u.at)});
                                 const std::ptrdiff_t hi = std::min<std::ptrdiff_t>(
-                                    {std::ptrdiff_t(u.len), w - iw, std::ptrdiff_t(v + W) - std::ptrdiff_t(u.lane)});
+                                    {std::ptrdiff_t(u.len), w - iw, std::ptrdiff_t(v + W) - std::ptrdiff_t(u.at)});
                                 if (lo >= hi) continue;
-                                const std::size_t a = u.lane + std::size_t(lo) - v, b = u.lane + std::size_t(hi) - v;
+                                const std::size_t a = u.at + std::size_t(lo) - v, b = u.at + std::size_t(hi) - v;
                                 pieces[np++] = {(u.base - x) + ih * w + iw + lo - std::ptrdiff_t(a),
                                                 ((1u << b) - 1u) & ~((1u << a) - 1u), unsigned(v / W)};
                             }
@@ -452,7 +459,7 @@ struct conv_panels {
                 for (std::size_t v = 0; v < R; v += W) simd::store(dst + v, simd::batch<C>(C(0)));
                 const std::ptrdiff_t di = std::ptrdiff_t(i * g.dh), dj = std::ptrdiff_t(j * g.dw);
                 for (std::size_t r = 0; r < nr; ++r) {
-                    const run& u = runs[r];
+                    const conv_run<C>& u = runs[r];
                     const std::ptrdiff_t ih = u.ih + di, iw = u.iw + dj;
                     if (ih < 0 || ih >= std::ptrdiff_t(g.h)) continue;
                     // lanes t of [lo, hi) read iw + t sw inside the row
@@ -461,9 +468,9 @@ struct conv_panels {
                     const std::ptrdiff_t hi = iw > w - 1 ? 0 : std::min<std::ptrdiff_t>(std::ptrdiff_t(u.len), (w - 1 - iw) / sw + 1);
                     if (lo >= hi) continue;
                     const C* src = u.base + c * plane + std::size_t(ih) * g.w + std::size_t(iw + lo * sw);
-                    if (g.sw == 1) copy_run(src, dst + u.lane + std::size_t(lo), std::size_t(hi - lo));
+                    if (g.sw == 1) copy_run(src, dst + u.at + std::size_t(lo), std::size_t(hi - lo));
                     else
-                        for (std::ptrdiff_t t = lo; t < hi; ++t) dst[u.lane + std::size_t(t)] = src[(t - lo) * sw];
+                        for (std::ptrdiff_t t = lo; t < hi; ++t) dst[u.at + std::size_t(t)] = src[(t - lo) * sw];
                 }
                 if (++j == g.kw) {
                     j = 0;
@@ -492,25 +499,6 @@ struct conv_row_panels {
         // its end into the next run's elements (written after it) or the slack.
         constexpr std::size_t ld = KC + W;
         alignas(64) C rows[MR * ld];
-        struct run {
-            std::size_t p, len;     // the run's pixels [p, p + len) of the block
-            const C* base;          // its image
-            std::ptrdiff_t ih, iw;  // input row and column of its first pixel at tap (0, 0)
-        };
-        run runs[KC];
-        std::size_t nr = 0;
-        {
-            const std::size_t pixels = g.pixels();
-            std::size_t img = pc / pixels, oh = pc % pixels / g.wo, ow = pc % pixels % g.wo;
-            for (std::size_t p = 0; p < kc;) {
-                const std::size_t take = std::min(kc - p, g.wo - ow);
-                runs[nr++] = {p, take, x + img * image, std::ptrdiff_t(oh * g.sh) - std::ptrdiff_t(g.ph),
-                              std::ptrdiff_t(ow * g.sw) - std::ptrdiff_t(g.pw)};
-                p += take;
-                ow = 0;
-                if (++oh == g.ho) oh = 0, ++img;
-            }
-        }
         const std::size_t taps = g.kh * g.kw, plane = g.h * g.w;
         const auto zero = [](C* d, std::size_t n) {
             for (std::size_t e = 0; e < n; e += W) simd::store(d + e, simd::batch<C>(C(0)));
@@ -571,6 +559,8 @@ struct conv_row_panels {
             }
             return;
         }
+        conv_run<C> runs[KC];  // the block's pixels
+        const std::size_t nr = conv_runs(g, x, image, pc, kc, runs);
         for (std::size_t i0 = 0; i0 < mc; i0 += MR, out += MR * kc) {
             const std::size_t mr = std::min(MR, mc - i0);
             for (std::size_t l = 0; l < mr; ++l) {
@@ -578,8 +568,8 @@ struct conv_row_panels {
                 const std::ptrdiff_t di = std::ptrdiff_t(tap % taps / g.kw * g.dh), dj = std::ptrdiff_t(tap % g.kw * g.dw);
                 C* const row = rows + l * ld;
                 for (std::size_t r = 0; r < nr; ++r) {
-                    const run& u = runs[r];
-                    C* const d = row + u.p;
+                    const conv_run<C>& u = runs[r];
+                    C* const d = row + u.at;
                     const std::ptrdiff_t ih = u.ih + di, iw = u.iw + dj, len = std::ptrdiff_t(u.len);
                     if (ih < 0 || ih >= std::ptrdiff_t(g.h)) {
                         zero(d, u.len);
