@@ -326,6 +326,25 @@ void rows_to_images(const conv_geometry& g, const C* rows, std::size_t n0, std::
     rows_to_images(rows, n0, nb, g.o, g.pixels(), y);
 }
 
+#if defined(__AVX512F__)
+// acc with its lanes in mask taken from the vector at src: a whole-vector load merged in registers
+// where the vector lies inside the operand, else a masked load (which reads no lane outside the
+// mask). The empty asm keeps the compilers from folding load and merge back into one masked
+// load: masked loads and stores were slow on Zen 5 (two thirds of a packing's samples).
+inline __m512 conv_merge(__m512 acc, unsigned mask, const void* src, bool inside) {
+    if (!inside) return _mm512_mask_loadu_ps(acc, static_cast<__mmask16>(mask), src);
+    __m512 v = _mm512_loadu_ps(src);
+    __asm__("" : "+v"(v));
+    return _mm512_mask_mov_ps(acc, static_cast<__mmask16>(mask), v);
+}
+inline __m512d conv_merge(__m512d acc, unsigned mask, const void* src, bool inside) {
+    if (!inside) return _mm512_mask_loadu_pd(acc, static_cast<__mmask8>(mask), src);
+    __m512d v = _mm512_loadu_pd(src);
+    __asm__("" : "+v"(v));
+    return _mm512_mask_mov_pd(acc, static_cast<__mmask8>(mask), v);
+}
+#endif
+
 // Output pixels [q, q + n) of a chunk (image q / P, then row and column) in runs, each in one
 // output row of one image: a run's pixels read one input row at the stride (or the padding)
 // whatever the tap. Writes at most n runs and returns their count.
@@ -414,40 +433,20 @@ struct conv_panels {
                             // (pieces come in the order of their vectors: each vector's in one register)
                             std::size_t e = 0;
                             for (std::size_t v = 0; v < V; ++v) {
-                              simd::batch<C> acc(C(0));
-                              for (; e < np && pieces[e].v == v; ++e) {
-                                const piece& q = pieces[e];
-                                // lane 0's address formed as an integer: it can precede the row
-                                const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(channel) + q.at * std::ptrdiff_t(sizeof(C));
-                                const void* const src = reinterpret_cast<const void*>(at);
-                                // the next panel reads the R elements after these: into L2 now (a
-                                // panel's rows are a stream each, too many for the prefetchers)
-                                _mm_prefetch(reinterpret_cast<const char*>(at + R * sizeof(C)), _MM_HINT_T1);
-                                // a whole vector unless it would reach outside the operand (its first or
-                                // last row); the empty asm keeps the compilers from folding load and
-                                // merge into one masked load
-                                const bool inside = at >= begin && at + W * sizeof(C) <= end;
-                                if constexpr (std::is_same_v<C, float>) {
-                                    const __mmask16 k = static_cast<__mmask16>(q.mask);
-                                    if (inside) {
-                                        __m512 l = _mm512_loadu_ps(src);
-                                        __asm__("" : "+v"(l));
-                                        acc = _mm512_mask_mov_ps(acc, k, l);
-                                    } else {
-                                        acc = _mm512_mask_loadu_ps(acc, k, src);
-                                    }
-                                } else {
-                                    const __mmask8 k = static_cast<__mmask8>(q.mask);
-                                    if (inside) {
-                                        __m512d l = _mm512_loadu_pd(src);
-                                        __asm__("" : "+v"(l));
-                                        acc = _mm512_mask_mov_pd(acc, k, l);
-                                    } else {
-                                        acc = _mm512_mask_loadu_pd(acc, k, src);
-                                    }
+                                simd::batch<C> acc(C(0));
+                                for (; e < np && pieces[e].v == v; ++e) {
+                                    // lane 0's address formed as an integer: it can precede the row
+                                    const std::uintptr_t at =
+                                        reinterpret_cast<std::uintptr_t>(channel) + pieces[e].at * std::ptrdiff_t(sizeof(C));
+                                    // the next panel reads the R elements after these: into L2 now (a
+                                    // panel's rows are a stream each, too many for the prefetchers)
+                                    _mm_prefetch(reinterpret_cast<const char*>(at + R * sizeof(C)), _MM_HINT_T1);
+                                    // a whole vector unless it would reach outside the operand (its
+                                    // first or last row)
+                                    acc = conv_merge(acc, pieces[e].mask, reinterpret_cast<const void*>(at),
+                                                     at >= begin && at + W * sizeof(C) <= end);
                                 }
-                            }
-                              simd::store(out + (p - pc) * R + v * W, acc);
+                                simd::store(out + (p - pc) * R + v * W, acc);
                             }
                         }
                     }
