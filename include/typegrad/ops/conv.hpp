@@ -1167,13 +1167,12 @@ struct conv2d_weight_op : conv_kernel_base<conv2d_weight_op<P>> {
         // A chunk of images is one product with nb Ho Wo as its k, into a partial dW^T; the
         // partials are added chunk after chunk, wave after wave (conv_waves: a fixed order).
         const conv_waves waves(g);
-        const std::size_t col_n = waves.col_size(g), rows_n = waves.rows_size(g);
         const std::size_t block = g.group_o() * g.group_ckk(), whole = g.o * g.group_ckk();
         // (A packed straight from x, as the forward's B: conv_row_panels; the smallest chunk decides)
         const bool direct = conv_packs_directly<C>(g.group_ckk(), g.group_o(), g.n / waves.chunks * g.pixels());
+        const std::size_t col_n = direct ? 0 : waves.col_size(g), rows_n = waves.rows_size(g);
         const std::size_t image = g.c * g.h * g.w;
-        pooled_buffer<C> col(direct ? 0 : waves.slots * col_n), rows(waves.slots * rows_n), part(waves.slots * whole),
-            dwt(whole, C(0));
+        pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n), part(waves.slots * whole), dwt(whole, C(0));
         waves.run<C>(
             [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
                 const std::size_t ld = cnt * g.pixels();
