@@ -303,9 +303,6 @@ struct operands {
     bool accumulate;
 };
 
-// The serial blocked algorithm on the C block [i_begin, i_end) x [j_begin, j_end).
-// size_m x size_n is the largest block of the call: buffers are sized for it even when this
-// block is a smaller edge block, so that whichever task a thread gets first, it grows once.
 // The stored operands' packing: op(B)[pc, pc + kc) x [jc, jc + nc) as pack_b does, and
 // op(A)[ic, ic + mc) x [pc, pc + kc) as pack_a does.
 template <class T, class Config>
@@ -325,6 +322,9 @@ struct stored_a {
     }
 };
 
+// The serial blocked algorithm on the C block [i_begin, i_end) x [j_begin, j_end).
+// size_m x size_n is the largest block of the call: buffers are sized for it even when this
+// block is a smaller edge block, so that whichever task a thread gets first, it grows once.
 // pack(pc, kc, jc, nc, out) packs B's block and pack_a(ic, mc, pc, kc, out) A's, as stored_b and
 // stored_a do from stored operands, or from an operand that is never stored (gemm_packed).
 template <class T, class Config, class PackB, class PackA>
