@@ -274,6 +274,106 @@ void col2im_add(const conv_geometry& g, C* col, C* x, std::size_t ld, std::size_
             }
 }
 
+// Lanes [lo, hi) of the vector at row[at] (row[at + lane]), the others 0 (at + lo >= 0: the vector
+// may start before the row, at padding). `inside`: the whole vector lies in the operand, so it is
+// loaded whole and the lanes cleared in registers (masked loads were slow on Zen 5, as for
+// conv_merge); else only the lanes [lo, hi) are read.
+template <class C>
+inline simd::batch<C> conv_lanes(const C* row, std::ptrdiff_t at, std::size_t lo, std::size_t hi, bool inside) {
+    using V = simd::batch<C>;
+    constexpr std::size_t W = simd::width<C>;
+    // the address as an integer: the vector may begin before the row's first element
+    const auto* p = reinterpret_cast<const C*>(reinterpret_cast<std::uintptr_t>(row) + at * std::ptrdiff_t(sizeof(C)));
+#if defined(__AVX512F__)
+    const unsigned mask = ((1u << (hi - lo)) - 1u) << lo;
+    if constexpr (std::is_same_v<C, float> && W == 16) {
+        if (!inside) return _mm512_maskz_loadu_ps(static_cast<__mmask16>(mask), p);
+        __m512 v = _mm512_loadu_ps(p);
+        __asm__("" : "+v"(v));
+        return _mm512_maskz_mov_ps(static_cast<__mmask16>(mask), v);
+    } else if constexpr (std::is_same_v<C, double> && W == 8) {
+        if (!inside) return _mm512_maskz_loadu_pd(static_cast<__mmask8>(mask), p);
+        __m512d v = _mm512_loadu_pd(p);
+        __asm__("" : "+v"(v));
+        return _mm512_maskz_mov_pd(static_cast<__mmask8>(mask), v);
+    }
+#endif
+    alignas(64) C lanes[W] = {};
+    if (inside) {
+        simd::store(lanes, simd::load(p));
+        for (std::size_t l = 0; l < W; ++l)
+            if (l < lo || l >= hi) lanes[l] = C(0);
+    } else {
+        for (std::size_t l = lo; l < hi; ++l) lanes[l] = row[at + std::ptrdiff_t(l)];
+    }
+    return V::load_aligned(lanes);
+}
+// x (dense [C, H, W]) channels [c0, c1) = col2im(col) where the width's stride is 1, col's rows ld
+// apart: each element gathered vector by vector as the sum over its taps in tap order, from +0,
+// so the bits of col2im_add into zeros (a sum from +0 is never -0, so the +0 col2im_add adds
+// for a padding entry changes nothing). Each element is written once: no zeros first, and not
+// the read-modify-write of x per tap that made col2im_add 5x slower than its loads
+// (benchmarks/README.md, "col2im as a gather").
+template <class C>
+void col2im_set(const conv_geometry& g, const C* col, C* x, std::size_t ld, std::size_t c0, std::size_t c1, const C* first,
+                const C* last) {
+    using V = simd::batch<C>;
+    constexpr std::size_t W = simd::width<C>, most = 64;
+    const std::size_t taps = g.kh * g.kw, vectors = (g.w + W - 1) / W;
+    // Per vector of a row and kernel column j, found once: the lanes [lo, hi) that read an
+    // output column inside [0, Wo), and the offset of lane 0's in the tap's row
+    struct piece {
+        std::ptrdiff_t at;
+        unsigned lo, hi;
+    };
+    piece table[most];
+    const bool tabled = vectors * g.kw <= most;
+    const auto piece_of = [&](std::size_t v, std::size_t j) {
+        const std::size_t n = std::min(W, g.w - v * W);
+        const std::ptrdiff_t ow0 = std::ptrdiff_t(v * W + g.pw) - std::ptrdiff_t(j * g.dw);
+        const std::ptrdiff_t lo = std::clamp<std::ptrdiff_t>(-ow0, 0, std::ptrdiff_t(n));
+        const std::ptrdiff_t hi = std::clamp<std::ptrdiff_t>(std::ptrdiff_t(g.wo) - ow0, lo, std::ptrdiff_t(n));
+        return piece{std::ptrdiff_t(j * ld) + ow0, unsigned(lo), unsigned(hi)};
+    };
+    const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(first), end = reinterpret_cast<std::uintptr_t>(last);
+    if (tabled)
+        for (std::size_t v = 0; v < vectors; ++v)
+            for (std::size_t j = 0; j < g.kw; ++j) table[v * g.kw + j] = piece_of(v, j);
+    // U channels at once: each element's sum is one chain of dependent adds in tap order, so
+    // independent chains side by side keep the adder busy (one chain at a time was latency-bound)
+    const auto channels = [&](std::size_t c, auto u_count) {
+        constexpr std::size_t U = decltype(u_count)::value;
+        for (std::size_t h = 0; h < g.h; ++h)
+            for (std::size_t v = 0; v < vectors; ++v) {
+                V acc[U];
+                for (std::size_t u = 0; u < U; ++u) acc[u] = V(C(0));
+                for (std::size_t i = 0; i < g.kh; ++i) {
+                    // input row h is output row oh of kernel row i: h = oh sh + i dh - ph
+                    const std::ptrdiff_t d = std::ptrdiff_t(h + g.ph) - std::ptrdiff_t(i * g.dh);
+                    if (d < 0 || std::size_t(d) % g.sh != 0 || std::size_t(d) / g.sh >= g.ho) continue;
+                    const C* const row = col + (c * taps + i * g.kw) * ld + std::size_t(d) / g.sh * g.wo;
+                    for (std::size_t j = 0; j < g.kw; ++j) {
+                        const piece p = tabled ? table[v * g.kw + j] : piece_of(v, j);
+                        if (p.lo == 0 && p.hi == W) {
+                            for (std::size_t u = 0; u < U; ++u) acc[u] += simd::load(row + u * taps * ld + p.at);
+                        } else if (p.lo < p.hi) {
+                            for (std::size_t u = 0; u < U; ++u) {
+                                const C* const r = row + u * taps * ld;
+                                const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(r) + p.at * std::ptrdiff_t(sizeof(C));
+                                acc[u] += conv_lanes(r, p.at, p.lo, p.hi, a >= begin && a + W * sizeof(C) <= end);
+                            }
+                        }
+                    }
+                }
+                for (std::size_t u = 0; u < U; ++u)
+                    simd::store_upto(x + ((c + u) * g.h + h) * g.w + v * W, acc[u], std::min(W, g.w - v * W));
+            }
+    };
+    std::size_t c = c0;
+    for (; c + 4 <= c1; c += 4) channels(c, std::integral_constant<std::size_t, 4>{});
+    for (; c < c1; ++c) channels(c, std::integral_constant<std::size_t, 1>{});
+}
+
 // The chunk [n0, n0 + nb)'s im2col ([C KH KW, nb Ho Wo]: image i in columns [i Ho Wo, (i + 1) Ho Wo))
 // and its col2im: every (image, channel) pair writes only its own block of rows (im2col) or its
 // own plane (col2im), so the pairs are split over the thread pool with the results of one
@@ -294,11 +394,46 @@ void im2col_chunk(const conv_geometry& g, const C* x, std::size_t n0, std::size_
         im2col(g, x + (n0 + i) * g.c * g.h * g.w, col + i * g.pixels(), nb * g.pixels(), c0, c1);
     });
 }
+// x's images [n0, n0 + nb) = col2im(col): col2im_set where the width's stride is 1 (every element
+// written), else col2im_add, into x's zeros
 template <class C>
-void col2im_chunk_add(const conv_geometry& g, C* col, std::size_t n0, std::size_t nb, C* x) {
-    for_each_image_channels(g, nb, [&](std::size_t i, std::size_t c0, std::size_t c1) {
-        col2im_add(g, col + i * g.pixels(), x + (n0 + i) * g.c * g.h * g.w, nb * g.pixels(), c0, c1);
-    });
+void col2im_image(const conv_geometry& g, C* col, std::size_t i, std::size_t n0, std::size_t nb, C* x, std::size_t c0, std::size_t c1) {
+    C* const xi = x + (n0 + i) * g.c * g.h * g.w;
+    if (g.sw == 1) col2im_set(g, col + i * g.pixels(), xi, nb * g.pixels(), c0, c1, col, col + g.ckk() * nb * g.pixels());
+    else col2im_add(g, col + i * g.pixels(), xi, nb * g.pixels(), c0, c1);
+}
+template <class C>
+void col2im_chunk(const conv_geometry& g, C* col, std::size_t n0, std::size_t nb, C* x) {
+    for_each_image_channels(g, nb, [&](std::size_t i, std::size_t c0, std::size_t c1) { col2im_image(g, col, i, n0, nb, x, c0, c1); });
+}
+// The input gradient of the chunk of images [n0, n0 + cnt): x's images = col2im(W^T . src) per
+// group, src g's rows [O, cnt P] (chunk_rows), col the chunk's im2col-shaped buffer; where the
+// width's stride is not 1, x's images must be zeros (col2im_add). threads as gemm's n_threads.
+template <class C>
+void conv_input_chunk(const conv_geometry& g, const C* w, const C* src, C* col, std::size_t n0, std::size_t cnt,
+                      std::size_t threads, C* x) {
+    const std::size_t ld = cnt * g.pixels();
+    if (threads != 1 && num_threads() > 1) {  // one chunk on every thread: the product, then col2im, threaded
+        for (std::size_t b = 0; b < g.groups; ++b)
+            gemm(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w + b * g.group_o() * g.group_ckk(), g.group_ckk(),
+                 src + b * g.group_o() * ld, ld, col + b * g.group_ckk() * ld, ld, false, threads);
+        col2im_chunk(g, col, n0, cnt, x);
+        return;
+    }
+    // On one thread, each channel's col2im as soon as the product has its rows, while they are in
+    // cache (read back from L3 after the whole product, col2im took a quarter of the op's time):
+    // the same values in the same order, so the same bits
+    const std::size_t taps = g.kh * g.kw, cg = g.c / g.groups;
+    for (std::size_t b = 0; b < g.groups; ++b) {
+        std::size_t ready = 0;  // the group's channels done
+        gemm_rows(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w + b * g.group_o() * g.group_ckk(), g.group_ckk(),
+                  src + b * g.group_o() * ld, ld, col + b * g.group_ckk() * ld, ld, false, [&](std::size_t, std::size_t i1) {
+                      const std::size_t upto = i1 == g.group_ckk() ? cg : i1 / taps;
+                      if (upto == ready) return;
+                      for (std::size_t i = 0; i < cnt; ++i) col2im_image(g, col, i, n0, cnt, x, b * cg + ready, b * cg + upto);
+                      ready = upto;
+                  });
+    }
 }
 // [N, O, P] images n0.. n0 + nb  <->  [O, nb P] (a chunk's GEMM layout; P = Ho Wo)
 template <class C>
@@ -1072,16 +1207,11 @@ struct conv2d_input_op : conv_kernel_base<conv2d_input_op<P>> {
         const conv_waves waves(g);
         const std::size_t col_n = waves.col_size(g), rows_n = waves.rows_size(g);
         pooled_buffer<C> col(waves.slots * col_n), rows(waves.slots * rows_n);
-        std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));  // after the buffers: nothing written if they throw
+        if (g.sw != 1) std::fill_n(dx.data, g.n * g.c * g.h * g.w, C(0));  // after the buffers: nothing written if they throw
         waves.run<C>(
             [&](std::size_t t, std::size_t n0, std::size_t cnt, std::size_t threads) {
-                const std::size_t ld = cnt * g.pixels();
-                C* const cc = col.data() + t * col_n;
-                const C* src = chunk_rows(g, gy.data, n0, cnt, rows.data() + t * rows_n);
-                for (std::size_t b = 0; b < g.groups; ++b)
-                    gemm(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w.data + b * g.group_o() * g.group_ckk(),
-                         g.group_ckk(), src + b * g.group_o() * ld, ld, cc + b * g.group_ckk() * ld, ld, false, threads);
-                col2im_chunk_add(g, cc, n0, cnt, dx.data);
+                conv_input_chunk(g, w.data, chunk_rows(g, gy.data, n0, cnt, rows.data() + t * rows_n), col.data() + t * col_n, n0, cnt,
+                                 threads, dx.data);
             },
             [](std::size_t) {});
         dx.store(out);

@@ -483,3 +483,72 @@ TEST_CASE("conv2d's forward and weight gradient pack their panels straight from 
     }
     tg::set_num_threads(0);
 }
+
+namespace {
+// The input gradient, chunk by chunk as conv2d_input runs it (conv_waves): on one thread each
+// channel's col2im follows the product's rows (gemm_rows, col2im_set gathering where the width's
+// stride is 1), on three the threaded product then col2im; against the product into im2col's
+// layout, then col2im_add's scatter into zeros: the same bits
+template <class T>
+void check_input_chunks(const tg::detail::conv_geometry& g, unsigned seed) {
+    using namespace tg::detail;
+    const std::size_t image = g.c * g.h * g.w;
+    const auto gv = uniform(g.n * g.o * g.pixels(), -1.0, 1.0, seed), wv = uniform(g.o * g.group_ckk(), -1.0, 1.0, seed + 1);
+    const std::vector<T> gy(gv.begin(), gv.end()), w(wv.begin(), wv.end());
+    const conv_waves waves(g, 2);  // chunks of two images, the last one partial for odd n
+    std::vector<T> col(waves.col_size(g)), rows(waves.rows_size(g)), want(g.n * image, T(0)), got(g.n * image);
+    for (std::size_t k = 0; k < waves.chunks; ++k) {
+        const std::size_t n0 = waves.first(k), cnt = waves.first(k + 1) - n0, ld = cnt * g.pixels();
+        const T* src = chunk_rows(g, gy.data(), n0, cnt, rows.data());
+        for (std::size_t b = 0; b < g.groups; ++b)
+            gemm(transpose::yes, transpose::no, g.group_ckk(), ld, g.group_o(), w.data() + b * g.group_o() * g.group_ckk(),
+                 g.group_ckk(), src + b * g.group_o() * ld, ld, col.data() + b * g.group_ckk() * ld, ld, false, 1);
+        for (std::size_t i = 0; i < cnt; ++i)
+            col2im_add(g, col.data() + i * g.pixels(), want.data() + (n0 + i) * image, ld, 0, g.c);
+    }
+    for (const std::size_t threads : {1, 3}) {
+        tg::set_num_threads(threads);
+        std::fill(got.begin(), got.end(), g.sw == 1 ? T(7) : T(0));  // every element written where the width's stride is 1
+        for (std::size_t k = 0; k < waves.chunks; ++k) {
+            const std::size_t n0 = waves.first(k), cnt = waves.first(k + 1) - n0;
+            std::fill(col.begin(), col.end(), T(9));
+            conv_input_chunk(g, w.data(), chunk_rows(g, gy.data(), n0, cnt, rows.data()), col.data(), n0, cnt, threads == 1 ? 1 : 0,
+                             got.data());
+        }
+        CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+    }
+}
+}  // namespace
+
+TEST_CASE("conv2d's input gradient: col2im gathered and run as the product's rows come, the bits of col2im's scatter",
+          "[ops][conv]") {
+    // {n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw, dh, dw, groups}: rows shorter, as long as
+    // and longer than a vector, padding 0 to 3 (lanes reading padding at both ends), stride 2 down
+    // the height only and both ways (the scatter), dilation, groups, 1 x 1, a kernel wider than the
+    // input, more channels than one block of the product's rows (72)
+    using tg::detail::conv_geometry;
+    const conv_geometry cases[] = {
+        {3, 8, 30, 30, 16, 3, 3, 30, 30, 1, 1, 1, 1, 1, 1, 1},   // "same", rows of 30
+        {3, 5, 9, 7, 12, 3, 3, 9, 7, 1, 1, 1, 1, 1, 1, 1},       // rows of 7
+        {2, 6, 21, 16, 10, 3, 3, 19, 14, 1, 1, 0, 0, 1, 1, 1},   // no padding, rows of 16
+        {2, 4, 21, 17, 9, 5, 5, 21, 17, 1, 1, 2, 2, 1, 1, 1},    // padding 2, rows of 17
+        {2, 8, 23, 33, 16, 3, 3, 12, 33, 2, 1, 1, 1, 1, 1, 1},   // stride 2 down the height
+        {2, 8, 23, 23, 16, 3, 3, 12, 12, 2, 2, 1, 1, 1, 1, 1},   // stride 2 both ways
+        {1, 8, 25, 26, 8, 3, 3, 25, 26, 1, 1, 2, 2, 2, 2, 1},    // dilation 2
+        {2, 8, 20, 20, 16, 3, 3, 20, 20, 1, 1, 1, 1, 1, 1, 2},   // two groups
+        {2, 16, 17, 17, 24, 1, 1, 17, 17, 1, 1, 0, 0, 1, 1, 1},  // 1 x 1
+        {2, 3, 6, 3, 4, 2, 7, 7, 3, 1, 1, 1, 3, 1, 1, 1},        // a 2 x 7 kernel over rows of 3
+        {2, 40, 12, 40, 32, 3, 3, 12, 40, 1, 1, 1, 1, 1, 1, 1},  // 360 rows of W^T g: five blocks
+    };
+    unsigned seed = 71;
+    for (const conv_geometry& g : cases) {
+        INFO("c " << g.c << " h " << g.h << " w " << g.w << " o " << g.o << " k " << g.kh << "x" << g.kw << " stride " << g.sh
+                  << "," << g.sw << " pad " << g.ph << "," << g.pw << " dilation " << g.dh << " groups " << g.groups);
+        REQUIRE(g.ho == tg::detail::conv_out_extent(g.h, g.kh, g.sh, g.ph, g.dh));
+        REQUIRE(g.wo == tg::detail::conv_out_extent(g.w, g.kw, g.sw, g.pw, g.dw));
+        check_input_chunks<float>(g, seed);
+        check_input_chunks<double>(g, seed + 2);
+        seed += 4;
+    }
+    tg::set_num_threads(0);
+}

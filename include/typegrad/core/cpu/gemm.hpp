@@ -327,9 +327,15 @@ struct stored_a {
 // block is a smaller edge block, so that whichever task a thread gets first, it grows once.
 // pack(pc, kc, jc, nc, out) packs B's block and pack_a(ic, mc, pc, kc, out) A's, as stored_b and
 // stored_a do from stored operands, or from an operand that is never stored (gemm_packed).
-template <class T, class Config, class PackB, class PackA>
+// done(i0, i1) is called when C's rows [i0, i1) are final in every column of the block, in order
+// (in the last column block, after its last depth block; rows_done).
+struct no_rows_done {
+    void operator()(std::size_t, std::size_t) const {}
+};
+template <class T, class Config, class PackB, class PackA, class Done = no_rows_done>
 void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
-                std::size_t j_end, std::size_t size_m, std::size_t size_n, const PackB& pack, const PackA& pack_a) {
+                std::size_t j_end, std::size_t size_m, std::size_t size_n, const PackB& pack, const PackA& pack_a,
+                const Done& done = {}) {
     constexpr std::size_t MR = Config::MR, NR = Config::NR, NV = Config::NV;
     constexpr std::size_t KC = Config::KC, MC = Config::MC, NC = Config::NC;
     static_assert(NR == NV * simd::width<T> && MC % MR == 0 && NC % NR == 0);
@@ -371,6 +377,7 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
                         }
                     }
                 }
+                if (jc + nc == j_end && pc + kc == k) done(ic, ic + mc);
             }
         }
     }
@@ -821,6 +828,32 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_batched takes float or double (bf16/f16: gemm_half.hpp)");
     gemm_impl::gemm_batched<T, gemm_impl::default_config<T>>(batch, ta, tb, m, n, k, a, lda, stride_a, b, ldb,
                                                              stride_b, c, ldc, stride_c, accumulate, 0);
+}
+
+// C[m x n] = (accumulate ? C : 0) + op(A) * op(B) as gemm on the calling thread alone, calling
+// done(i0, i1) as soon as C's rows [i0, i1) are final, in order, blocks of at most 72 rows: a
+// caller consumes C while its rows are in cache (a convolution's col2im, ops/conv.hpp; for n up
+// to gemm_rows_columns, past which the rows come only at the end of the last column block).
+// The same bits as gemm.
+template <class T>
+struct rows_config : gemm_impl::default_config<T> {
+    static constexpr std::size_t MC = 72;
+};
+inline constexpr std::size_t gemm_rows_columns = gemm_impl::default_config<float>::NC;
+template <class T, class Done>
+void gemm_rows(transpose ta, transpose tb, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
+               const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate, const Done& done) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_rows takes float or double");
+    using config = rows_config<T>;
+    static_assert(config::MC % config::MR == 0 && config::NC == gemm_rows_columns);
+    if (m == 0 || n == 0) return;
+    if (k == 0 || m == 1 || n == 1 || gemm_impl::use_small_path<T>(m, n, k)) {  // gemm's other paths, whole
+        gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate, 1);
+        done(0, m);
+        return;
+    }
+    const gemm_impl::operands<T> op{ta, tb, k, a, lda, b, ldb, c, ldc, accumulate};
+    gemm_impl::gemm_block<T, config>(op, 0, m, 0, n, m, n, gemm_impl::stored_b<T, config>{op}, gemm_impl::stored_a<T, config>{op}, done);
 }
 
 // The width of the column panels gemm_packed_b's pack writes (NR), the height of the row panels
