@@ -22,7 +22,9 @@
 // panels of it straight from x (conv_panels, conv_row_panels; gemm_packed_b / gemm_packed_a), the
 // same values, so the same bits. The input gradient writes W^T . g_n into an im2col-shaped buffer
 // for col2im (the transposed convolution over panels of g packed 9x the elements col2im reads:
-// no faster, benchmarks/README.md).
+// no faster, benchmarks/README.md); on one thread each block of the product's rows is col2im'd
+// as soon as it is final, while it is in cache (gemm_rows), and col2im gathers each element from
+// its taps (col2im_set) where the width's stride is 1: the bits of the scatter into zeros.
 // The three are bilinear and adjoint to each other, so each one's VJP is another of them: second
 // derivatives come for free. Operands of any strides and dtypes are read into dense buffers of
 // the compute dtype (f32 for bf16/f16, as PyTorch's CPU kernels accumulate); the result is
