@@ -6,6 +6,7 @@
 // inline instead of waiting: the pool can never deadlock on itself.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,25 @@
 #include <vector>
 
 namespace typegrad::detail {
+
+// Waits until ready() for up to `window`, without sleeping: a pool thread that has just finished
+// is usually asked again within microseconds (a kernel's next fused loop, the next call), and
+// waking a sleeping thread through the condition variable took 10-15 us on a 2-vCPU VM (a
+// 16K-float prod step on two threads: 17 us, against 2.6 us on one). Returns ready().
+template <class Ready>
+bool spin_until(Ready&& ready, std::chrono::microseconds window) {
+    const auto until = std::chrono::steady_clock::now() + window;
+    for (std::size_t i = 1;; ++i) {
+        if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+        if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return ready();
+    }
+}
+inline constexpr std::chrono::microseconds pool_spin{50};
 
 // Upper bounds on the thread count: the automatic choice (hardware threads) and any request.
 inline constexpr std::size_t default_max_threads = 64;
@@ -45,8 +65,10 @@ inline std::size_t num_threads() {
         if (end != env && *end == '\0' && v > 0)
             return static_cast<std::size_t>(std::min<unsigned long long>(v, max_threads));
     }
-    const std::size_t hw = std::thread::hardware_concurrency();
-    return std::clamp<std::size_t>(hw, 1, default_max_threads);
+    // once: glibc reads /sys/devices/system/cpu/online on every call (an open, a read and a
+    // close: 7 us a call on a 2-vCPU VM, against 2.7 us for a 16K-float prod step)
+    static const std::size_t hw = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, default_max_threads);
+    return hw;
 }
 
 class thread_pool {
@@ -58,6 +80,7 @@ public:
         {
             std::lock_guard lk(mutex_);
             stop_ = true;
+            stopping_.store(true, std::memory_order_release);
         }
         wake_.notify_all();
         for (std::thread& t : workers_) t.join();
@@ -96,10 +119,13 @@ public:
             job_ = &j;
             participants_ = helpers;
             remaining_ = helpers;
+            pending_.store(helpers, std::memory_order_relaxed);
             ++generation_;
+            posted_.store(generation_, std::memory_order_release);
         }
-        if (helpers > 0) wake_.notify_all();
+        if (helpers > 0) wake_.notify_all();  // no system call when every helper is still spinning
         j.run();
+        spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; }, pool_spin);
         {
             std::unique_lock lk(mutex_);
             done_.wait(lk, [&] { return remaining_ == 0; });
@@ -158,6 +184,12 @@ private:
     void worker_loop(std::size_t id, std::uint64_t seen) {
         std::unique_lock lk(mutex_);
         for (;;) {
+            if (!stop_ && generation_ == seen) {  // spin before sleeping (spin_until); then under the lock again
+                lk.unlock();
+                spin_until([&] { return posted_.load(std::memory_order_acquire) != seen || stopping_.load(std::memory_order_acquire); },
+                           pool_spin);
+                lk.lock();
+            }
             wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
             if (stop_) return;
             seen = generation_;
@@ -167,7 +199,8 @@ private:
             lk.unlock();
             j->run();
             lk.lock();
-            if (--remaining_ == 0) done_.notify_one();
+            pending_.store(--remaining_, std::memory_order_release);
+            if (remaining_ == 0) done_.notify_one();
         }
     }
 
@@ -179,6 +212,11 @@ private:
     std::size_t participants_ = 0, remaining_ = 0;
     std::uint64_t generation_ = 0;
     bool stop_ = false;
+    // generation_, remaining_ and stop_ as spinning threads read them without the lock (written
+    // under it, beside them)
+    std::atomic<std::uint64_t> posted_{0};
+    std::atomic<std::size_t> pending_{0};
+    std::atomic<bool> stopping_{false};
 };
 
 // The process-wide pool the kernels share.
