@@ -408,6 +408,22 @@ TEST_CASE("conv's finiteness scan finds one infinity or NaN anywhere, on one thr
 }
 
 namespace {
+// check(T{}, g, seed) for every geometry, float and double, each with its own seeds; the
+// geometries' output extents checked first; the thread count reset after
+template <std::size_t N, class Check>
+void for_each_geometry(const tg::detail::conv_geometry (&cases)[N], unsigned seed, Check check) {
+    for (const tg::detail::conv_geometry& g : cases) {
+        INFO("c " << g.c << " h " << g.h << " w " << g.w << " o " << g.o << " k " << g.kh << "x" << g.kw << " stride " << g.sh
+                  << "," << g.sw << " pad " << g.ph << "," << g.pw << " dilation " << g.dh << "," << g.dw << " groups " << g.groups);
+        REQUIRE(g.ho == tg::detail::conv_out_extent(g.h, g.kh, g.sh, g.ph, g.dh));
+        REQUIRE(g.wo == tg::detail::conv_out_extent(g.w, g.kw, g.sw, g.pw, g.dw));
+        check(float{}, g, seed);
+        check(double{}, g, seed + 2);
+        seed += 4;
+    }
+    tg::set_num_threads(0);
+}
+
 // conv2d's forward product with B packed straight from x (conv_panels), and its weight gradient's
 // with A so packed (conv_row_panels), against im2col's buffer and the same GEMMs: the same bits,
 // on 1 and 3 threads
@@ -471,17 +487,7 @@ TEST_CASE("conv2d's forward and weight gradient pack their panels straight from 
         {2, 6, 15, 40, 8, 2, 7, 16, 40, 1, 1, 1, 3, 1, 1, 1},    // a 2 x 7 kernel, uneven padding
         {2, 32, 40, 40, 32, 3, 3, 40, 40, 1, 1, 1, 1, 1, 1, 1},  // large enough for 3 threads
     };
-    unsigned seed = 61;
-    for (const conv_geometry& g : cases) {
-        INFO("c " << g.c << " h " << g.h << " w " << g.w << " o " << g.o << " k " << g.kh << "x" << g.kw << " stride " << g.sh
-                  << " pad " << g.ph << "," << g.pw << " dilation " << g.dh << " groups " << g.groups);
-        REQUIRE(g.ho == tg::detail::conv_out_extent(g.h, g.kh, g.sh, g.ph, g.dh));
-        REQUIRE(g.wo == tg::detail::conv_out_extent(g.w, g.kw, g.sw, g.pw, g.dw));
-        check_panels<float>(g, seed);
-        check_panels<double>(g, seed + 2);
-        seed += 4;
-    }
-    tg::set_num_threads(0);
+    for_each_geometry(cases, 61, [](auto type, const conv_geometry& g, unsigned seed) { check_panels<decltype(type)>(g, seed); });
 }
 
 namespace {
@@ -540,15 +546,5 @@ TEST_CASE("conv2d's input gradient: col2im gathered and run as the product's row
         {2, 3, 6, 3, 4, 2, 7, 7, 3, 1, 1, 1, 3, 1, 1, 1},        // a 2 x 7 kernel over rows of 3
         {2, 40, 12, 40, 32, 3, 3, 12, 40, 1, 1, 1, 1, 1, 1, 1},  // 360 rows of W^T g: five blocks
     };
-    unsigned seed = 71;
-    for (const conv_geometry& g : cases) {
-        INFO("c " << g.c << " h " << g.h << " w " << g.w << " o " << g.o << " k " << g.kh << "x" << g.kw << " stride " << g.sh
-                  << "," << g.sw << " pad " << g.ph << "," << g.pw << " dilation " << g.dh << " groups " << g.groups);
-        REQUIRE(g.ho == tg::detail::conv_out_extent(g.h, g.kh, g.sh, g.ph, g.dh));
-        REQUIRE(g.wo == tg::detail::conv_out_extent(g.w, g.kw, g.sw, g.pw, g.dw));
-        check_input_chunks<float>(g, seed);
-        check_input_chunks<double>(g, seed + 2);
-        seed += 4;
-    }
-    tg::set_num_threads(0);
+    for_each_geometry(cases, 71, [](auto type, const conv_geometry& g, unsigned seed) { check_input_chunks<decltype(type)>(g, seed); });
 }
