@@ -313,9 +313,9 @@ inline simd::batch<C> conv_lanes(const C* row, std::ptrdiff_t at, std::size_t lo
 // x (dense [C, H, W]) channels [c0, c1) = col2im(col) where the width's stride is 1, col's rows ld
 // apart: each element gathered vector by vector as the sum over its taps in tap order, from +0,
 // so the bits of col2im_add into zeros (a sum from +0 is never -0, so the +0 col2im_add adds
-// for a padding entry changes nothing). Each element is written once: no zeros first, and not
-// the read-modify-write of x per tap that made col2im_add 5x slower than its loads
-// (benchmarks/README.md, "col2im as a gather").
+// for a padding entry changes nothing). Each element is written once: no zeros first, and no
+// read-modify-write of x per tap as in col2im_add (benchmarks/README.md, "col2im as a gather, as
+// the product's rows come").
 template <class C>
 void col2im_set(const conv_geometry& g, const C* col, C* x, std::size_t ld, std::size_t c0, std::size_t c1, const C* first,
                 const C* last) {
