@@ -833,19 +833,17 @@ void gemm_batched(std::size_t batch, transpose ta, transpose tb, std::size_t m, 
 // C[m x n] = (accumulate ? C : 0) + op(A) * op(B) as gemm on the calling thread alone, calling
 // done(i0, i1) as soon as C's rows [i0, i1) are final, in order, blocks of at most 72 rows: a
 // caller consumes C while its rows are in cache (a convolution's col2im, ops/conv.hpp; for n up
-// to gemm_rows_columns, past which the rows come only at the end of the last column block).
+// to one column block, 4096, past which the rows come only in the last column block).
 // The same bits as gemm.
 template <class T>
 struct rows_config : gemm_impl::default_config<T> {
     static constexpr std::size_t MC = 72;
 };
-inline constexpr std::size_t gemm_rows_columns = gemm_impl::default_config<float>::NC;
 template <class T, class Done>
 void gemm_rows(transpose ta, transpose tb, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
                const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate, const Done& done) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "typegrad: internal: gemm_rows takes float or double");
     using config = rows_config<T>;
-    static_assert(config::MC % config::MR == 0 && config::NC == gemm_rows_columns);
     if (m == 0 || n == 0) return;
     if (k == 0 || m == 1 || n == 1 || gemm_impl::use_small_path<T>(m, n, k)) {  // gemm's other paths, whole
         gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate, 1);
