@@ -86,8 +86,13 @@ case_data make_case(const diff::graph_def& g, const std::vector<std::size_t>& va
         for (int a = 0; a < l.rank; ++a) e[a] = l.ext[a] >= 0 ? std::size_t(l.ext[a]) : vars[std::size_t(-1 - l.ext[a])];
         std::uniform_real_distribution<double> d(l.lo, l.hi);
         std::vector<double> v(numel(l, e));
-        for (double& x : v) x = double(T(d(rng)));
-        if (special)  // about a third of the elements: a special value or a tie with an earlier one
+        if (l.ids) {  // integers (exact in float below 2^24); never special
+            std::uniform_int_distribution<long> di(long(l.lo), long(l.hi));
+            for (double& x : v) x = double(di(rng));
+        } else {
+            for (double& x : v) x = double(T(d(rng)));
+        }
+        if (special && !l.ids)  // about a third of the elements: a special value or a tie with an earlier one
             for (std::size_t j = 0; j < v.size(); ++j) {
                 const std::uint64_t r = rng() % 12;
                 if (r < 3) v[j] = pool[rng() % pool.size()];
@@ -222,6 +227,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
     // half the comparison's bound (relative to its largest finite element).
     struct weight_check {
         torch::Tensor weight, out, x_hat;  // x_hat undefined: a bias
+        bool channels = false;  // along axis 1 (batch_norm), not the last axis (the norms)
     };
     std::vector<weight_check> weight_checks;
     // Ties of a max/min reduction: every element against the extreme, not only the runner-up. An
@@ -294,7 +300,10 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             const auto& l = g.leaves[i];
             std::vector<std::int64_t> shape;
             for (int k = 0; k < l.rank; ++k) shape.push_back(std::int64_t(c.ext[i][k]));
-            r = torch::tensor(c.in[i], torch::TensorOptions().dtype(torch::kFloat64)).to(dtype).reshape(shape).detach().requires_grad_(l.param);
+            if (l.ids)
+                r = torch::tensor(c.in[i], torch::TensorOptions().dtype(torch::kFloat64)).round().to(torch::kLong).reshape(shape);
+            else
+                r = torch::tensor(c.in[i], torch::TensorOptions().dtype(torch::kFloat64)).to(dtype).reshape(shape).detach().requires_grad_(l.param);
             leaves.push_back(r);
         } else if (op == "neg") r = -node(a);
         else if (op == "exp") r = torch::exp(node(a));
@@ -386,7 +395,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             note_margin(ref, p - q, p, kink_tol);
             const std::string m = op.substr(5);
             const auto cond = m == "gt" ? p > q : m == "ge" ? p >= q : m == "lt" ? p < q : p <= q;
-            r = cond.to(torch::kFloat64) * node(x);
+            r = cond.to(dtype) * node(x);  // in the dtype under test (a double mask promoted float special cases)
         }
         // the model ops of issue 15 (hand-written graphs 2000.., model_ops.cpp)
         else if (op == "sdpa") {  // q k v causal: softmax(q k^T / sqrt(d), masked) v, written out
@@ -477,6 +486,15 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             ts >> b >> x;
             note_squares(2 * finite_abs_max(node(a)));
             r = torch::batch_norm(node(a), node(b), node(x), {}, {}, true, 0.1, 1e-5, false);
+            {  // its weight's and bias's gradients sum g x_hat and g over the batch (the norms' rule)
+                const auto xd = node(a).detach().to(torch::kFloat64);
+                std::vector<std::int64_t> over{0};
+                for (std::int64_t k = 2; k < xd.dim(); ++k) over.push_back(k);
+                const auto centred = xd - xd.mean(over, true);
+                const auto rstd = 1 / torch::sqrt((centred * centred).mean(over, true) + 1e-5);
+                weight_checks.push_back({node(b), r, centred * rstd, true});
+                weight_checks.push_back({node(x), r, torch::Tensor(), true});
+            }
             if (r.requires_grad()) {
                 r.retain_grad();
                 cancelling_outputs.push_back(r);  // its backward sums g and (x - mean) g
@@ -492,7 +510,10 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             std::int64_t stride, pad;
             ts >> stride >> pad;
             const torch::Tensor bt = op == "conv1d" ? node(bias) : torch::Tensor();
-            if (dtype == torch::kFloat64 && pad > 0) {  // see conv2d_without_padding_products
+            // see conv2d_without_padding_products; float too: LibTorch 1.13's float path is not
+            // always oneDNN's (graph 2230, stride 2: NaN from -inf times a padding zero, where
+            // typegrad and oneDNN take no product there)
+            if (pad > 0) {
                 if (op == "conv1d")
                     r = conv2d_without_padding_products(node(a).unsqueeze(2), node(b).unsqueeze(2), 1, stride, 0, pad)
                             .squeeze(2) + bt.reshape({1, -1, 1});
@@ -592,6 +613,41 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             std::int64_t k, stride, pad;
             ts >> k >> stride >> pad;
             r = op == "max_pool2d" ? torch::max_pool2d(node(a), k, stride, pad) : torch::avg_pool2d(node(a), k, stride, pad);
+            if (op == "max_pool2d") {  // each window's largest element against its runner-up, as top_gap
+                namespace F = torch::nn::functional;
+                const auto x = node(a).detach();
+                const auto padded = torch::constant_pad_nd(x, {pad, pad, pad, pad}, -std::numeric_limits<double>::infinity());
+                const auto windows = F::unfold(padded, F::UnfoldFuncOptions({k, k}).stride(stride))
+                                         .reshape({x.size(0), x.size(1), k * k, -1});
+                const auto top = std::get<0>(windows.topk(2, 2));
+                note_margin(ref, top.select(2, 0) - top.select(2, 1), top.select(2, 0), kink_tol);
+            }
+        } else if (op == "reshape3") {
+            std::int64_t d0, d1, d2;
+            ts >> d0 >> d1 >> d2;
+            r = node(a).reshape({d0, d1, d2});
+        } else if (op == "embedding") {  // ids table padding_idx (-1: none)
+            std::int64_t pad;
+            ts >> b >> pad;
+            r = torch::embedding(node(b), node(a), pad);
+        } else if (op == "index_select" || op == "gather") {  // x axis ids
+            std::int64_t axis;
+            ts >> axis >> b;
+            r = op == "index_select" ? torch::index_select(node(a), axis, node(b)) : torch::gather(node(a), axis, node(b));
+        } else if (op == "dropout") {  // x rng p: typegrad's mask (ops/dropout.hpp's stream), scaled
+            double p;
+            ts >> b >> p;
+            const auto rng = node(b);
+            const auto seed = std::uint64_t(rng[0].item<std::int64_t>()), offset = std::uint64_t(rng[1].item<std::int64_t>());
+            const auto key = typegrad::philox_key_from_seed(seed);
+            const std::int64_t n = node(a).numel();
+            std::vector<double> keep(std::size_t(n), 0.0);
+            for (std::int64_t e = 0; e < n; ++e) {
+                const auto words = typegrad::philox4x32_10(typegrad::philox_counter_at(offset + std::uint64_t(e) / 4), key);
+                keep[std::size_t(e)] = double(typegrad::uniform_float(words[std::size_t(e % 4)])) < 1.0 - p ? 1.0 : 0.0;
+            }
+            const auto mask = torch::tensor(keep, torch::TensorOptions().dtype(torch::kFloat64)).to(dtype).reshape(node(a).sizes());
+            r = node(a) * (mask * (1.0 / (1.0 - p)));
         } else {
             ts >> b;
             const auto p = node(a), q = node(b);
@@ -605,7 +661,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             else if (op == "minimum") r = torch::minimum(p, q);
             else throw std::runtime_error("differential: unknown op in program: " + line);
         }
-        {  // the largest finite |value|: NaN and inf are compared exactly, not by scale
+        if (r.is_floating_point()) {  // the largest finite |value|: NaN and inf are compared exactly, not by scale
             const auto a = r.detach().abs();
             const auto fin = a.masked_fill(~torch::isfinite(a), 0);
             ref.magnitude = std::max(ref.magnitude, fin.max().item<double>());
@@ -649,6 +705,7 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             continue;
         auto terms = wc.out.grad().detach().to(torch::kFloat64);
         if (wc.x_hat.defined()) terms = terms * wc.x_hat.to(torch::kFloat64);
+        if (wc.channels) terms = terms.movedim(1, -1);
         terms = terms.abs().masked_fill(~torch::isfinite(terms), 0).reshape({-1, terms.size(-1)}).sum(0);
         const double rtol = dtype == torch::kFloat32 ? rtol_f32 : rtol_f64;
         const auto finite = torch::isfinite(wc.weight.grad().detach()).reshape({-1});  // NaN and inf are compared exactly
@@ -747,8 +804,9 @@ verdict compare(const diff::graph_def& g, const case_data& c, bool split, bool s
             std::mt19937_64 rng(0x9e3779b97f4a7c15ull);
             for (int k = 0; k < 4; ++k) {
                 case_data moved = c;
-                for (auto& xs : moved.in)
-                    for (double& x : xs) x *= 1 + ((rng() & 1) ? 4 : -4) * 0x1p-24;
+                for (std::size_t l = 0; l < moved.in.size(); ++l)
+                    for (double& x : moved.in[l])
+                        if (!g.leaves[l].ids) x *= 1 + ((rng() & 1) ? 4 : -4) * 0x1p-24;
                 nearby.push_back(run_torch(g, moved, 1e-3, torch::kFloat64));
             }
         }

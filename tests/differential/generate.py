@@ -15,16 +15,23 @@ axes, every supported op, shared subexpressions (operands are drawn from all ear
 reductions feeding further math. Interval bounds on every node keep the math in its domain
 (log/sqrt/pow of positive values, no division near 0, exp of bounded values) so that the
 reference is finite and well conditioned.
+
+Graphs FIRST_CONV.. are [N, C, L] graphs that also draw issue 15's model ops (CONV_OPS, four a
+graph, in turn): conv1d, conv2d (stride 1 and 2), max/avg pooling, batch_norm, attention,
+embedding, index_select, gather and dropout, with their weights as params and their ids as
+std::int64_t inputs (leaf_spec::ids). Their program lines name their node operands by position
+(Graph.add's refs), since they also hold integer parameters.
 """
 import math
 import pathlib
 import random
 
 SEED = 20250611
-GRAPHS = 116
+GRAPHS = 140
 FIRST_NEW = 64      # graphs from here on also draw the activations and special functions
 FIRST_MODEL = 88    # graphs from here on also draw layer_norm, rms_norm, concat and stack
 FIRST_PROD = 104    # graphs from here on also draw prod (as a reduction and in the loss)
+FIRST_CONV = 116    # graphs from here on are [N, C, L] graphs that also draw CONV_OPS (try_conv)
 # ... and are registered as ids 2200.. (FIRST_MODEL + k -> MODEL_ID + k). Special values run over
 # them too (docs/reliability.md, findings 19 to 21).
 MODEL_ID = 2200
@@ -45,6 +52,12 @@ VARYING_UNARY = ["neg", "exp", "log", "sqrt", "log1p", "expm1", "leaky_relu", "p
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 MASKS = ["gt", "ge", "lt", "le"]
 REDUCE = ["sum", "mean", "max", "min", "lse"]
+# issue 15's model ops over the graph's [N, C, L] (as [N, C, H, W] through reshape where 2-D),
+# drawn by graphs FIRST_CONV.., four a graph, in turn (try_conv). "_s2": stride 2, whose result
+# has other extents and is reduced, as a concat's.
+CONV_OPS = ["conv1d", "conv2d", "max_pool", "batch_norm", "sdpa", "embedding", "index_select", "gather", "dropout",
+            "conv2d_s2", "avg_pool", "max_pool_s2"]
+CONV_OPS_PER_GRAPH = 4
 
 CPP_UNARY = {"exp": "tg::exp", "log": "tg::log", "sqrt": "tg::sqrt", "square": "tg::square",
              "sin": "tg::sin", "cos": "tg::cos", "tanh": "tg::tanh", "sigmoid": "tg::sigmoid",
@@ -209,14 +222,17 @@ class Graph:
         self.lines = []      # C++ statements, T is the dtype
         self.program = []    # the interpreter's lines
         self.leaves = []     # (name, is_param, shape, lo, hi)
+        self.ids = set()     # leaves of std::int64_t ids (inputs; integers drawn in [lo, hi])
+        self.ref_pos = []    # per program line: the token positions that are node numbers (None: every integer)
         self.activations_drawn = 0
         self.model_nodes = []  # norms and reduced concats/stacks (graphs FIRST_MODEL..)
         self.make()
 
-    def add(self, op, args, shape, lo, hi, text, program_line):
+    def add(self, op, args, shape, lo, hi, text, program_line, refs=None):
         n = Node(op, args, shape, lo, hi, text)
         self.nodes.append(n)
         self.program.append(program_line)
+        self.ref_pos.append(refs)
         return len(self.nodes) - 1
 
     def make_leaves(self):
@@ -231,6 +247,10 @@ class Graph:
                 dyn += 1
             else:
                 full.append(rng.choice([2, 3, 4, 5]))
+        if self.gid >= FIRST_CONV:  # [N, C, L], N dynamic half the time; L = H W for the 2-D ops
+            n = "d0" if rng.random() < 0.5 else 2
+            self.hw = rng.choice([(2, 3), (3, 3), (3, 4), (4, 4), (2, 5), (3, 2)])
+            full, dyn = [n, rng.choice([2, 3, 4]), self.hw[0] * self.hw[1]], int(n == "d0")
         if self.gid >= FIRST_MODEL and (isinstance(full[-1], str) or full[-1] < 3):
             # the norms' last axis: static and at least 3 (over 1 or 2 elements their gradients
             # are eps-sized differences of O(1) terms, hopelessly ill-conditioned in float)
@@ -264,6 +284,50 @@ class Graph:
                 self.add("leaf", [i], (last,), lo, hi, name, "leaf %d" % i)
                 self.nodes[-1].varies = True
             self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
+        if self.gid >= FIRST_CONV:
+            self.make_conv_leaves()
+
+    def make_conv_leaves(self):
+        """The leaves of the graph's CONV_OPS: weights and biases (params), ids (std::int64_t inputs)."""
+        rng = self.rng
+        k = self.gid - FIRST_CONV
+        self.conv_ops = [CONV_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
+        self.k1 = rng.choice([1, 3, 5])  # conv1d's kernel (padding (k1 - 1) / 2 keeps L)
+        n, c, l = self.full
+        self.conv_leaf = {}
+        wanted = []
+        for op in self.conv_ops:
+            if op == "conv1d":
+                wanted += [("u", True, (c, c, self.k1), -0.5, 0.5), ("s", True, (c,), -0.5, 0.5)]
+            elif op.startswith("conv2d"):
+                wanted += [("v", True, (c, c, 9), -0.5, 0.5)]  # 3 x 3, reshaped
+            elif op == "batch_norm":
+                wanted += [("p", True, (c,), 0.5, 1.5), ("q", True, (c,), -1.0, 1.0)]
+            elif op == "embedding":  # a table of the graph's [C, L] and ids of [N, C]: [N, C, L]
+                wanted += [("t", True, (c, l), -2.0, 2.0), ("k", False, (n, c), 0, c - 1)]
+            elif op == "index_select":
+                wanted += [("i", False, (c,), 0, c - 1)]
+            elif op == "gather":
+                wanted += [("j", False, (n, c, l), 0, l - 1)]
+            elif op == "dropout":
+                wanted += [("r", False, (2,), 0, 1000000)]  # {seed, offset}
+        for name, param, shape, lo, hi in wanted:
+            if name in self.conv_leaf:
+                continue
+            i = len(self.leaves)
+            ids = name in "kijr"
+            self.leaves.append((name, param, shape, lo, hi))
+            ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
+            if ids:
+                self.ids.add(i)
+                self.lines.append('constexpr auto %s = tg::input<"%s", std::int64_t, tg::shape<%s>>;' % (name, name, ext))
+            else:
+                self.lines.append('constexpr auto %s = tg::%s<"%s", T, tg::shape<%s>>;' % (name, "param" if param else "input", name, ext))
+            self.add("leaf", [i], shape, lo, hi, name, "leaf %d" % i)
+            self.conv_leaf[name] = len(self.nodes) - 1
+            # weights and ids are not of the graph's extents: operands of their op only
+            self.nodes[-1].odd = name != "t"
+            self.nodes[-1].varies = name == "t"
 
     def pick(self):
         # recent nodes more often (depth), any earlier node sometimes (sharing)
@@ -448,6 +512,159 @@ class Graph:
         self.model_nodes.append(len(self.nodes) - 1)
         return True
 
+    def full_operands(self, varies=False, bound=1e4):
+        """Nodes of the graph's [N, C, L] (not odd), varying along L if asked, within +-bound."""
+        full = tuple(self.full)
+        return [k for k, n in enumerate(self.nodes) if n.shape == full and not getattr(n, "odd", False)
+                and (n.varies or not varies) and max(abs(n.lo), abs(n.hi)) <= bound]
+
+    def as_2d(self, ki):
+        """Node ki ([N, C, L]) reshaped to [N, C, H, W] (an odd node); its index."""
+        n, c, _ = self.full
+        h, w = self.hw
+        x = self.nodes[ki]
+        nt = "tg::dyn" if isinstance(n, str) else str(n)
+        self.emit("reshape", [ki], (n, c, h, w), (x.lo, x.hi), "tg::reshape<tg::shape<%s, %d, %d, %d>>(%s)" % (nt, c, h, w, x.text),
+                  "reshape4 %d %d %d %d %d" % (ki, -1 if isinstance(n, str) else n, c, h, w), force=True, refs=[1])
+        self.nodes[-1].odd = True
+        return len(self.nodes) - 1
+
+    def as_1d(self, ki):
+        """Node ki ([N, C, H, W]) reshaped back to [N, C, L]; its index."""
+        n, c, l = self.full
+        x = self.nodes[ki]
+        nt = "tg::dyn" if isinstance(n, str) else str(n)
+        self.emit("reshape", [ki], tuple(self.full), (x.lo, x.hi), "tg::reshape<tg::shape<%s, %d, %d>>(%s)" % (nt, c, l, x.text),
+                  "reshape3 %d %d %d %d" % (ki, -1 if isinstance(n, str) else n, c, l), force=True, refs=[1])
+        return len(self.nodes) - 1
+
+    def reduce_odd(self, ki):
+        """Node ki has other extents than the graph's (a strided result): sometimes an activation
+        of it, then a reduction (a model node), as try_concat's."""
+        rng = self.rng
+        self.nodes[ki].odd = True
+        if rng.random() < 0.5:
+            x = self.nodes[ki]
+            op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)]
+            self.activations_drawn += 1
+            cc = rng.choice(ACTIVATION_PARAMS[op]) if op in ACTIVATION_PARAMS else None
+            if op == "log1p" and x.lo < -0.8:
+                op, cc = "expm1", None
+            ab = interval(op, x, c=cc)
+            if ab is not None:
+                text, line = activation_call(op, x.text, ki, cc)
+                n0 = len(self.nodes)
+                self.emit(op, [ki], x.shape, ab, text, line)
+                if len(self.nodes) > n0:
+                    self.nodes[-1].odd = True
+        x = self.nodes[-1]
+        op = rng.choice(REDUCE)
+        self.emit(op, [], (), interval(op, x), "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, len(self.nodes) - 1),
+                  force=True)
+        self.model_nodes.append(len(self.nodes) - 1)
+
+    def try_conv(self, op):
+        """One of CONV_OPS over nodes of the graph's [N, C, L]; the result reaches the loss (a
+        model node). False where no operand fits."""
+        rng = self.rng
+        n, c, l = self.full
+        leaf = self.conv_leaf
+        before = len(self.nodes)
+        if op == "sdpa":  # T = C, d = L; q and k bounded so that the scores are
+            qk, vs = self.full_operands(bound=3.0), self.full_operands()
+            if not qk or not vs:
+                return False
+            q, k, v = rng.choice(qk), rng.choice(qk), rng.choice(vs)
+            causal = rng.random() < 0.5
+            x = self.nodes[v]
+            self.emit(op, [q, k, v], tuple(self.full), (min(x.lo, 0.0), max(x.hi, 0.0)),
+                      "tg::scaled_dot_product_attention(%s, %s, %s%s)" % (self.nodes[q].text, self.nodes[k].text, x.text,
+                                                                        ", tg::causal" if causal else ""),
+                      "sdpa %d %d %d %d" % (q, k, v, causal), refs=[1, 2, 3])
+        elif op == "embedding":
+            tables = [k for k, x in enumerate(self.nodes) if x.shape == (c, l) and not getattr(x, "odd", False)]
+            t = rng.choice(tables)
+            pad = rng.choice([-1, rng.randrange(c)])
+            x = self.nodes[t]
+            self.emit(op, [t], tuple(self.full), (x.lo, x.hi),
+                      "tg::embedding%s(k, %s)" % ("" if pad < 0 else "<%d>" % pad, x.text),
+                      "embedding %d %d %d" % (leaf["k"], t, pad), refs=[1, 2])
+        elif op == "dropout":
+            cands = [k for k, x in enumerate(self.nodes) if x.shape != () and not getattr(x, "odd", False)]
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            pr = rng.choice([0.25, 0.5])
+            self.emit(op, [a], x.shape, (min(0.0, x.lo / (1 - pr)), max(0.0, x.hi / (1 - pr))),
+                      "tg::dropout<%s>(%s, r)" % (cpp_num(pr), x.text), "dropout %d %d %s" % (a, leaf["r"], repr(pr)),
+                      refs=[1, 2])
+        else:
+            cands = self.full_operands(varies=op == "batch_norm", bound=1e3)
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            m = max(abs(x.lo), abs(x.hi))
+            if op == "conv1d":
+                p = (self.k1 - 1) // 2
+                b = c * self.k1 * 0.5 * m + 0.5
+                self.emit(op, [a], tuple(self.full), (-b, b), "tg::conv1d<1, %d>(%s, u, s)" % (p, x.text),
+                          "conv1d %d %d %d 1 %d" % (a, leaf["u"], leaf["s"], p), refs=[1, 2, 3])
+            elif op in ("conv2d", "conv2d_s2"):
+                stride = 2 if op == "conv2d_s2" else 1
+                x4 = self.as_2d(a)
+                self.emit("reshape", [leaf["v"]], (c, c, 3, 3), (-0.5, 0.5), "tg::reshape<tg::shape<%d, %d, 3, 3>>(v)" % (c, c),
+                          "reshape4 %d %d %d 3 3" % (leaf["v"], c, c), force=True, refs=[1])
+                self.nodes[-1].odd = True
+                w4 = len(self.nodes) - 1
+                h, w = self.hw
+                out = (n, c, (h - 1) // stride + 1, (w - 1) // stride + 1)
+                b = c * 9 * 0.5 * m
+                self.emit("conv2d", [x4, w4], out, (-b, b), "tg::conv2d<%d, 1>(%s, %s)" % (stride, self.nodes[x4].text, self.nodes[w4].text),
+                          "conv2d %d %d %d 1" % (x4, w4, stride), refs=[1, 2])
+                if len(self.nodes) == w4 + 1:
+                    return False
+                if stride == 2:
+                    self.reduce_odd(len(self.nodes) - 1)
+                    return True
+                self.as_1d(len(self.nodes) - 1)
+            elif op in ("max_pool", "avg_pool", "max_pool_s2"):
+                x4 = self.as_2d(a)
+                h, w = self.hw
+                if op == "max_pool_s2":
+                    self.emit(op, [x4], (n, c, h // 2, w // 2), (x.lo, x.hi), "tg::max_pool2d<2>(%s)" % self.nodes[x4].text,
+                              "max_pool2d %d 2 2 0" % x4, refs=[1])
+                    self.reduce_odd(len(self.nodes) - 1)
+                    return True
+                fn = "max_pool2d" if op == "max_pool" else "avg_pool2d"
+                bounds = (x.lo, x.hi) if op == "max_pool" else (min(x.lo, 0.0), max(x.hi, 0.0))
+                self.emit(op, [x4], (n, c, h, w), bounds, "tg::%s<3, 1, 1>(%s)" % (fn, self.nodes[x4].text),
+                          "%s %d 3 1 1" % (fn, x4), refs=[1], force=True)
+                self.nodes[-1].odd = True
+                self.as_1d(len(self.nodes) - 1)
+            elif op == "batch_norm":
+                # as try_norm: through a sine (the normalised values of a channel sum to 0)
+                count = (MAX_DYN if isinstance(n, str) else n) * l
+                b = 1.5 * math.sqrt(count) + 1.0
+                self.emit(op, [a], tuple(self.full), (-b, b), "tg::batch_norm(%s, p, q)" % x.text,
+                          "batch_norm %d %d %d" % (a, leaf["p"], leaf["q"]), refs=[1, 2, 3])
+                if len(self.nodes) == before:
+                    return False
+                self.nodes[-1].odd = True
+                k = len(self.nodes) - 1
+                self.emit("sin", [k], tuple(self.full), (-1.0, 1.0), "tg::sin(%s)" % self.nodes[k].text, "sin %d" % k)
+            elif op == "index_select":
+                self.emit(op, [a], tuple(self.full), (x.lo, x.hi), "tg::index_select<1>(%s, i)" % x.text,
+                          "index_select %d 1 %d" % (a, leaf["i"]), refs=[1, 3])
+            elif op == "gather":
+                self.emit(op, [a], tuple(self.full), (x.lo, x.hi), "tg::gather<2>(%s, j)" % x.text,
+                          "gather %d 2 %d" % (a, leaf["j"]), refs=[1, 3])
+            else:
+                raise ValueError(op)
+        if len(self.nodes) == before:
+            return False
+        self.model_nodes.append(len(self.nodes) - 1)
+        return True
+
     def prod_chance(self):
         """How often pick_reduce takes prod where its bounds allow: graphs FIRST_PROD.. half the time."""
         return 0.5 if self.gid >= FIRST_PROD else 0.0
@@ -460,18 +677,26 @@ class Graph:
             op = "prod"
         return op
 
-    def emit(self, op, args, shape, bounds, text, line, force=False):
+    def emit(self, op, args, shape, bounds, text, line, force=False, refs=None):
         lo, hi = bounds
         if max(abs(lo), abs(hi)) > 1e4 and not force:
             return
         name = "e%d" % len(self.nodes)
         self.lines.append("constexpr auto %s = %s;" % (name, text))
-        self.add(op, args, shape, lo, hi, name, line)
+        self.add(op, args, shape, lo, hi, name, line, refs)
 
     def make(self):
         self.make_leaves()
         target = self.rng.randint(3, 9)
         tries = 0
+        for op in getattr(self, "conv_ops", []):  # each drawn, after a few other ops
+            for _ in range(self.rng.randint(0, 2)):
+                self.try_op()
+            for _ in range(30):
+                if self.try_conv(op):
+                    break
+            else:
+                raise RuntimeError("graph %d: no operand for %s" % (self.gid, op))
         while len(self.nodes) - len(self.leaves) < target and tries < 200:
             tries += 1
             self.try_op()
@@ -479,6 +704,8 @@ class Graph:
         last = self.nodes[-1]
         parts = []
         for n in [last] + ([self.nodes[self.rng.randrange(len(self.nodes))]] if self.rng.random() < 0.5 else []):
+            if self.nodes.index(n) in self.ids:  # not a value
+                continue
             if n.shape == () and n.op != "detach":  # a detached root: see docs/reliability.md, bug 7
                 parts.append(n)
                 continue
@@ -504,9 +731,11 @@ class Graph:
         """Drops nodes the loss does not reach (dead C++ variables would not compile with
         -Werror) and renumbers the program."""
         refs = []
-        for line in self.program:
+        for line, pos in zip(self.program, self.ref_pos):
             tok = line.split()
-            refs.append([] if tok[0] == "leaf" else [int(t) for t in tok[1:] if t.lstrip("-").isdigit()])
+            if pos is None:
+                pos = [j for j, t in enumerate(tok) if j > 0 and t.lstrip("-").isdigit()]
+            refs.append([] if tok[0] == "leaf" else [int(tok[j]) for j in pos])
         keep = {len(self.nodes) - 1}
         for k in range(len(self.nodes) - 1, -1, -1):
             if k in keep:
@@ -517,8 +746,11 @@ class Graph:
         program, lines = [], []
         for k in sorted(keep):
             tok = self.program[k].split()
+            pos = self.ref_pos[k]
+            if pos is None:
+                pos = [j for j, t in enumerate(tok) if j > 0 and t.lstrip("-").isdigit()]
             if tok[0] != "leaf":
-                tok = [tok[0]] + [str(new_id[int(t)]) if t.lstrip("-").isdigit() else t for t in tok[1:]]
+                tok = [str(new_id[int(t)]) if j in pos else t for j, t in enumerate(tok)]
             program.append(" ".join(tok))
             lines.append(self.lines[k])
         self.program, self.lines = program, lines
@@ -529,10 +761,13 @@ class Graph:
         params = [l[0] for l in self.leaves if l[1]]
         # Bind what the call reads: the leaves the loss uses, and the params (a gradient of an
         # unused param is zeros of its shape). An unused input is not bound (bug 6).
-        binds, fwd_binds = [], []
+        binds, fwd_binds, id_vectors = [], [], []
         for i, (name, param, shape, _, _) in enumerate(self.leaves):
             ext = ", ".join("ext[%d][%d]" % (i, a) for a in range(len(shape)))
             text = "tg::bind(%s, in[%d], {%s})" % (name, i, ext)
+            if i in self.ids and i in self.used_leaves:  # std::int64_t ids: alive until backward
+                id_vectors.append("    const auto %s_ids = ids_of(in[%d]);" % (name, i))
+                text = "tg::bind(%s, %s_ids, {%s})" % (name, name, ext)
             if i in self.used_leaves or param:
                 binds.append(text)
             if i in self.used_leaves:
@@ -560,9 +795,10 @@ class Graph:
             body.append("    }")
         else:
             body.append("    (void)split;")
+        body = id_vectors + body
         if "ext[" not in "".join(binds):
             body.insert(0, "    (void)ext;")
-        if "in[" not in "".join(binds):
+        if "in[" not in "".join(binds + id_vectors):
             body.insert(0, "    (void)in;")
         body.append("    return step.value_and_grad(%s, %s);" % (", ".join(binds), ", ".join(grads)))
         fn = ["template <class T>",
@@ -570,10 +806,10 @@ class Graph:
         fn += body + ["}"]
         text = "\n".join(self.lines + ["constexpr auto loss = %s;" % self.loss])
         leaves = []
-        for name, param, shape, lo, hi in self.leaves:
+        for i, (name, param, shape, lo, hi) in enumerate(self.leaves):
             ext = ", ".join(str(-1 - int(e[1:])) if isinstance(e, str) else str(e) for e in shape)
-            leaves.append('{"%s", %s, %d, {%s}, %s, %s}' % (name, "true" if param else "false", len(shape), ext,
-                                                             cpp_num(lo), cpp_num(hi)))
+            leaves.append('{"%s", %s, %d, {%s}, %s, %s%s}' % (name, "true" if param else "false", len(shape), ext,
+                                                               cpp_num(lo), cpp_num(hi), ", true" if i in self.ids else ""))
         reg = ("    r.push_back({%d, %d, %s,\n                %s,\n                %s,\n                {%s},\n"
                "                &graph_%d<double>, &graph_%d<float>});"
                % (gid, self.vars, "true" if split else "false", c_string(text), c_string("\n".join(self.program)),

@@ -9,8 +9,10 @@
 // dropout is dropout of the gradient with the same rng). Advance the offset by ceil(numel / 4)
 // between calls for fresh masks, as PyTorch's philox offset.
 //
+// The result is x times the mask's 0 or 1 / (1 - p), as PyTorch's `input * mask` (not a select):
+// a dropped inf or NaN gives NaN, forward and backward (JAX's select would give 0).
 // Disabled (inference, dropout<p, false>) and p = 0 are the identity: no node at all. p = 1
-// zeroes everything, as PyTorch. The streams are typegrad's own: PyTorch's CPU dropout draws from
+// multiplies everything by 0, as PyTorch (`input * zeros`). The streams are typegrad's own: PyTorch's CPU dropout draws from
 // mt19937, so masks are not bitwise PyTorch's, only their law is.
 //
 // A kernel op; its device kernel (beside it) draws the same stream: CPU and CUDA masks are equal.
@@ -69,7 +71,7 @@ template <int I, int T, int V, int B> __device__ void tg_dropout(const tg_node_a
             const tg_i64 e = 4 * b + k;
             const bool keep = (double)((float)(c[k] & 0x00FFFFFFu) * 5.9604644775390625e-8f) < keep_below;
             const C v = (C)(typename tg_ty<V>::C)tg_ty<B>::from(xp[tg_ref_offset(x, e)]);
-            out[e] = tg_ty<T>::to(keep ? v * scale : (C)0);
+            out[e] = tg_ty<T>::to(v * (keep ? scale : (C)0));
         }
     }
 }
@@ -126,7 +128,7 @@ template <int I, int T, int V, int B> __device__ void tg_dropout(const tg_node_a
                 const bool keep = double(uniform_float(r[k])) < 1.0 - p;
                 const C v = static_cast<C>(static_cast<compute_t<typename X::value_type>>(
                     static_cast<compute_t<B>>(xp[strided_offset(x, e + k)])));
-                out[e + k] = T(keep ? v * scale : C(0));
+                out[e + k] = T(v * (keep ? scale : C(0)));  // PyTorch's x * mask: inf or NaN dropped is NaN
             }
         }
     }

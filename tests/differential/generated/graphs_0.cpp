@@ -494,6 +494,248 @@ T graph_2224(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
+template <class T>
+T graph_2228(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 10>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<10>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<10>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<2, 2, 1>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 2, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<2>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<2>>;
+    constexpr auto e10 = tg::layer_norm(a, g, h);
+    constexpr auto e11 = tg::sin(e10);
+    constexpr auto e12 = tg::conv1d<1, 0>(a, u, s);
+    constexpr auto e13 = tg::reshape<tg::shape<tg::dyn, 2, 2, 5>>(e12);
+    constexpr auto e14 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);
+    constexpr auto e15 = tg::conv2d<1, 1>(e13, e14);
+    constexpr auto e16 = tg::reshape<tg::shape<tg::dyn, 2, 10>>(e15);
+    constexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 2, 2, 5>>(e16);
+    constexpr auto e20 = tg::max_pool2d<3, 1, 1>(e19);
+    constexpr auto e21 = tg::reshape<tg::shape<tg::dyn, 2, 10>>(e20);
+    constexpr auto e22 = tg::batch_norm(a, p, q);
+    constexpr auto e23 = tg::sin(e22);
+    constexpr auto e24 = tg::prod(e23);
+    constexpr auto e25 = tg::mean(e11);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e12);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e16);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e21);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto e33 = tg::mean(e23);
+    constexpr auto e34 = (e32 + e33);
+    constexpr auto step = tg::compile(e34, tg::wrt(a, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(u, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in[6], {ext[6][0]}), tg::bind(v, in[7], {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(p, in[8], {ext[8][0]}), tg::bind(q, in[9], {ext[9][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(u, grad[3]), tg::grad_into(s, grad[4]), tg::grad_into(v, grad[5]), tg::grad_into(p, grad[6]), tg::grad_into(q, grad[7]));
+}
+
+template <class T>
+T graph_2232(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[6]);
+    const auto i_ids = ids_of(in[7]);
+    const auto j_ids = ids_of(in[8]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 12>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 1, 12>>;
+    constexpr auto c = tg::input<"c", T, tg::shape<tg::dyn, 3, 12>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<3, 12>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn, 3>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<3>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 3, 12>>;
+    constexpr auto e9 = tg::layer_norm(h, g, h);
+    constexpr auto e10 = tg::sin(e9);
+    constexpr auto e11 = tg::scaled_dot_product_attention(a, c, c);
+    constexpr auto e12 = tg::relu(e11);
+    constexpr auto e13 = (e12 * e12);
+    constexpr auto e14 = tg::embedding<0>(k, t);
+    constexpr auto e15 = tg::detach(e13);
+    constexpr auto e16 = tg::index_select<1>(e15, i);
+    constexpr auto e17 = tg::gather<2>(c, j);
+    constexpr auto e18 = tg::sum(e17);
+    constexpr auto e19 = tg::mean(e10);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e11);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e14);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e16);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e17);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto step = tg::compile(e28, tg::wrt(a, b, g, h, t));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(t, in[5], {ext[5][0], ext[5][1]}), tg::bind(k, k_ids, {ext[6][0], ext[6][1]}), tg::bind(i, i_ids, {ext[7][0]}), tg::bind(j, j_ids, {ext[8][0], ext[8][1], ext[8][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(t, grad[4]));
+}
+
+template <class T>
+T graph_2236(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[4]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 2, 16>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2, 2, 16>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<16>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<16>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 2, 9>>;
+    constexpr auto e6 = (h - h);
+    constexpr auto e7 = tg::dropout<0.25>(a, r);
+    constexpr auto e9 = (e6 * e7);
+    constexpr auto e10 = tg::reshape<tg::shape<2, 2, 4, 4>>(e7);
+    constexpr auto e11 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);
+    constexpr auto e12 = tg::conv2d<2, 1>(e10, e11);
+    constexpr auto e13 = tg::sum(e12);
+    constexpr auto e14 = tg::reshape<tg::shape<2, 2, 4, 4>>(e7);
+    constexpr auto e15 = tg::avg_pool2d<3, 1, 1>(e14);
+    constexpr auto e16 = tg::reshape<tg::shape<2, 2, 16>>(e15);
+    constexpr auto e18 = tg::reshape<tg::shape<2, 2, 4, 4>>(e16);
+    constexpr auto e19 = tg::max_pool2d<2>(e18);
+    constexpr auto e20 = tg::sum(e19);
+    constexpr auto e21 = tg::min(e9);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e7);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e13);
+    constexpr auto e26 = tg::mean(e16);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = (e27 + e20);
+    constexpr auto step = tg::compile(e28, tg::wrt(a, b, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(r, r_ids, {ext[4][0]}), tg::bind(v, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
+}
+
+template <class T>
+T graph_2240(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 4, 16>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1, 4, 16>>;
+    constexpr auto c = tg::input<"c", T, tg::shape<2, 4, 16>>;
+    constexpr auto d = tg::input<"d", T, tg::shape<2, 4, 16>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<16>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<16>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 1>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 4, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<4>>;
+    constexpr auto e11 = tg::sigmoid(a);
+    constexpr auto e12 = (tg::ge(e11, e11) * a);
+    constexpr auto e13 = tg::conv1d<1, 0>(e12, u, s);
+    constexpr auto e14 = tg::max(e13, e11);
+    constexpr auto e15 = tg::reshape<tg::shape<2, 4, 4, 4>>(e13);
+    constexpr auto e16 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);
+    constexpr auto e17 = tg::conv2d<1, 1>(e15, e16);
+    constexpr auto e18 = tg::reshape<tg::shape<2, 4, 16>>(e17);
+    constexpr auto e20 = tg::concat<0>(d, e14, c);
+    constexpr auto e21 = tg::elu<1.0>(e20);
+    constexpr auto e22 = tg::sum(e21);
+    constexpr auto e23 = tg::reshape<tg::shape<2, 4, 4, 4>>(e18);
+    constexpr auto e24 = tg::max_pool2d<3, 1, 1>(e23);
+    constexpr auto e25 = tg::reshape<tg::shape<2, 4, 16>>(e24);
+    constexpr auto e26 = tg::batch_norm(d, p, q);
+    constexpr auto e27 = tg::sin(e26);
+    constexpr auto e28 = tg::prod(e27);
+    constexpr auto e29 = tg::sum(d);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e13);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto e33 = tg::mean(e18);
+    constexpr auto e34 = (e32 + e33);
+    constexpr auto e35 = (e34 + e22);
+    constexpr auto e36 = tg::mean(e25);
+    constexpr auto e37 = (e35 + e36);
+    constexpr auto e38 = tg::mean(e27);
+    constexpr auto e39 = (e37 + e38);
+    constexpr auto step = tg::compile(e39, tg::wrt(a, b, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::bind(u, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in[7], {ext[7][0]}), tg::bind(v, in[8], {ext[8][0], ext[8][1], ext[8][2]}), tg::bind(p, in[9], {ext[9][0]}), tg::bind(q, in[10], {ext[10][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(u, grad[4]), tg::grad_into(s, grad[5]), tg::grad_into(v, grad[6]), tg::grad_into(p, grad[7]), tg::grad_into(q, grad[8]));
+}
+
+template <class T>
+T graph_2244(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[7]);
+    const auto i_ids = ids_of(in[8]);
+    const auto j_ids = ids_of(in[9]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 9>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 1, 1>>;
+    constexpr auto c = tg::input<"c", T, tg::shape<9>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", T, tg::shape<1, 1, 9>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<9>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<9>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<4, 9>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn, 4>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<4>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 4, 9>>;
+    constexpr auto e10 = tg::layer_norm(c, g, h);
+    constexpr auto e11 = tg::sin(e10);
+    constexpr auto e12 = tg::scaled_dot_product_attention(a, a, a);
+    constexpr auto e13 = tg::embedding<0>(k, t);
+    constexpr auto e15 = tg::index_select<1>(e13, i);
+    constexpr auto e18 = tg::gather<2>(e13, j);
+    constexpr auto e19 = tg::mean(e18);
+    constexpr auto e20 = tg::mean(e11);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e12);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e13);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e15);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e18);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto step = tg::compile(e29, tg::wrt(a, b, g, h, t));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::bind(t, in[6], {ext[6][0], ext[6][1]}), tg::bind(k, k_ids, {ext[7][0], ext[7][1]}), tg::bind(i, i_ids, {ext[8][0]}), tg::bind(j, j_ids, {ext[9][0], ext[9][1], ext[9][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(t, grad[4]));
+}
+
+template <class T>
+T graph_2248(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[5]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 3, 12>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<3, 3, 9>>;
+    constexpr auto e7 = tg::softplus<2.0>(h);
+    constexpr auto e8 = tg::max(e7, h);
+    constexpr auto e9 = tg::dropout<0.25>(e7, r);
+    constexpr auto e10 = tg::concat<0>(e7, e8, e8);
+    constexpr auto e11 = tg::leaky_relu<0.2>(e10);
+    constexpr auto e12 = tg::log_sum_exp(e11);
+    constexpr auto e13 = tg::reshape<tg::shape<2, 3, 3, 4>>(a);
+    constexpr auto e14 = tg::reshape<tg::shape<3, 3, 3, 3>>(v);
+    constexpr auto e15 = tg::conv2d<2, 1>(e13, e14);
+    constexpr auto e16 = tg::elu<0.5>(e15);
+    constexpr auto e17 = tg::sum(e16);
+    constexpr auto e18 = tg::rms_norm<1, 1e-06>(a, g);
+    constexpr auto e19 = tg::sin(e18);
+    constexpr auto e20 = tg::reshape<tg::shape<2, 3, 3, 4>>(a);
+    constexpr auto e21 = tg::avg_pool2d<3, 1, 1>(e20);
+    constexpr auto e22 = tg::reshape<tg::shape<2, 3, 12>>(e21);
+    constexpr auto e24 = tg::reshape<tg::shape<2, 3, 3, 4>>(a);
+    constexpr auto e25 = tg::max_pool2d<2>(e24);
+    constexpr auto e26 = tg::mean(e25);
+    constexpr auto e27 = tg::sum(e24);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e9);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = (e30 + e12);
+    constexpr auto e32 = (e31 + e17);
+    constexpr auto e33 = tg::mean(e19);
+    constexpr auto e34 = (e32 + e33);
+    constexpr auto e35 = tg::mean(e22);
+    constexpr auto e36 = (e34 + e35);
+    constexpr auto e37 = (e36 + e26);
+    constexpr auto step = tg::compile(e37, tg::wrt(a, b, c, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(r, r_ids, {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]), tg::grad_into(v, grad[5]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({0, 3, true,
@@ -641,6 +883,36 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nrms_norm 3 3\nsin 5\nlayer_norm 3 3 4\nsin 7\nadd 8 2\nstack1 9 2\nexpm1 10\nsum 11\nprod 5\nadd 12 13\nmean 6\nadd 14 15\nmean 8\nadd 16 17\nadd 18 12",
                 {{"a", true, 3, {-1, 5, 4}, 0.25, 2.0}, {"b", false, 3, {-1, 5, 4}, -2.0, 2.0}, {"c", false, 3, {-1, 1, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
                 &graph_2224<double>, &graph_2224<float>});
+    r.push_back({2228, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 10>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<10>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<10>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<2, 2, 1>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<2, 2, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<2>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<2>>;\nconstexpr auto e10 = tg::layer_norm(a, g, h);\nconstexpr auto e11 = tg::sin(e10);\nconstexpr auto e12 = tg::conv1d<1, 0>(a, u, s);\nconstexpr auto e13 = tg::reshape<tg::shape<tg::dyn, 2, 2, 5>>(e12);\nconstexpr auto e14 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);\nconstexpr auto e15 = tg::conv2d<1, 1>(e13, e14);\nconstexpr auto e16 = tg::reshape<tg::shape<tg::dyn, 2, 10>>(e15);\nconstexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 2, 2, 5>>(e16);\nconstexpr auto e20 = tg::max_pool2d<3, 1, 1>(e19);\nconstexpr auto e21 = tg::reshape<tg::shape<tg::dyn, 2, 10>>(e20);\nconstexpr auto e22 = tg::batch_norm(a, p, q);\nconstexpr auto e23 = tg::sin(e22);\nconstexpr auto e24 = tg::prod(e23);\nconstexpr auto e25 = tg::mean(e11);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e12);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e16);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e21);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto e33 = tg::mean(e23);\nconstexpr auto e34 = (e32 + e33);\nconstexpr auto loss = e34;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nlayer_norm 0 3 4\nsin 10\nconv1d 0 5 6 1 0\nreshape4 12 -1 2 2 5\nreshape4 7 2 2 3 3\nconv2d 13 14 1 1\nreshape3 15 -1 2 10\nreshape4 16 -1 2 2 5\nmax_pool2d 17 3 1 1\nreshape3 18 -1 2 10\nbatch_norm 0 8 9\nsin 20\nprod 21\nmean 11\nadd 22 23\nmean 12\nadd 24 25\nmean 16\nadd 26 27\nmean 19\nadd 28 29\nmean 21\nadd 30 31",
+                {{"a", true, 3, {-1, 2, 10}, -2.0, 2.0}, {"b", false, 0, {}, -2.0, 2.0}, {"c", false, 1, {1}, 0.25, 2.0}, {"g", true, 1, {10}, 0.5, 1.5}, {"h", true, 1, {10}, -1.0, 1.0}, {"u", true, 3, {2, 2, 1}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}, {"v", true, 3, {2, 2, 9}, -0.5, 0.5}, {"p", true, 1, {2}, 0.5, 1.5}, {"q", true, 1, {2}, -1.0, 1.0}},
+                &graph_2228<double>, &graph_2228<float>});
+    r.push_back({2232, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 12>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 1, 12>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<tg::dyn, 3, 12>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<3, 12>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn, 3>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<3>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 3, 12>>;\nconstexpr auto e9 = tg::layer_norm(h, g, h);\nconstexpr auto e10 = tg::sin(e9);\nconstexpr auto e11 = tg::scaled_dot_product_attention(a, c, c);\nconstexpr auto e12 = tg::relu(e11);\nconstexpr auto e13 = (e12 * e12);\nconstexpr auto e14 = tg::embedding<0>(k, t);\nconstexpr auto e15 = tg::detach(e13);\nconstexpr auto e16 = tg::index_select<1>(e15, i);\nconstexpr auto e17 = tg::gather<2>(c, j);\nconstexpr auto e18 = tg::sum(e17);\nconstexpr auto e19 = tg::mean(e10);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e11);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e14);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e16);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e17);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto loss = e28;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nlayer_norm 4 3 4\nsin 9\nsdpa 0 2 2 0\nrelu 11\nmul 12 12\nembedding 6 5 0\ndetach 13\nindex_select 15 1 7\ngather 2 2 8\nsum 17\nmean 10\nadd 18 19\nmean 11\nadd 20 21\nmean 14\nadd 22 23\nmean 16\nadd 24 25\nmean 17\nadd 26 27",
+                {{"a", true, 3, {-1, 3, 12}, -2.0, 2.0}, {"b", true, 3, {-1, 1, 12}, -2.0, 2.0}, {"c", false, 3, {-1, 3, 12}, -2.0, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"t", true, 2, {3, 12}, -2.0, 2.0}, {"k", false, 2, {-1, 3}, 0.0, 2.0, true}, {"i", false, 1, {3}, 0.0, 2.0, true}, {"j", false, 3, {-1, 3, 12}, 0.0, 11.0, true}},
+                &graph_2232<double>, &graph_2232<float>});
+    r.push_back({2236, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 2, 16>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2, 2, 16>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<16>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<16>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<2, 2, 9>>;\nconstexpr auto e6 = (h - h);\nconstexpr auto e7 = tg::dropout<0.25>(a, r);\nconstexpr auto e9 = (e6 * e7);\nconstexpr auto e10 = tg::reshape<tg::shape<2, 2, 4, 4>>(e7);\nconstexpr auto e11 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);\nconstexpr auto e12 = tg::conv2d<2, 1>(e10, e11);\nconstexpr auto e13 = tg::sum(e12);\nconstexpr auto e14 = tg::reshape<tg::shape<2, 2, 4, 4>>(e7);\nconstexpr auto e15 = tg::avg_pool2d<3, 1, 1>(e14);\nconstexpr auto e16 = tg::reshape<tg::shape<2, 2, 16>>(e15);\nconstexpr auto e18 = tg::reshape<tg::shape<2, 2, 4, 4>>(e16);\nconstexpr auto e19 = tg::max_pool2d<2>(e18);\nconstexpr auto e20 = tg::sum(e19);\nconstexpr auto e21 = tg::min(e9);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e7);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e13);\nconstexpr auto e26 = tg::mean(e16);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = (e27 + e20);\nconstexpr auto loss = e28;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nsub 3 3\ndropout 0 4 0.25\nmul 6 7\nreshape4 7 2 2 4 4\nreshape4 5 2 2 3 3\nconv2d 9 10 2 1\nsum 11\nreshape4 7 2 2 4 4\navg_pool2d 13 3 1 1\nreshape3 14 2 2 16\nreshape4 15 2 2 4 4\nmax_pool2d 16 2 2 0\nsum 17\nmin 8\nadd 18 19\nmean 7\nadd 20 21\nadd 22 12\nmean 15\nadd 23 24\nadd 25 18",
+                {{"a", true, 3, {2, 2, 16}, 0.25, 2.0}, {"b", true, 3, {2, 2, 16}, 0.25, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {2, 2, 9}, -0.5, 0.5}},
+                &graph_2236<double>, &graph_2236<float>});
+    r.push_back({2240, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 4, 16>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, 4, 16>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<2, 4, 16>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<2, 4, 16>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<16>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<16>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 1>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 4, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<4>>;\nconstexpr auto e11 = tg::sigmoid(a);\nconstexpr auto e12 = (tg::ge(e11, e11) * a);\nconstexpr auto e13 = tg::conv1d<1, 0>(e12, u, s);\nconstexpr auto e14 = tg::max(e13, e11);\nconstexpr auto e15 = tg::reshape<tg::shape<2, 4, 4, 4>>(e13);\nconstexpr auto e16 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);\nconstexpr auto e17 = tg::conv2d<1, 1>(e15, e16);\nconstexpr auto e18 = tg::reshape<tg::shape<2, 4, 16>>(e17);\nconstexpr auto e20 = tg::concat<0>(d, e14, c);\nconstexpr auto e21 = tg::elu<1.0>(e20);\nconstexpr auto e22 = tg::sum(e21);\nconstexpr auto e23 = tg::reshape<tg::shape<2, 4, 4, 4>>(e18);\nconstexpr auto e24 = tg::max_pool2d<3, 1, 1>(e23);\nconstexpr auto e25 = tg::reshape<tg::shape<2, 4, 16>>(e24);\nconstexpr auto e26 = tg::batch_norm(d, p, q);\nconstexpr auto e27 = tg::sin(e26);\nconstexpr auto e28 = tg::prod(e27);\nconstexpr auto e29 = tg::sum(d);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e13);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto e33 = tg::mean(e18);\nconstexpr auto e34 = (e32 + e33);\nconstexpr auto e35 = (e34 + e22);\nconstexpr auto e36 = tg::mean(e25);\nconstexpr auto e37 = (e35 + e36);\nconstexpr auto e38 = tg::mean(e27);\nconstexpr auto e39 = (e37 + e38);\nconstexpr auto loss = e39;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nleaf 10\nsigmoid 0\nmask_ge 11 11 0\nconv1d 12 6 7 1 0\nmaximum 13 11\nreshape4 13 2 4 4 4\nreshape4 8 4 4 3 3\nconv2d 15 16 1 1\nreshape3 17 2 4 16\ncat0 3 14 2\nelu 19 1.0\nsum 20\nreshape4 18 2 4 4 4\nmax_pool2d 22 3 1 1\nreshape3 23 2 4 16\nbatch_norm 3 9 10\nsin 25\nprod 26\nsum 3\nadd 27 28\nmean 13\nadd 29 30\nmean 18\nadd 31 32\nadd 33 21\nmean 24\nadd 34 35\nmean 26\nadd 36 37",
+                {{"a", true, 3, {2, 4, 16}, -2.0, 2.0}, {"b", true, 3, {1, 4, 16}, 0.25, 2.0}, {"c", false, 3, {2, 4, 16}, -2.0, 2.0}, {"d", false, 3, {2, 4, 16}, -2.0, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"u", true, 3, {4, 4, 1}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
+                &graph_2240<double>, &graph_2240<float>});
+    r.push_back({2244, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 9>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 1, 1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<9>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<1, 1, 9>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<9>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<9>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<4, 9>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn, 4>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<4>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 4, 9>>;\nconstexpr auto e10 = tg::layer_norm(c, g, h);\nconstexpr auto e11 = tg::sin(e10);\nconstexpr auto e12 = tg::scaled_dot_product_attention(a, a, a);\nconstexpr auto e13 = tg::embedding<0>(k, t);\nconstexpr auto e15 = tg::index_select<1>(e13, i);\nconstexpr auto e18 = tg::gather<2>(e13, j);\nconstexpr auto e19 = tg::mean(e18);\nconstexpr auto e20 = tg::mean(e11);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e12);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e13);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e15);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e18);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto loss = e29;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nlayer_norm 2 4 5\nsin 10\nsdpa 0 0 0 0\nembedding 7 6 0\nindex_select 13 1 8\ngather 13 2 9\nmean 15\nmean 11\nadd 16 17\nmean 12\nadd 18 19\nmean 13\nadd 20 21\nmean 14\nadd 22 23\nmean 15\nadd 24 25",
+                {{"a", true, 3, {-1, 4, 9}, -2.0, 2.0}, {"b", true, 3, {-1, 1, 1}, 0.25, 2.0}, {"c", false, 1, {9}, 0.25, 2.0}, {"d", false, 3, {1, 1, 9}, -2.0, 2.0}, {"g", true, 1, {9}, 0.5, 1.5}, {"h", true, 1, {9}, -1.0, 1.0}, {"t", true, 2, {4, 9}, -2.0, 2.0}, {"k", false, 2, {-1, 4}, 0.0, 3.0, true}, {"i", false, 1, {4}, 0.0, 3.0, true}, {"j", false, 3, {-1, 4, 9}, 0.0, 8.0, true}},
+                &graph_2244<double>, &graph_2244<float>});
+    r.push_back({2248, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 3, 12>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<3, 3, 9>>;\nconstexpr auto e7 = tg::softplus<2.0>(h);\nconstexpr auto e8 = tg::max(e7, h);\nconstexpr auto e9 = tg::dropout<0.25>(e7, r);\nconstexpr auto e10 = tg::concat<0>(e7, e8, e8);\nconstexpr auto e11 = tg::leaky_relu<0.2>(e10);\nconstexpr auto e12 = tg::log_sum_exp(e11);\nconstexpr auto e13 = tg::reshape<tg::shape<2, 3, 3, 4>>(a);\nconstexpr auto e14 = tg::reshape<tg::shape<3, 3, 3, 3>>(v);\nconstexpr auto e15 = tg::conv2d<2, 1>(e13, e14);\nconstexpr auto e16 = tg::elu<0.5>(e15);\nconstexpr auto e17 = tg::sum(e16);\nconstexpr auto e18 = tg::rms_norm<1, 1e-06>(a, g);\nconstexpr auto e19 = tg::sin(e18);\nconstexpr auto e20 = tg::reshape<tg::shape<2, 3, 3, 4>>(a);\nconstexpr auto e21 = tg::avg_pool2d<3, 1, 1>(e20);\nconstexpr auto e22 = tg::reshape<tg::shape<2, 3, 12>>(e21);\nconstexpr auto e24 = tg::reshape<tg::shape<2, 3, 3, 4>>(a);\nconstexpr auto e25 = tg::max_pool2d<2>(e24);\nconstexpr auto e26 = tg::mean(e25);\nconstexpr auto e27 = tg::sum(e24);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e9);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = (e30 + e12);\nconstexpr auto e32 = (e31 + e17);\nconstexpr auto e33 = tg::mean(e19);\nconstexpr auto e34 = (e32 + e33);\nconstexpr auto e35 = tg::mean(e22);\nconstexpr auto e36 = (e34 + e35);\nconstexpr auto e37 = (e36 + e26);\nconstexpr auto loss = e37;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nsoftplus 4 2.0\nmaximum 7 4\ndropout 7 5 0.25\ncat0 7 8 8\nleaky_relu 10 0.2\nlse 11\nreshape4 0 2 3 3 4\nreshape4 6 3 3 3 3\nconv2d 13 14 2 1\nelu 15 0.5\nsum 16\nrms_norm 0 3\nsin 18\nreshape4 0 2 3 3 4\navg_pool2d 20 3 1 1\nreshape3 21 2 3 12\nreshape4 0 2 3 3 4\nmax_pool2d 23 2 2 0\nmean 24\nsum 23\nadd 25 26\nmean 9\nadd 27 28\nadd 29 12\nadd 30 17\nmean 19\nadd 31 32\nmean 22\nadd 33 34\nadd 35 25",
+                {{"a", true, 3, {2, 3, 12}, -2.0, 2.0}, {"b", true, 1, {1}, -2.0, 2.0}, {"c", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {3, 3, 9}, -0.5, 0.5}},
+                &graph_2248<double>, &graph_2248<float>});
     return true;
 }();
 

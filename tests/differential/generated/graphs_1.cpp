@@ -489,6 +489,229 @@ T graph_2225(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
 }
 
+template <class T>
+T graph_2229(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[4]);
+    const auto i_ids = ids_of(in[5]);
+    const auto j_ids = ids_of(in[6]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 3, 6>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<6>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<6>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<3, 6>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<2, 3>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<3>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<2, 3, 6>>;
+    constexpr auto e7 = tg::scaled_dot_product_attention(a, a, a, tg::causal);
+    constexpr auto e8 = -e7;
+    constexpr auto e9 = tg::embedding<1>(k, t);
+    constexpr auto e10 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e11 = tg::sin(e10);
+    constexpr auto e12 = tg::index_select<1>(e8, i);
+    constexpr auto e15 = tg::gather<2>(e12, j);
+    constexpr auto e16 = tg::sum(e15);
+    constexpr auto e17 = tg::mean(e7);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e9);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e11);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e12);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e15);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto step = tg::compile(e26, tg::wrt(a, g, h, t));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(t, in[3], {ext[3][0], ext[3][1]}), tg::bind(k, k_ids, {ext[4][0], ext[4][1]}), tg::bind(i, i_ids, {ext[5][0]}), tg::bind(j, j_ids, {ext[6][0], ext[6][1], ext[6][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(t, grad[3]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(t, in[3], {ext[3][0], ext[3][1]}), tg::bind(k, k_ids, {ext[4][0], ext[4][1]}), tg::bind(i, i_ids, {ext[5][0]}), tg::bind(j, j_ids, {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(t, grad[3]));
+}
+
+template <class T>
+T graph_2233(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[4]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 3, 9>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2, 3, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<9>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<9>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<3, 3, 9>>;
+    constexpr auto e6 = tg::concat<0>(h, h, g);
+    constexpr auto e7 = tg::sum(e6);
+    constexpr auto e8 = tg::dropout<0.5>(h, r);
+    constexpr auto e10 = tg::reshape<tg::shape<2, 3, 3, 3>>(a);
+    constexpr auto e11 = tg::reshape<tg::shape<3, 3, 3, 3>>(v);
+    constexpr auto e12 = tg::conv2d<2, 1>(e10, e11);
+    constexpr auto e13 = tg::max(e12);
+    constexpr auto e14 = tg::reshape<tg::shape<2, 3, 3, 3>>(a);
+    constexpr auto e15 = tg::avg_pool2d<3, 1, 1>(e14);
+    constexpr auto e16 = tg::reshape<tg::shape<2, 3, 9>>(e15);
+    constexpr auto e17 = tg::reshape<tg::shape<2, 3, 3, 3>>(e16);
+    constexpr auto e18 = tg::max_pool2d<2>(e17);
+    constexpr auto e19 = tg::log_sum_exp(e18);
+    constexpr auto e20 = (e19 + e7);
+    constexpr auto e21 = tg::mean(e8);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = (e22 + e13);
+    constexpr auto e24 = tg::mean(e16);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e19);
+    constexpr auto step = tg::compile(e26, tg::wrt(a, b, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(r, r_ids, {ext[4][0]}), tg::bind(v, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
+}
+
+template <class T>
+T graph_2237(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 12>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 5>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 4, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<4>>;
+    constexpr auto e9 = tg::conv1d<1, 2>(a, u, s);
+    constexpr auto e10 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(a);
+    constexpr auto e11 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);
+    constexpr auto e12 = tg::conv2d<1, 1>(e10, e11);
+    constexpr auto e13 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e12);
+    constexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(e13);
+    constexpr auto e16 = tg::max_pool2d<3, 1, 1>(e15);
+    constexpr auto e17 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e16);
+    constexpr auto e18 = tg::batch_norm(a, p, q);
+    constexpr auto e19 = tg::sin(e18);
+    constexpr auto e20 = tg::min(e19);
+    constexpr auto e21 = tg::prod(q);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e9);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e17);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e19);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto step = tg::compile(e30, tg::wrt(a, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(u, in[4], {ext[4][0], ext[4][1], ext[4][2]}), tg::bind(s, in[5], {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(p, in[7], {ext[7][0]}), tg::bind(q, in[8], {ext[8][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(u, grad[3]), tg::grad_into(s, grad[4]), tg::grad_into(v, grad[5]), tg::grad_into(p, grad[6]), tg::grad_into(q, grad[7]));
+}
+
+template <class T>
+T graph_2241(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[5]);
+    const auto i_ids = ids_of(in[6]);
+    const auto j_ids = ids_of(in[7]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 6>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<6>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<6>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<6>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<3, 6>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn, 3>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<3>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 3, 6>>;
+    constexpr auto e8 = tg::scaled_dot_product_attention(a, a, a, tg::causal);
+    constexpr auto e9 = tg::embedding<0>(k, t);
+    constexpr auto e10 = tg::index_select<1>(e8, i);
+    constexpr auto e11 = tg::gather<2>(e8, j);
+    constexpr auto e12 = tg::layer_norm(h, g, h);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e16 = tg::mean(e13);
+    constexpr auto e17 = tg::mean(e8);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e9);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e10);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e11);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto step = tg::compile(e26, tg::wrt(a, b, g, h, t));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(t, grad[4]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(t, grad[4]));
+}
+
+template <class T>
+T graph_2245(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[5]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 2, 6>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<2, 6>>;
+    constexpr auto c = tg::input<"c", T, tg::shape<2, 2, 6>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<6>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<6>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 2, 9>>;
+    constexpr auto e7 = tg::dropout<0.25>(c, r);
+    constexpr auto e9 = tg::reshape<tg::shape<2, 2, 2, 3>>(a);
+    constexpr auto e10 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);
+    constexpr auto e11 = tg::conv2d<2, 1>(e9, e10);
+    constexpr auto e12 = tg::mean(e11);
+    constexpr auto e13 = tg::reshape<tg::shape<2, 2, 2, 3>>(a);
+    constexpr auto e14 = tg::avg_pool2d<3, 1, 1>(e13);
+    constexpr auto e15 = tg::reshape<tg::shape<2, 2, 6>>(e14);
+    constexpr auto e16 = tg::reshape<tg::shape<2, 2, 2, 3>>(c);
+    constexpr auto e17 = tg::max_pool2d<2>(e16);
+    constexpr auto e18 = tg::log_sum_exp(e17);
+    constexpr auto e19 = tg::mean(e7);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e12);
+    constexpr auto e22 = tg::mean(e15);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e18);
+    constexpr auto step = tg::compile(e24, tg::wrt(a, b, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(r, r_ids, {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
+}
+
+template <class T>
+T graph_2249(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 4, 12>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<2, 4, 12>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<2, 1, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 1>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 4, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<4>>;
+    constexpr auto e11 = tg::conv1d<1, 0>(b, u, s);
+    constexpr auto e13 = tg::reshape<tg::shape<2, 4, 3, 4>>(e11);
+    constexpr auto e14 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);
+    constexpr auto e15 = tg::conv2d<1, 1>(e13, e14);
+    constexpr auto e16 = tg::reshape<tg::shape<2, 4, 12>>(e15);
+    constexpr auto e18 = tg::reshape<tg::shape<2, 4, 3, 4>>(e16);
+    constexpr auto e19 = tg::max_pool2d<3, 1, 1>(e18);
+    constexpr auto e20 = tg::reshape<tg::shape<2, 4, 12>>(e19);
+    constexpr auto e21 = tg::layer_norm(a, g, h);
+    constexpr auto e22 = tg::sin(e21);
+    constexpr auto e23 = tg::batch_norm(b, p, q);
+    constexpr auto e24 = tg::sin(e23);
+    constexpr auto e25 = tg::log_sum_exp(e24);
+    constexpr auto e26 = tg::max(e23);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e11);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e16);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e20);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto e34 = tg::mean(e22);
+    constexpr auto e35 = (e33 + e34);
+    constexpr auto e36 = tg::mean(e24);
+    constexpr auto e37 = (e35 + e36);
+    constexpr auto step = tg::compile(e37, tg::wrt(a, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(u, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in[6], {ext[6][0]}), tg::bind(v, in[7], {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(p, in[8], {ext[8][0]}), tg::bind(q, in[9], {ext[9][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(u, grad[3]), tg::grad_into(s, grad[4]), tg::grad_into(v, grad[5]), tg::grad_into(p, grad[6]), tg::grad_into(q, grad[7]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({1, 0, false,
@@ -636,6 +859,36 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nlayer_norm 1 2 3\nsin 4\nwhere_le 2 5 2 3\nprod 6\nmean 5\nadd 7 8",
                 {{"a", true, 1, {5}, -2.0, 2.0}, {"b", false, 1, {5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &graph_2225<double>, &graph_2225<float>});
+    r.push_back({2229, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 3, 6>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<6>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<6>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<3, 6>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<2, 3>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<3>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<2, 3, 6>>;\nconstexpr auto e7 = tg::scaled_dot_product_attention(a, a, a, tg::causal);\nconstexpr auto e8 = -e7;\nconstexpr auto e9 = tg::embedding<1>(k, t);\nconstexpr auto e10 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e11 = tg::sin(e10);\nconstexpr auto e12 = tg::index_select<1>(e8, i);\nconstexpr auto e15 = tg::gather<2>(e12, j);\nconstexpr auto e16 = tg::sum(e15);\nconstexpr auto e17 = tg::mean(e7);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e9);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e11);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e12);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e15);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto loss = e26;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nsdpa 0 0 0 1\nneg 7\nembedding 4 3 1\nrms_norm 2 1\nsin 10\nindex_select 8 1 5\ngather 12 2 6\nsum 13\nmean 7\nadd 14 15\nmean 9\nadd 16 17\nmean 11\nadd 18 19\nmean 12\nadd 20 21\nmean 13\nadd 22 23",
+                {{"a", true, 3, {2, 3, 6}, -2.0, 2.0}, {"g", true, 1, {6}, 0.5, 1.5}, {"h", true, 1, {6}, -1.0, 1.0}, {"t", true, 2, {3, 6}, -2.0, 2.0}, {"k", false, 2, {2, 3}, 0.0, 2.0, true}, {"i", false, 1, {3}, 0.0, 2.0, true}, {"j", false, 3, {2, 3, 6}, 0.0, 5.0, true}},
+                &graph_2229<double>, &graph_2229<float>});
+    r.push_back({2233, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 3, 9>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2, 3, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<9>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<9>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<3, 3, 9>>;\nconstexpr auto e6 = tg::concat<0>(h, h, g);\nconstexpr auto e7 = tg::sum(e6);\nconstexpr auto e8 = tg::dropout<0.5>(h, r);\nconstexpr auto e10 = tg::reshape<tg::shape<2, 3, 3, 3>>(a);\nconstexpr auto e11 = tg::reshape<tg::shape<3, 3, 3, 3>>(v);\nconstexpr auto e12 = tg::conv2d<2, 1>(e10, e11);\nconstexpr auto e13 = tg::max(e12);\nconstexpr auto e14 = tg::reshape<tg::shape<2, 3, 3, 3>>(a);\nconstexpr auto e15 = tg::avg_pool2d<3, 1, 1>(e14);\nconstexpr auto e16 = tg::reshape<tg::shape<2, 3, 9>>(e15);\nconstexpr auto e17 = tg::reshape<tg::shape<2, 3, 3, 3>>(e16);\nconstexpr auto e18 = tg::max_pool2d<2>(e17);\nconstexpr auto e19 = tg::log_sum_exp(e18);\nconstexpr auto e20 = (e19 + e7);\nconstexpr auto e21 = tg::mean(e8);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = (e22 + e13);\nconstexpr auto e24 = tg::mean(e16);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e19);\nconstexpr auto loss = e26;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\ncat0 3 3 2\nsum 6\ndropout 3 4 0.5\nreshape4 0 2 3 3 3\nreshape4 5 3 3 3 3\nconv2d 9 10 2 1\nmax 11\nreshape4 0 2 3 3 3\navg_pool2d 13 3 1 1\nreshape3 14 2 3 9\nreshape4 15 2 3 3 3\nmax_pool2d 16 2 2 0\nlse 17\nadd 18 7\nmean 8\nadd 19 20\nadd 21 12\nmean 15\nadd 22 23\nadd 24 18",
+                {{"a", true, 3, {2, 3, 9}, 0.25, 2.0}, {"b", true, 3, {2, 3, 1}, -2.0, 2.0}, {"g", true, 1, {9}, 0.5, 1.5}, {"h", true, 1, {9}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {3, 3, 9}, -0.5, 0.5}},
+                &graph_2233<double>, &graph_2233<float>});
+    r.push_back({2237, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 12>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 5>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 4, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<4>>;\nconstexpr auto e9 = tg::conv1d<1, 2>(a, u, s);\nconstexpr auto e10 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(a);\nconstexpr auto e11 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);\nconstexpr auto e12 = tg::conv2d<1, 1>(e10, e11);\nconstexpr auto e13 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e12);\nconstexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(e13);\nconstexpr auto e16 = tg::max_pool2d<3, 1, 1>(e15);\nconstexpr auto e17 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e16);\nconstexpr auto e18 = tg::batch_norm(a, p, q);\nconstexpr auto e19 = tg::sin(e18);\nconstexpr auto e20 = tg::min(e19);\nconstexpr auto e21 = tg::prod(q);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e9);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e17);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e19);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = e30;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nconv1d 0 4 5 1 2\nreshape4 0 -1 4 3 4\nreshape4 6 4 4 3 3\nconv2d 10 11 1 1\nreshape3 12 -1 4 12\nreshape4 13 -1 4 3 4\nmax_pool2d 14 3 1 1\nreshape3 15 -1 4 12\nbatch_norm 0 7 8\nsin 17\nmin 18\nprod 8\nadd 19 20\nmean 9\nadd 21 22\nmean 13\nadd 23 24\nmean 16\nadd 25 26\nmean 18\nadd 27 28",
+                {{"a", true, 3, {-1, 4, 12}, 0.25, 2.0}, {"b", false, 3, {-1, 4, 1}, -2.0, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"u", true, 3, {4, 4, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
+                &graph_2237<double>, &graph_2237<float>});
+    r.push_back({2241, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 6>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<6>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<6>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<6>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<3, 6>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn, 3>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<3>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 3, 6>>;\nconstexpr auto e8 = tg::scaled_dot_product_attention(a, a, a, tg::causal);\nconstexpr auto e9 = tg::embedding<0>(k, t);\nconstexpr auto e10 = tg::index_select<1>(e8, i);\nconstexpr auto e11 = tg::gather<2>(e8, j);\nconstexpr auto e12 = tg::layer_norm(h, g, h);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e16 = tg::mean(e13);\nconstexpr auto e17 = tg::mean(e8);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e9);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e10);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e11);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto loss = e26;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nsdpa 0 0 0 1\nembedding 5 4 0\nindex_select 8 1 6\ngather 8 2 7\nlayer_norm 3 2 3\nsin 12\nmean 13\nmean 8\nadd 14 15\nmean 9\nadd 16 17\nmean 10\nadd 18 19\nmean 11\nadd 20 21\nmean 13\nadd 22 23",
+                {{"a", true, 3, {-1, 3, 6}, 0.25, 2.0}, {"b", true, 1, {6}, -2.0, 2.0}, {"g", true, 1, {6}, 0.5, 1.5}, {"h", true, 1, {6}, -1.0, 1.0}, {"t", true, 2, {3, 6}, -2.0, 2.0}, {"k", false, 2, {-1, 3}, 0.0, 2.0, true}, {"i", false, 1, {3}, 0.0, 2.0, true}, {"j", false, 3, {-1, 3, 6}, 0.0, 5.0, true}},
+                &graph_2241<double>, &graph_2241<float>});
+    r.push_back({2245, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 2, 6>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<2, 6>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<2, 2, 6>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<6>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<6>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<2, 2, 9>>;\nconstexpr auto e7 = tg::dropout<0.25>(c, r);\nconstexpr auto e9 = tg::reshape<tg::shape<2, 2, 2, 3>>(a);\nconstexpr auto e10 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);\nconstexpr auto e11 = tg::conv2d<2, 1>(e9, e10);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::reshape<tg::shape<2, 2, 2, 3>>(a);\nconstexpr auto e14 = tg::avg_pool2d<3, 1, 1>(e13);\nconstexpr auto e15 = tg::reshape<tg::shape<2, 2, 6>>(e14);\nconstexpr auto e16 = tg::reshape<tg::shape<2, 2, 2, 3>>(c);\nconstexpr auto e17 = tg::max_pool2d<2>(e16);\nconstexpr auto e18 = tg::log_sum_exp(e17);\nconstexpr auto e19 = tg::mean(e7);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e12);\nconstexpr auto e22 = tg::mean(e15);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e18);\nconstexpr auto loss = e24;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\ndropout 2 5 0.25\nreshape4 0 2 2 2 3\nreshape4 6 2 2 3 3\nconv2d 8 9 2 1\nmean 10\nreshape4 0 2 2 2 3\navg_pool2d 12 3 1 1\nreshape3 13 2 2 6\nreshape4 2 2 2 2 3\nmax_pool2d 15 2 2 0\nlse 16\nmean 7\nadd 17 18\nadd 19 11\nmean 14\nadd 20 21\nadd 22 17",
+                {{"a", true, 3, {2, 2, 6}, 0.25, 2.0}, {"b", true, 2, {2, 6}, -2.0, 2.0}, {"c", false, 3, {2, 2, 6}, -2.0, 2.0}, {"g", true, 1, {6}, 0.5, 1.5}, {"h", true, 1, {6}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {2, 2, 9}, -0.5, 0.5}},
+                &graph_2245<double>, &graph_2245<float>});
+    r.push_back({2249, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 4, 12>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<2, 4, 12>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<2, 1, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 1>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 4, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<4>>;\nconstexpr auto e11 = tg::conv1d<1, 0>(b, u, s);\nconstexpr auto e13 = tg::reshape<tg::shape<2, 4, 3, 4>>(e11);\nconstexpr auto e14 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);\nconstexpr auto e15 = tg::conv2d<1, 1>(e13, e14);\nconstexpr auto e16 = tg::reshape<tg::shape<2, 4, 12>>(e15);\nconstexpr auto e18 = tg::reshape<tg::shape<2, 4, 3, 4>>(e16);\nconstexpr auto e19 = tg::max_pool2d<3, 1, 1>(e18);\nconstexpr auto e20 = tg::reshape<tg::shape<2, 4, 12>>(e19);\nconstexpr auto e21 = tg::layer_norm(a, g, h);\nconstexpr auto e22 = tg::sin(e21);\nconstexpr auto e23 = tg::batch_norm(b, p, q);\nconstexpr auto e24 = tg::sin(e23);\nconstexpr auto e25 = tg::log_sum_exp(e24);\nconstexpr auto e26 = tg::max(e23);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e11);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e16);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e20);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto e34 = tg::mean(e22);\nconstexpr auto e35 = (e33 + e34);\nconstexpr auto e36 = tg::mean(e24);\nconstexpr auto e37 = (e35 + e36);\nconstexpr auto loss = e37;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nconv1d 1 5 6 1 0\nreshape4 10 2 4 3 4\nreshape4 7 4 4 3 3\nconv2d 11 12 1 1\nreshape3 13 2 4 12\nreshape4 14 2 4 3 4\nmax_pool2d 15 3 1 1\nreshape3 16 2 4 12\nlayer_norm 0 3 4\nsin 18\nbatch_norm 1 8 9\nsin 20\nlse 21\nmax 20\nadd 22 23\nmean 10\nadd 24 25\nmean 14\nadd 26 27\nmean 17\nadd 28 29\nmean 19\nadd 30 31\nmean 21\nadd 32 33",
+                {{"a", true, 3, {2, 4, 12}, 0.25, 2.0}, {"b", false, 3, {2, 4, 12}, 0.25, 2.0}, {"c", false, 3, {2, 1, 1}, -2.0, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"u", true, 3, {4, 4, 1}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
+                &graph_2249<double>, &graph_2249<float>});
     return true;
 }();
 

@@ -502,6 +502,235 @@ T graph_2226(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0]}), tg::bind(c, in[2], {ext[2][0]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]));
 }
 
+template <class T>
+T graph_2230(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[5]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 6>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<6>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<6>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 2, 9>>;
+    constexpr auto e7 = (tg::lt(h, tg::lit<0.5>) * c);
+    constexpr auto e8 = tg::dropout<0.25>(e7, r);
+    constexpr auto e9 = tg::reshape<tg::shape<tg::dyn, 2, 3, 2>>(a);
+    constexpr auto e10 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);
+    constexpr auto e11 = tg::conv2d<2, 1>(e9, e10);
+    constexpr auto e12 = tg::elu<1.0>(e11);
+    constexpr auto e13 = tg::sum(e12);
+    constexpr auto e16 = tg::reshape<tg::shape<tg::dyn, 2, 3, 2>>(a);
+    constexpr auto e17 = tg::avg_pool2d<3, 1, 1>(e16);
+    constexpr auto e18 = tg::reshape<tg::shape<tg::dyn, 2, 6>>(e17);
+    constexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 2, 3, 2>>(e18);
+    constexpr auto e20 = tg::max_pool2d<2>(e19);
+    constexpr auto e21 = tg::min(e20);
+    constexpr auto e22 = tg::mean(e8);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e13);
+    constexpr auto e25 = tg::mean(e18);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = (e26 + e21);
+    constexpr auto step = tg::compile(e27, tg::wrt(a, c, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(c, in[2], {}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(r, r_ids, {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
+}
+
+template <class T>
+T graph_2234(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 9>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<4, 1>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<9>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<9>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 1>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 4, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<4>>;
+    constexpr auto e10 = tg::conv1d<1, 0>(a, u, s);
+    constexpr auto e12 = tg::reshape<tg::shape<tg::dyn, 4, 3, 3>>(a);
+    constexpr auto e13 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);
+    constexpr auto e14 = tg::conv2d<1, 1>(e12, e13);
+    constexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 9>>(e14);
+    constexpr auto e17 = tg::reshape<tg::shape<tg::dyn, 4, 3, 3>>(a);
+    constexpr auto e18 = tg::max_pool2d<3, 1, 1>(e17);
+    constexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 4, 9>>(e18);
+    constexpr auto e20 = tg::stack<1>(e19, e15);
+    constexpr auto e21 = tg::min(e20);
+    constexpr auto e22 = tg::batch_norm(a, p, q);
+    constexpr auto e23 = tg::sin(e22);
+    constexpr auto e24 = tg::max(e23);
+    constexpr auto e25 = tg::max(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e10);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e15);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e19);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto e33 = (e32 + e21);
+    constexpr auto e34 = tg::mean(e23);
+    constexpr auto e35 = (e33 + e34);
+    constexpr auto step = tg::compile(e35, tg::wrt(a, b, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(u, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in[6], {ext[6][0]}), tg::bind(v, in[7], {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(p, in[8], {ext[8][0]}), tg::bind(q, in[9], {ext[9][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(u, grad[4]), tg::grad_into(s, grad[5]), tg::grad_into(v, grad[6]), tg::grad_into(p, grad[7]), tg::grad_into(q, grad[8]));
+}
+
+template <class T>
+T graph_2238(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[7]);
+    const auto i_ids = ids_of(in[8]);
+    const auto j_ids = ids_of(in[9]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 2, 9>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1, 2, 9>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<2, 1, 9>>;
+    constexpr auto d = tg::input<"d", T, tg::shape<2, 1, 9>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<9>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<9>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<2, 9>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<2, 2>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<2>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<2, 2, 9>>;
+    constexpr auto e10 = tg::layer_norm(d, g, h);
+    constexpr auto e11 = tg::sin(e10);
+    constexpr auto e13 = tg::scaled_dot_product_attention(a, a, a, tg::causal);
+    constexpr auto e14 = tg::stack<1>(a, a);
+    constexpr auto e15 = tg::softplus<1.0>(e14);
+    constexpr auto e16 = tg::min(e15);
+    constexpr auto e17 = tg::embedding(k, t);
+    constexpr auto e18 = tg::index_select<1>(a, i);
+    constexpr auto e19 = tg::gather<2>(e13, j);
+    constexpr auto e20 = tg::min(e19);
+    constexpr auto e21 = tg::prod(g);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e11);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = (e26 + e16);
+    constexpr auto e28 = tg::mean(e17);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e18);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e19);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto step = tg::compile(e33, tg::wrt(a, b, c, g, h, t));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::bind(t, in[6], {ext[6][0], ext[6][1]}), tg::bind(k, k_ids, {ext[7][0], ext[7][1]}), tg::bind(i, i_ids, {ext[8][0]}), tg::bind(j, j_ids, {ext[9][0], ext[9][1], ext[9][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]), tg::grad_into(t, grad[5]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::bind(t, in[6], {ext[6][0], ext[6][1]}), tg::bind(k, k_ids, {ext[7][0], ext[7][1]}), tg::bind(i, i_ids, {ext[8][0]}), tg::bind(j, j_ids, {ext[9][0], ext[9][1], ext[9][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]), tg::grad_into(t, grad[5]));
+}
+
+template <class T>
+T graph_2242(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[3]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 12>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 2, 9>>;
+    constexpr auto e5 = tg::erf(a);
+    constexpr auto e7 = tg::dropout<0.25>(e5, r);
+    constexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 2, 3, 4>>(e7);
+    constexpr auto e9 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);
+    constexpr auto e10 = tg::conv2d<2, 1>(e8, e9);
+    constexpr auto e11 = tg::log_sum_exp(e10);
+    constexpr auto e12 = tg::reshape<tg::shape<tg::dyn, 2, 3, 4>>(a);
+    constexpr auto e13 = tg::avg_pool2d<3, 1, 1>(e12);
+    constexpr auto e14 = tg::reshape<tg::shape<tg::dyn, 2, 12>>(e13);
+    constexpr auto e17 = tg::reshape<tg::shape<tg::dyn, 2, 3, 4>>(e14);
+    constexpr auto e18 = tg::max_pool2d<2>(e17);
+    constexpr auto e19 = tg::log_sum_exp(e18);
+    constexpr auto e20 = tg::mean(e7);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = (e21 + e11);
+    constexpr auto e23 = tg::mean(e14);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e19);
+    constexpr auto step = tg::compile(e25, tg::wrt(a, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(r, r_ids, {ext[3][0]}), tg::bind(v, in[4], {ext[4][0], ext[4][1], ext[4][2]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(v, grad[3]));
+}
+
+template <class T>
+T graph_2246(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 4, 12>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<2, 4, 1>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<2, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 1>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 4, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<4>>;
+    constexpr auto e10 = tg::conv1d<1, 0>(a, u, s);
+    constexpr auto e13 = tg::reshape<tg::shape<2, 4, 3, 4>>(e10);
+    constexpr auto e14 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);
+    constexpr auto e15 = tg::conv2d<1, 1>(e13, e14);
+    constexpr auto e16 = tg::reshape<tg::shape<2, 4, 12>>(e15);
+    constexpr auto e17 = tg::reshape<tg::shape<2, 4, 3, 4>>(a);
+    constexpr auto e18 = tg::max_pool2d<3, 1, 1>(e17);
+    constexpr auto e19 = tg::reshape<tg::shape<2, 4, 12>>(e18);
+    constexpr auto e20 = tg::batch_norm(a, p, q);
+    constexpr auto e21 = tg::sin(e20);
+    constexpr auto e22 = tg::max(e21);
+    constexpr auto e23 = tg::min(e10);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e10);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e16);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e19);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e21);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto step = tg::compile(e32, tg::wrt(a, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(u, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in[6], {ext[6][0]}), tg::bind(v, in[7], {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(p, in[8], {ext[8][0]}), tg::bind(q, in[9], {ext[9][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(u, grad[3]), tg::grad_into(s, grad[4]), tg::grad_into(v, grad[5]), tg::grad_into(p, grad[6]), tg::grad_into(q, grad[7]));
+}
+
+template <class T>
+T graph_2250(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[5]);
+    const auto i_ids = ids_of(in[6]);
+    const auto j_ids = ids_of(in[7]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 16>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<16>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<16>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<4, 16>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn, 4>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<4>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 4, 16>>;
+    constexpr auto e9 = tg::scaled_dot_product_attention(a, a, a);
+    constexpr auto e10 = tg::embedding(k, t);
+    constexpr auto e11 = tg::index_select<1>(a, i);
+    constexpr auto e12 = tg::gather<2>(e10, j);
+    constexpr auto e13 = tg::clamp(e11, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e14 = tg::max(e13);
+    constexpr auto e15 = tg::sum(e13);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto e17 = tg::mean(e9);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e10);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e11);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e12);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto step = tg::compile(e24, tg::wrt(a, b, g, h, t));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(t, grad[4]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(t, grad[4]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2, 0, false,
@@ -649,6 +878,36 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nstack1 2 2\nsum 5\ncat0 0 0 3\nsilu 7\nmax 8\nadd 9 6\nadd 10 9",
                 {{"a", true, 1, {3}, -2.0, 2.0}, {"b", false, 1, {3}, -2.0, 2.0}, {"c", true, 1, {1}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
                 &graph_2226<double>, &graph_2226<float>});
+    r.push_back({2230, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 6>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<6>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<6>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<2, 2, 9>>;\nconstexpr auto e7 = (tg::lt(h, tg::lit<0.5>) * c);\nconstexpr auto e8 = tg::dropout<0.25>(e7, r);\nconstexpr auto e9 = tg::reshape<tg::shape<tg::dyn, 2, 3, 2>>(a);\nconstexpr auto e10 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);\nconstexpr auto e11 = tg::conv2d<2, 1>(e9, e10);\nconstexpr auto e12 = tg::elu<1.0>(e11);\nconstexpr auto e13 = tg::sum(e12);\nconstexpr auto e16 = tg::reshape<tg::shape<tg::dyn, 2, 3, 2>>(a);\nconstexpr auto e17 = tg::avg_pool2d<3, 1, 1>(e16);\nconstexpr auto e18 = tg::reshape<tg::shape<tg::dyn, 2, 6>>(e17);\nconstexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 2, 3, 2>>(e18);\nconstexpr auto e20 = tg::max_pool2d<2>(e19);\nconstexpr auto e21 = tg::min(e20);\nconstexpr auto e22 = tg::mean(e8);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e13);\nconstexpr auto e25 = tg::mean(e18);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = (e26 + e21);\nconstexpr auto loss = e27;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nmask_lt 4 c0.5 2\ndropout 7 5 0.25\nreshape4 0 -1 2 3 2\nreshape4 6 2 2 3 3\nconv2d 9 10 2 1\nelu 11 1.0\nsum 12\nreshape4 0 -1 2 3 2\navg_pool2d 14 3 1 1\nreshape3 15 -1 2 6\nreshape4 16 -1 2 3 2\nmax_pool2d 17 2 2 0\nmin 18\nmean 8\nadd 19 20\nadd 21 13\nmean 16\nadd 22 23\nadd 24 19",
+                {{"a", true, 3, {-1, 2, 6}, 0.25, 2.0}, {"b", false, 0, {}, -2.0, 2.0}, {"c", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {6}, 0.5, 1.5}, {"h", true, 1, {6}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {2, 2, 9}, -0.5, 0.5}},
+                &graph_2230<double>, &graph_2230<float>});
+    r.push_back({2234, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 9>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<4, 1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<9>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<9>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 1>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 4, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<4>>;\nconstexpr auto e10 = tg::conv1d<1, 0>(a, u, s);\nconstexpr auto e12 = tg::reshape<tg::shape<tg::dyn, 4, 3, 3>>(a);\nconstexpr auto e13 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);\nconstexpr auto e14 = tg::conv2d<1, 1>(e12, e13);\nconstexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 9>>(e14);\nconstexpr auto e17 = tg::reshape<tg::shape<tg::dyn, 4, 3, 3>>(a);\nconstexpr auto e18 = tg::max_pool2d<3, 1, 1>(e17);\nconstexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 4, 9>>(e18);\nconstexpr auto e20 = tg::stack<1>(e19, e15);\nconstexpr auto e21 = tg::min(e20);\nconstexpr auto e22 = tg::batch_norm(a, p, q);\nconstexpr auto e23 = tg::sin(e22);\nconstexpr auto e24 = tg::max(e23);\nconstexpr auto e25 = tg::max(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e10);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e15);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e19);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto e33 = (e32 + e21);\nconstexpr auto e34 = tg::mean(e23);\nconstexpr auto e35 = (e33 + e34);\nconstexpr auto loss = e35;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nconv1d 0 5 6 1 0\nreshape4 0 -1 4 3 3\nreshape4 7 4 4 3 3\nconv2d 11 12 1 1\nreshape3 13 -1 4 9\nreshape4 0 -1 4 3 3\nmax_pool2d 15 3 1 1\nreshape3 16 -1 4 9\nstack1 17 14\nmin 18\nbatch_norm 0 8 9\nsin 20\nmax 21\nmax 12\nadd 22 23\nmean 10\nadd 24 25\nmean 14\nadd 26 27\nmean 17\nadd 28 29\nadd 30 19\nmean 21\nadd 31 32",
+                {{"a", true, 3, {-1, 4, 9}, 0.25, 2.0}, {"b", true, 2, {4, 1}, -2.0, 2.0}, {"c", false, 0, {}, -2.0, 2.0}, {"g", true, 1, {9}, 0.5, 1.5}, {"h", true, 1, {9}, -1.0, 1.0}, {"u", true, 3, {4, 4, 1}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
+                &graph_2234<double>, &graph_2234<float>});
+    r.push_back({2238, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 2, 9>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, 2, 9>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<2, 1, 9>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<2, 1, 9>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<9>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<9>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<2, 9>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<2, 2>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<2>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<2, 2, 9>>;\nconstexpr auto e10 = tg::layer_norm(d, g, h);\nconstexpr auto e11 = tg::sin(e10);\nconstexpr auto e13 = tg::scaled_dot_product_attention(a, a, a, tg::causal);\nconstexpr auto e14 = tg::stack<1>(a, a);\nconstexpr auto e15 = tg::softplus<1.0>(e14);\nconstexpr auto e16 = tg::min(e15);\nconstexpr auto e17 = tg::embedding(k, t);\nconstexpr auto e18 = tg::index_select<1>(a, i);\nconstexpr auto e19 = tg::gather<2>(e13, j);\nconstexpr auto e20 = tg::min(e19);\nconstexpr auto e21 = tg::prod(g);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e11);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = (e26 + e16);\nconstexpr auto e28 = tg::mean(e17);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e18);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e19);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto loss = e33;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nlayer_norm 3 4 5\nsin 10\nsdpa 0 0 0 1\nstack1 0 0\nsoftplus 13 1.0\nmin 14\nembedding 7 6 -1\nindex_select 0 1 8\ngather 12 2 9\nmin 18\nprod 4\nadd 19 20\nmean 11\nadd 21 22\nmean 12\nadd 23 24\nadd 25 15\nmean 16\nadd 26 27\nmean 17\nadd 28 29\nmean 18\nadd 30 31",
+                {{"a", true, 3, {2, 2, 9}, 0.25, 2.0}, {"b", true, 3, {1, 2, 9}, -2.0, 2.0}, {"c", true, 3, {2, 1, 9}, -2.0, 2.0}, {"d", false, 3, {2, 1, 9}, 0.25, 2.0}, {"g", true, 1, {9}, 0.5, 1.5}, {"h", true, 1, {9}, -1.0, 1.0}, {"t", true, 2, {2, 9}, -2.0, 2.0}, {"k", false, 2, {2, 2}, 0.0, 1.0, true}, {"i", false, 1, {2}, 0.0, 1.0, true}, {"j", false, 3, {2, 2, 9}, 0.0, 8.0, true}},
+                &graph_2238<double>, &graph_2238<float>});
+    r.push_back({2242, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 12>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<2, 2, 9>>;\nconstexpr auto e5 = tg::erf(a);\nconstexpr auto e7 = tg::dropout<0.25>(e5, r);\nconstexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 2, 3, 4>>(e7);\nconstexpr auto e9 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);\nconstexpr auto e10 = tg::conv2d<2, 1>(e8, e9);\nconstexpr auto e11 = tg::log_sum_exp(e10);\nconstexpr auto e12 = tg::reshape<tg::shape<tg::dyn, 2, 3, 4>>(a);\nconstexpr auto e13 = tg::avg_pool2d<3, 1, 1>(e12);\nconstexpr auto e14 = tg::reshape<tg::shape<tg::dyn, 2, 12>>(e13);\nconstexpr auto e17 = tg::reshape<tg::shape<tg::dyn, 2, 3, 4>>(e14);\nconstexpr auto e18 = tg::max_pool2d<2>(e17);\nconstexpr auto e19 = tg::log_sum_exp(e18);\nconstexpr auto e20 = tg::mean(e7);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = (e21 + e11);\nconstexpr auto e23 = tg::mean(e14);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e19);\nconstexpr auto loss = e25;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nerf 0\ndropout 5 3 0.25\nreshape4 6 -1 2 3 4\nreshape4 4 2 2 3 3\nconv2d 7 8 2 1\nlse 9\nreshape4 0 -1 2 3 4\navg_pool2d 11 3 1 1\nreshape3 12 -1 2 12\nreshape4 13 -1 2 3 4\nmax_pool2d 14 2 2 0\nlse 15\nmean 6\nadd 16 17\nadd 18 10\nmean 13\nadd 19 20\nadd 21 16",
+                {{"a", true, 3, {-1, 2, 12}, -2.0, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {2, 2, 9}, -0.5, 0.5}},
+                &graph_2242<double>, &graph_2242<float>});
+    r.push_back({2246, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 4, 12>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<2, 4, 1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<2, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 1>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 4, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<4>>;\nconstexpr auto e10 = tg::conv1d<1, 0>(a, u, s);\nconstexpr auto e13 = tg::reshape<tg::shape<2, 4, 3, 4>>(e10);\nconstexpr auto e14 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);\nconstexpr auto e15 = tg::conv2d<1, 1>(e13, e14);\nconstexpr auto e16 = tg::reshape<tg::shape<2, 4, 12>>(e15);\nconstexpr auto e17 = tg::reshape<tg::shape<2, 4, 3, 4>>(a);\nconstexpr auto e18 = tg::max_pool2d<3, 1, 1>(e17);\nconstexpr auto e19 = tg::reshape<tg::shape<2, 4, 12>>(e18);\nconstexpr auto e20 = tg::batch_norm(a, p, q);\nconstexpr auto e21 = tg::sin(e20);\nconstexpr auto e22 = tg::max(e21);\nconstexpr auto e23 = tg::min(e10);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e10);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e16);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e19);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e21);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = e32;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nconv1d 0 5 6 1 0\nreshape4 10 2 4 3 4\nreshape4 7 4 4 3 3\nconv2d 11 12 1 1\nreshape3 13 2 4 12\nreshape4 0 2 4 3 4\nmax_pool2d 15 3 1 1\nreshape3 16 2 4 12\nbatch_norm 0 8 9\nsin 18\nmax 19\nmin 10\nadd 20 21\nmean 10\nadd 22 23\nmean 14\nadd 24 25\nmean 17\nadd 26 27\nmean 19\nadd 28 29",
+                {{"a", true, 3, {2, 4, 12}, 0.25, 2.0}, {"b", false, 3, {2, 4, 1}, 0.25, 2.0}, {"c", false, 3, {2, 4, 1}, 0.25, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"u", true, 3, {4, 4, 1}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
+                &graph_2246<double>, &graph_2246<float>});
+    r.push_back({2250, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 16>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<16>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<16>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<4, 16>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn, 4>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<4>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 4, 16>>;\nconstexpr auto e9 = tg::scaled_dot_product_attention(a, a, a);\nconstexpr auto e10 = tg::embedding(k, t);\nconstexpr auto e11 = tg::index_select<1>(a, i);\nconstexpr auto e12 = tg::gather<2>(e10, j);\nconstexpr auto e13 = tg::clamp(e11, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e14 = tg::max(e13);\nconstexpr auto e15 = tg::sum(e13);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = tg::mean(e9);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e10);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e11);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e12);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto loss = e24;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nsdpa 0 0 0 0\nembedding 5 4 -1\nindex_select 0 1 6\ngather 9 2 7\nclamp 10 0.0 2.0\nmax 12\nsum 12\nadd 13 14\nmean 8\nadd 15 16\nmean 9\nadd 17 18\nmean 10\nadd 19 20\nmean 11\nadd 21 22",
+                {{"a", true, 3, {-1, 4, 16}, -2.0, 2.0}, {"b", true, 3, {1, 4, 1}, 0.25, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"t", true, 2, {4, 16}, -2.0, 2.0}, {"k", false, 2, {-1, 4}, 0.0, 3.0, true}, {"i", false, 1, {4}, 0.0, 3.0, true}, {"j", false, 3, {-1, 4, 16}, 0.0, 15.0, true}},
+                &graph_2250<double>, &graph_2250<float>});
     return true;
 }();
 

@@ -486,6 +486,251 @@ T graph_2227(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(d, grad[3]), tg::grad_into(g, grad[4]), tg::grad_into(h, grad[5]));
 }
 
+template <class T>
+T graph_2231(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 12>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 5>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 4, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<4>>;
+    constexpr auto e9 = tg::concat<0>(b, b, b);
+    constexpr auto e10 = tg::clamp(e9, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e11 = tg::mean(e10);
+    constexpr auto e12 = (e11 - a);
+    constexpr auto e13 = tg::conv1d<1, 2>(e12, u, s);
+    constexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(e12);
+    constexpr auto e16 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);
+    constexpr auto e17 = tg::conv2d<1, 1>(e15, e16);
+    constexpr auto e18 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e17);
+    constexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(e18);
+    constexpr auto e20 = tg::max_pool2d<3, 1, 1>(e19);
+    constexpr auto e21 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e20);
+    constexpr auto e22 = tg::batch_norm(a, p, q);
+    constexpr auto e23 = tg::sin(e22);
+    constexpr auto e24 = tg::prod(e23);
+    constexpr auto e25 = (e24 + e11);
+    constexpr auto e26 = tg::mean(e13);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e18);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e21);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e23);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto step = tg::compile(e33, tg::wrt(a, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(u, in[4], {ext[4][0], ext[4][1], ext[4][2]}), tg::bind(s, in[5], {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(p, in[7], {ext[7][0]}), tg::bind(q, in[8], {ext[8][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(u, grad[3]), tg::grad_into(s, grad[4]), tg::grad_into(v, grad[5]), tg::grad_into(p, grad[6]), tg::grad_into(q, grad[7]));
+}
+
+template <class T>
+T graph_2235(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[5]);
+    const auto i_ids = ids_of(in[6]);
+    const auto j_ids = ids_of(in[7]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 6>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<6>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<6>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<2, 6>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn, 2>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<2>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 2, 6>>;
+    constexpr auto e8 = tg::scaled_dot_product_attention(a, a, a, tg::causal);
+    constexpr auto e10 = tg::embedding<0>(k, t);
+    constexpr auto e12 = tg::index_select<1>(e10, i);
+    constexpr auto e14 = tg::gather<2>(e10, j);
+    constexpr auto e15 = tg::log_sum_exp(e14);
+    constexpr auto e16 = tg::mean(e8);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = tg::mean(e10);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = tg::mean(e12);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e14);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto step = tg::compile(e23, tg::wrt(a, g, h, t));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(t, grad[3]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(t, grad[3]));
+}
+
+template <class T>
+T graph_2239(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[5]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 3, 16>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<16>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<3, 16>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<16>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<16>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<3, 3, 9>>;
+    constexpr auto e7 = tg::layer_norm(h, g, h);
+    constexpr auto e8 = tg::sin(e7);
+    constexpr auto e9 = tg::leaky_relu<0.01>(e8);
+    constexpr auto e10 = tg::dropout<0.5>(e9, r);
+    constexpr auto e11 = tg::reshape<tg::shape<2, 3, 4, 4>>(a);
+    constexpr auto e12 = tg::reshape<tg::shape<3, 3, 3, 3>>(v);
+    constexpr auto e13 = tg::conv2d<2, 1>(e11, e12);
+    constexpr auto e14 = tg::mean(e13);
+    constexpr auto e15 = tg::stack<1>(g, e10);
+    constexpr auto e16 = tg::min(e15);
+    constexpr auto e17 = tg::reshape<tg::shape<2, 3, 4, 4>>(a);
+    constexpr auto e18 = tg::avg_pool2d<3, 1, 1>(e17);
+    constexpr auto e19 = tg::reshape<tg::shape<2, 3, 16>>(e18);
+    constexpr auto e20 = tg::rms_norm<1, 1e-06>(a, g);
+    constexpr auto e21 = tg::sin(e20);
+    constexpr auto e22 = tg::layer_norm(g, g, h);
+    constexpr auto e23 = tg::sin(e22);
+    constexpr auto e24 = tg::reshape<tg::shape<2, 3, 4, 4>>(e21);
+    constexpr auto e25 = tg::max_pool2d<2>(e24);
+    constexpr auto e26 = tg::elu<1.0>(e25);
+    constexpr auto e27 = tg::min(e26);
+    constexpr auto e28 = tg::prod(e12);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e8);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e10);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto e34 = (e33 + e14);
+    constexpr auto e35 = (e34 + e16);
+    constexpr auto e36 = tg::mean(e19);
+    constexpr auto e37 = (e35 + e36);
+    constexpr auto e38 = tg::mean(e21);
+    constexpr auto e39 = (e37 + e38);
+    constexpr auto e40 = tg::mean(e23);
+    constexpr auto e41 = (e39 + e40);
+    constexpr auto e42 = (e41 + e27);
+    constexpr auto step = tg::compile(e42, tg::wrt(a, c, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(r, r_ids, {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
+}
+
+template <class T>
+T graph_2243(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 4, 10>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1, 1, 10>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<10>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<10>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 5>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 4, 9>>;
+    constexpr auto p = tg::param<"p", T, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", T, tg::shape<4>>;
+    constexpr auto e9 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e10 = tg::sin(e9);
+    constexpr auto e12 = tg::conv1d<1, 2>(a, u, s);
+    constexpr auto e13 = tg::reshape<tg::shape<2, 4, 2, 5>>(e12);
+    constexpr auto e14 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);
+    constexpr auto e15 = tg::conv2d<1, 1>(e13, e14);
+    constexpr auto e16 = tg::reshape<tg::shape<2, 4, 10>>(e15);
+    constexpr auto e17 = tg::rms_norm<1, 1e-06>(g, g);
+    constexpr auto e18 = tg::sin(e17);
+    constexpr auto e19 = tg::reshape<tg::shape<2, 4, 2, 5>>(a);
+    constexpr auto e20 = tg::max_pool2d<3, 1, 1>(e19);
+    constexpr auto e21 = tg::reshape<tg::shape<2, 4, 10>>(e20);
+    constexpr auto e23 = tg::batch_norm(a, p, q);
+    constexpr auto e24 = tg::sin(e23);
+    constexpr auto e25 = tg::prod(e24);
+    constexpr auto e26 = tg::mean(e10);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e12);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e16);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e18);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto e34 = tg::mean(e21);
+    constexpr auto e35 = (e33 + e34);
+    constexpr auto e36 = tg::mean(e24);
+    constexpr auto e37 = (e35 + e36);
+    constexpr auto step = tg::compile(e37, tg::wrt(a, b, g, h, u, s, v, p, q));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(u, in[4], {ext[4][0], ext[4][1], ext[4][2]}), tg::bind(s, in[5], {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(p, in[7], {ext[7][0]}), tg::bind(q, in[8], {ext[8][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(u, grad[4]), tg::grad_into(s, grad[5]), tg::grad_into(v, grad[6]), tg::grad_into(p, grad[7]), tg::grad_into(q, grad[8]));
+}
+
+template <class T>
+T graph_2247(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto k_ids = ids_of(in[5]);
+    const auto i_ids = ids_of(in[6]);
+    const auto j_ids = ids_of(in[7]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 4, 12>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<1, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto t = tg::param<"t", T, tg::shape<4, 12>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<2, 4>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<4>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<2, 4, 12>>;
+    constexpr auto e8 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e9 = tg::sin(e8);
+    constexpr auto e10 = tg::scaled_dot_product_attention(a, a, a, tg::causal);
+    constexpr auto e11 = tg::embedding<0>(k, t);
+    constexpr auto e12 = tg::index_select<1>(e10, i);
+    constexpr auto e13 = tg::max(b, tg::lit<0.25>);
+    constexpr auto e14 = tg::gather<2>(e12, j);
+    constexpr auto e16 = (tg::lt(a, tg::lit<-0.75>) * e13);
+    constexpr auto e17 = tg::max(e16);
+    constexpr auto e18 = tg::max(e14);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = tg::mean(e9);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e10);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e11);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e12);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e14);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto step = tg::compile(e29, tg::wrt(a, g, h, t));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(t, grad[3]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(t, grad[3]));
+}
+
+template <class T>
+T graph_2251(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto r_ids = ids_of(in[5]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 2, 12>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1, 2, 1>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<12>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 2, 9>>;
+    constexpr auto e8 = tg::dropout<0.5>(b, r);
+    constexpr auto e9 = tg::reshape<tg::shape<2, 2, 3, 4>>(a);
+    constexpr auto e10 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);
+    constexpr auto e11 = tg::conv2d<2, 1>(e9, e10);
+    constexpr auto e12 = tg::clamp(e11, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e13 = tg::sum(e12);
+    constexpr auto e15 = tg::reshape<tg::shape<2, 2, 3, 4>>(a);
+    constexpr auto e16 = tg::avg_pool2d<3, 1, 1>(e15);
+    constexpr auto e17 = tg::reshape<tg::shape<2, 2, 12>>(e16);
+    constexpr auto e18 = tg::reshape<tg::shape<2, 2, 3, 4>>(a);
+    constexpr auto e19 = tg::max_pool2d<2>(e18);
+    constexpr auto e20 = tg::mean(e19);
+    constexpr auto e21 = tg::mean(e8);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = (e22 + e13);
+    constexpr auto e24 = tg::mean(e17);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e20);
+    constexpr auto step = tg::compile(e26, tg::wrt(a, b, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(r, r_ids, {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({3, 1, false,
@@ -633,6 +878,36 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nsub 2 5\nlayer_norm 3 4 5\nsin 7\nsilu 6\nsoftplus 9 0.5\nminimum c-2.0 10\nmin 11\nprod 0\nadd 12 13\nmean 8\nadd 14 15",
                 {{"a", true, 3, {2, 2, 3}, -2.0, 2.0}, {"b", true, 3, {2, 1, 3}, 0.25, 2.0}, {"c", true, 3, {2, 2, 1}, 0.25, 2.0}, {"d", true, 3, {2, 1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
                 &graph_2227<double>, &graph_2227<float>});
+    r.push_back({2231, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 12>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 5>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 4, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<4>>;\nconstexpr auto e9 = tg::concat<0>(b, b, b);\nconstexpr auto e10 = tg::clamp(e9, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e11 = tg::mean(e10);\nconstexpr auto e12 = (e11 - a);\nconstexpr auto e13 = tg::conv1d<1, 2>(e12, u, s);\nconstexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(e12);\nconstexpr auto e16 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);\nconstexpr auto e17 = tg::conv2d<1, 1>(e15, e16);\nconstexpr auto e18 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e17);\nconstexpr auto e19 = tg::reshape<tg::shape<tg::dyn, 4, 3, 4>>(e18);\nconstexpr auto e20 = tg::max_pool2d<3, 1, 1>(e19);\nconstexpr auto e21 = tg::reshape<tg::shape<tg::dyn, 4, 12>>(e20);\nconstexpr auto e22 = tg::batch_norm(a, p, q);\nconstexpr auto e23 = tg::sin(e22);\nconstexpr auto e24 = tg::prod(e23);\nconstexpr auto e25 = (e24 + e11);\nconstexpr auto e26 = tg::mean(e13);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e18);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e21);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e23);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto loss = e33;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\ncat0 1 1 1\nclamp 9 0.0 2.0\nmean 10\nsub 11 0\nconv1d 12 4 5 1 2\nreshape4 12 -1 4 3 4\nreshape4 6 4 4 3 3\nconv2d 14 15 1 1\nreshape3 16 -1 4 12\nreshape4 17 -1 4 3 4\nmax_pool2d 18 3 1 1\nreshape3 19 -1 4 12\nbatch_norm 0 7 8\nsin 21\nprod 22\nadd 23 11\nmean 13\nadd 24 25\nmean 17\nadd 26 27\nmean 20\nadd 28 29\nmean 22\nadd 30 31",
+                {{"a", true, 3, {-1, 4, 12}, 0.25, 2.0}, {"b", false, 3, {-1, 4, 1}, 0.25, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"u", true, 3, {4, 4, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
+                &graph_2231<double>, &graph_2231<float>});
+    r.push_back({2235, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 6>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<6>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<6>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<2, 6>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn, 2>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<2>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 2, 6>>;\nconstexpr auto e8 = tg::scaled_dot_product_attention(a, a, a, tg::causal);\nconstexpr auto e10 = tg::embedding<0>(k, t);\nconstexpr auto e12 = tg::index_select<1>(e10, i);\nconstexpr auto e14 = tg::gather<2>(e10, j);\nconstexpr auto e15 = tg::log_sum_exp(e14);\nconstexpr auto e16 = tg::mean(e8);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = tg::mean(e10);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = tg::mean(e12);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e14);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto loss = e23;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nsdpa 0 0 0 1\nembedding 5 4 0\nindex_select 9 1 6\ngather 9 2 7\nlse 11\nmean 8\nadd 12 13\nmean 9\nadd 14 15\nmean 10\nadd 16 17\nmean 11\nadd 18 19",
+                {{"a", true, 3, {-1, 2, 6}, -2.0, 2.0}, {"b", false, 0, {}, 0.25, 2.0}, {"g", true, 1, {6}, 0.5, 1.5}, {"h", true, 1, {6}, -1.0, 1.0}, {"t", true, 2, {2, 6}, -2.0, 2.0}, {"k", false, 2, {-1, 2}, 0.0, 1.0, true}, {"i", false, 1, {2}, 0.0, 1.0, true}, {"j", false, 3, {-1, 2, 6}, 0.0, 5.0, true}},
+                &graph_2235<double>, &graph_2235<float>});
+    r.push_back({2239, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 3, 16>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<16>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<3, 16>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<16>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<16>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<3, 3, 9>>;\nconstexpr auto e7 = tg::layer_norm(h, g, h);\nconstexpr auto e8 = tg::sin(e7);\nconstexpr auto e9 = tg::leaky_relu<0.01>(e8);\nconstexpr auto e10 = tg::dropout<0.5>(e9, r);\nconstexpr auto e11 = tg::reshape<tg::shape<2, 3, 4, 4>>(a);\nconstexpr auto e12 = tg::reshape<tg::shape<3, 3, 3, 3>>(v);\nconstexpr auto e13 = tg::conv2d<2, 1>(e11, e12);\nconstexpr auto e14 = tg::mean(e13);\nconstexpr auto e15 = tg::stack<1>(g, e10);\nconstexpr auto e16 = tg::min(e15);\nconstexpr auto e17 = tg::reshape<tg::shape<2, 3, 4, 4>>(a);\nconstexpr auto e18 = tg::avg_pool2d<3, 1, 1>(e17);\nconstexpr auto e19 = tg::reshape<tg::shape<2, 3, 16>>(e18);\nconstexpr auto e20 = tg::rms_norm<1, 1e-06>(a, g);\nconstexpr auto e21 = tg::sin(e20);\nconstexpr auto e22 = tg::layer_norm(g, g, h);\nconstexpr auto e23 = tg::sin(e22);\nconstexpr auto e24 = tg::reshape<tg::shape<2, 3, 4, 4>>(e21);\nconstexpr auto e25 = tg::max_pool2d<2>(e24);\nconstexpr auto e26 = tg::elu<1.0>(e25);\nconstexpr auto e27 = tg::min(e26);\nconstexpr auto e28 = tg::prod(e12);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e8);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e10);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto e34 = (e33 + e14);\nconstexpr auto e35 = (e34 + e16);\nconstexpr auto e36 = tg::mean(e19);\nconstexpr auto e37 = (e35 + e36);\nconstexpr auto e38 = tg::mean(e21);\nconstexpr auto e39 = (e37 + e38);\nconstexpr auto e40 = tg::mean(e23);\nconstexpr auto e41 = (e39 + e40);\nconstexpr auto e42 = (e41 + e27);\nconstexpr auto loss = e42;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nlayer_norm 4 3 4\nsin 7\nleaky_relu 8 0.01\ndropout 9 5 0.5\nreshape4 0 2 3 4 4\nreshape4 6 3 3 3 3\nconv2d 11 12 2 1\nmean 13\nstack1 3 10\nmin 15\nreshape4 0 2 3 4 4\navg_pool2d 17 3 1 1\nreshape3 18 2 3 16\nrms_norm 0 3\nsin 20\nlayer_norm 3 3 4\nsin 22\nreshape4 21 2 3 4 4\nmax_pool2d 24 2 2 0\nelu 25 1.0\nmin 26\nprod 12\nadd 27 28\nmean 8\nadd 29 30\nmean 10\nadd 31 32\nadd 33 14\nadd 34 16\nmean 19\nadd 35 36\nmean 21\nadd 37 38\nmean 23\nadd 39 40\nadd 41 27",
+                {{"a", true, 3, {2, 3, 16}, 0.25, 2.0}, {"b", false, 1, {16}, 0.25, 2.0}, {"c", true, 2, {3, 16}, 0.25, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {3, 3, 9}, -0.5, 0.5}},
+                &graph_2239<double>, &graph_2239<float>});
+    r.push_back({2243, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 4, 10>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, 1, 10>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<10>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<10>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 5>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 4, 9>>;\nconstexpr auto p = tg::param<\"p\", T, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", T, tg::shape<4>>;\nconstexpr auto e9 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e10 = tg::sin(e9);\nconstexpr auto e12 = tg::conv1d<1, 2>(a, u, s);\nconstexpr auto e13 = tg::reshape<tg::shape<2, 4, 2, 5>>(e12);\nconstexpr auto e14 = tg::reshape<tg::shape<4, 4, 3, 3>>(v);\nconstexpr auto e15 = tg::conv2d<1, 1>(e13, e14);\nconstexpr auto e16 = tg::reshape<tg::shape<2, 4, 10>>(e15);\nconstexpr auto e17 = tg::rms_norm<1, 1e-06>(g, g);\nconstexpr auto e18 = tg::sin(e17);\nconstexpr auto e19 = tg::reshape<tg::shape<2, 4, 2, 5>>(a);\nconstexpr auto e20 = tg::max_pool2d<3, 1, 1>(e19);\nconstexpr auto e21 = tg::reshape<tg::shape<2, 4, 10>>(e20);\nconstexpr auto e23 = tg::batch_norm(a, p, q);\nconstexpr auto e24 = tg::sin(e23);\nconstexpr auto e25 = tg::prod(e24);\nconstexpr auto e26 = tg::mean(e10);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e12);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e16);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e18);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto e34 = tg::mean(e21);\nconstexpr auto e35 = (e33 + e34);\nconstexpr auto e36 = tg::mean(e24);\nconstexpr auto e37 = (e35 + e36);\nconstexpr auto loss = e37;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nrms_norm 3 2\nsin 9\nconv1d 0 4 5 1 2\nreshape4 11 2 4 2 5\nreshape4 6 4 4 3 3\nconv2d 12 13 1 1\nreshape3 14 2 4 10\nrms_norm 2 2\nsin 16\nreshape4 0 2 4 2 5\nmax_pool2d 18 3 1 1\nreshape3 19 2 4 10\nbatch_norm 0 7 8\nsin 21\nprod 22\nmean 10\nadd 23 24\nmean 11\nadd 25 26\nmean 15\nadd 27 28\nmean 17\nadd 29 30\nmean 20\nadd 31 32\nmean 22\nadd 33 34",
+                {{"a", true, 3, {2, 4, 10}, -2.0, 2.0}, {"b", true, 3, {1, 1, 10}, -2.0, 2.0}, {"g", true, 1, {10}, 0.5, 1.5}, {"h", true, 1, {10}, -1.0, 1.0}, {"u", true, 3, {4, 4, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
+                &graph_2243<double>, &graph_2243<float>});
+    r.push_back({2247, 0, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 4, 12>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto t = tg::param<\"t\", T, tg::shape<4, 12>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<2, 4>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<4>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<2, 4, 12>>;\nconstexpr auto e8 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e9 = tg::sin(e8);\nconstexpr auto e10 = tg::scaled_dot_product_attention(a, a, a, tg::causal);\nconstexpr auto e11 = tg::embedding<0>(k, t);\nconstexpr auto e12 = tg::index_select<1>(e10, i);\nconstexpr auto e13 = tg::max(b, tg::lit<0.25>);\nconstexpr auto e14 = tg::gather<2>(e12, j);\nconstexpr auto e16 = (tg::lt(a, tg::lit<-0.75>) * e13);\nconstexpr auto e17 = tg::max(e16);\nconstexpr auto e18 = tg::max(e14);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = tg::mean(e9);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e10);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e11);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e12);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e14);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto loss = e29;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nrms_norm 3 2\nsin 8\nsdpa 0 0 0 1\nembedding 5 4 0\nindex_select 10 1 6\nmaximum 1 c0.25\ngather 12 2 7\nmask_lt 0 c-0.75 13\nmax 15\nmax 14\nadd 16 17\nmean 9\nadd 18 19\nmean 10\nadd 20 21\nmean 11\nadd 22 23\nmean 12\nadd 24 25\nmean 14\nadd 26 27",
+                {{"a", true, 3, {2, 4, 12}, 0.25, 2.0}, {"b", false, 3, {1, 4, 1}, 0.25, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"t", true, 2, {4, 12}, -2.0, 2.0}, {"k", false, 2, {2, 4}, 0.0, 3.0, true}, {"i", false, 1, {4}, 0.0, 3.0, true}, {"j", false, 3, {2, 4, 12}, 0.0, 11.0, true}},
+                &graph_2247<double>, &graph_2247<float>});
+    r.push_back({2251, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 2, 12>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, 2, 1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<12>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<2, 2, 9>>;\nconstexpr auto e8 = tg::dropout<0.5>(b, r);\nconstexpr auto e9 = tg::reshape<tg::shape<2, 2, 3, 4>>(a);\nconstexpr auto e10 = tg::reshape<tg::shape<2, 2, 3, 3>>(v);\nconstexpr auto e11 = tg::conv2d<2, 1>(e9, e10);\nconstexpr auto e12 = tg::clamp(e11, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e13 = tg::sum(e12);\nconstexpr auto e15 = tg::reshape<tg::shape<2, 2, 3, 4>>(a);\nconstexpr auto e16 = tg::avg_pool2d<3, 1, 1>(e15);\nconstexpr auto e17 = tg::reshape<tg::shape<2, 2, 12>>(e16);\nconstexpr auto e18 = tg::reshape<tg::shape<2, 2, 3, 4>>(a);\nconstexpr auto e19 = tg::max_pool2d<2>(e18);\nconstexpr auto e20 = tg::mean(e19);\nconstexpr auto e21 = tg::mean(e8);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = (e22 + e13);\nconstexpr auto e24 = tg::mean(e17);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e20);\nconstexpr auto loss = e26;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\ndropout 1 5 0.5\nreshape4 0 2 2 3 4\nreshape4 6 2 2 3 3\nconv2d 8 9 2 1\nclamp 10 0.0 2.0\nsum 11\nreshape4 0 2 2 3 4\navg_pool2d 13 3 1 1\nreshape3 14 2 2 12\nreshape4 0 2 2 3 4\nmax_pool2d 16 2 2 0\nmean 17\nmean 7\nadd 18 19\nadd 20 12\nmean 15\nadd 21 22\nadd 23 18",
+                {{"a", true, 3, {2, 2, 12}, -2.0, 2.0}, {"b", true, 3, {1, 2, 1}, -2.0, 2.0}, {"c", false, 1, {12}, -2.0, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {2, 2, 9}, -0.5, 0.5}},
+                &graph_2251<double>, &graph_2251<float>});
     return true;
 }();
 

@@ -2,7 +2,9 @@
 // in the backward.
 #include <check_gradient.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace tg = typegrad;
@@ -61,4 +63,43 @@ TEST_CASE("dropout: Philox mask, scale, regenerated in the backward", "[ops][dro
     STATIC_REQUIRE(std::is_same_v<decltype(tg::dropout<0.3, false>(v, rng)), std::remove_cvref_t<decltype(v)>>);
     auto all = tg::compile(tg::dropout<1.0>(v, rng), tg::wrt(v)).forward(tg::bind(v, xv, {rows, 7}), tg::bind(rng, r));
     CHECK(std::all_of(all.values().begin(), all.values().end(), [](double e) { return e == 0; }));
+}
+
+TEST_CASE("dropout: x times the mask, as PyTorch: a dropped inf or NaN is NaN", "[ops][dropout]") {
+    constexpr auto v = tg::param<"v", float, tg::shape<tg::dyn>>;
+    constexpr auto rng = tg::input<"rng", std::int64_t, tg::shape<2>>;
+    constexpr auto q = tg::input<"q", float, tg::shape<tg::dyn>>;
+    const std::size_t n = 64;
+    const std::array<std::int64_t, 2> r{42, 3};
+    const auto key = tg::philox_key_from_seed(42);
+    std::vector<bool> keep(n);
+    for (std::size_t e = 0; e < n; ++e)
+        keep[e] = double(tg::uniform_float(tg::philox4x32_10(tg::philox_counter_at(3 + e / 4), key)[e % 4])) < 0.5;
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> x(n), g(n), gx(n, -1.0f);
+    for (std::size_t e = 0; e < n; ++e) {
+        x[e] = e % 3 == 0 ? inf : e % 3 == 1 ? nan : -1.5f;
+        g[e] = e % 2 == 0 ? -inf : 0.25f;
+    }
+    REQUIRE(std::count(keep.begin(), keep.end(), false) > 8);
+    auto fwd = tg::compile(tg::dropout<0.5>(v, rng), tg::wrt(v)).forward(tg::bind(v, x, {n}), tg::bind(rng, r));
+    // the gradient reaching dropout is g: sum(dropout(v) * q) with q = g
+    auto step = tg::compile(tg::sum(tg::dropout<0.5>(v, rng) * q), tg::wrt(v));
+    std::vector<float> ones(n, 1.0f);
+    step.value_and_grad(tg::bind(v, ones, {n}), tg::bind(rng, r), tg::bind(q, g, {n}), tg::grad_into(v, gx));
+    std::size_t wrong = 0;
+    for (std::size_t e = 0; e < n; ++e) {
+        const float m = keep[e] ? 2.0f : 0.0f;
+        const float want = x[e] * m, want_g = g[e] * m;  // inf * 0 = NaN
+        const float got = fwd.values()[e];
+        wrong += !(std::isnan(want) ? std::isnan(got) : got == want);
+        wrong += !(std::isnan(want_g) ? std::isnan(gx[e]) : gx[e] == want_g);
+    }
+    CHECK(wrong == 0);
+    // p = 1: x * 0, so inf and NaN give NaN and finite values 0
+    auto all = tg::compile(tg::dropout<1.0>(v, rng), tg::wrt(v)).forward(tg::bind(v, x, {n}), tg::bind(rng, r));
+    for (std::size_t e = 0; e < n; ++e) {
+        const float got = all.values()[e];
+        CHECK((std::isfinite(x[e]) ? got == 0 : std::isnan(got)));
+    }
 }
