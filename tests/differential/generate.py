@@ -485,8 +485,15 @@ class Graph:
             grow = 2
         if len(self.nodes) == before:
             return False
+        self.reduce_last(grow)
+        return True
+
+    def reduce_last(self, grow=1):
+        """The last node has other extents than the graph's (a concat, a strided result): it is
+        odd; sometimes an activation of it, then a reduction (a model node). A concat's bounds
+        count grow times the elements of its operands' shape."""
+        rng = self.rng
         self.nodes[-1].odd = True
-        # sometimes an activation of it, then a reduction (over grow times the elements)
         if rng.random() < 0.5:
             x = self.nodes[-1]
             op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)]
@@ -510,7 +517,6 @@ class Graph:
         self.emit(op, [], (), (lo, hi), "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, len(self.nodes) - 1),
                   force=True)
         self.model_nodes.append(len(self.nodes) - 1)
-        return True
 
     def full_operands(self, varies=False, bound=1e4):
         """Nodes of the graph's [N, C, L] (not odd), varying along L if asked, within +-bound."""
@@ -537,31 +543,6 @@ class Graph:
         self.emit("reshape", [ki], tuple(self.full), (x.lo, x.hi), "tg::reshape<tg::shape<%s, %d, %d>>(%s)" % (nt, c, l, x.text),
                   "reshape3 %d %d %d %d" % (ki, -1 if isinstance(n, str) else n, c, l), force=True, refs=[1])
         return len(self.nodes) - 1
-
-    def reduce_odd(self, ki):
-        """Node ki has other extents than the graph's (a strided result): sometimes an activation
-        of it, then a reduction (a model node), as try_concat's."""
-        rng = self.rng
-        self.nodes[ki].odd = True
-        if rng.random() < 0.5:
-            x = self.nodes[ki]
-            op = ACTIVATIONS[(self.gid + self.activations_drawn) % len(ACTIVATIONS)]
-            self.activations_drawn += 1
-            cc = rng.choice(ACTIVATION_PARAMS[op]) if op in ACTIVATION_PARAMS else None
-            if op == "log1p" and x.lo < -0.8:
-                op, cc = "expm1", None
-            ab = interval(op, x, c=cc)
-            if ab is not None:
-                text, line = activation_call(op, x.text, ki, cc)
-                n0 = len(self.nodes)
-                self.emit(op, [ki], x.shape, ab, text, line)
-                if len(self.nodes) > n0:
-                    self.nodes[-1].odd = True
-        x = self.nodes[-1]
-        op = rng.choice(REDUCE)
-        self.emit(op, [], (), interval(op, x), "%s(%s)" % (CPP_UNARY[op], x.text), "%s %d" % (op, len(self.nodes) - 1),
-                  force=True)
-        self.model_nodes.append(len(self.nodes) - 1)
 
     def try_conv(self, op):
         """One of CONV_OPS over nodes of the graph's [N, C, L]; the result reaches the loss (a
@@ -624,7 +605,7 @@ class Graph:
                 if len(self.nodes) == w4 + 1:
                     return False
                 if stride == 2:
-                    self.reduce_odd(len(self.nodes) - 1)
+                    self.reduce_last()
                     return True
                 self.as_1d(len(self.nodes) - 1)
             elif op in ("max_pool", "avg_pool", "max_pool_s2"):
@@ -633,7 +614,7 @@ class Graph:
                 if op == "max_pool_s2":
                     self.emit(op, [x4], (n, c, h // 2, w // 2), (x.lo, x.hi), "tg::max_pool2d<2>(%s)" % self.nodes[x4].text,
                               "max_pool2d %d 2 2 0" % x4, refs=[1])
-                    self.reduce_odd(len(self.nodes) - 1)
+                    self.reduce_last()
                     return True
                 fn = "max_pool2d" if op == "max_pool" else "avg_pool2d"
                 bounds = (x.lo, x.hi) if op == "max_pool" else (min(x.lo, 0.0), max(x.hi, 0.0))
