@@ -315,7 +315,7 @@ class Graph:
             if name in self.conv_leaf:
                 continue
             i = len(self.leaves)
-            ids = name in "kijr"
+            ids = name in ("k", "i", "j", "r")
             self.leaves.append((name, param, shape, lo, hi))
             ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
             if ids:

@@ -3,12 +3,12 @@
 // harness: its leaves, its C++ text (for reproducers), the same graph as a line program for the
 // LibTorch interpreter, and typegrad's evaluation of it for double and float.
 #include <array>
-#include <cmath>
-#include <cstdint>
 #include <cstddef>
 #include <vector>
 
 #include <typegrad/typegrad.hpp>
+
+#include "ids.hpp"
 
 namespace typegrad_differential {
 
@@ -25,14 +25,6 @@ struct leaf_spec {
     double lo, hi;            // values are drawn from [lo, hi]
     bool ids = false;         // std::int64_t ids (an input): integers drawn from [lo, hi], no special values
 };
-
-// An ids leaf's values (integers held as T) as the std::int64_t the graph binds.
-template <class T>
-std::vector<std::int64_t> ids_of(const std::vector<T>& v) {
-    std::vector<std::int64_t> out(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) out[i] = std::llround(double(v[i]));
-    return out;
-}
 
 // Loss value; gradients of the params (leaf order) into `grad`, sized by the caller.
 // `split`: forward then backward instead of value_and_grad (where the graph supports it).

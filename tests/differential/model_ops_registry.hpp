@@ -15,6 +15,8 @@
 
 #include <typegrad/typegrad.hpp>
 
+#include "ids.hpp"  // ids_of
+
 namespace typegrad_differential::model_ops {
 
 template <class T>
@@ -58,11 +60,6 @@ struct graph_def {
 inline std::vector<graph_def>& registry() {
     static std::vector<graph_def> graphs;
     return graphs;
-}
-
-template <class Id = std::int64_t, class T>
-std::vector<Id> ids_of(const std::vector<T>& v) {
-    return std::vector<Id>(v.begin(), v.end());
 }
 
 }  // namespace typegrad_differential::model_ops

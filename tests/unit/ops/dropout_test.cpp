@@ -12,6 +12,21 @@ using tg::testing::at;
 using tg::testing::check_gradient;
 using tg::testing::uniform;
 
+namespace {
+
+// The mask, computed here from core/philox.hpp: element e uses word e % 4 of block offset + e / 4,
+// kept when its uniform float is below 1 - p (the kernel's comparison, in double).
+std::vector<bool> philox_keep(std::int64_t seed, std::int64_t offset, std::size_t n, double p) {
+    std::vector<bool> keep(n);
+    const auto key = tg::philox_key_from_seed(std::uint64_t(seed));
+    for (std::size_t e = 0; e < n; ++e)
+        keep[e] = double(tg::uniform_float(tg::philox4x32_10(tg::philox_counter_at(std::uint64_t(offset) + e / 4), key)[e % 4])) <
+                  1.0 - p;
+    return keep;
+}
+
+}  // namespace
+
 TEST_CASE("dropout: Philox mask, scale, regenerated in the backward", "[ops][dropout]") {
     constexpr auto v = tg::param<"v", double, tg::shape<tg::dyn, 7>>;
     constexpr auto rng = tg::input<"rng", std::int64_t, tg::shape<2>>;
@@ -20,12 +35,7 @@ TEST_CASE("dropout: Philox mask, scale, regenerated in the backward", "[ops][dro
     const auto xv = uniform(n, 0.5, 1.5, 7);
     const auto qv = uniform(n, -1.0, 1.0, 8);
     const std::array<std::int64_t, 2> r{1234567890123LL, 17};
-    // the mask, computed here from core/philox.hpp: element e uses word e % 4 of block offset + e / 4
-    std::vector<bool> keep(n);
-    const auto key = tg::philox_key_from_seed(std::uint64_t(r[0]));
-    for (std::size_t e = 0; e < n; ++e)
-        keep[e] = tg::uniform_float(tg::philox4x32_10(tg::philox_counter_at(std::uint64_t(r[1]) + e / 4), key)[e % 4]) <
-                  0.7f;
+    const std::vector<bool> keep = philox_keep(r[0], r[1], n, 0.3);
     const std::size_t kept = std::size_t(std::count(keep.begin(), keep.end(), true));
     // 10500 draws at 0.7: the standard deviation of the count is 47
     CHECK(std::abs(double(kept) - 0.7 * double(n)) < 4 * 47.0);
@@ -71,10 +81,7 @@ TEST_CASE("dropout: x times the mask, as PyTorch: a dropped inf or NaN is NaN", 
     constexpr auto q = tg::input<"q", float, tg::shape<tg::dyn>>;
     const std::size_t n = 64;
     const std::array<std::int64_t, 2> r{42, 3};
-    const auto key = tg::philox_key_from_seed(42);
-    std::vector<bool> keep(n);
-    for (std::size_t e = 0; e < n; ++e)
-        keep[e] = double(tg::uniform_float(tg::philox4x32_10(tg::philox_counter_at(3 + e / 4), key)[e % 4])) < 0.5;
+    const std::vector<bool> keep = philox_keep(r[0], r[1], n, 0.5);
     const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> x(n), g(n), gx(n, -1.0f);
     for (std::size_t e = 0; e < n; ++e) {
