@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "autocast_registry.hpp"
+#include "dropout_mask.hpp"
 #include "graph_registry.hpp"
 #include "prod_reference.hpp"
 #include "optim_harness.hpp"
@@ -638,14 +639,8 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             double p;
             ts >> b >> p;
             const auto rng = node(b);
-            const auto seed = std::uint64_t(rng[0].item<std::int64_t>()), offset = std::uint64_t(rng[1].item<std::int64_t>());
-            const auto key = typegrad::philox_key_from_seed(seed);
-            const std::int64_t n = node(a).numel();
-            std::vector<double> keep(std::size_t(n), 0.0);
-            for (std::int64_t e = 0; e < n; ++e) {
-                const auto words = typegrad::philox4x32_10(typegrad::philox_counter_at(offset + std::uint64_t(e) / 4), key);
-                keep[std::size_t(e)] = double(typegrad::uniform_float(words[std::size_t(e % 4)])) < 1.0 - p ? 1.0 : 0.0;
-            }
+            const auto keep = diff::dropout_keep(std::uint64_t(rng[0].item<std::int64_t>()),
+                                                 std::uint64_t(rng[1].item<std::int64_t>()), node(a).numel(), p);
             const auto mask = torch::tensor(keep, torch::TensorOptions().dtype(torch::kFloat64)).to(dtype).reshape(node(a).sizes());
             r = node(a) * (mask * (1.0 / (1.0 - p)));
         } else {

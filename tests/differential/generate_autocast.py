@@ -17,7 +17,12 @@ bf16; a norm is read through a sine), concat<0> and stack<1> (reduced), each of 
 loss; under CPU autocast they promote over their operands (on no PyTorch CPU list; cat and stack
 on its promote list). Half the norms read a bf16 node (a matmul's result has extent M last) and
 half the concats mix dtypes, where the graph allows.
-Leaves are f32 or bf16. Some matmuls of leaves sit in a nested disabled region (they run in f32,
+Graphs FIRST_INDEX.. also draw three of INDEX_OPS each, in turn (try_index): embedding of
+std::int64_t ids k [n] into a table t [k, m] (padding index half the time), index_select<1> of an
+[n, k] node by ids i [m], gather<1> of an [n, k] node by ids j [n, m] (k static: the ids' range),
+and dropout<p> of any node (seed and offset in a std::int64_t input r); each keeps its operand's
+dtype (on no PyTorch CPU autocast list), its result has the graph's extents and reaches the loss.
+Leaves are f32 or bf16 (ids: i64). Some matmuls of leaves sit in a nested disabled region (they run in f32,
 their backward under the step's policy). Each graph is compiled twice: with the default backward
 policy (same_as_forward) and with backward_autocast::off. The generated function reports, for
 every node of the line program, the dtype typegrad gives it in the region, so that the harness
@@ -29,10 +34,13 @@ import random
 import generate as g
 
 SEED = 20261124
-GRAPHS = 88
+GRAPHS = 100
 FIRST_PROD = 40     # graphs from here on (ids FIRST_ID + 40..) also draw prod, a float op under autocast
 FIRST_ACTIVATION = 52  # graphs from here on also draw the activations (generate.ACTIVATIONS), in turn
 FIRST_MODEL = 76    # graphs from here on also draw layer_norm, rms_norm, concat<0> and stack<1> (generate.py's)
+FIRST_INDEX = 88    # graphs from here on also draw INDEX_OPS (try_index), three a graph, in turn
+INDEX_OPS = ["embedding", "index_select", "gather", "dropout"]
+INDEX_OPS_PER_GRAPH = 3
 FIRST_ID = 2000
 UNITS = 4
 LEAF_NAMES = "abcdef"
@@ -43,7 +51,7 @@ DISABLED = "tg::autocast_disabled<tg::cpu>"
 
 
 def cpp_dtype(dt):
-    return "float" if dt == "f32" else "tg::bf16"
+    return {"f32": "float", "bf16": "tg::bf16", "i64": "std::int64_t"}[dt]
 
 
 def compatible(*shapes):
@@ -62,12 +70,20 @@ def promote(a, b):
     return "f32" if "f32" in (a, b) else "bf16"
 
 
-def refs(line):
+def ref_positions(line, pos=None):
+    """The token positions of a program line that are node numbers: pos where the line says
+    (generate.Graph.add's refs: lines holding integer parameters), else every integer after the op."""
+    tok = line.split()
+    first = 1 if tok[0] == "off" else 0
+    if tok[first] == "leaf":
+        return []
+    return pos if pos is not None else [j for j, t in enumerate(tok) if j > first and t.lstrip("-").isdigit()]
+
+
+def line_refs(line, pos=None):
     """The node ids a program line reads (not its constants)."""
     tok = line.split()
-    if tok[0] == "off":
-        tok = tok[1:]
-    return [] if tok[0] == "leaf" else [int(t) for t in tok[1:] if t.lstrip("-").isdigit()]
+    return [int(tok[j]) for j in ref_positions(line, pos)]
 
 
 class Graph(g.Graph):
@@ -85,21 +101,26 @@ class Graph(g.Graph):
         self.disabled_texts = set()
         self.activations_drawn = 0
         self.pending_dtype = None
+        self.index_nodes = []  # INDEX_OPS' results (graphs FIRST_INDEX..): each reaches the loss
         super().__init__(gid, rng)
 
     def model(self):
         """Graphs FIRST_MODEL.. draw generate.py's norms, concat and stack (try_norm, try_concat)."""
         return self.gid - FIRST_ID >= FIRST_MODEL
 
-    def add(self, op, args, shape, lo, hi, text, program_line):
-        k = super().add(op, args, shape, lo, hi, text, program_line)
+    def index(self):
+        """Graphs FIRST_INDEX.. draw INDEX_OPS (try_index)."""
+        return self.gid - FIRST_ID >= FIRST_INDEX
+
+    def add(self, op, args, shape, lo, hi, text, program_line, refs=None):
+        k = super().add(op, args, shape, lo, hi, text, program_line, refs)
         if self.pending_dtype is None:
             # generate.py's try_norm and try_concat set no dtype: the norms, cat0 and stack1
             # promote (ops/norm.hpp, ops/index.hpp), their sine, activation and reduction keep it
             first = program_line.split()[0]
             assert first in ("layer_norm", "rms_norm", "cat0", "stack1", "sin", "sum", "mean", "max", "min",
                              "lse") or first in g.ACTIVATIONS, program_line
-            dts = [self.dtypes[j] for j in refs(program_line)]
+            dts = [self.dtypes[j] for j in line_refs(program_line, self.ref_pos[-1])]
             self.pending_dtype = "f32" if "f32" in dts else "bf16"
         self.dtypes.append(self.pending_dtype)
         self.pending_dtype = None
@@ -117,7 +138,7 @@ class Graph(g.Graph):
             return shape[-1] == self.full[-1]
         if op in ("matmul", "matmul_t", "linear", "linear_b"):
             return True
-        ins = [self.nodes[j] for j in refs(line)]
+        ins = [self.nodes[j] for j in line_refs(line, self.ref_pos[-1])]
         if op in g.VARYING_UNARY:
             return ins[0].varies
         if op in ("add", "sub"):
@@ -133,6 +154,8 @@ class Graph(g.Graph):
             # the norms' axis is m: static and at least 3, as generate.py's (over 1 or 2 elements
             # their gradients are eps-sized differences of O(1) terms)
             dims[2] = rng.choice([3, 4, 5])
+        if self.index() and (isinstance(dims[1], str) or dims[1] < 2):
+            dims[1] = rng.choice([2, 3, 4, 5])  # the ids' range [0, k): static, two rows at least
         self.full = dims
         self.vars = sum(isinstance(d, str) for d in dims)
         # renumber the dynamic dims 0.. in order (the harness draws vars[k] for "dk")
@@ -172,6 +195,74 @@ class Graph(g.Graph):
                 self.add("leaf", [i], (m,), lo, hi, name, "leaf %d %s" % (i, dt))
                 self.nodes[-1].varies = True
             self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
+        if self.index():
+            self.make_index_leaves(n, kk, m)
+
+    def make_index_leaves(self, n, kk, m):
+        """The leaves of the graph's INDEX_OPS: the table t (a param, f32 or bf16) and the ids
+        (std::int64_t inputs in [0, kk), operands of their op only: odd)."""
+        rng = self.rng
+        k = self.gid - FIRST_ID - FIRST_INDEX
+        self.index_ops = [INDEX_OPS[(INDEX_OPS_PER_GRAPH * k + j) % len(INDEX_OPS)] for j in range(INDEX_OPS_PER_GRAPH)]
+        self.index_leaf = {}
+        wanted = []
+        for op in self.index_ops:
+            if op == "embedding":
+                wanted += [("t", True, (kk, m), -2.0, 2.0, "bf16" if rng.random() < 0.5 else "f32"),
+                           ("k", False, (n,), 0, kk - 1, "i64")]
+            elif op == "index_select":
+                wanted += [("i", False, (m,), 0, kk - 1, "i64")]
+            elif op == "gather":
+                wanted += [("j", False, (n, m), 0, kk - 1, "i64")]
+            elif op == "dropout":
+                wanted += [("r", False, (2,), 0, 1000000, "i64")]  # {seed, offset}
+        for name, param, shape, lo, hi, dt in wanted:
+            i = len(self.leaves)
+            self.leaves.append((name, param, shape, lo, hi, dt))
+            ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
+            kind = "param" if param else "input"
+            self.lines.append('constexpr auto %s = tg::%s<"%s", %s, tg::shape<%s>>;' % (name, kind, name, cpp_dtype(dt), ext))
+            self.pending_dtype = dt
+            self.add("leaf", [i], shape, lo, hi, name, "leaf %d %s" % (i, dt))
+            self.index_leaf[name] = len(self.nodes) - 1
+            self.nodes[-1].odd = dt == "i64"
+
+    def try_index(self, op):
+        """One of INDEX_OPS; its result has the graph's extents and keeps its operand's dtype.
+        False where no operand fits."""
+        rng = self.rng
+        n, kk, m = self.full
+        leaf = self.index_leaf
+        before = len(self.nodes)
+        if op == "embedding":
+            t = self.nodes[leaf["t"]]
+            pad = rng.choice([-1, rng.randrange(kk)])
+            self.pending_dtype = self.node_dtype(t)
+            self.emit(op, [], (n, m), (t.lo, t.hi), "tg::embedding%s(k, t)" % ("" if pad < 0 else "<%d>" % pad),
+                      "embedding %d %d %d" % (leaf["k"], leaf["t"], pad), refs=[1, 2])
+        elif op == "dropout":
+            cands = [k for k, x in enumerate(self.nodes) if x.shape != () and not getattr(x, "odd", False)]
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            pr = rng.choice([0.25, 0.5])
+            self.pending_dtype = self.node_dtype(x)
+            self.emit(op, [], x.shape, (min(0.0, x.lo / (1 - pr)), max(0.0, x.hi / (1 - pr))),
+                      "tg::dropout<%s>(%s, r)" % (g.cpp_num(pr), x.text), "dropout %d %d %s" % (a, leaf["r"], repr(pr)),
+                      refs=[1, 2])
+        else:  # index_select<1> by i [m], gather<1> by j [n, m]: of an [n, kk] node
+            cands = [k for k, x in enumerate(self.nodes) if x.shape == (n, kk) and not getattr(x, "odd", False)]
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            ids = "i" if op == "index_select" else "j"
+            self.pending_dtype = self.node_dtype(x)
+            self.emit(op, [], (n, m), (x.lo, x.hi), "tg::%s<1>(%s, %s)" % (op, x.text, ids),
+                      "%s %d 1 %d" % (op, a, leaf[ids]), refs=[1, 3])
+        if len(self.nodes) == before:
+            return False
+        self.index_nodes.append(len(self.nodes) - 1)
+        return True
 
     def node_dtype(self, n):
         return self.dtypes[self.nodes.index(n)]
@@ -307,7 +398,11 @@ class Graph(g.Graph):
         kinds, weights = ["matmul", "unary", "binary", "mask", "where", "reduce", "loss", "softmax"], [5, unary, 6, 1, 1, 2, 2, 1]
         if self.model():
             kinds, weights = kinds + ["norm", "concat"], weights + [3, 2]
+        if self.index():  # more of the graph's INDEX_OPS, of computed nodes too
+            kinds, weights = kinds + ["index"], weights + [2]
         kind = rng.choices(kinds, weights)[0]
+        if kind == "index":
+            return self.try_index(rng.choice(self.index_ops))
         if kind == "norm":
             return self.draw_norm()
         if kind == "concat":
@@ -425,6 +520,12 @@ class Graph(g.Graph):
         for want_last in ([self.full[-1]] if self.model() else []) + [None]:
             if any(self.try_matmul(want_last) for _ in range(100)):
                 break
+        for op in getattr(self, "index_ops", []):  # each drawn, after a few other ops
+            for _ in range(self.rng.randint(0, 2)):
+                self.try_op()
+            drawn = any(self.program[k].split()[0] == op for k in self.index_nodes)  # (try_op's "index")
+            if not drawn and not any(self.try_index(op) for _ in range(30)):
+                raise RuntimeError("graph %d: no operand for %s" % (self.gid, op))
         tries = 0
         while len(self.nodes) - len(self.leaves) < target and tries < 300:
             tries += 1
@@ -462,7 +563,7 @@ class Graph(g.Graph):
             self.emit("add", [], (), g.interval("add", a, b), "(%s + %s)" % (a.text, b.text),
                       "add %d %d" % (self.nodes.index(a), self.nodes.index(b)), force=True)
         # every norm and concat/stack drawn reaches the loss (as generate.py's model graphs)
-        for k in self.model_nodes:
+        for k in self.model_nodes + self.index_nodes:
             n, total = self.nodes[k], self.nodes[-1]
             if n.shape != () and self.existing("tg::mean(%s)" % n.text) is not None:  # (see emit)
                 n = self.nodes[self.existing("tg::mean(%s)" % n.text)]
@@ -482,11 +583,7 @@ class Graph(g.Graph):
             if j in seen:
                 continue
             seen.add(j)
-            tok = self.program[j].split()
-            if tok[0] == "off":
-                tok = tok[1:]
-            if tok[0] != "leaf":
-                todo += [int(t) for t in tok[1:] if t.lstrip("-").isdigit()]
+            todo += line_refs(self.program[j], self.ref_pos[j])
         return seen
 
     def existing(self, text):
@@ -496,7 +593,7 @@ class Graph(g.Graph):
                 return k
         return None
 
-    def emit(self, op, args, shape, bounds, text, line, force=False):
+    def emit(self, op, args, shape, bounds, text, line, force=False, refs=None):
         lo, hi = bounds
         # Model graphs: no expression twice. typegrad's is one node (a type), the program's two
         # LibTorch nodes, each sending its own rounded contribution in the semantic reference.
@@ -507,27 +604,22 @@ class Graph(g.Graph):
             return
         name = "e%d" % len(self.nodes)
         self.lines.append("constexpr auto %s = %s;" % (name, text))
-        self.add(op, args, shape, lo, hi, name, line)
+        self.add(op, args, shape, lo, hi, name, line, refs)
 
     def prune(self):
-        refs = []
-        for line in self.program:
-            tok = line.split()
-            if tok[0] == "off":
-                tok = tok[1:]
-            refs.append([] if tok[0] == "leaf" else [int(t) for t in tok[1:] if t.lstrip("-").isdigit()])
+        reads = [line_refs(line, pos) for line, pos in zip(self.program, self.ref_pos)]
         keep = {len(self.nodes) - 1}
         for k in range(len(self.nodes) - 1, -1, -1):
             if k in keep:
-                keep.update(refs[k])
+                keep.update(reads[k])
         self.used_leaves = {k for k in keep if k < len(self.leaves)}
         keep |= set(range(len(self.leaves)))
         new_id = {old: new for new, old in enumerate(sorted(keep))}
         program, lines, dtypes = [], [], []
         for k in sorted(keep):
             tok = self.program[k].split()
-            if tok[0] != "leaf":
-                tok = [t if (not t.lstrip("-").isdigit() or t in ("off",)) else str(new_id[int(t)]) for t in tok]
+            pos = ref_positions(self.program[k], self.ref_pos[k])
+            tok = [str(new_id[int(t)]) if j in pos else t for j, t in enumerate(tok)]
             program.append(" ".join(tok))
             lines.append(self.lines[k])
             dtypes.append(self.dtypes[k])
@@ -543,7 +635,7 @@ class Graph(g.Graph):
         for i, (name, param, shape, _, _, dt) in enumerate(self.leaves):
             ext = ", ".join("ext[%d][%d]" % (i, a) for a in range(len(shape)))
             if i in self.used_leaves or param:
-                convs.append("    const auto in%d = narrow<%s>(in[%d]);" % (i, cpp_dtype(dt), i))
+                convs.append("    const auto in%d = %s(in[%d]);" % (i, "ids_of" if dt == "i64" else "narrow<%s>" % cpp_dtype(dt), i))
                 binds.append("tg::bind(%s, in%d, {%s})" % (name, i, ext))
         grads, gbufs, gback = [], [], []
         k = 0
@@ -588,8 +680,8 @@ class Graph(g.Graph):
         leaves = []
         for name, param, shape, lo, hi, dt in self.leaves:
             ext = ", ".join(str(-1 - int(e[1:])) if isinstance(e, str) else str(e) for e in shape)
-            leaves.append('{"%s", %s, %d, {%s}, %s, %s}' % (name, "true" if param else "false", len(shape), ext,
-                                                             g.cpp_num(lo), g.cpp_num(hi)))
+            leaves.append('{"%s", %s, %d, {%s}, %s, %s%s}' % (name, "true" if param else "false", len(shape), ext,
+                                                               g.cpp_num(lo), g.cpp_num(hi), ", true" if dt == "i64" else ""))
         reg = ("    r.push_back({%d, %d, %s,\n                %s,\n                {%s},\n"
                "                &autocast_graph_%d});"
                % (gid, self.vars, g.c_string(text), g.c_string("\n".join(self.program)), ", ".join(leaves), gid))

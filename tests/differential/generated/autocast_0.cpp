@@ -796,6 +796,207 @@ double autocast_graph_2084(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2088(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 4>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", tg::bf16, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<4, 4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto t = tg::param<"t", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<4>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 4>>;
+    constexpr auto e11 = tg::matmul(c, t);
+    constexpr auto e12 = tg::embedding<0>(k, t);
+    constexpr auto e13 = tg::where(tg::gt(d, a), e11, e12);
+    constexpr auto e14 = tg::elu<1.0>(e13);
+    constexpr auto e15 = tg::index_select<1>(e14, i);
+    constexpr auto e16 = tg::gather<1>(e13, j);
+    constexpr auto e17 = tg::layer_norm(t, g, h);
+    constexpr auto e18 = tg::sin(e17);
+    constexpr auto e19 = tg::concat<0>(e18, e18, e);
+    constexpr auto e20 = tg::log_sum_exp(e19);
+    constexpr auto e21 = tg::max(e11);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e18);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e20);
+    constexpr auto e26 = tg::mean(e12);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e15);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e16);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(g), region_dtype(h), region_dtype(t), region_dtype(k), region_dtype(i), region_dtype(j), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    const auto in10 = ids_of(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<float> g2(in[3].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[5].size());
+    std::vector<float> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::bind(j, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, e, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, d, e, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2092(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3, 2>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<3>>;
+    constexpr auto t = tg::param<"t", tg::bf16, tg::shape<2, 3>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<3>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 3>>;
+    constexpr auto e9 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(c, c));
+    constexpr auto e11 = tg::index_select<1>(a, i);
+    constexpr auto e12 = tg::embedding<1>(k, t);
+    constexpr auto e13 = tg::gather<1>(a, j);
+    constexpr auto e14 = tg::layer_norm(t, g, h);
+    constexpr auto e15 = tg::sin(e14);
+    constexpr auto e16 = tg::stack<1>(c, c);
+    constexpr auto e17 = tg::expm1(e16);
+    constexpr auto e18 = tg::min(e17);
+    constexpr auto e19 = tg::log_sum_exp(e9);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e15);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = (e22 + e18);
+    constexpr auto e24 = tg::mean(e11);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e12);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e13);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(t), region_dtype(k), region_dtype(i), region_dtype(j), region_dtype(e9), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = ids_of(in[7]);
+    const auto in8 = ids_of(in[8]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[4].size());
+    std::vector<tg::bf16> g5(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(t, in5, {ext[5][0], ext[5][1]}), tg::bind(k, in6, {ext[6][0]}), tg::bind(i, in7, {ext[7][0]}), tg::bind(j, in8, {ext[8][0], ext[8][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(t, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
+double autocast_graph_2096(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, 5>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<5>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<5>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<5>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<5, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto t = tg::param<"t", tg::bf16, tg::shape<5, 5>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<5>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 5>>;
+    constexpr auto e11 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(t, h));
+    constexpr auto e13 = tg::stack<1>(a, a);
+    constexpr auto e14 = tg::leaky_relu<0.01>(e13);
+    constexpr auto e15 = tg::min(e14);
+    constexpr auto e16 = tg::embedding(k, t);
+    constexpr auto e18 = tg::index_select<1>(e16, i);
+    constexpr auto e20 = tg::gather<1>(a, j);
+    constexpr auto e21 = tg::layer_norm(h, g, h);
+    constexpr auto e22 = tg::sin(e21);
+    constexpr auto e23 = tg::log_sum_exp(e22);
+    constexpr auto e24 = tg::max(e11);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e15);
+    constexpr auto e27 = tg::mean(e22);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e16);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e18);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto e33 = tg::mean(e20);
+    constexpr auto e34 = (e32 + e33);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e34);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(g), region_dtype(h), region_dtype(t), region_dtype(k), region_dtype(i), region_dtype(j), region_dtype(e11), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e18), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32), region_dtype(e33), region_dtype(e34)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    const auto in10 = ids_of(in[10]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::bind(j, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2000, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(c, tg::transpose(c));\nconstexpr auto e6 = tg::log_softmax(d);\nconstexpr auto e7 = tg::max(e6);\nconstexpr auto e8 = tg::max(e4);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
@@ -886,6 +1087,18 @@ const bool registered = [] {
                 "leaf 0 bf16\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nlinear 4 2\nlayer_norm 8 6 7\nsin 9\ncat0 1 10 10\nsoftplus 11 2.0\nmin 12\nmean 10\nadd 13 14\nadd 15 13",
                 {{"a", true, 2, {-1, -2}, 0.25, 2.0}, {"b", true, 2, {-1, 5}, -2.0, 2.0}, {"c", true, 2, {5, -2}, -2.0, 2.0}, {"d", true, 2, {-2, 5}, -2.0, 2.0}, {"e", false, 2, {-1, -2}, 0.25, 2.0}, {"f", false, 2, {1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &autocast_graph_2084});
+    r.push_back({2088, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<4, 4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto t = tg::param<\"t\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<4>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 4>>;\nconstexpr auto e11 = tg::matmul(c, t);\nconstexpr auto e12 = tg::embedding<0>(k, t);\nconstexpr auto e13 = tg::where(tg::gt(d, a), e11, e12);\nconstexpr auto e14 = tg::elu<1.0>(e13);\nconstexpr auto e15 = tg::index_select<1>(e14, i);\nconstexpr auto e16 = tg::gather<1>(e13, j);\nconstexpr auto e17 = tg::layer_norm(t, g, h);\nconstexpr auto e18 = tg::sin(e17);\nconstexpr auto e19 = tg::concat<0>(e18, e18, e);\nconstexpr auto e20 = tg::log_sum_exp(e19);\nconstexpr auto e21 = tg::max(e11);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e18);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e20);\nconstexpr auto e26 = tg::mean(e12);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e15);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e16);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nleaf 10 i64\nmatmul 2 7\nembedding 8 7 0\nwhere_gt 3 0 11 12\nelu 13 1.0\nindex_select 14 1 9\ngather 13 1 10\nlayer_norm 7 5 6\nsin 17\ncat0 18 18 4\nlse 19\nmax 11\nadd 20 21\nmean 18\nadd 22 23\nadd 24 20\nmean 12\nadd 25 26\nmean 15\nadd 27 28\nmean 16\nadd 29 30",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", false, 1, {4}, 0.25, 2.0}, {"c", true, 1, {4}, -2.0, 2.0}, {"d", true, 2, {-1, 4}, -2.0, 2.0}, {"e", true, 2, {4, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"t", true, 2, {4, 4}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 3.0, true}, {"i", false, 1, {4}, 0.0, 3.0, true}, {"j", false, 2, {-1, 4}, 0.0, 3.0, true}},
+                &autocast_graph_2088});
+    r.push_back({2092, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3, 2>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<3>>;\nconstexpr auto t = tg::param<\"t\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<3>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 3>>;\nconstexpr auto e9 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::linear(c, c));\nconstexpr auto e11 = tg::index_select<1>(a, i);\nconstexpr auto e12 = tg::embedding<1>(k, t);\nconstexpr auto e13 = tg::gather<1>(a, j);\nconstexpr auto e14 = tg::layer_norm(t, g, h);\nconstexpr auto e15 = tg::sin(e14);\nconstexpr auto e16 = tg::stack<1>(c, c);\nconstexpr auto e17 = tg::expm1(e16);\nconstexpr auto e18 = tg::min(e17);\nconstexpr auto e19 = tg::log_sum_exp(e9);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e15);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = (e22 + e18);\nconstexpr auto e24 = tg::mean(e11);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e12);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e13);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 i64\nleaf 7 i64\nleaf 8 i64\noff linear 2 2\nindex_select 0 1 7\nembedding 6 5 1\ngather 0 1 8\nlayer_norm 5 3 4\nsin 13\nstack1 2 2\nexpm1 15\nmin 16\nlse 9\nadd 17 18\nmean 14\nadd 19 20\nadd 21 17\nmean 10\nadd 22 23\nmean 11\nadd 24 25\nmean 12\nadd 26 27",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 1, {3}, -2.0, 2.0}, {"c", true, 2, {3, 2}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"t", true, 2, {2, 3}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 1.0, true}, {"i", false, 1, {3}, 0.0, 1.0, true}, {"j", false, 2, {-1, 3}, 0.0, 1.0, true}},
+                &autocast_graph_2092});
+    r.push_back({2096, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<5>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<5>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<5, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto t = tg::param<\"t\", tg::bf16, tg::shape<5, 5>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<5>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 5>>;\nconstexpr auto e11 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(t, h));\nconstexpr auto e13 = tg::stack<1>(a, a);\nconstexpr auto e14 = tg::leaky_relu<0.01>(e13);\nconstexpr auto e15 = tg::min(e14);\nconstexpr auto e16 = tg::embedding(k, t);\nconstexpr auto e18 = tg::index_select<1>(e16, i);\nconstexpr auto e20 = tg::gather<1>(a, j);\nconstexpr auto e21 = tg::layer_norm(h, g, h);\nconstexpr auto e22 = tg::sin(e21);\nconstexpr auto e23 = tg::log_sum_exp(e22);\nconstexpr auto e24 = tg::max(e11);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e15);\nconstexpr auto e27 = tg::mean(e22);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e16);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e18);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto e33 = tg::mean(e20);\nconstexpr auto e34 = (e32 + e33);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e34);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nleaf 10 i64\noff matmul 7 6\nstack1 0 0\nleaky_relu 12 0.01\nmin 13\nembedding 8 7 -1\nindex_select 15 1 9\ngather 0 1 10\nlayer_norm 6 5 6\nsin 18\nlse 19\nmax 11\nadd 20 21\nadd 22 14\nmean 19\nadd 23 24\nmean 15\nadd 25 26\nmean 16\nadd 27 28\nmean 17\nadd 29 30",
+                {{"a", true, 2, {-1, 5}, -2.0, 2.0}, {"b", true, 1, {5}, 0.25, 2.0}, {"c", true, 1, {5}, -2.0, 2.0}, {"d", false, 1, {5}, 0.25, 2.0}, {"e", true, 2, {5, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"t", true, 2, {5, 5}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 4.0, true}, {"i", false, 1, {5}, 0.0, 4.0, true}, {"j", false, 2, {-1, 5}, 0.0, 4.0, true}},
+                &autocast_graph_2096});
     return true;
 }();
 

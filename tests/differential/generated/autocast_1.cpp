@@ -775,6 +775,199 @@ double autocast_graph_2085(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2089(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<4, 4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<4>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto t = tg::param<"t", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<4>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<4>>;
+    constexpr auto e10 = tg::matmul(a, d);
+    constexpr auto e11 = tg::clamp(e10, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e12 = tg::matmul(d, e10);
+    constexpr auto e13 = tg::dropout<0.5>(c, r);
+    constexpr auto e14 = tg::min(t, e11);
+    constexpr auto e15 = tg::embedding<2>(k, t);
+    constexpr auto e16 = tg::index_select<1>(e14, i);
+    constexpr auto e17 = tg::rms_norm<1, 1e-06>(a, g);
+    constexpr auto e18 = tg::sin(e17);
+    constexpr auto e19 = tg::stack<1>(c, e15);
+    constexpr auto e20 = tg::erf(e19);
+    constexpr auto e21 = tg::min(e20);
+    constexpr auto e22 = (e21 + e12);
+    constexpr auto e23 = tg::mean(e18);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e21);
+    constexpr auto e26 = tg::mean(e13);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e15);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e16);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(r), region_dtype(t), region_dtype(k), region_dtype(i), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    std::vector<tg::bf16> g5(in[5].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2093(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 5>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", float, tg::shape<3>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<5, 3>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<3>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto t = tg::param<"t", tg::bf16, tg::shape<5, 3>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<3>>;
+    constexpr auto e10 = tg::matmul(d, t);
+    constexpr auto e13 = tg::dropout<0.25>(d, r);
+    constexpr auto e14 = tg::index_select<1>(a, i);
+    constexpr auto e16 = tg::embedding(k, t);
+    constexpr auto e17 = tg::layer_norm(t, g, h);
+    constexpr auto e18 = tg::sin(e17);
+    constexpr auto e19 = tg::stack<1>(e18, t);
+    constexpr auto e20 = tg::gelu<tg::approximate::tanh>(e19);
+    constexpr auto e21 = tg::mean(e20);
+    constexpr auto e22 = tg::log_sum_exp(e10);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e18);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e21);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e14);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e16);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(r), region_dtype(t), region_dtype(k), region_dtype(i), region_dtype(e10), region_dtype(e13), region_dtype(e14), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[3].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<float> g3(in[5].size());
+    std::vector<tg::bf16> g4(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(t, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, d, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2097(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<5, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<5, 5>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<2>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<5, 2>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto t = tg::param<"t", tg::bf16, tg::shape<2, 5>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<5>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<5>>;
+    constexpr auto e10 = tg::matmul(c, t);
+    constexpr auto e12 = (e10 + g);
+    constexpr auto e13 = tg::dropout<0.25>(e12, r);
+    constexpr auto e15 = tg::embedding<0>(k, t);
+    constexpr auto e17 = tg::index_select<1>(d, i);
+    constexpr auto e18 = tg::rms_norm<1, 1e-06>(g, g);
+    constexpr auto e19 = tg::sin(e18);
+    constexpr auto e20 = tg::concat<0>(e19, e13, h);
+    constexpr auto e21 = tg::sum(e20);
+    constexpr auto e22 = tg::mean(e19);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e21);
+    constexpr auto e25 = tg::mean(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e15);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e17);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(r), region_dtype(t), region_dtype(k), region_dtype(i), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e15), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(t, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2001, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 3>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<2>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<3>>;\nconstexpr auto e5 = tg::matmul(a, e);\nconstexpr auto e8 = tg::log_sum_exp(e);\nconstexpr auto e9 = tg::max(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
@@ -865,6 +1058,18 @@ const bool registered = [] {
                 "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\noff linear 1 3\nminimum c0.5 2\nmse 7 2\nmaximum 8 5\nrms_norm 2 4\nsin 10\ncat0 4 9 9\nsoftplus 12 1.0\nmin 13\nsum 6\nadd 14 15\nmean 11\nadd 16 17\nadd 18 14",
                 {{"a", true, 2, {-1, -2}, -2.0, 2.0}, {"b", true, 2, {-1, -2}, -2.0, 2.0}, {"c", false, 2, {-2, 4}, -2.0, 2.0}, {"d", true, 2, {4, -2}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}},
                 &autocast_graph_2085});
+    r.push_back({2089, 0, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<4, 4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<4>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto t = tg::param<\"t\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<4>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<4>>;\nconstexpr auto e10 = tg::matmul(a, d);\nconstexpr auto e11 = tg::clamp(e10, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e12 = tg::matmul(d, e10);\nconstexpr auto e13 = tg::dropout<0.5>(c, r);\nconstexpr auto e14 = tg::min(t, e11);\nconstexpr auto e15 = tg::embedding<2>(k, t);\nconstexpr auto e16 = tg::index_select<1>(e14, i);\nconstexpr auto e17 = tg::rms_norm<1, 1e-06>(a, g);\nconstexpr auto e18 = tg::sin(e17);\nconstexpr auto e19 = tg::stack<1>(c, e15);\nconstexpr auto e20 = tg::erf(e19);\nconstexpr auto e21 = tg::min(e20);\nconstexpr auto e22 = (e21 + e12);\nconstexpr auto e23 = tg::mean(e18);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e21);\nconstexpr auto e26 = tg::mean(e13);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e15);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e16);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);",
+                "leaf 0 bf16\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 i64\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nmatmul 0 3\nclamp 10 0.0 2.0\nmatmul 3 10\ndropout 2 6 0.5\nminimum 7 11\nembedding 8 7 2\nindex_select 14 1 9\nrms_norm 0 4\nsin 17\nstack1 2 15\nerf 19\nmin 20\nadd 21 12\nmean 18\nadd 22 23\nadd 24 21\nmean 13\nadd 25 26\nmean 15\nadd 27 28\nmean 16\nadd 29 30",
+                {{"a", true, 2, {4, 4}, -2.0, 2.0}, {"b", true, 1, {4}, 0.25, 2.0}, {"c", true, 2, {4, 4}, 0.25, 2.0}, {"d", true, 1, {4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"t", true, 2, {4, 4}, -2.0, 2.0}, {"k", false, 1, {4}, 0.0, 3.0, true}, {"i", false, 1, {4}, 0.0, 3.0, true}},
+                &autocast_graph_2089});
+    r.push_back({2093, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<3>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<5, 3>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<3>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto t = tg::param<\"t\", tg::bf16, tg::shape<5, 3>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<3>>;\nconstexpr auto e10 = tg::matmul(d, t);\nconstexpr auto e13 = tg::dropout<0.25>(d, r);\nconstexpr auto e14 = tg::index_select<1>(a, i);\nconstexpr auto e16 = tg::embedding(k, t);\nconstexpr auto e17 = tg::layer_norm(t, g, h);\nconstexpr auto e18 = tg::sin(e17);\nconstexpr auto e19 = tg::stack<1>(e18, t);\nconstexpr auto e20 = tg::gelu<tg::approximate::tanh>(e19);\nconstexpr auto e21 = tg::mean(e20);\nconstexpr auto e22 = tg::log_sum_exp(e10);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e18);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e21);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e14);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e16);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 i64\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nmatmul 3 7\ndropout 3 6 0.25\nindex_select 0 1 9\nembedding 8 7 -1\nlayer_norm 7 4 5\nsin 14\nstack1 15 7\ngelu_tanh 16\nmean 17\nlse 10\nadd 18 19\nmean 15\nadd 20 21\nadd 22 18\nmean 11\nadd 23 24\nmean 12\nadd 25 26\nmean 13\nadd 27 28",
+                {{"a", true, 2, {-1, 5}, -2.0, 2.0}, {"b", false, 1, {3}, -2.0, 2.0}, {"c", false, 2, {5, 3}, -2.0, 2.0}, {"d", true, 1, {5}, 0.25, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"t", true, 2, {5, 3}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 4.0, true}, {"i", false, 1, {3}, 0.0, 4.0, true}},
+                &autocast_graph_2093});
+    r.push_back({2097, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<5, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<5, 5>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<5, 2>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto t = tg::param<\"t\", tg::bf16, tg::shape<2, 5>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<5>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<5>>;\nconstexpr auto e10 = tg::matmul(c, t);\nconstexpr auto e12 = (e10 + g);\nconstexpr auto e13 = tg::dropout<0.25>(e12, r);\nconstexpr auto e15 = tg::embedding<0>(k, t);\nconstexpr auto e17 = tg::index_select<1>(d, i);\nconstexpr auto e18 = tg::rms_norm<1, 1e-06>(g, g);\nconstexpr auto e19 = tg::sin(e18);\nconstexpr auto e20 = tg::concat<0>(e19, e13, h);\nconstexpr auto e21 = tg::sum(e20);\nconstexpr auto e22 = tg::mean(e19);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e21);\nconstexpr auto e25 = tg::mean(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e15);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e17);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 i64\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nmatmul 2 7\nadd 10 4\ndropout 11 6 0.25\nembedding 8 7 0\nindex_select 3 1 9\nrms_norm 4 4\nsin 15\ncat0 16 12 5\nsum 17\nmean 16\nadd 18 19\nadd 20 18\nmean 12\nadd 21 22\nmean 13\nadd 23 24\nmean 14\nadd 25 26",
+                {{"a", true, 2, {5, 2}, 0.25, 2.0}, {"b", true, 2, {5, 5}, -2.0, 2.0}, {"c", true, 1, {2}, -2.0, 2.0}, {"d", false, 2, {5, 2}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"t", true, 2, {2, 5}, -2.0, 2.0}, {"k", false, 1, {5}, 0.0, 1.0, true}, {"i", false, 1, {5}, 0.0, 1.0, true}},
+                &autocast_graph_2097});
     return true;
 }();
 

@@ -808,6 +808,203 @@ double autocast_graph_2086(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2090(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<1, 5>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<4>>;
+    constexpr auto e = tg::input<"e", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<4, 5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 5>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto t = tg::param<"t", float, tg::shape<4, 5>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto e12 = tg::matmul(d, t);
+    constexpr auto e14 = tg::gather<1>(a, j);
+    constexpr auto e15 = tg::rms_norm<1, 1e-06>(e12, g);
+    constexpr auto e16 = tg::sin(e15);
+    constexpr auto e17 = tg::dropout<0.5>(f, r);
+    constexpr auto e19 = tg::embedding(k, t);
+    constexpr auto e20 = tg::stack<1>(e, e);
+    constexpr auto e21 = tg::max(e20);
+    constexpr auto e22 = tg::sum(e12);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e16);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e21);
+    constexpr auto e27 = tg::mean(e14);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e17);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e19);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(j), region_dtype(r), region_dtype(t), region_dtype(k), region_dtype(e12), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    const auto in10 = narrow<float>(in[10]);
+    const auto in11 = ids_of(in[11]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[5].size());
+    std::vector<float> g5(in[6].size());
+    std::vector<float> g6(in[7].size());
+    std::vector<float> g7(in[10].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(j, in8, {ext[8][0], ext[8][1]}), tg::bind(r, in9, {ext[9][0]}), tg::bind(t, in10, {ext[10][0], ext[10][1]}), tg::bind(k, in11, {ext[11][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(t, g7))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    return v;
+}
+
+double autocast_graph_2094(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<2, 4>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<4>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 4>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto t = tg::param<"t", tg::bf16, tg::shape<2, 4>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto e10 = tg::matmul(a, t);
+    constexpr auto e11 = tg::gather<1>(a, j);
+    constexpr auto e12 = tg::dropout<0.25>(e11, r);
+    constexpr auto e14 = tg::embedding<0>(k, t);
+    constexpr auto e16 = tg::layer_norm(g, g, h);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::stack<1>(t, d);
+    constexpr auto e19 = tg::gelu<tg::approximate::tanh>(e18);
+    constexpr auto e20 = tg::sum(e19);
+    constexpr auto e21 = tg::sum(e10);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e17);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e20);
+    constexpr auto e26 = tg::mean(e11);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e12);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e14);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(j), region_dtype(r), region_dtype(t), region_dtype(k), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e14), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = ids_of(in[7]);
+    const auto in8 = narrow<tg::bf16>(in[8]);
+    const auto in9 = ids_of(in[9]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    std::vector<tg::bf16> g5(in[5].size());
+    std::vector<tg::bf16> g6(in[8].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(j, in6, {ext[6][0], ext[6][1]}), tg::bind(r, in7, {ext[7][0]}), tg::bind(t, in8, {ext[8][0], ext[8][1]}), tg::bind(k, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2098(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<5, 2>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<1, 5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 5>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto t = tg::param<"t", float, tg::shape<2, 5>>;
+    constexpr auto k = tg::input<"k", std::int64_t, tg::shape<tg::dyn>>;
+    constexpr auto e9 = tg::matmul(a, t);
+    constexpr auto e10 = tg::gather<1>(a, j);
+    constexpr auto e12 = tg::dropout<0.25>(g, r);
+    constexpr auto e13 = tg::concat<0>(e10, e9, e9);
+    constexpr auto e14 = tg::max(e13);
+    constexpr auto e15 = tg::embedding<0>(k, t);
+    constexpr auto e16 = tg::layer_norm(e9, g, h);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::min(e17);
+    constexpr auto e19 = (e18 + e14);
+    constexpr auto e20 = tg::mean(e17);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e10);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e12);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e15);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e27);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(j), region_dtype(r), region_dtype(t), region_dtype(k), region_dtype(e9), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = ids_of(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[3].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(j, in5, {ext[5][0], ext[5][1]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(t, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h, t)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, g, h, t)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2002, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e7 = -d;\nconstexpr auto e9 = (e7 + tg::lit<0.25>);\nconstexpr auto e10 = tg::linear(c, c);\nconstexpr auto e11 = tg::cos(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::min(e10);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
@@ -898,6 +1095,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nmatmul 0 2\nlayer_norm 3 3 4\nsin 6\ncat0 0 0 0\nleaky_relu 8 0.01\nmean 9\nmax 5\nadd 10 11\nmean 7\nadd 12 13\nadd 14 10",
                 {{"a", true, 2, {2, -1}, -2.0, 2.0}, {"b", true, 1, {-1}, -2.0, 2.0}, {"c", true, 2, {-1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &autocast_graph_2086});
+    r.push_back({2090, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<1, 5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<4, 5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 5>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto t = tg::param<\"t\", float, tg::shape<4, 5>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn>>;\nconstexpr auto e12 = tg::matmul(d, t);\nconstexpr auto e14 = tg::gather<1>(a, j);\nconstexpr auto e15 = tg::rms_norm<1, 1e-06>(e12, g);\nconstexpr auto e16 = tg::sin(e15);\nconstexpr auto e17 = tg::dropout<0.5>(f, r);\nconstexpr auto e19 = tg::embedding(k, t);\nconstexpr auto e20 = tg::stack<1>(e, e);\nconstexpr auto e21 = tg::max(e20);\nconstexpr auto e22 = tg::sum(e12);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e16);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e21);\nconstexpr auto e27 = tg::mean(e14);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e17);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e19);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nleaf 8 i64\nleaf 9 i64\nleaf 10 f32\nleaf 11 i64\nmatmul 3 10\ngather 0 1 8\nrms_norm 12 6\nsin 14\ndropout 5 9 0.5\nembedding 11 10 -1\nstack1 4 4\nmax 18\nsum 12\nadd 19 20\nmean 15\nadd 21 22\nadd 23 19\nmean 13\nadd 24 25\nmean 16\nadd 26 27\nmean 17\nadd 28 29",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", true, 2, {1, 5}, 0.25, 2.0}, {"c", true, 1, {5}, -2.0, 2.0}, {"d", true, 1, {4}, -2.0, 2.0}, {"e", false, 2, {-1, 5}, -2.0, 2.0}, {"f", true, 2, {4, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"j", false, 2, {-1, 5}, 0.0, 3.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"t", true, 2, {4, 5}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 3.0, true}},
+                &autocast_graph_2090});
+    r.push_back({2094, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<2, 4>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<4>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 4>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto t = tg::param<\"t\", tg::bf16, tg::shape<2, 4>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn>>;\nconstexpr auto e10 = tg::matmul(a, t);\nconstexpr auto e11 = tg::gather<1>(a, j);\nconstexpr auto e12 = tg::dropout<0.25>(e11, r);\nconstexpr auto e14 = tg::embedding<0>(k, t);\nconstexpr auto e16 = tg::layer_norm(g, g, h);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::stack<1>(t, d);\nconstexpr auto e19 = tg::gelu<tg::approximate::tanh>(e18);\nconstexpr auto e20 = tg::sum(e19);\nconstexpr auto e21 = tg::sum(e10);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e17);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e20);\nconstexpr auto e26 = tg::mean(e11);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e12);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e14);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 i64\nleaf 7 i64\nleaf 8 bf16\nleaf 9 i64\nmatmul 0 8\ngather 0 1 6\ndropout 11 7 0.25\nembedding 9 8 0\nlayer_norm 4 4 5\nsin 14\nstack1 8 3\ngelu_tanh 16\nsum 17\nsum 10\nadd 18 19\nmean 15\nadd 20 21\nadd 22 18\nmean 11\nadd 23 24\nmean 12\nadd 25 26\nmean 13\nadd 27 28",
+                {{"a", true, 2, {-1, 2}, 0.25, 2.0}, {"b", true, 1, {4}, -2.0, 2.0}, {"c", true, 1, {4}, 0.25, 2.0}, {"d", true, 2, {2, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"j", false, 2, {-1, 4}, 0.0, 1.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"t", true, 2, {2, 4}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 1.0, true}},
+                &autocast_graph_2094});
+    r.push_back({2098, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<5, 2>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<1, 5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 5>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto t = tg::param<\"t\", float, tg::shape<2, 5>>;\nconstexpr auto k = tg::input<\"k\", std::int64_t, tg::shape<tg::dyn>>;\nconstexpr auto e9 = tg::matmul(a, t);\nconstexpr auto e10 = tg::gather<1>(a, j);\nconstexpr auto e12 = tg::dropout<0.25>(g, r);\nconstexpr auto e13 = tg::concat<0>(e10, e9, e9);\nconstexpr auto e14 = tg::max(e13);\nconstexpr auto e15 = tg::embedding<0>(k, t);\nconstexpr auto e16 = tg::layer_norm(e9, g, h);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::min(e17);\nconstexpr auto e19 = (e18 + e14);\nconstexpr auto e20 = tg::mean(e17);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e10);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e12);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e15);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e27);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 i64\nleaf 6 i64\nleaf 7 f32\nleaf 8 i64\nmatmul 0 7\ngather 0 1 5\ndropout 3 6 0.25\ncat0 10 9 9\nmax 12\nembedding 8 7 0\nlayer_norm 9 3 4\nsin 15\nmin 16\nadd 17 13\nmean 16\nadd 18 19\nmean 10\nadd 20 21\nmean 11\nadd 22 23\nmean 14\nadd 24 25",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {5, 2}, -2.0, 2.0}, {"c", false, 2, {1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"j", false, 2, {-1, 5}, 0.0, 1.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"t", true, 2, {2, 5}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 1.0, true}},
+                &autocast_graph_2098});
     return true;
 }();
 

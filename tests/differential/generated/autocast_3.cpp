@@ -797,6 +797,204 @@ double autocast_graph_2087(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2091(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::input<"b", tg::bf16, tg::shape<1, 3>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<3>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<3>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<3, 3>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<3>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<3>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<tg::dyn, 3>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto e12 = tg::linear(h, b);
+    constexpr auto e13 = tg::index_select<1>(e, i);
+    constexpr auto e14 = tg::gather<1>(e13, j);
+    constexpr auto e15 = tg::dropout<0.25>(a, r);
+    constexpr auto e16 = tg::rms_norm<1, 1e-06>(b, g);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::stack<1>(e15, e14);
+    constexpr auto e19 = tg::log_sum_exp(e18);
+    constexpr auto e20 = tg::sum(e12);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e17);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e19);
+    constexpr auto e25 = tg::mean(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e14);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e15);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(i), region_dtype(j), region_dtype(r), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    const auto in10 = ids_of(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[4].size());
+    std::vector<float> g2(in[5].size());
+    std::vector<float> g3(in[6].size());
+    std::vector<float> g4(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(i, in8, {ext[8][0]}), tg::bind(j, in9, {ext[9][0], ext[9][1]}), tg::bind(r, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(e, g1), tg::grad_into(f, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, e, f, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, e, f, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2095(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<2, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<2, 4>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<2, 4>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<4>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<4>>;
+    constexpr auto f = tg::input<"f", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<4>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<2, 4>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto e11 = tg::matmul(a, f);
+    constexpr auto e13 = tg::index_select<1>(e11, i);
+    constexpr auto e14 = tg::gather<1>(e13, j);
+    constexpr auto e15 = tg::dropout<0.5>(f, r);
+    constexpr auto e16 = tg::layer_norm(e11, g, h);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::stack<1>(e15, f);
+    constexpr auto e19 = tg::max(e18);
+    constexpr auto e20 = tg::mean(e11);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e17);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e19);
+    constexpr auto e25 = tg::mean(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e14);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e15);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(i), region_dtype(j), region_dtype(r), region_dtype(e11), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    const auto in10 = ids_of(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<float> g5(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(i, in8, {ext[8][0]}), tg::bind(j, in9, {ext[9][0], ext[9][1]}), tg::bind(r, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
+double autocast_graph_2099(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<5, 2>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<2, 3>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<5, 3>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<3>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<1, 3>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<5, 2>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<3>>;
+    constexpr auto i = tg::input<"i", std::int64_t, tg::shape<3>>;
+    constexpr auto j = tg::input<"j", std::int64_t, tg::shape<5, 3>>;
+    constexpr auto r = tg::input<"r", std::int64_t, tg::shape<2>>;
+    constexpr auto e11 = tg::matmul(f, b);
+    constexpr auto e12 = tg::clamp(f, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e13 = tg::index_select<1>(e12, i);
+    constexpr auto e15 = tg::gather<1>(e12, j);
+    constexpr auto e16 = tg::dropout<0.25>(e11, r);
+    constexpr auto e18 = tg::rms_norm<1, 1e-06>(d, g);
+    constexpr auto e19 = tg::sin(e18);
+    constexpr auto e20 = tg::stack<1>(f, a);
+    constexpr auto e21 = tg::sum(e20);
+    constexpr auto e22 = tg::mean(e11);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e19);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e21);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e15);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e16);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(i), region_dtype(j), region_dtype(r), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e15), region_dtype(e16), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    const auto in10 = ids_of(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    std::vector<float> g4(in[4].size());
+    std::vector<float> g5(in[5].size());
+    std::vector<tg::bf16> g6(in[6].size());
+    std::vector<tg::bf16> g7(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(i, in8, {ext[8][0]}), tg::bind(j, in9, {ext[9][0], ext[9][1]}), tg::bind(r, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(f, g5), tg::grad_into(g, g6), tg::grad_into(h, g7))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, f, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, f, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2003, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(f)));\nconstexpr auto e7 = tg::softmax(c);\nconstexpr auto e9 = -e7;\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e6);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
@@ -887,6 +1085,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nmatmul 0 2\nlayer_norm 4 3 4\nsin 6\nrms_norm 4 3\nsin 8\ncat0 0 1 0\nleaky_relu 10 0.2\nmean 11\nlse 5\nadd 12 13\nmean 7\nadd 14 15\nmean 9\nadd 16 17\nadd 18 12",
                 {{"a", true, 2, {2, -1}, -2.0, 2.0}, {"b", true, 2, {2, -1}, -2.0, 2.0}, {"c", true, 2, {-1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
                 &autocast_graph_2087});
+    r.push_back({2091, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<1, 3>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<3, 3>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<3>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<3>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<tg::dyn, 3>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto e12 = tg::linear(h, b);\nconstexpr auto e13 = tg::index_select<1>(e, i);\nconstexpr auto e14 = tg::gather<1>(e13, j);\nconstexpr auto e15 = tg::dropout<0.25>(a, r);\nconstexpr auto e16 = tg::rms_norm<1, 1e-06>(b, g);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::stack<1>(e15, e14);\nconstexpr auto e19 = tg::log_sum_exp(e18);\nconstexpr auto e20 = tg::sum(e12);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e17);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e19);\nconstexpr auto e25 = tg::mean(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e14);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e15);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nleaf 8 i64\nleaf 9 i64\nleaf 10 i64\nlinear 7 1\nindex_select 4 1 8\ngather 12 1 9\ndropout 0 10 0.25\nrms_norm 1 6\nsin 15\nstack1 14 13\nlse 17\nsum 11\nadd 18 19\nmean 16\nadd 20 21\nadd 22 18\nmean 12\nadd 23 24\nmean 13\nadd 25 26\nmean 14\nadd 27 28",
+                {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"b", false, 2, {1, 3}, 0.25, 2.0}, {"c", false, 1, {3}, 0.25, 2.0}, {"d", false, 1, {3}, 0.25, 2.0}, {"e", true, 2, {-1, 3}, -2.0, 2.0}, {"f", true, 2, {3, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"i", false, 1, {3}, 0.0, 2.0, true}, {"j", false, 2, {-1, 3}, 0.0, 2.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}},
+                &autocast_graph_2091});
+    r.push_back({2095, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<2, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<2, 4>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<2, 4>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<4>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<4>>;\nconstexpr auto f = tg::input<\"f\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<4>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<2, 4>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto e11 = tg::matmul(a, f);\nconstexpr auto e13 = tg::index_select<1>(e11, i);\nconstexpr auto e14 = tg::gather<1>(e13, j);\nconstexpr auto e15 = tg::dropout<0.5>(f, r);\nconstexpr auto e16 = tg::layer_norm(e11, g, h);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::stack<1>(e15, f);\nconstexpr auto e19 = tg::max(e18);\nconstexpr auto e20 = tg::mean(e11);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e17);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e19);\nconstexpr auto e25 = tg::mean(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e14);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e15);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 f32\nleaf 7 f32\nleaf 8 i64\nleaf 9 i64\nleaf 10 i64\nmatmul 0 5\nindex_select 11 1 8\ngather 12 1 9\ndropout 5 10 0.5\nlayer_norm 11 6 7\nsin 15\nstack1 14 5\nmax 17\nmean 11\nadd 18 19\nmean 16\nadd 20 21\nadd 22 18\nmean 12\nadd 23 24\nmean 13\nadd 25 26\nmean 14\nadd 27 28",
+                {{"a", true, 2, {2, 4}, -2.0, 2.0}, {"b", true, 2, {2, 4}, -2.0, 2.0}, {"c", true, 2, {2, 4}, 0.25, 2.0}, {"d", false, 1, {4}, -2.0, 2.0}, {"e", true, 1, {4}, -2.0, 2.0}, {"f", false, 2, {4, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"i", false, 1, {4}, 0.0, 3.0, true}, {"j", false, 2, {2, 4}, 0.0, 3.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}},
+                &autocast_graph_2095});
+    r.push_back({2099, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<5, 2>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<5, 3>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<1, 3>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<5, 2>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<3>>;\nconstexpr auto i = tg::input<\"i\", std::int64_t, tg::shape<3>>;\nconstexpr auto j = tg::input<\"j\", std::int64_t, tg::shape<5, 3>>;\nconstexpr auto r = tg::input<\"r\", std::int64_t, tg::shape<2>>;\nconstexpr auto e11 = tg::matmul(f, b);\nconstexpr auto e12 = tg::clamp(f, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e13 = tg::index_select<1>(e12, i);\nconstexpr auto e15 = tg::gather<1>(e12, j);\nconstexpr auto e16 = tg::dropout<0.25>(e11, r);\nconstexpr auto e18 = tg::rms_norm<1, 1e-06>(d, g);\nconstexpr auto e19 = tg::sin(e18);\nconstexpr auto e20 = tg::stack<1>(f, a);\nconstexpr auto e21 = tg::sum(e20);\nconstexpr auto e22 = tg::mean(e11);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e19);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e21);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e15);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e16);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 f32\nleaf 5 f32\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nleaf 10 i64\nmatmul 5 1\nclamp 5 0.0 2.0\nindex_select 12 1 8\ngather 12 1 9\ndropout 11 10 0.25\nrms_norm 3 6\nsin 16\nstack1 5 0\nsum 18\nmean 11\nadd 19 20\nmean 17\nadd 21 22\nadd 23 19\nmean 13\nadd 24 25\nmean 14\nadd 26 27\nmean 15\nadd 28 29",
+                {{"a", true, 2, {5, 2}, -2.0, 2.0}, {"b", true, 2, {2, 3}, -2.0, 2.0}, {"c", true, 2, {5, 3}, -2.0, 2.0}, {"d", true, 1, {3}, -2.0, 2.0}, {"e", true, 2, {1, 3}, -2.0, 2.0}, {"f", true, 2, {5, 2}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"i", false, 1, {3}, 0.0, 1.0, true}, {"j", false, 2, {5, 3}, 0.0, 1.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}},
+                &autocast_graph_2099});
     return true;
 }();
 
