@@ -256,12 +256,13 @@ struct bf16_unary : torch::autograd::Function<bf16_unary> {
 
 // An activation of typegrad dtype bf16 in the semantic reference (ops/activation.hpp,
 // special.hpp): the result rounded, and the VJP typegrad's composite on the rounded input, every
-// bf16 op of it rounding its result and every constant rounded to bf16 (a tg::lit takes the
-// tensor's dtype: leaky_relu's 0.01 is 0.010009765625). c0, c1: the op's constants (softplus's
-// beta, leaky_relu's slope, elu's alpha, clamp's bounds). The derivatives are written here from
+// bf16 op of it rounding its result, its constants applied in f32 (as typegrad's fused loops
+// and PyTorch's opmath do: a bf16 x times lit<0.3989...> is x * 0.39894228f rounded once; the
+// model rounded them to bf16 until graph 2081's drift showed gelu's 0.3989 differ). c0, c1:
+// the op's constants (softplus's beta, leaky_relu's slope, elu's alpha, clamp's bounds). The derivatives are written here from
 // the formulas, independently of typegrad's code.
 struct bf16_activation : torch::autograd::Function<bf16_activation> {
-    static double Rc(double c) { return double(float(typegrad::bf16(float(c)))); }
+    static double Rc(double c) { return double(float(c)); }
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, std::string op, double c0,
                                  double c1) {
         torch::Tensor out;
@@ -966,8 +967,10 @@ long diff::run_autocast_differential(long cases, long only) {
     double worst_semantic[2] = {0, 0};
     long per_policy[2] = {0, 0};
     double worst[2] = {0, 0};
+    long drifting_graphs = 0;
     for (const auto& g : graphs) {
         bool reported = false;
+        long graph_compared = 0, graph_beyond = 0;  // the drift rule per graph (below)
         for (long k = 0; k < per_graph; ++k) {
             const std::uint64_t seed = std::uint64_t(g.id) * 1000003u + std::uint64_t(k) * 7919u + 17u;
             std::mt19937_64 pick(seed);
@@ -989,6 +992,8 @@ long diff::run_autocast_differential(long cases, long only) {
             worst[policy] = std::max(worst[policy], v.worst);
             worst_semantic[policy] = std::max(worst_semantic[policy], v.worst_semantic);
             beyond_noise[policy] += v.worst_semantic > semantic_noise;
+            ++graph_compared;
+            graph_beyond += v.worst_semantic > semantic_noise;
             if (v.worst_semantic > semantic_noise && std::getenv("TYPEGRAD_DIFF_AUTOCAST_DRIFT")) {
                 // every case beyond the noise, as a reproducer (the drift rule below counts them)
                 std::printf("\nbeyond the f32 noise: autocast graph %d, case %ld, %.3g of the largest element\n", g.id, k,
@@ -1011,7 +1016,18 @@ long diff::run_autocast_differential(long cases, long only) {
                 print_reproducer(g, sv.ok ? c : small, sv.ok ? v : sv);
             }
         }
+        // Drift per graph: a rounding skipped or added in one op shows in the graphs that hold
+        // it, and the rate over all graphs dilutes it (an embedding backward accumulating in
+        // bf16 drifted 12 to 37 of 240 cases in three graphs, 0.67% of all cases). Judged where
+        // a graph has enough compared cases for a rate to mean something (large runs).
+        if (graph_compared >= 100 && double(graph_beyond) > max_beyond_noise * double(graph_compared)) {
+            std::printf("\n=== DRIFT: autocast graph %d: %ld of %ld cases differ from the semantic reference by more "
+                        "than %.3g of the tensor's largest element (at most %.0f%% may, by rounding flips) ===\n",
+                        g.id, graph_beyond, graph_compared, semantic_noise, 100 * max_beyond_noise);
+            ++drifting_graphs;
+        }
     }
+    failures += drifting_graphs;
     std::printf("\nautocast differential (cpu/bf16 against LibTorch CPU autocast): %zu graphs, %ld cases compared "
                 "(%ld same_as_forward, %ld off; skipped: %ld with a non-finite reference, %ld within rounding of a "
                 "kink), %ld failures; worst difference to LibTorch same_as_forward %.3g, off %.3g (bound %.0e; %ld "
