@@ -259,8 +259,8 @@ struct bf16_unary : torch::autograd::Function<bf16_unary> {
 // bf16 op of it rounding its result, its constants applied in f32 (as typegrad's fused loops
 // and PyTorch's opmath do: a bf16 x times lit<0.3989...> is x * 0.39894228f rounded once; the
 // model rounded them to bf16 until graph 2081's drift showed gelu's 0.3989 differ). c0, c1:
-// the op's constants (softplus's beta, leaky_relu's slope, elu's alpha, clamp's bounds). The derivatives are written here from
-// the formulas, independently of typegrad's code.
+// the op's constants (softplus's beta, leaky_relu's slope, elu's alpha, clamp's bounds). The
+// derivatives are written here from the formulas, independently of typegrad's code.
 struct bf16_activation : torch::autograd::Function<bf16_activation> {
     static double Rc(double c) { return double(float(c)); }
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, std::string op, double c0,
@@ -374,7 +374,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
     // semantic: an operand of a lower-precision op: typegrad's cast<bf16> node of an f32 node (one
     // per node: casts are CSE'd, so the cast's adjoint sums every use and rounds once), the node
     // itself if bf16; and the op's VJP rounds what it sends to it (a bf16 matmul's result).
-    std::vector<torch::Tensor> cast_nodes, widen_nodes;  // widen_nodes: see layer_norm
+    std::vector<torch::Tensor> cast_nodes, widen_nodes;  // widen_nodes: see widened
     auto lowered = [&](const std::string& tok) {
         const std::size_t k = std::stoul(tok);
         if (is_bf16_node(k)) return rg(nodes.at(k));
@@ -455,16 +455,12 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         ts >> a;
         torch::Tensor r;
         bf_op = is_bf16_node(nodes.size()) && op != "leaf";
-        if (c.special && (op == "lse" || op == "softmax" || op == "log_softmax")) {
-            // special values: weights exp(x - lse) are meaningless once lse's rounding error
-            // exceeds 1e-3 (|x| above 2^24 * 1e-3 in float): LibTorch's exp(x - lse) gives two tied
-            // 1e20s a weight of 1 each, typegrad's exp(x - max) / sum 1/2 (as the plain test)
-            const auto m = nodes.at(std::stoul(a)).detach().to(at::kDouble).abs();
-            if (m.masked_fill(~torch::isfinite(m), 0).max().item<double>() * 0x1p-24 > 1e-3) ref.ill_conditioned = true;
-        }
-        if (op == "sin" || op == "cos") {
-            // as the plain test: sin and cos of an argument whose f32 rounding error exceeds 1e-3
-            // (|x| > 1.7e4) are noise (graph 2088: layer_norm's weight -1e20, then sin)
+        // An operand whose f32 rounding error exceeds 1e-3 (|x| above 2^24 * 1e-3 = 1.7e4), as the
+        // plain test: special values through lse, softmax, log_softmax (weights exp(x - lse) are
+        // meaningless: LibTorch's exp(x - lse) gives two tied 1e20s a weight of 1 each, typegrad's
+        // exp(x - max) / sum 1/2), and sin and cos of such an argument, which are noise (graph
+        // 2088: layer_norm's weight -1e20, then sin).
+        if ((c.special && (op == "lse" || op == "softmax" || op == "log_softmax")) || op == "sin" || op == "cos") {
             const auto m = nodes.at(std::stoul(a)).detach().to(at::kDouble).abs();
             if (m.masked_fill(~torch::isfinite(m), 0).max().item<double>() * 0x1p-24 > 1e-3) ref.ill_conditioned = true;
         }
