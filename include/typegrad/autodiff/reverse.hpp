@@ -295,12 +295,12 @@ template <class Pass, class T>
 struct ref_target {
     using type = T;
 };
-template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
-struct ref_target<Pass, node_ref<false, I, V, S, K, R, C>> {
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C, class B>
+struct ref_target<Pass, node_ref<false, I, V, S, K, R, C, B>> {
     using type = typename topo_at<typename Pass::forward, I>::type;
 };
-template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
-struct ref_target<Pass, node_ref<true, I, V, S, K, R, C>>
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C, class B>
+struct ref_target<Pass, node_ref<true, I, V, S, K, R, C, B>>
     : ref_target<Pass, type_at_t<I, typename reverse_defs<Pass>::type>> {};
 
 // The seed as the reverse pass sends it: a unit seed has the output's shape (a [1, 1] loss is
@@ -387,14 +387,14 @@ template <class Pass, class T>
 struct materialize {
     using type = T;
 };
-template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
-struct materialize<Pass, node_ref<false, I, V, S, K, R, C>> : ref_target<Pass, node_ref<false, I, V, S, K, R, C>> {};
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C, class B>
+struct materialize<Pass, node_ref<false, I, V, S, K, R, C, B>> : ref_target<Pass, node_ref<false, I, V, S, K, R, C, B>> {};
 template <class Pass, std::size_t I>
 struct materialized_def {
     using type = typename materialize<Pass, type_at_t<I, typename reverse_defs<Pass>::type>>::type;
 };
-template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C>
-struct materialize<Pass, node_ref<true, I, V, S, K, R, C>> : materialized_def<Pass, I> {};
+template <class Pass, std::size_t I, class V, class S, op_kind K, bool R, bool C, class B>
+struct materialize<Pass, node_ref<true, I, V, S, K, R, C, B>> : materialized_def<Pass, I> {};
 template <class Pass, class Op, class... Cs>
 struct materialize<Pass, node<Op, Cs...>> {
     using type = desc_forced_t<node<Op, typename materialize<Pass, Cs>::type...>>;  // (see desc_forced)

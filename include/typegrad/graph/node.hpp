@@ -378,19 +378,24 @@ struct operand_metadata {
 // type spells the graph above or below it (its name, which g++ computes for each descriptor and
 // function it instantiates, would be as long as the graph: O(N^2) characters for the graph).
 // The graph algorithms resolve a reference through the tables of the reverse pass that made it
-// (autodiff/reverse.hpp's reverse_pass; graph/topo.hpp).
-template <bool Adjoint, std::size_t Index, class V, class Shape, op_kind Kind, bool RequiresGrad, bool Contiguous>
+// (autodiff/reverse.hpp's reverse_pass; graph/topo.hpp). Buf is its target's buffer type
+// (ops/op_base.hpp's buffer_t): a view of a bf16 reduction reads a float buffer, and the view
+// knows that only through its operand.
+template <class N>
+struct buffer_type;
+template <bool Adjoint, std::size_t Index, class V, class Shape, op_kind Kind, bool RequiresGrad, bool Contiguous,
+          class Buf>
 struct node_ref : operand_metadata<V, Shape, Kind, RequiresGrad, Contiguous> {
     static constexpr node_desc desc{0, hash_mix(Adjoint ? 0xAD7ull : 0xF07ull, Index), {}, false,
                                     static_cast<unsigned char>(Adjoint ? 2 : 1), Index};
 };
 template <bool Adjoint, std::size_t Index, class N>
 using node_ref_to = node_ref<Adjoint, Index, typename N::value_type, typename N::shape_type, N::kind,
-                             N::requires_grad, N::contiguous>;
+                             N::requires_grad, N::contiguous, typename buffer_type<N>::type>;
 template <class T>
 struct is_node_ref_trait : std::false_type {};
-template <bool A, std::size_t I, class V, class S, op_kind K, bool R, bool C>
-struct is_node_ref_trait<node_ref<A, I, V, S, K, R, C>> : std::true_type {};
+template <bool A, std::size_t I, class V, class S, op_kind K, bool R, bool C, class B>
+struct is_node_ref_trait<node_ref<A, I, V, S, K, R, C, B>> : std::true_type {};
 template <class T>
 concept is_node_ref_v = is_node_ref_trait<T>::value;
 

@@ -153,6 +153,10 @@ struct buffer_type<node<Op, C0, Cs...>> {
         Op::kind == op_kind::view, typename buffer_type<C0>::type,
         std::conditional_t<Op::kind == op_kind::reduce && is_reduced_precision_v<value>, float, value>>;
 };
+template <bool A, std::size_t I, class V, class S, op_kind K, bool R, bool C, class Buf>
+struct buffer_type<node_ref<A, I, V, S, K, R, C, Buf>> {
+    using type = Buf;  // its target's (graph/node.hpp)
+};
 template <class N>
 using buffer_t = typename buffer_type<N>::type;
 
