@@ -8,7 +8,7 @@
 // inputs. Environment:
 //   TYPEGRAD_DIFF_CASES=<n>   cases to draw (default 1280, both dtypes; a few are skipped)
 //   TYPEGRAD_DIFF_GRAPH=<id>  only this graph (ids from 2000: autocast graphs)
-//   TYPEGRAD_DIFF_AUTOCAST_CASES=<n>  autocast cases to draw (default 440, 5 per graph; autocast_harness.cpp)
+//   TYPEGRAD_DIFF_AUTOCAST_CASES=<n>  autocast cases to draw (default 560, 5 per graph; autocast_harness.cpp)
 //   TYPEGRAD_DIFF_SPECIAL_CASES=<n>  cases with special values (default 640, both dtypes)
 // Any mismatch fails the run (exit status 1).
 //
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "autocast_registry.hpp"
+#include "conv_reference.hpp"
 #include "dropout_mask.hpp"
 #include "graph_registry.hpp"
 #include "prod_reference.hpp"
@@ -133,37 +134,6 @@ void note_margin(reference& ref, const torch::Tensor& margin, const torch::Tenso
     const auto m = margin.detach().abs();
     const auto near = (m > 0) & (m < tol * (scale.detach().abs() + 1));
     if (near.any().item<bool>()) ref.near_kink = true;
-}
-
-// conv2d with zero padding, where a padded position takes part in no product: oneDNN's (LibTorch's
-// float CPU path) and cuDNN's convolutions, and typegrad's (ops/conv.hpp). LibTorch 1.13's double
-// CPU path (slow_conv2d) multiplies the im2col buffer's padding zeros instead, so an infinite
-// weight or gradient there gives NaN where its float path gives +-inf (docs/reliability.md,
-// finding 19): the double reference sums shifted slices, one per kernel offset, and pads the
-// partial results (which adds zeros, never multiplies them).
-torch::Tensor conv2d_without_padding_products(const torch::Tensor& x, const torch::Tensor& w, std::int64_t sh,
-                                              std::int64_t sw, std::int64_t ph, std::int64_t pw) {
-    const std::int64_t H = x.size(2), W = x.size(3), KH = w.size(2), KW = w.size(3);
-    const std::int64_t Ho = (H + 2 * ph - KH) / sh + 1, Wo = (W + 2 * pw - KW) / sw + 1;
-    // the outputs o whose input position o * s + k - p lies in [0, n)
-    auto range = [](std::int64_t k, std::int64_t s, std::int64_t p, std::int64_t n, std::int64_t outs) {
-        std::int64_t lo = 0;
-        while (lo < outs && lo * s + k - p < 0) ++lo;
-        std::int64_t hi = outs - 1;
-        while (hi >= lo && hi * s + k - p >= n) --hi;
-        return std::pair{lo, hi};
-    };
-    torch::Tensor y = torch::zeros({x.size(0), w.size(0), Ho, Wo}, x.options());
-    for (std::int64_t i = 0; i < KH; ++i)
-        for (std::int64_t j = 0; j < KW; ++j) {
-            const auto [hl, hh] = range(i, sh, ph, H, Ho);
-            const auto [wl, wh] = range(j, sw, pw, W, Wo);
-            if (hl > hh || wl > wh) continue;
-            const auto xs = x.slice(2, hl * sh + i - ph, hh * sh + i - ph + 1, sh).slice(3, wl * sw + j - pw, wh * sw + j - pw + 1, sw);
-            const auto part = torch::einsum("nchw,oc->nohw", {xs, w.select(3, j).select(2, i)});
-            y = y + torch::constant_pad_nd(part, {wl, Wo - 1 - wh, hl, Ho - 1 - hh});
-        }
-    return y;
 }
 
 reference run_torch(const diff::graph_def& g, const case_data& c, double kink_tol,
@@ -511,15 +481,15 @@ reference run_torch(const diff::graph_def& g, const case_data& c, double kink_to
             std::int64_t stride, pad;
             ts >> stride >> pad;
             const torch::Tensor bt = op == "conv1d" ? node(bias) : torch::Tensor();
-            // see conv2d_without_padding_products; float too: LibTorch 1.13's float path is not
+            // see conv2d_without_padding_products (conv_reference.hpp); float too: LibTorch 1.13's float path is not
             // always oneDNN's (graph 2230, stride 2: NaN from -inf times a padding zero, where
             // typegrad and oneDNN take no product there)
             if (pad > 0) {
                 if (op == "conv1d")
-                    r = conv2d_without_padding_products(node(a).unsqueeze(2), node(b).unsqueeze(2), 1, stride, 0, pad)
+                    r = diff::conv2d_without_padding_products(node(a).unsqueeze(2), node(b).unsqueeze(2), 1, stride, 0, pad)
                             .squeeze(2) + bt.reshape({1, -1, 1});
                 else
-                    r = conv2d_without_padding_products(node(a), node(b), stride, stride, pad, pad);
+                    r = diff::conv2d_without_padding_products(node(a), node(b), stride, stride, pad, pad);
             } else {
                 r = op == "conv1d" ? torch::conv1d(node(a), node(b), bt, stride, pad)
                                    : torch::conv2d(node(a), node(b), bt, stride, pad);
@@ -970,7 +940,7 @@ int main() {
     const long only = env_long("TYPEGRAD_DIFF_GRAPH", -1);
     if (only >= 0)
         graphs.erase(std::remove_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.id != only; }), graphs.end());
-    const long autocast_cases = env_long("TYPEGRAD_DIFF_AUTOCAST_CASES", 440);
+    const long autocast_cases = env_long("TYPEGRAD_DIFF_AUTOCAST_CASES", 560);
     if (graphs.empty() && only < 2000) {
         std::printf("no graphs\n");
         return 1;

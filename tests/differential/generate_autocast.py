@@ -22,6 +22,14 @@ std::int64_t ids k [n] into a table t [k, m] (padding index half the time), inde
 [n, k] node by ids i [m], gather<1> of an [n, k] node by ids j [n, m] (k static: the ids' range),
 and dropout<p> of any node (seed and offset in a std::int64_t input r); each keeps its operand's
 dtype (on no PyTorch CPU autocast list), its result has the graph's extents and reaches the loss.
+Graphs FIRST_CONV.. draw three of CONV_OPS each, in turn (try_conv), over views of the graph's
+2-D nodes (kk static, 2 to 5, as in the index graphs): conv1d of a [kk, m] node as [1, kk, m] by a
+weight u [kk, kk, k1] (padding (k1 - 1) / 2; a bias s [kk] half the time), squeezed back to
+[kk, m]; conv2d of any 2-D node as [1, 1, H, W] by w [3, 3] (padding 1; stride 1 squeezed back,
+stride 2 reduced); max_pool2d and avg_pool2d <3, 1, 1> of any 2-D node likewise; batch_norm of a
+[kk, m] node as [1, kk, m] (channels kk, statistics over m; weight p and bias q [kk] of one
+dtype), read through a sine as the norms. conv is lower precision (bf16 under CPU autocast), the
+pools keep their input's dtype and batch_norm promotes over input, weight and bias.
 Leaves are f32 or bf16 (ids: i64). Some matmuls of leaves sit in a nested disabled region (they run in f32,
 their backward under the step's policy). Each graph is compiled twice: with the default backward
 policy (same_as_forward) and with backward_autocast::off. The generated function reports, for
@@ -34,13 +42,16 @@ import random
 import generate as g
 
 SEED = 20261124
-GRAPHS = 100
+GRAPHS = 112
 FIRST_PROD = 40     # graphs from here on (ids FIRST_ID + 40..) also draw prod, a float op under autocast
 FIRST_ACTIVATION = 52  # graphs from here on also draw the activations (generate.ACTIVATIONS), in turn
 FIRST_MODEL = 76    # graphs from here on also draw layer_norm, rms_norm, concat<0> and stack<1> (generate.py's)
 FIRST_INDEX = 88    # graphs from here on also draw INDEX_OPS (try_index), three a graph, in turn
 INDEX_OPS = ["embedding", "index_select", "gather", "dropout"]
 INDEX_OPS_PER_GRAPH = 3
+FIRST_CONV = 100    # graphs from here on draw CONV_OPS (try_conv), three a graph, in turn (not INDEX_OPS)
+CONV_OPS = ["conv1d", "conv2d", "max_pool", "avg_pool", "batch_norm", "conv2d_s2"]
+CONV_OPS_PER_GRAPH = 3
 FIRST_ID = 2000
 UNITS = 4
 LEAF_NAMES = "abcdef"
@@ -101,7 +112,7 @@ class Graph(g.Graph):
         self.disabled_texts = set()
         self.activations_drawn = 0
         self.pending_dtype = None
-        self.index_nodes = []  # INDEX_OPS' results (graphs FIRST_INDEX..): each reaches the loss
+        self.index_nodes = []  # INDEX_OPS' and CONV_OPS' results (graphs FIRST_INDEX..): each reaches the loss
         super().__init__(gid, rng)
 
     def model(self):
@@ -109,8 +120,12 @@ class Graph(g.Graph):
         return self.gid - FIRST_ID >= FIRST_MODEL
 
     def index(self):
-        """Graphs FIRST_INDEX.. draw INDEX_OPS (try_index)."""
-        return self.gid - FIRST_ID >= FIRST_INDEX
+        """Graphs FIRST_INDEX..FIRST_CONV draw INDEX_OPS (try_index)."""
+        return FIRST_INDEX <= self.gid - FIRST_ID < FIRST_CONV
+
+    def conv(self):
+        """Graphs FIRST_CONV.. draw CONV_OPS (try_conv)."""
+        return self.gid - FIRST_ID >= FIRST_CONV
 
     def add(self, op, args, shape, lo, hi, text, program_line, refs=None):
         k = super().add(op, args, shape, lo, hi, text, program_line, refs)
@@ -154,8 +169,9 @@ class Graph(g.Graph):
             # the norms' axis is m: static and at least 3, as generate.py's (over 1 or 2 elements
             # their gradients are eps-sized differences of O(1) terms)
             dims[2] = rng.choice([3, 4, 5])
-        if self.index() and (isinstance(dims[1], str) or dims[1] < 2):
-            dims[1] = rng.choice([2, 3, 4, 5])  # the ids' range [0, k): static, two rows at least
+        if (self.index() or self.conv()) and (isinstance(dims[1], str) or dims[1] < 2):
+            # the ids' range [0, k), the channels of conv1d and batch_norm: static, two at least
+            dims[1] = rng.choice([2, 3, 4, 5])
         self.full = dims
         self.vars = sum(isinstance(d, str) for d in dims)
         # renumber the dynamic dims 0.. in order (the harness draws vars[k] for "dk")
@@ -171,6 +187,8 @@ class Graph(g.Graph):
         picked = [shapes[0]] + rng.sample(shapes[1:], count - 1)
         if self.model() and (kk, m) not in picked and (m, kk) not in picked:
             picked[-1] = (kk, m)  # a weight whose product with a has the norms' extent last
+        if self.conv() and (kk, m) not in picked:
+            picked[-1] = (kk, m)  # an operand of conv1d and batch_norm
         for i, shape in enumerate(picked):
             param = i == 0 or rng.random() < 0.7
             dt = "bf16" if rng.random() < 0.25 else "f32"
@@ -197,6 +215,8 @@ class Graph(g.Graph):
             self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
         if self.index():
             self.make_index_leaves(n, kk, m)
+        if self.conv():
+            self.make_conv_leaves(kk)
 
     def make_index_leaves(self, n, kk, m):
         """The leaves of the graph's INDEX_OPS: the table t (a param, f32 or bf16) and the ids
@@ -262,6 +282,117 @@ class Graph(g.Graph):
         if len(self.nodes) == before:
             return False
         self.index_nodes.append(len(self.nodes) - 1)
+        return True
+
+    def make_conv_leaves(self, kk):
+        """The leaves of the graph's CONV_OPS (params, operands of their op only: odd): conv1d's
+        weight u [kk, kk, k1] and bias s [kk], conv2d's weight w [3, 3], batch_norm's weight p and
+        bias q [kk] (one dtype)."""
+        rng = self.rng
+        k = self.gid - FIRST_ID - FIRST_CONV
+        self.conv_ops = [CONV_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
+        self.k1 = rng.choice([1, 3, 5])  # conv1d's kernel (padding (k1 - 1) / 2 keeps m)
+        self.conv_leaf = {}
+        self.conv_drawn = set()  # (try_op's "conv" draws them too)
+        wanted = []
+        for op in self.conv_ops:
+            pick = lambda: "bf16" if rng.random() < 0.5 else "f32"
+            if op == "conv1d":
+                wanted += [("u", (kk, kk, self.k1), -0.5, 0.5, pick()), ("s", (kk,), -0.5, 0.5, pick())]
+            elif op.startswith("conv2d") and "w" not in [w[0] for w in wanted]:
+                wanted += [("w", (3, 3), -0.5, 0.5, pick())]
+            elif op == "batch_norm":
+                dt = pick()
+                wanted += [("p", (kk,), 0.5, 1.5, dt), ("q", (kk,), -1.0, 1.0, dt)]
+        for name, shape, lo, hi, dt in wanted:
+            i = len(self.leaves)
+            self.leaves.append((name, True, shape, lo, hi, dt))
+            ext = ", ".join(str(e) for e in shape)
+            self.lines.append('constexpr auto %s = tg::param<"%s", %s, tg::shape<%s>>;' % (name, name, cpp_dtype(dt), ext))
+            self.pending_dtype = dt
+            self.add("leaf", [i], shape, lo, hi, name, "leaf %d %s" % (i, dt))
+            self.conv_leaf[name] = len(self.nodes) - 1
+            self.nodes[-1].odd = True
+
+    def try_conv(self, op):
+        """One of CONV_OPS over a view of a 2-D node; its result (squeezed back to the node's
+        shape, or reduced) reaches the loss. False where no operand fits."""
+        rng = self.rng
+        n, kk, m = self.full
+        leaf = self.conv_leaf
+        before = len(self.nodes)
+
+        def operands(shape=None, varies=False):
+            return [k for k, x in enumerate(self.nodes) if len(x.shape) == 2 and (shape is None or x.shape == shape)
+                    and not getattr(x, "odd", False) and (not varies or x.varies) and max(abs(x.lo), abs(x.hi)) <= 1e3]
+
+        four = "tg::unsqueeze<0>(tg::unsqueeze<0>(%s))"  # [H, W] as [1, 1, H, W]
+        back = "tg::squeeze<0>(tg::squeeze<0>(%s))"
+        if op == "conv1d":
+            cands = operands((kk, m))
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            p = (self.k1 - 1) // 2
+            bias = rng.random() < 0.5
+            b = kk * self.k1 * 0.5 * max(abs(x.lo), abs(x.hi)) + (0.5 if bias else 0.0)
+            self.pending_dtype = "bf16"
+            if bias:
+                self.emit("conv1d_b", [], (kk, m), (-b, b), "tg::squeeze<0>(tg::conv1d<1, %d>(tg::unsqueeze<0>(%s), u, s))"
+                          % (p, x.text), "conv1d_b %d %d %d %d" % (a, leaf["u"], leaf["s"], p), refs=[1, 2, 3])
+            else:
+                self.emit(op, [], (kk, m), (-b, b), "tg::squeeze<0>(tg::conv1d<1, %d>(tg::unsqueeze<0>(%s), u))"
+                          % (p, x.text), "conv1d %d %d %d" % (a, leaf["u"], p), refs=[1, 2])
+        elif op in ("conv2d", "conv2d_s2"):
+            cands = operands()
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            stride = 2 if op == "conv2d_s2" else 1
+            b = 9 * 0.5 * max(abs(x.lo), abs(x.hi))
+            conv = "tg::conv2d<%d, 1>(%s, %s)" % (stride, four % x.text, four % "w")
+            self.pending_dtype = "bf16"
+            # stride 2: [1, 1, (H - 1) / 2 + 1, (W - 1) / 2 + 1], reduced (odd)
+            self.emit("conv2d", [], x.shape if stride == 1 else (1, 1, "h", "w"), (-b, b),
+                      back % conv if stride == 1 else conv, "conv2d %d %d %d" % (a, leaf["w"], stride), refs=[1, 2])
+            if stride == 2 and len(self.nodes) > before:
+                self.nodes[-1].odd = True
+        elif op in ("max_pool", "avg_pool"):
+            cands = operands()
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            fn = "max_pool2d" if op == "max_pool" else "avg_pool2d"
+            bounds = (x.lo, x.hi) if op == "max_pool" else (min(x.lo, 0.0), max(x.hi, 0.0))
+            self.pending_dtype = self.node_dtype(x)
+            self.emit(fn, [], x.shape, bounds, back % ("tg::%s<3, 1, 1>(%s)" % (fn, four % x.text)), "%s %d" % (fn, a),
+                      refs=[1])
+        elif op == "batch_norm":
+            # as the norms: over a row that varies (statistics over m), through a sine
+            cands = operands((kk, m), varies=True)
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            b = 1.5 * g.math.sqrt(m) + 1.0
+            self.pending_dtype = promote(self.node_dtype(x), self.dtypes[leaf["p"]])
+            self.emit(op, [], (kk, m), (-b, b), "tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(%s), p, q))" % x.text,
+                      "batch_norm %d %d %d" % (a, leaf["p"], leaf["q"]), refs=[1, 2, 3])
+            if len(self.nodes) == before:
+                return False
+            self.nodes[-1].odd = True
+            k = len(self.nodes) - 1
+            self.pending_dtype = self.dtypes[k]
+            self.emit("sin", [k], (kk, m), (-1.0, 1.0), "tg::sin(%s)" % self.nodes[k].text, "sin %d" % k)
+        else:
+            raise ValueError(op)
+        if len(self.nodes) == before:
+            return False
+        self.index_nodes.append(len(self.nodes) - 1)
+        self.conv_drawn.add(op)
         return True
 
     def node_dtype(self, n):
@@ -400,9 +531,13 @@ class Graph(g.Graph):
             kinds, weights = kinds + ["norm", "concat"], weights + [3, 2]
         if self.index():  # more of the graph's INDEX_OPS, of computed nodes too
             kinds, weights = kinds + ["index"], weights + [2]
+        if self.conv():  # more of the graph's CONV_OPS, of computed nodes too
+            kinds, weights = kinds + ["conv"], weights + [2]
         kind = rng.choices(kinds, weights)[0]
         if kind == "index":
             return self.try_index(rng.choice(self.index_ops))
+        if kind == "conv":
+            return self.try_conv(rng.choice(self.conv_ops))
         if kind == "norm":
             return self.draw_norm()
         if kind == "concat":
@@ -430,7 +565,9 @@ class Graph(g.Graph):
                 c = rng.choice(g.ACTIVATION_PARAMS[op])
             self.activations_drawn += new
             if op == "log1p":
-                a = g.log1p_operand(self.nodes, a, rng)
+                # (conv graphs: not of the conv weights, operands of their op only)
+                ok = [x for x in self.nodes if not getattr(x, "odd", False)] if self.conv() else self.nodes
+                a = g.log1p_operand(ok, a, rng)
                 ai = self.nodes.index(a)
             bounds = g.interval(op, a, c=c)
             if bounds is None:
@@ -525,6 +662,11 @@ class Graph(g.Graph):
                 self.try_op()
             drawn = any(self.program[k].split()[0] == op for k in self.index_nodes)  # (try_op's "index")
             if not drawn and not any(self.try_index(op) for _ in range(30)):
+                raise RuntimeError("graph %d: no operand for %s" % (self.gid, op))
+        for op in getattr(self, "conv_ops", []):  # each drawn, after a few other ops
+            for _ in range(self.rng.randint(0, 2)):
+                self.try_op()
+            if op not in self.conv_drawn and not any(self.try_conv(op) for _ in range(30)):
                 raise RuntimeError("graph %d: no operand for %s" % (self.gid, op))
         tries = 0
         while len(self.nodes) - len(self.leaves) < target and tries < 300:

@@ -997,6 +997,205 @@ double autocast_graph_2096(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2100(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto c = tg::input<"c", tg::bf16, tg::shape<5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<2, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<2, 2, 1>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<2>>;
+    constexpr auto w = tg::param<"w", tg::bf16, tg::shape<3, 3>>;
+    constexpr auto e9 = tg::matmul(b, d);
+    constexpr auto e11 = tg::squeeze<0>(tg::conv1d<1, 0>(tg::unsqueeze<0>(d), u));
+    constexpr auto e12 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(b)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));
+    constexpr auto e14 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(d)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));
+    constexpr auto e15 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e14)))));
+    constexpr auto e16 = tg::layer_norm(e9, g, h);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::stack<1>(c, h);
+    constexpr auto e19 = tg::expm1(e18);
+    constexpr auto e20 = tg::min(e19);
+    constexpr auto e21 = tg::max(e9);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e17);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e20);
+    constexpr auto e26 = tg::mean(e11);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e12);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e14);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e15);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e33);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(w), region_dtype(e9), region_dtype(e11), region_dtype(e12), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32), region_dtype(e33)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = narrow<tg::bf16>(in[8]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[3].size());
+    std::vector<tg::bf16> g2(in[4].size());
+    std::vector<tg::bf16> g3(in[5].size());
+    std::vector<tg::bf16> g4(in[6].size());
+    std::vector<tg::bf16> g5(in[7].size());
+    std::vector<tg::bf16> g6(in[8].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::bind(w, in8, {ext[8][0], ext[8][1]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5), tg::grad_into(w, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, g, h, u, s, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, d, g, h, u, s, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2104(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<5>>;
+    constexpr auto e = tg::param<"e", tg::bf16, tg::shape<5, 4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<5, 5, 5>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<5>>;
+    constexpr auto w = tg::param<"w", tg::bf16, tg::shape<3, 3>>;
+    constexpr auto e10 = tg::matmul(d, e);
+    constexpr auto e11 = tg::stack<1>(b, b);
+    constexpr auto e12 = tg::max(e11);
+    constexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(e), u));
+    constexpr auto e14 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));
+    constexpr auto e15 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)))));
+    constexpr auto e16 = tg::rms_norm<1, 1e-06>(e, g);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::sum(e17);
+    constexpr auto e19 = tg::log_sum_exp(e10);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e12);
+    constexpr auto e22 = tg::mean(e17);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e13);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e14);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e15);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(w), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = narrow<tg::bf16>(in[8]);
+    const auto in9 = narrow<tg::bf16>(in[9]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    std::vector<float> g5(in[5].size());
+    std::vector<float> g6(in[6].size());
+    std::vector<float> g7(in[7].size());
+    std::vector<tg::bf16> g8(in[8].size());
+    std::vector<tg::bf16> g9(in[9].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::bind(w, in9, {ext[9][0], ext[9][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(u, g7), tg::grad_into(s, g8), tg::grad_into(w, g9))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, g, h, u, s, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    grad[8] = widen(g8);
+    grad[9] = widen(g9);
+    return v;
+}
+
+double autocast_graph_2108(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 5>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", float, tg::shape<5>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<5, 5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<5, 5, 1>>;
+    constexpr auto s = tg::param<"s", float, tg::shape<5>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<3, 3>>;
+    constexpr auto e8 = tg::matmul(c, h);
+    constexpr auto e10 = tg::squeeze<0>(tg::conv1d<1, 0>(tg::unsqueeze<0>(c), u));
+    constexpr auto e12 = tg::rms_norm<1, 1e-06>(e8, g);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));
+    constexpr auto e15 = tg::sigmoid(e13);
+    constexpr auto e17 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e14)))));
+    constexpr auto e18 = tg::concat<0>(e8, h, e15);
+    constexpr auto e19 = tg::mean(e18);
+    constexpr auto e20 = tg::mean(e13);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = (e21 + e19);
+    constexpr auto e23 = tg::mean(e10);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e14);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e17);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e28);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(w), region_dtype(e8), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[3].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<float> g3(in[5].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<float> g5(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::bind(w, in7, {ext[7][0], ext[7][1]}), tg::grad_into(a, g0), tg::grad_into(g, g1), tg::grad_into(h, g2), tg::grad_into(u, g3), tg::grad_into(s, g4), tg::grad_into(w, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, g, h, u, s, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, g, h, u, s, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2000, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(c, tg::transpose(c));\nconstexpr auto e6 = tg::log_softmax(d);\nconstexpr auto e7 = tg::max(e6);\nconstexpr auto e8 = tg::max(e4);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
@@ -1099,6 +1298,18 @@ const bool registered = [] {
                 "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nleaf 10 i64\noff matmul 7 6\nstack1 0 0\nleaky_relu 12 0.01\nmin 13\nembedding 8 7 -1\nindex_select 15 1 9\ngather 0 1 10\nlayer_norm 6 5 6\nsin 18\nlse 19\nmax 11\nadd 20 21\nadd 22 14\nmean 19\nadd 23 24\nmean 15\nadd 25 26\nmean 16\nadd 27 28\nmean 17\nadd 29 30",
                 {{"a", true, 2, {-1, 5}, -2.0, 2.0}, {"b", true, 1, {5}, 0.25, 2.0}, {"c", true, 1, {5}, -2.0, 2.0}, {"d", false, 1, {5}, 0.25, 2.0}, {"e", true, 2, {5, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"t", true, 2, {5, 5}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 4.0, true}, {"i", false, 1, {5}, 0.0, 4.0, true}, {"j", false, 2, {-1, 5}, 0.0, 4.0, true}},
                 &autocast_graph_2096});
+    r.push_back({2100, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<2, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<2, 2, 1>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<2>>;\nconstexpr auto w = tg::param<\"w\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto e9 = tg::matmul(b, d);\nconstexpr auto e11 = tg::squeeze<0>(tg::conv1d<1, 0>(tg::unsqueeze<0>(d), u));\nconstexpr auto e12 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(b)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));\nconstexpr auto e14 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(d)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));\nconstexpr auto e15 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e14)))));\nconstexpr auto e16 = tg::layer_norm(e9, g, h);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::stack<1>(c, h);\nconstexpr auto e19 = tg::expm1(e18);\nconstexpr auto e20 = tg::min(e19);\nconstexpr auto e21 = tg::max(e9);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e17);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e20);\nconstexpr auto e26 = tg::mean(e11);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e12);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e14);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e15);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e33);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 bf16\nmatmul 1 3\nconv1d 3 6 0\nconv2d 1 8 1\nconv2d 3 8 1\nmax_pool2d 12\nlayer_norm 9 4 5\nsin 14\nstack1 2 5\nexpm1 16\nmin 17\nmax 9\nadd 18 19\nmean 15\nadd 20 21\nadd 22 18\nmean 10\nadd 23 24\nmean 11\nadd 25 26\nmean 12\nadd 27 28\nmean 13\nadd 29 30",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", false, 2, {-1, 2}, -2.0, 2.0}, {"c", false, 1, {5}, -2.0, 2.0}, {"d", true, 2, {2, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {2, 2, 1}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2100});
+    r.push_back({2104, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<5>>;\nconstexpr auto e = tg::param<\"e\", tg::bf16, tg::shape<5, 4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<5, 5, 5>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<5>>;\nconstexpr auto w = tg::param<\"w\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto e10 = tg::matmul(d, e);\nconstexpr auto e11 = tg::stack<1>(b, b);\nconstexpr auto e12 = tg::max(e11);\nconstexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(e), u));\nconstexpr auto e14 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));\nconstexpr auto e15 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)))));\nconstexpr auto e16 = tg::rms_norm<1, 1e-06>(e, g);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::sum(e17);\nconstexpr auto e19 = tg::log_sum_exp(e10);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e12);\nconstexpr auto e22 = tg::mean(e17);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e13);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e14);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e15);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nleaf 8 bf16\nleaf 9 bf16\nmatmul 3 4\nstack1 1 1\nmax 11\nconv1d 4 7 2\nconv2d 0 9 1\nmax_pool2d 2\nrms_norm 4 5\nsin 16\nsum 17\nlse 10\nadd 18 19\nadd 20 12\nmean 17\nadd 21 22\nmean 13\nadd 23 24\nmean 14\nadd 25 26\nmean 15\nadd 27 28",
+                {{"a", true, 2, {-1, 5}, -2.0, 2.0}, {"b", true, 1, {4}, 0.25, 2.0}, {"c", true, 2, {-1, 5}, -2.0, 2.0}, {"d", true, 1, {5}, -2.0, 2.0}, {"e", true, 2, {5, 4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"u", true, 3, {5, 5, 5}, -0.5, 0.5}, {"s", true, 1, {5}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2104});
+    r.push_back({2108, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<5>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<5, 5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<5, 5, 1>>;\nconstexpr auto s = tg::param<\"s\", float, tg::shape<5>>;\nconstexpr auto w = tg::param<\"w\", float, tg::shape<3, 3>>;\nconstexpr auto e8 = tg::matmul(c, h);\nconstexpr auto e10 = tg::squeeze<0>(tg::conv1d<1, 0>(tg::unsqueeze<0>(c), u));\nconstexpr auto e12 = tg::rms_norm<1, 1e-06>(e8, g);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));\nconstexpr auto e15 = tg::sigmoid(e13);\nconstexpr auto e17 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e14)))));\nconstexpr auto e18 = tg::concat<0>(e8, h, e15);\nconstexpr auto e19 = tg::mean(e18);\nconstexpr auto e20 = tg::mean(e13);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = (e21 + e19);\nconstexpr auto e23 = tg::mean(e10);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e14);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e17);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e28);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nmatmul 2 4\nconv1d 2 5 0\nrms_norm 8 3\nsin 10\nconv2d 2 7 1\nsigmoid 11\nmax_pool2d 12\ncat0 8 4 13\nmean 15\nmean 11\nadd 16 17\nadd 18 16\nmean 9\nadd 19 20\nmean 12\nadd 21 22\nmean 14\nadd 23 24",
+                {{"a", true, 2, {-1, 5}, -2.0, 2.0}, {"b", false, 1, {5}, -2.0, 2.0}, {"c", false, 2, {5, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {5, 5, 1}, -0.5, 0.5}, {"s", true, 1, {5}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2108});
     return true;
 }();
 

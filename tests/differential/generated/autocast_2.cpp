@@ -1005,6 +1005,210 @@ double autocast_graph_2098(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2102(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<3, 4>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<3, 4>>;
+    constexpr auto c = tg::input<"c", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<4>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<4, 4, 5>>;
+    constexpr auto s = tg::param<"s", float, tg::shape<4>>;
+    constexpr auto w = tg::param<"w", tg::bf16, tg::shape<3, 3>>;
+    constexpr auto e8 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(b, c));
+    constexpr auto e9 = tg::expm1(b);
+    constexpr auto e10 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(c), u, s));
+    constexpr auto e11 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e8)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));
+    constexpr auto e12 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e11)))));
+    constexpr auto e13 = tg::layer_norm(e9, g, h);
+    constexpr auto e14 = tg::sin(e13);
+    constexpr auto e15 = tg::stack<1>(e12, a);
+    constexpr auto e16 = tg::log_sum_exp(e15);
+    constexpr auto e17 = tg::mean(e14);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = (e18 + e16);
+    constexpr auto e20 = tg::mean(e10);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e11);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e12);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(w), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    std::vector<float> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::bind(w, in7, {ext[7][0], ext[7][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5), tg::grad_into(w, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h, u, s, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, g, h, u, s, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2106(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::input<"b", tg::bf16, tg::shape<tg::dyn, 4>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<4>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<1, 4>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<2, 4>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<4>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<2, 2, 5>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<2>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<3, 3>>;
+    constexpr auto e10 = tg::matmul(b, g);
+    constexpr auto e11 = tg::softplus<2.0>(e);
+    constexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(e11), u, s));
+    constexpr auto e14 = tg::layer_norm(g, g, h);
+    constexpr auto e15 = tg::sin(e14);
+    constexpr auto e16 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(b)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));
+    constexpr auto e17 = tg::stack<1>(e16, e16);
+    constexpr auto e18 = tg::leaky_relu<0.2>(e17);
+    constexpr auto e19 = tg::sum(e18);
+    constexpr auto e20 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e16)))));
+    constexpr auto e21 = tg::sum(e20);
+    constexpr auto e22 = tg::max(e10);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e15);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e19);
+    constexpr auto e27 = tg::mean(e12);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e16);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e20);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(w), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = narrow<tg::bf16>(in[8]);
+    const auto in9 = narrow<float>(in[9]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[2].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<tg::bf16> g3(in[5].size());
+    std::vector<tg::bf16> g4(in[6].size());
+    std::vector<tg::bf16> g5(in[7].size());
+    std::vector<tg::bf16> g6(in[8].size());
+    std::vector<float> g7(in[9].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::bind(w, in9, {ext[9][0], ext[9][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(e, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6), tg::grad_into(w, g7))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, e, g, h, u, s, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, e, g, h, u, s, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    return v;
+}
+
+double autocast_graph_2110(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<1, 3>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<4>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto e = tg::input<"e", float, tg::shape<3, 4>>;
+    constexpr auto f = tg::param<"f", tg::bf16, tg::shape<4, 3>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<3>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<4, 4, 5>>;
+    constexpr auto s = tg::param<"s", float, tg::shape<4>>;
+    constexpr auto w = tg::param<"w", tg::bf16, tg::shape<3, 3>>;
+    constexpr auto e11 = tg::matmul(c, tg::transpose(e));
+    constexpr auto e12 = tg::relu(b);
+    constexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(f), u));
+    constexpr auto e14 = tg::concat<0>(e13, e13, e13);
+    constexpr auto e15 = tg::min(e14);
+    constexpr auto e17 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(f)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));
+    constexpr auto e19 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e12)))));
+    constexpr auto e20 = tg::layer_norm(f, g, h);
+    constexpr auto e21 = tg::sin(e20);
+    constexpr auto e22 = tg::min(e21);
+    constexpr auto e23 = tg::log_sum_exp(e11);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e15);
+    constexpr auto e26 = tg::mean(e21);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e13);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e17);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e19);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e33);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(w), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e17), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32), region_dtype(e33)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = narrow<float>(in[8]);
+    const auto in9 = narrow<float>(in[9]);
+    const auto in10 = narrow<tg::bf16>(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[5].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<float> g5(in[7].size());
+    std::vector<float> g6(in[8].size());
+    std::vector<float> g7(in[9].size());
+    std::vector<tg::bf16> g8(in[10].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(u, in8, {ext[8][0], ext[8][1], ext[8][2]}), tg::bind(s, in9, {ext[9][0]}), tg::bind(w, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(f, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(u, g6), tg::grad_into(s, g7), tg::grad_into(w, g8))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, f, g, h, u, s, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, f, g, h, u, s, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    grad[8] = widen(g8);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2002, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e7 = -d;\nconstexpr auto e9 = (e7 + tg::lit<0.25>);\nconstexpr auto e10 = tg::linear(c, c);\nconstexpr auto e11 = tg::cos(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::min(e10);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
@@ -1107,6 +1311,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 i64\nleaf 6 i64\nleaf 7 f32\nleaf 8 i64\nmatmul 0 7\ngather 0 1 5\ndropout 3 6 0.25\ncat0 10 9 9\nmax 12\nembedding 8 7 0\nlayer_norm 9 3 4\nsin 15\nmin 16\nadd 17 13\nmean 16\nadd 18 19\nmean 10\nadd 20 21\nmean 11\nadd 22 23\nmean 14\nadd 24 25",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {5, 2}, -2.0, 2.0}, {"c", false, 2, {1, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"j", false, 2, {-1, 5}, 0.0, 1.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"t", true, 2, {2, 5}, -2.0, 2.0}, {"k", false, 1, {-1}, 0.0, 1.0, true}},
                 &autocast_graph_2098});
+    r.push_back({2102, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 4>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<3, 4>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<4>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<4, 4, 5>>;\nconstexpr auto s = tg::param<\"s\", float, tg::shape<4>>;\nconstexpr auto w = tg::param<\"w\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto e8 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(b, c));\nconstexpr auto e9 = tg::expm1(b);\nconstexpr auto e10 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(c), u, s));\nconstexpr auto e11 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e8)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));\nconstexpr auto e12 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e11)))));\nconstexpr auto e13 = tg::layer_norm(e9, g, h);\nconstexpr auto e14 = tg::sin(e13);\nconstexpr auto e15 = tg::stack<1>(e12, a);\nconstexpr auto e16 = tg::log_sum_exp(e15);\nconstexpr auto e17 = tg::mean(e14);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = (e18 + e16);\nconstexpr auto e20 = tg::mean(e10);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e11);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e12);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 f32\nleaf 7 bf16\noff matmul 1 2\nexpm1 1\nconv1d_b 2 5 6 2\nconv2d 8 7 1\nmax_pool2d 11\nlayer_norm 9 3 4\nsin 13\nstack1 12 0\nlse 15\nmean 14\nadd 16 17\nadd 18 16\nmean 10\nadd 19 20\nmean 11\nadd 21 22\nmean 12\nadd 23 24",
+                {{"a", true, 2, {3, 4}, -2.0, 2.0}, {"b", true, 2, {3, 4}, -2.0, 2.0}, {"c", false, 2, {4, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"u", true, 3, {4, 4, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2102});
+    r.push_back({2106, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::input<\"b\", tg::bf16, tg::shape<tg::dyn, 4>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<4>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, 4>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<2, 4>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<4>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<2, 2, 5>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<2>>;\nconstexpr auto w = tg::param<\"w\", float, tg::shape<3, 3>>;\nconstexpr auto e10 = tg::matmul(b, g);\nconstexpr auto e11 = tg::softplus<2.0>(e);\nconstexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(e11), u, s));\nconstexpr auto e14 = tg::layer_norm(g, g, h);\nconstexpr auto e15 = tg::sin(e14);\nconstexpr auto e16 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(b)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));\nconstexpr auto e17 = tg::stack<1>(e16, e16);\nconstexpr auto e18 = tg::leaky_relu<0.2>(e17);\nconstexpr auto e19 = tg::sum(e18);\nconstexpr auto e20 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e16)))));\nconstexpr auto e21 = tg::sum(e20);\nconstexpr auto e22 = tg::max(e10);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e15);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e19);\nconstexpr auto e27 = tg::mean(e12);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e16);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e20);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 bf16\nleaf 9 f32\nmatmul 1 5\nsoftplus 4 2.0\nconv1d_b 11 7 8 2\nlayer_norm 5 5 6\nsin 13\nconv2d 1 9 1\nstack1 15 15\nleaky_relu 16 0.2\nsum 17\nmax_pool2d 15\nsum 19\nmax 10\nadd 20 21\nmean 14\nadd 22 23\nadd 24 18\nmean 12\nadd 25 26\nmean 15\nadd 27 28\nmean 19\nadd 29 30",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", false, 2, {-1, 4}, -2.0, 2.0}, {"c", true, 1, {4}, -2.0, 2.0}, {"d", false, 2, {1, 4}, 0.25, 2.0}, {"e", true, 2, {2, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"u", true, 3, {2, 2, 5}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2106});
+    r.push_back({2110, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<1, 3>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<4>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto e = tg::input<\"e\", float, tg::shape<3, 4>>;\nconstexpr auto f = tg::param<\"f\", tg::bf16, tg::shape<4, 3>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<3>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<4, 4, 5>>;\nconstexpr auto s = tg::param<\"s\", float, tg::shape<4>>;\nconstexpr auto w = tg::param<\"w\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto e11 = tg::matmul(c, tg::transpose(e));\nconstexpr auto e12 = tg::relu(b);\nconstexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2>(tg::unsqueeze<0>(f), u));\nconstexpr auto e14 = tg::concat<0>(e13, e13, e13);\nconstexpr auto e15 = tg::min(e14);\nconstexpr auto e17 = tg::squeeze<0>(tg::squeeze<0>(tg::conv2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(f)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)))));\nconstexpr auto e19 = tg::squeeze<0>(tg::squeeze<0>(tg::max_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e12)))));\nconstexpr auto e20 = tg::layer_norm(f, g, h);\nconstexpr auto e21 = tg::sin(e20);\nconstexpr auto e22 = tg::min(e21);\nconstexpr auto e23 = tg::log_sum_exp(e11);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e15);\nconstexpr auto e26 = tg::mean(e21);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e13);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e17);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e19);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e33);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 f32\nleaf 7 f32\nleaf 8 f32\nleaf 9 f32\nleaf 10 bf16\nmatmul_t 2 4\nrelu 1\nconv1d 5 8 2\ncat0 13 13 13\nmin 14\nconv2d 5 10 1\nmax_pool2d 12\nlayer_norm 5 6 7\nsin 18\nmin 19\nlse 11\nadd 20 21\nadd 22 15\nmean 19\nadd 23 24\nmean 13\nadd 25 26\nmean 16\nadd 27 28\nmean 17\nadd 29 30",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", true, 2, {1, 3}, -2.0, 2.0}, {"c", true, 1, {4}, -2.0, 2.0}, {"d", false, 2, {-1, 4}, -2.0, 2.0}, {"e", false, 2, {3, 4}, 0.25, 2.0}, {"f", true, 2, {4, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"u", true, 3, {4, 4, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2110});
     return true;
 }();
 

@@ -995,6 +995,208 @@ double autocast_graph_2099(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2103(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", float, tg::shape<3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3, 4>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<4>>;
+    constexpr auto p = tg::param<"p", tg::bf16, tg::shape<3>>;
+    constexpr auto q = tg::param<"q", tg::bf16, tg::shape<3>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<3, 3>>;
+    constexpr auto e9 = tg::matmul(a, c);
+    constexpr auto e10 = tg::squeeze<0>(tg::squeeze<0>(tg::avg_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)))));
+    constexpr auto e12 = tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(c), p, q));
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e15 = tg::conv2d<2, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)));
+    constexpr auto e16 = tg::layer_norm(d, g, h);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::concat<0>(e17, h, e17);
+    constexpr auto e19 = tg::max(e18);
+    constexpr auto e20 = tg::max(e9);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e17);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e19);
+    constexpr auto e25 = tg::mean(e10);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e15);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(p), region_dtype(q), region_dtype(w), region_dtype(e9), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = narrow<float>(in[8]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    std::vector<float> g7(in[8].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(p, in6, {ext[6][0]}), tg::bind(q, in7, {ext[7][0]}), tg::bind(w, in8, {ext[8][0], ext[8][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(p, g5), tg::grad_into(q, g6), tg::grad_into(w, g7))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, g, h, p, q, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, d, g, h, p, q, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    return v;
+}
+
+double autocast_graph_2107(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3, 4>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<3>>;
+    constexpr auto p = tg::param<"p", float, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", float, tg::shape<4>>;
+    constexpr auto w = tg::param<"w", float, tg::shape<3, 3>>;
+    constexpr auto e8 = tg::matmul(a, tg::transpose(c));
+    constexpr auto e11 = tg::squeeze<0>(tg::squeeze<0>(tg::avg_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e8)))));
+    constexpr auto e12 = tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(b), p, q));
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::conv2d<2, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e8)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)));
+    constexpr auto e15 = tg::rms_norm<1, 1e-06>(h, g);
+    constexpr auto e16 = tg::sin(e15);
+    constexpr auto e17 = tg::concat<0>(e13, e13, e13);
+    constexpr auto e18 = tg::elu<1.0>(e17);
+    constexpr auto e19 = tg::max(e18);
+    constexpr auto e20 = tg::max(e8);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e16);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e19);
+    constexpr auto e25 = tg::mean(e11);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e14);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(p), region_dtype(q), region_dtype(w), region_dtype(e8), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    std::vector<float> g5(in[5].size());
+    std::vector<float> g6(in[6].size());
+    std::vector<float> g7(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(p, in5, {ext[5][0]}), tg::bind(q, in6, {ext[6][0]}), tg::bind(w, in7, {ext[7][0], ext[7][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(p, g5), tg::grad_into(q, g6), tg::grad_into(w, g7))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, p, q, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, p, q, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    return v;
+}
+
+double autocast_graph_2111(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<5, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<4, 3>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", tg::bf16, tg::shape<3>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<5, 3>>;
+    [[maybe_unused]] constexpr auto f = tg::input<"f", float, tg::shape<1, 3>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<3>>;
+    constexpr auto p = tg::param<"p", float, tg::shape<4>>;
+    constexpr auto q = tg::param<"q", float, tg::shape<4>>;
+    constexpr auto w = tg::param<"w", tg::bf16, tg::shape<3, 3>>;
+    constexpr auto e11 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(h, h));
+    constexpr auto e13 = tg::squeeze<0>(tg::squeeze<0>(tg::avg_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)))));
+    constexpr auto e15 = tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(c), p, q));
+    constexpr auto e16 = tg::sin(e15);
+    constexpr auto e18 = tg::conv2d<2, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)));
+    constexpr auto e19 = tg::rms_norm<1, 1e-06>(c, g);
+    constexpr auto e20 = tg::sin(e19);
+    constexpr auto e21 = tg::stack<1>(e20, e13);
+    constexpr auto e22 = tg::log_sum_exp(e21);
+    constexpr auto e23 = (e22 + e11);
+    constexpr auto e24 = tg::mean(e20);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e22);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e16);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e18);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(p), region_dtype(q), region_dtype(w), region_dtype(e11), region_dtype(e13), region_dtype(e15), region_dtype(e16), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = narrow<float>(in[8]);
+    const auto in9 = narrow<float>(in[9]);
+    const auto in10 = narrow<tg::bf16>(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<float> g5(in[7].size());
+    std::vector<float> g6(in[8].size());
+    std::vector<float> g7(in[9].size());
+    std::vector<tg::bf16> g8(in[10].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(p, in8, {ext[8][0]}), tg::bind(q, in9, {ext[9][0]}), tg::bind(w, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(p, g6), tg::grad_into(q, g7), tg::grad_into(w, g8))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h, p, q, w)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, g, h, p, q, w)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    grad[8] = widen(g8);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2003, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(f)));\nconstexpr auto e7 = tg::softmax(c);\nconstexpr auto e9 = -e7;\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e6);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
@@ -1097,6 +1299,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 bf16\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 f32\nleaf 5 f32\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nleaf 10 i64\nmatmul 5 1\nclamp 5 0.0 2.0\nindex_select 12 1 8\ngather 12 1 9\ndropout 11 10 0.25\nrms_norm 3 6\nsin 16\nstack1 5 0\nsum 18\nmean 11\nadd 19 20\nmean 17\nadd 21 22\nadd 23 19\nmean 13\nadd 24 25\nmean 14\nadd 26 27\nmean 15\nadd 28 29",
                 {{"a", true, 2, {5, 2}, -2.0, 2.0}, {"b", true, 2, {2, 3}, -2.0, 2.0}, {"c", true, 2, {5, 3}, -2.0, 2.0}, {"d", true, 1, {3}, -2.0, 2.0}, {"e", true, 2, {1, 3}, -2.0, 2.0}, {"f", true, 2, {5, 2}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"i", false, 1, {3}, 0.0, 1.0, true}, {"j", false, 2, {5, 3}, 0.0, 1.0, true}, {"r", false, 1, {2}, 0.0, 1000000.0, true}},
                 &autocast_graph_2099});
+    r.push_back({2103, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3, 4>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<4>>;\nconstexpr auto p = tg::param<\"p\", tg::bf16, tg::shape<3>>;\nconstexpr auto q = tg::param<\"q\", tg::bf16, tg::shape<3>>;\nconstexpr auto w = tg::param<\"w\", float, tg::shape<3, 3>>;\nconstexpr auto e9 = tg::matmul(a, c);\nconstexpr auto e10 = tg::squeeze<0>(tg::squeeze<0>(tg::avg_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)))));\nconstexpr auto e12 = tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(c), p, q));\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e15 = tg::conv2d<2, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)));\nconstexpr auto e16 = tg::layer_norm(d, g, h);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::concat<0>(e17, h, e17);\nconstexpr auto e19 = tg::max(e18);\nconstexpr auto e20 = tg::max(e9);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e17);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e19);\nconstexpr auto e25 = tg::mean(e10);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e15);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 f32\nmatmul 0 2\navg_pool2d 0\nbatch_norm 2 6 7\nsin 11\nconv2d 0 8 2\nlayer_norm 3 4 5\nsin 14\ncat0 15 5 15\nmax 16\nmax 9\nadd 17 18\nmean 15\nadd 19 20\nadd 21 17\nmean 10\nadd 22 23\nmean 12\nadd 24 25\nmean 13\nadd 26 27",
+                {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"b", false, 1, {3}, -2.0, 2.0}, {"c", true, 2, {3, 4}, 0.25, 2.0}, {"d", true, 1, {4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"p", true, 1, {3}, 0.5, 1.5}, {"q", true, 1, {3}, -1.0, 1.0}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2103});
+    r.push_back({2107, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3, 4>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<3>>;\nconstexpr auto p = tg::param<\"p\", float, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", float, tg::shape<4>>;\nconstexpr auto w = tg::param<\"w\", float, tg::shape<3, 3>>;\nconstexpr auto e8 = tg::matmul(a, tg::transpose(c));\nconstexpr auto e11 = tg::squeeze<0>(tg::squeeze<0>(tg::avg_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e8)))));\nconstexpr auto e12 = tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(b), p, q));\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::conv2d<2, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e8)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)));\nconstexpr auto e15 = tg::rms_norm<1, 1e-06>(h, g);\nconstexpr auto e16 = tg::sin(e15);\nconstexpr auto e17 = tg::concat<0>(e13, e13, e13);\nconstexpr auto e18 = tg::elu<1.0>(e17);\nconstexpr auto e19 = tg::max(e18);\nconstexpr auto e20 = tg::max(e8);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e16);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e19);\nconstexpr auto e25 = tg::mean(e11);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e14);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nmatmul_t 0 2\navg_pool2d 8\nbatch_norm 1 5 6\nsin 10\nconv2d 8 7 2\nrms_norm 4 3\nsin 13\ncat0 11 11 11\nelu 15 1.0\nmax 16\nmax 8\nadd 17 18\nmean 14\nadd 19 20\nadd 21 17\nmean 9\nadd 22 23\nmean 11\nadd 24 25\nmean 12\nadd 26 27",
+                {{"a", true, 2, {-1, 4}, 0.25, 2.0}, {"b", true, 2, {4, 3}, -2.0, 2.0}, {"c", true, 2, {3, 4}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2107});
+    r.push_back({2111, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<5, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<4, 3>>;\nconstexpr auto d = tg::input<\"d\", tg::bf16, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<5, 3>>;\nconstexpr auto f = tg::input<\"f\", float, tg::shape<1, 3>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<3>>;\nconstexpr auto p = tg::param<\"p\", float, tg::shape<4>>;\nconstexpr auto q = tg::param<\"q\", float, tg::shape<4>>;\nconstexpr auto w = tg::param<\"w\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto e11 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(h, h));\nconstexpr auto e13 = tg::squeeze<0>(tg::squeeze<0>(tg::avg_pool2d<3, 1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)))));\nconstexpr auto e15 = tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(c), p, q));\nconstexpr auto e16 = tg::sin(e15);\nconstexpr auto e18 = tg::conv2d<2, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(e)), tg::unsqueeze<0>(tg::unsqueeze<0>(w)));\nconstexpr auto e19 = tg::rms_norm<1, 1e-06>(c, g);\nconstexpr auto e20 = tg::sin(e19);\nconstexpr auto e21 = tg::stack<1>(e20, e13);\nconstexpr auto e22 = tg::log_sum_exp(e21);\nconstexpr auto e23 = (e22 + e11);\nconstexpr auto e24 = tg::mean(e20);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e22);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e16);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e18);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nleaf 8 f32\nleaf 9 f32\nleaf 10 bf16\noff matmul 7 7\navg_pool2d 2\nbatch_norm 2 8 9\nsin 13\nconv2d 4 10 2\nrms_norm 2 6\nsin 16\nstack1 17 12\nlse 18\nadd 19 11\nmean 17\nadd 20 21\nadd 22 19\nmean 12\nadd 23 24\nmean 14\nadd 25 26\nmean 15\nadd 27 28",
+                {{"a", true, 2, {5, 4}, 0.25, 2.0}, {"b", true, 1, {4}, -2.0, 2.0}, {"c", true, 2, {4, 3}, 0.25, 2.0}, {"d", false, 1, {3}, 0.25, 2.0}, {"e", true, 2, {5, 3}, -2.0, 2.0}, {"f", false, 2, {1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
+                &autocast_graph_2111});
     return true;
 }();
 
