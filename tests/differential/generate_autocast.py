@@ -322,18 +322,22 @@ class Graph(g.Graph):
         leaf = self.conv_leaf
         before = len(self.nodes)
 
-        def operands(shape=None, varies=False):
-            return [k for k, x in enumerate(self.nodes) if len(x.shape) == 2 and (shape is None or x.shape == shape)
-                    and not getattr(x, "odd", False) and (not varies or x.varies) and max(abs(x.lo), abs(x.hi)) <= 1e3]
+        def operand(shape=None, varies=False):
+            """A 2-D node (of `shape`, varying along its last axis if asked) and its index, or None."""
+            cands = [k for k, x in enumerate(self.nodes) if len(x.shape) == 2 and (shape is None or x.shape == shape)
+                     and not getattr(x, "odd", False) and (not varies or x.varies) and max(abs(x.lo), abs(x.hi)) <= 1e3]
+            if not cands:
+                return None
+            a = rng.choice(cands)
+            return a, self.nodes[a]
 
         four = "tg::unsqueeze<0>(tg::unsqueeze<0>(%s))"  # [H, W] as [1, 1, H, W]
         back = "tg::squeeze<0>(tg::squeeze<0>(%s))"
         if op == "conv1d":
-            cands = operands((kk, m))
-            if not cands:
+            picked = operand((kk, m))
+            if picked is None:
                 return False
-            a = rng.choice(cands)
-            x = self.nodes[a]
+            a, x = picked
             p = (self.k1 - 1) // 2
             bias = rng.random() < 0.5
             b = kk * self.k1 * 0.5 * max(abs(x.lo), abs(x.hi)) + (0.5 if bias else 0.0)
@@ -345,11 +349,10 @@ class Graph(g.Graph):
                 self.emit(op, [], (kk, m), (-b, b), "tg::squeeze<0>(tg::conv1d<1, %d>(tg::unsqueeze<0>(%s), u))"
                           % (p, x.text), "conv1d %d %d %d" % (a, leaf["u"], p), refs=[1, 2])
         elif op in ("conv2d", "conv2d_s2"):
-            cands = operands()
-            if not cands:
+            picked = operand()
+            if picked is None:
                 return False
-            a = rng.choice(cands)
-            x = self.nodes[a]
+            a, x = picked
             stride = 2 if op == "conv2d_s2" else 1
             b = 9 * 0.5 * max(abs(x.lo), abs(x.hi))
             conv = "tg::conv2d<%d, 1>(%s, %s)" % (stride, four % x.text, four % "w")
@@ -360,11 +363,10 @@ class Graph(g.Graph):
             if stride == 2 and len(self.nodes) > before:
                 self.nodes[-1].odd = True
         elif op in ("max_pool", "avg_pool"):
-            cands = operands()
-            if not cands:
+            picked = operand()
+            if picked is None:
                 return False
-            a = rng.choice(cands)
-            x = self.nodes[a]
+            a, x = picked
             fn = "max_pool2d" if op == "max_pool" else "avg_pool2d"
             bounds = (x.lo, x.hi) if op == "max_pool" else (min(x.lo, 0.0), max(x.hi, 0.0))
             self.pending_dtype = self.node_dtype(x)
@@ -372,11 +374,10 @@ class Graph(g.Graph):
                       refs=[1])
         elif op == "batch_norm":
             # as the norms: over a row that varies (statistics over m), through a sine
-            cands = operands((kk, m), varies=True)
-            if not cands:
+            picked = operand((kk, m), varies=True)
+            if picked is None:
                 return False
-            a = rng.choice(cands)
-            x = self.nodes[a]
+            a, x = picked
             b = 1.5 * g.math.sqrt(m) + 1.0
             self.pending_dtype = promote(self.node_dtype(x), self.dtypes[leaf["p"]])
             self.emit(op, [], (kk, m), (-b, b), "tg::squeeze<0>(tg::batch_norm(tg::unsqueeze<0>(%s), p, q))" % x.text,
