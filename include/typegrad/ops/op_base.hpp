@@ -146,12 +146,14 @@ struct buffer_type {
 template <class Op, class X>
     requires alias_op<Op>
 struct buffer_type<node<Op, X>> : buffer_type<X> {};
+// (Lazily: only a view reads its operand's, so that a deep chain of other ops does not recurse;
+// graph/node.hpp's node_ref_to asks for the root's.)
 template <class Op, class C0, class... Cs>
 struct buffer_type<node<Op, C0, Cs...>> {
     using value = storage_t<typename node<Op, C0, Cs...>::value_type>;
-    using type = std::conditional_t<
-        Op::kind == op_kind::view, typename buffer_type<C0>::type,
-        std::conditional_t<Op::kind == op_kind::reduce && is_reduced_precision_v<value>, float, value>>;
+    using type = typename std::conditional_t<
+        Op::kind == op_kind::view, buffer_type<C0>,
+        std::type_identity<std::conditional_t<Op::kind == op_kind::reduce && is_reduced_precision_v<value>, float, value>>>::type;
 };
 template <bool A, std::size_t I, class V, class S, op_kind K, bool R, bool C, class Buf>
 struct buffer_type<node_ref<A, I, V, S, K, R, C, Buf>> {
