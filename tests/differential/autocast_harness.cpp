@@ -213,6 +213,18 @@ struct round_bf16_grad : torch::autograd::Function<round_bf16_grad> {
     }
 };
 
+// The value of one tensor with the gradient of another: value_of_grad_of(v, t) is v, and passes
+// its incoming gradient to t. (t + (v - t).detach() is NaN wherever t is infinite: graph 2096's
+// disabled matmul, whose +inf row then tied with its NaN row in max and took half the gradient.)
+struct value_of_grad_of : torch::autograd::Function<value_of_grad_of> {
+    static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& value, const torch::Tensor&) {
+        return value.clone();
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+        return {torch::Tensor(), g[0]};
+    }
+};
+
 // A unary op of typegrad dtype bf16 in the semantic reference: the result rounded, and the VJP
 // typegrad's formula (ops/exp_log.hpp, trig.hpp, piecewise.hpp) on the rounded result, each of
 // its bf16 ops rounding (tanh: g (1 - out out) is three roundings; LibTorch's fused tanh_backward
@@ -766,7 +778,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                     torch::NoGradGuard no_grad;
                     plain = product(node(a), node(b));
                 }
-                r = lowered + (plain - lowered).detach();
+                r = value_of_grad_of::apply(plain, lowered);
                 if (bias) r = (bf_op ? rg(rnd(r)) : r) + node(x);  // two ops, as above
             }
             if (semantic && !vectors && !bias && (nodes.at(std::stoul(a)).dim() == 1 || nodes.at(std::stoul(b)).dim() == 1)) {
