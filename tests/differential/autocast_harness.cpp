@@ -176,6 +176,12 @@ struct ac_reference {
     long zero_dim = 0, where_cond = 0, mixed_norm = 0;  // nodes where the program follows typegrad's rule
 };
 
+// The largest finite |element| (special values: NaN and inf are compared by class, not by scale).
+double finite_abs_max(const torch::Tensor& t) {
+    const auto m = t.detach().to(at::kDouble).abs();
+    return m.masked_fill(~torch::isfinite(m), 0).max().item<double>();
+}
+
 void note_margin(ac_reference& ref, const torch::Tensor& margin, const torch::Tensor& scale) {
     const auto m = margin.detach().to(at::kDouble).abs();
     const auto near = (m > 0) & (m < kink_tol * (scale.detach().to(at::kDouble).abs() + 1));
@@ -463,6 +469,31 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         const auto fin = torch::isfinite(v);
         if ((fin & (v >= 1e15)).any().item<bool>() && (fin & (v <= -1e15)).any().item<bool>()) ref.ill_conditioned = true;
     };
+    // special values: the largest product inside a matmul's or convolution's sums (forward and
+    // backward), which no node shows (overflow), and cancellations in its operands
+    auto note_products = [&](const torch::Tensor& p, const torch::Tensor& q) {
+        if (!c.special) return;
+        ref.product_magnitude = std::max(ref.product_magnitude, finite_abs_max(p) * finite_abs_max(q));
+        note_cancellation(p);
+        note_cancellation(q);
+    };
+    // A norm's input, weight and bias of mixed dtypes: LibTorch 1.13's CPU layer_norm and
+    // batch_norm reject them; the program follows typegrad's promotion and counts the node.
+    auto follow_norm_promotion = [&](torch::Tensor& v, torch::Tensor& w, torch::Tensor& s) {
+        if (exact || (v.scalar_type() == w.scalar_type() && v.scalar_type() == s.scalar_type())) return;
+        ++ref.mixed_norm;
+        const auto want = tg_promote({v.scalar_type(), w.scalar_type(), s.scalar_type()});
+        v = v.to(want);
+        w = w.to(want);
+        s = s.to(want);
+    };
+    // special values: the squares of a norm's centred values overflow f32 where the f64
+    // reference's do not
+    auto note_square_overflow = [&](const torch::Tensor& v) {
+        if (!c.special) return;
+        const double big = 2 * finite_abs_max(v);
+        if (big * big > double(std::numeric_limits<float>::max()) / 16) ref.ill_conditioned = true;
+    };
     // The tensor operands of an elementwise op, cast to the dtype typegrad gives the op where
     // PyTorch's own promotion (`natural`) gives another; counted by the reason.
     auto align = [&](torch::Tensor& p, torch::Tensor& q, at::ScalarType natural, at::ScalarType want, long& reason) {
@@ -493,8 +524,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         // exp(x - max) / sum 1/2), and sin and cos of such an argument, which are noise (graph
         // 2088: layer_norm's weight -1e20, then sin).
         if ((c.special && (op == "lse" || op == "softmax" || op == "log_softmax")) || op == "sin" || op == "cos") {
-            const auto m = nodes.at(std::stoul(a)).detach().to(at::kDouble).abs();
-            if (m.masked_fill(~torch::isfinite(m), 0).max().item<double>() * 0x1p-24 > 1e-3) ref.ill_conditioned = true;
+            if (finite_abs_max(nodes.at(std::stoul(a))) * 0x1p-24 > 1e-3) ref.ill_conditioned = true;
         }
         if (op == "leaf") {
             const std::size_t i = std::stoul(a);
@@ -598,19 +628,9 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
             ts >> b;
             if (ln) ts >> x;
             torch::Tensor v = widened(a), w = widened(b), s = ln ? widened(x) : torch::Tensor();
-            if (c.special) {  // the squares of the (centred) values overflow f32 where the f64 reference's do not
-                const auto m = v.detach().to(at::kDouble).abs();
-                const double big = 2 * m.masked_fill(~torch::isfinite(m), 0).max().item<double>();
-                if (big * big > double(std::numeric_limits<float>::max()) / 16) ref.ill_conditioned = true;
-            }
+            note_square_overflow(v);
             if (ln) {
-                if (!exact && (v.scalar_type() != w.scalar_type() || v.scalar_type() != s.scalar_type())) {
-                    ++ref.mixed_norm;  // LibTorch 1.13 rejects mixed dtypes: typegrad's promotion
-                    const auto want = tg_promote({v.scalar_type(), w.scalar_type(), s.scalar_type()});
-                    v = v.to(want);
-                    w = w.to(want);
-                    s = s.to(want);
-                }
+                follow_norm_promotion(v, w, s);
                 r = torch::layer_norm(v, {v.size(-1)}, w, s, 1e-5);
             } else {
                 // LibTorch 1.13 has no rms_norm: PyTorch's composite (at::native::rms_norm, 2.4):
@@ -646,15 +666,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
             }
             xv = one ? xv.unsqueeze(0).unsqueeze(2) : xv.unsqueeze(0).unsqueeze(0);
             wv = one ? wv.unsqueeze(2) : wv.unsqueeze(0).unsqueeze(0);
-            if (c.special) {  // as matmul: the largest product inside the sums, and cancellations
-                auto finite_max = [](const torch::Tensor& t) {
-                    const auto m = t.detach().to(at::kDouble).abs();
-                    return m.masked_fill(~torch::isfinite(m), 0).max().item<double>();
-                };
-                ref.product_magnitude = std::max(ref.product_magnitude, finite_max(nodes.at(xi)) * finite_max(nodes.at(wi)));
-                note_cancellation(nodes.at(xi));
-                note_cancellation(nodes.at(wi));
-            }
+            note_products(nodes.at(xi), nodes.at(wi));
             const std::int64_t ph = one ? 0 : pad, sh = one ? 1 : stride;
             if (!exact) {  // LibTorch's autocast casts all three to bf16
                 r = torch::conv2d(xv, wv, bv, {sh, stride}, {ph, pad});
@@ -684,18 +696,8 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
             const std::size_t xi = std::stoul(a);
             torch::Tensor v = semantic && is_bf16_node(xi) ? bf16_view(xi, {"u0", "w"}) : nodes.at(xi);
             torch::Tensor w = widened(b), s = widened(x);
-            if (c.special) {  // the squares of the centred values overflow f32 where the f64 reference's do not
-                const auto m = v.detach().to(at::kDouble).abs();
-                const double big = 2 * m.masked_fill(~torch::isfinite(m), 0).max().item<double>();
-                if (big * big > double(std::numeric_limits<float>::max()) / 16) ref.ill_conditioned = true;
-            }
-            if (!exact && (v.scalar_type() != w.scalar_type() || v.scalar_type() != s.scalar_type())) {
-                ++ref.mixed_norm;  // typegrad's promotion, as for layer_norm
-                const auto want = tg_promote({v.scalar_type(), w.scalar_type(), s.scalar_type()});
-                v = v.to(want);
-                w = w.to(want);
-                s = s.to(want);
-            }
+            note_square_overflow(v);
+            follow_norm_promotion(v, w, s);
             r = torch::batch_norm(v.unsqueeze(0), w, s, {}, {}, true, 0.1, 1e-5, false).squeeze(0);
         } else if (op == "embedding") {  // ids table padding_idx (-1: none): the table's dtype
             std::int64_t pad;
@@ -741,16 +743,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
                 return op == "linear" ? at::linear(p, q) : torch::matmul(p, op == "matmul_t" ? q.t() : q);
             };
             const bool vectors = op == "matmul" && nodes.at(std::stoul(a)).dim() == 1 && nodes.at(std::stoul(b)).dim() == 1;
-            if (c.special) {  // the largest product inside the sums, which no node shows: overflow
-                auto finite_max = [](const torch::Tensor& t) {
-                    const auto m = t.detach().to(at::kDouble).abs();
-                    return m.masked_fill(~torch::isfinite(m), 0).max().item<double>();
-                };
-                ref.product_magnitude = std::max(ref.product_magnitude, finite_max(nodes.at(std::stoul(a))) *
-                                                                            finite_max(nodes.at(std::stoul(b))));
-                note_cancellation(nodes.at(std::stoul(a)));
-                note_cancellation(nodes.at(std::stoul(b)));
-            }
+            note_products(nodes.at(std::stoul(a)), nodes.at(std::stoul(b)));
             if (!semantic) {
                 r = bias ? at::linear(node(a), node(b), node(x)) : product(node(a), node(b));
             } else if (vectors) {
@@ -851,8 +844,7 @@ ac_reference run_torch(const diff::autocast_graph_def& g, const ac_case& c, torc
         // and the node's adjoint is cast to its dtype (leaves included: a bf16 leaf's gradient)
         if (semantic && tg_dtypes->at(nodes.size()) == "bf16") r = rnd(r);
         if (r.scalar_type() != at::kLong) {  // (not ids) special values: NaN and inf are compared by class, not by scale
-            const auto m = r.detach().to(at::kDouble).abs();
-            ref.magnitude = std::max(ref.magnitude, (c.special ? m.masked_fill(~torch::isfinite(m), 0) : m).max().item<double>());
+            ref.magnitude = std::max(ref.magnitude, c.special ? finite_abs_max(r) : r.detach().to(at::kDouble).abs().max().item<double>());
         }
         ref.dtypes.push_back(dtype_name(r.scalar_type()));
         nodes.push_back(r);

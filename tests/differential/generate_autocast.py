@@ -113,6 +113,7 @@ class Graph(g.Graph):
         self.activations_drawn = 0
         self.pending_dtype = None
         self.index_nodes = []  # INDEX_OPS' and CONV_OPS' results (graphs FIRST_INDEX..): each reaches the loss
+        self.band_drawn = set()  # the INDEX_OPS and CONV_OPS drawn so far (try_op draws them too)
         super().__init__(gid, rng)
 
     def model(self):
@@ -193,30 +194,30 @@ class Graph(g.Graph):
             param = i == 0 or rng.random() < 0.7
             dt = "bf16" if rng.random() < 0.25 else "f32"
             lo, hi = (0.25, 2.0) if rng.random() < 0.35 else (-2.0, 2.0)
-            name = LEAF_NAMES[i]
-            self.leaves.append((name, param, tuple(shape), lo, hi, dt))
-            ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
-            kind = "param" if param else "input"
-            self.lines.append('constexpr auto %s = tg::%s<"%s", %s, tg::shape<%s>>;' % (name, kind, name, cpp_dtype(dt), ext))
-            self.pending_dtype = dt
-            self.add("leaf", [i], tuple(shape), lo, hi, name, "leaf %d %s" % (i, dt))
+            self.add_leaf(LEAF_NAMES[i], param, tuple(shape), lo, hi, dt)
         if self.model():
             # layer_norm's weight and bias and rms_norm's weight (generate.py's g and h), of one
             # dtype: bf16 with a bf16 input is the norm PyTorch runs in bf16; f32 with a bf16
             # input promotes in typegrad (LibTorch 1.13 has no mixed-dtype CPU layer_norm)
             dt = "bf16" if rng.random() < 0.5 else "f32"
             for name, lo, hi in (("g", 0.5, 1.5), ("h", -1.0, 1.0)):
-                i = len(self.leaves)
-                self.leaves.append((name, True, (m,), lo, hi, dt))
-                self.lines.append('constexpr auto %s = tg::param<"%s", %s, tg::shape<%s>>;' % (name, name, cpp_dtype(dt), m))
-                self.pending_dtype = dt
-                self.add("leaf", [i], (m,), lo, hi, name, "leaf %d %s" % (i, dt))
-                self.nodes[-1].varies = True
+                self.nodes[self.add_leaf(name, True, (m,), lo, hi, dt)].varies = True
             self.gain, self.shift = len(self.nodes) - 2, len(self.nodes) - 1
         if self.index():
             self.make_index_leaves(n, kk, m)
         if self.conv():
             self.make_conv_leaves(kk)
+
+    def add_leaf(self, name, param, shape, lo, hi, dt):
+        """A leaf (a param or an input of dtype dt): its declaration and program line; its node index."""
+        i = len(self.leaves)
+        self.leaves.append((name, param, shape, lo, hi, dt))
+        ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
+        kind = "param" if param else "input"
+        self.lines.append('constexpr auto %s = tg::%s<"%s", %s, tg::shape<%s>>;' % (name, kind, name, cpp_dtype(dt), ext))
+        self.pending_dtype = dt
+        self.add("leaf", [i], shape, lo, hi, name, "leaf %d %s" % (i, dt))
+        return len(self.nodes) - 1
 
     def make_index_leaves(self, n, kk, m):
         """The leaves of the graph's INDEX_OPS: the table t (a param, f32 or bf16) and the ids
@@ -237,14 +238,7 @@ class Graph(g.Graph):
             elif op == "dropout":
                 wanted += [("r", False, (2,), 0, 1000000, "i64")]  # {seed, offset}
         for name, param, shape, lo, hi, dt in wanted:
-            i = len(self.leaves)
-            self.leaves.append((name, param, shape, lo, hi, dt))
-            ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
-            kind = "param" if param else "input"
-            self.lines.append('constexpr auto %s = tg::%s<"%s", %s, tg::shape<%s>>;' % (name, kind, name, cpp_dtype(dt), ext))
-            self.pending_dtype = dt
-            self.add("leaf", [i], shape, lo, hi, name, "leaf %d %s" % (i, dt))
-            self.index_leaf[name] = len(self.nodes) - 1
+            self.index_leaf[name] = self.add_leaf(name, param, shape, lo, hi, dt)
             self.nodes[-1].odd = dt == "i64"
 
     def try_index(self, op):
@@ -282,6 +276,7 @@ class Graph(g.Graph):
         if len(self.nodes) == before:
             return False
         self.index_nodes.append(len(self.nodes) - 1)
+        self.band_drawn.add(op)
         return True
 
     def make_conv_leaves(self, kk):
@@ -293,7 +288,6 @@ class Graph(g.Graph):
         self.conv_ops = [CONV_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
         self.k1 = rng.choice([1, 3, 5])  # conv1d's kernel (padding (k1 - 1) / 2 keeps m)
         self.conv_leaf = {}
-        self.conv_drawn = set()  # (try_op's "conv" draws them too)
         wanted = []
         for op in self.conv_ops:
             pick = lambda: "bf16" if rng.random() < 0.5 else "f32"
@@ -305,13 +299,7 @@ class Graph(g.Graph):
                 dt = pick()
                 wanted += [("p", (kk,), 0.5, 1.5, dt), ("q", (kk,), -1.0, 1.0, dt)]
         for name, shape, lo, hi, dt in wanted:
-            i = len(self.leaves)
-            self.leaves.append((name, True, shape, lo, hi, dt))
-            ext = ", ".join(str(e) for e in shape)
-            self.lines.append('constexpr auto %s = tg::param<"%s", %s, tg::shape<%s>>;' % (name, name, cpp_dtype(dt), ext))
-            self.pending_dtype = dt
-            self.add("leaf", [i], shape, lo, hi, name, "leaf %d %s" % (i, dt))
-            self.conv_leaf[name] = len(self.nodes) - 1
+            self.conv_leaf[name] = self.add_leaf(name, True, shape, lo, hi, dt)
             self.nodes[-1].odd = True
 
     def try_conv(self, op):
@@ -393,7 +381,7 @@ class Graph(g.Graph):
         if len(self.nodes) == before:
             return False
         self.index_nodes.append(len(self.nodes) - 1)
-        self.conv_drawn.add(op)
+        self.band_drawn.add(op)
         return True
 
     def node_dtype(self, n):
@@ -661,13 +649,12 @@ class Graph(g.Graph):
         for op in getattr(self, "index_ops", []):  # each drawn, after a few other ops
             for _ in range(self.rng.randint(0, 2)):
                 self.try_op()
-            drawn = any(self.program[k].split()[0] == op for k in self.index_nodes)  # (try_op's "index")
-            if not drawn and not any(self.try_index(op) for _ in range(30)):
+            if op not in self.band_drawn and not any(self.try_index(op) for _ in range(30)):
                 raise RuntimeError("graph %d: no operand for %s" % (self.gid, op))
         for op in getattr(self, "conv_ops", []):  # each drawn, after a few other ops
             for _ in range(self.rng.randint(0, 2)):
                 self.try_op()
-            if op not in self.conv_drawn and not any(self.try_conv(op) for _ in range(30)):
+            if op not in self.band_drawn and not any(self.try_conv(op) for _ in range(30)):
                 raise RuntimeError("graph %d: no operand for %s" % (self.gid, op))
         tries = 0
         while len(self.nodes) - len(self.leaves) < target and tries < 300:

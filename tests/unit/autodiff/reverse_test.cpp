@@ -54,9 +54,9 @@ TEST_CASE("grad of grad: Hessian-vector products against differences of gradient
 // A backward node names its operands by node_refs (graph/node.hpp), which carry their target's
 // buffer type: a bf16 reduction accumulates in a float buffer, and a view of it (the adjoint of
 // a column broadcast: sum over the row, then reshape_like or squeeze back to the leaf) reads that
-// buffer. Before the fix the view read the float buffer as bf16 (grad s 0, 2, 0, 2 below): every
-// bf16 bias broadcast along a column (conv1d's and conv2d's bias) had wrong gradients, outside
-// autocast regions and under backward_autocast::off.
+// buffer. Before the fix the view read the float buffer as bf16 (grad s[2i] the low half of row
+// i's sum, grad s[2i + 1] its high half): every bf16 bias broadcast along a column (conv1d's and
+// conv2d's bias) had wrong gradients, outside autocast regions and under backward_autocast::off.
 TEST_CASE("a view of a bf16 reduction in the backward reads its float buffer", "[autodiff][bf16]") {
     constexpr auto xb = tg::param<"xb", tg::bf16, tg::shape<4, 3>>;
     constexpr auto sb = tg::param<"sb", tg::bf16, tg::shape<4>>;
