@@ -51,7 +51,8 @@ std::vector<double> widen(const std::vector<T>& v) {
 // larger region has the type of the region over that node alone.
 template <class E>
 constexpr std::string_view region_dtype(E) {
-    if constexpr (typegrad::detail::topo_t<typename E::node_type>::size == 1) return typegrad::dtype_name<typename E::value_type>();  // a leaf
+    if constexpr (typegrad::detail::topo_t<typename E::node_type>::size == 1 || typegrad::is_index_type_v<typename E::value_type>)
+        return typegrad::dtype_name<typename E::value_type>();  // a leaf, or ids (argmax: autocast leaves it alone)
     else return typegrad::dtype_name<typename decltype(typegrad::autocast<typegrad::cpu_bf16>(E{}))::value_type>();
 }
 

@@ -21,17 +21,24 @@ graph, in turn): conv1d, conv2d (stride 1 and 2), max/avg pooling, batch_norm, a
 embedding, index_select, gather and dropout, with their weights as params and their ids as
 std::int64_t inputs (leaf_spec::ids). Their program lines name their node operands by position
 (Graph.add's refs), since they also hold integer parameters.
+
+Graphs FIRST_CONV2.. draw, in their place, the rest of those ops' forms (CONV_OPS2, three a
+graph): conv1d with dilation, grouped (depthwise) and dilated conv2d, adaptive average pooling,
+argmax/argmin feeding gather, narrow with run-time start and length, and attention with an
+additive float mask (a param: its gradient is compared), a custom scale, or the composite
+(tg::attention_math).
 """
 import math
 import pathlib
 import random
 
 SEED = 20250611
-GRAPHS = 140
+GRAPHS = 152
 FIRST_NEW = 64      # graphs from here on also draw the activations and special functions
 FIRST_MODEL = 88    # graphs from here on also draw layer_norm, rms_norm, concat and stack
 FIRST_PROD = 104    # graphs from here on also draw prod (as a reduction and in the loss)
 FIRST_CONV = 116    # graphs from here on are [N, C, L] graphs that also draw CONV_OPS (try_conv)
+FIRST_CONV2 = 140   # graphs from here on draw CONV_OPS2 instead
 # ... and are registered as ids 2200.. (FIRST_MODEL + k -> MODEL_ID + k). Special values run over
 # them too (docs/reliability.md, findings 19 to 21).
 MODEL_ID = 2200
@@ -58,6 +65,9 @@ REDUCE = ["sum", "mean", "max", "min", "lse"]
 CONV_OPS = ["conv1d", "conv2d", "max_pool", "batch_norm", "sdpa", "embedding", "index_select", "gather", "dropout",
             "conv2d_s2", "avg_pool", "max_pool_s2"]
 CONV_OPS_PER_GRAPH = 4
+# graphs FIRST_CONV2..: three a graph, each op in six of the twelve, in varying company
+CONV_OPS2 = ["conv1d_dil", "conv2d_groups", "adaptive_pool", "argmax", "narrow", "sdpa_mask"]
+CONV_OPS2_PER_GRAPH = 3
 
 CPP_UNARY = {"exp": "tg::exp", "log": "tg::log", "sqrt": "tg::sqrt", "square": "tg::square",
              "sin": "tg::sin", "cos": "tg::cos", "tanh": "tg::tanh", "sigmoid": "tg::sigmoid",
@@ -291,11 +301,14 @@ class Graph:
         """The leaves of the graph's CONV_OPS: weights and biases (params), ids (std::int64_t inputs)."""
         rng = self.rng
         k = self.gid - FIRST_CONV
-        self.conv_ops = [CONV_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
-        self.k1 = rng.choice([1, 3, 5])  # conv1d's kernel (padding (k1 - 1) / 2 keeps L)
         n, c, l = self.full
         self.conv_leaf = {}
         wanted = []
+        if self.gid >= FIRST_CONV2:
+            self.make_conv2_leaves(wanted)
+        else:
+            self.conv_ops = [CONV_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
+            self.k1 = rng.choice([1, 3, 5])  # conv1d's kernel (padding (k1 - 1) / 2 keeps L)
         for op in self.conv_ops:
             if op == "conv1d":
                 wanted += [("u", True, (c, c, self.k1), -0.5, 0.5), ("s", True, (c,), -0.5, 0.5)]
@@ -315,7 +328,7 @@ class Graph:
             if name in self.conv_leaf:
                 continue
             i = len(self.leaves)
-            ids = name in ("k", "i", "j", "r")
+            ids = name in ("k", "i", "j", "r", "o", "n")
             self.leaves.append((name, param, shape, lo, hi))
             ext = ", ".join("tg::dyn" if isinstance(e, str) else str(e) for e in shape)
             if ids:
@@ -328,6 +341,29 @@ class Graph:
             # weights and ids are not of the graph's extents: operands of their op only
             self.nodes[-1].odd = name != "t"
             self.nodes[-1].varies = name == "t"
+
+    def make_conv2_leaves(self, wanted):
+        """Graphs FIRST_CONV2..: the ops of CONV_OPS2 this graph draws, their parameters, and the
+        leaves they want (appended to wanted, as make_conv_leaves's)."""
+        rng = self.rng
+        k = self.gid - FIRST_CONV2
+        start = CONV_OPS2_PER_GRAPH * k + k // 2  # six graphs cover each op three times
+        self.conv_ops = [CONV_OPS2[(start + j) % len(CONV_OPS2)] for j in range(CONV_OPS2_PER_GRAPH)]
+        self.k1 = rng.choice([3, 5])  # dilation 2 and padding k1 - 1 keep L
+        n, c, l = self.full
+        self.groups = rng.choice([g for g in (2, 3, 4) if c % g == 0])  # depthwise or two groups
+        self.dilation = rng.choice([1, 2])  # conv2d's, with padding of the same value
+        self.narrow_axis = rng.choice([1, 2])
+        e = c if self.narrow_axis == 1 else l
+        for op in self.conv_ops:
+            if op == "conv1d_dil":
+                wanted += [("u", True, (c, c, self.k1), -0.5, 0.5), ("s", True, (c,), -0.5, 0.5)]
+            elif op == "conv2d_groups":
+                wanted += [("v", True, (c, c // self.groups, 9), -0.5, 0.5)]  # 3 x 3, reshaped
+            elif op == "narrow":  # start in [0, e / 2], length in [1, e - e / 2]: inside the axis
+                wanted += [("o", False, (), 0, e // 2), ("n", False, (), 1, e - e // 2)]
+            elif op == "sdpa_mask":  # [T, T], T = C
+                wanted += [("m", True, (c, c), -2.0, 2.0)]
 
     def pick(self):
         # recent nodes more often (depth), any earlier node sometimes (sharing)
@@ -547,6 +583,8 @@ class Graph:
     def try_conv(self, op):
         """One of CONV_OPS over nodes of the graph's [N, C, L]; the result reaches the loss (a
         model node). False where no operand fits."""
+        if self.gid >= FIRST_CONV2:
+            return self.try_conv2(op)
         rng = self.rng
         n, c, l = self.full
         leaf = self.conv_leaf
@@ -639,6 +677,105 @@ class Graph:
             elif op == "gather":
                 self.emit(op, [a], tuple(self.full), (x.lo, x.hi), "tg::gather<2>(%s, j)" % x.text,
                           "gather %d 2 %d" % (a, leaf["j"]), refs=[1, 3])
+            else:
+                raise ValueError(op)
+        if len(self.nodes) == before:
+            return False
+        self.model_nodes.append(len(self.nodes) - 1)
+        return True
+
+    def try_conv2(self, op):
+        """One of CONV_OPS2 (graphs FIRST_CONV2..), as try_conv."""
+        rng = self.rng
+        n, c, l = self.full
+        leaf = self.conv_leaf
+        before = len(self.nodes)
+        if op == "sdpa_mask":  # T = C, d = L: the float mask, a custom scale, or the composite
+            qk, vs = self.full_operands(bound=3.0), self.full_operands()
+            if not qk or not vs:
+                return False
+            q, k, v = rng.choice(qk), rng.choice(qk), rng.choice(vs)
+            form = rng.choice(["mask", "mask", "math"])
+            scale = rng.choice([0.0, 0.0, 0.25, 0.75])  # 0: 1 / sqrt(d)
+            x = self.nodes[v]
+            targs = "<%s>" % cpp_num(scale) if scale else ""
+            if form == "mask":
+                causal, extra, refs = False, ", m", [1, 2, 3, 6]
+                line_tail = " %s %d" % (repr(scale), leaf["m"])
+            else:
+                causal = rng.random() < 0.5
+                extra, refs, line_tail = (", tg::causal" if causal else "") + ", tg::attention_math", [1, 2, 3], " " + repr(scale)
+            self.emit("sdpa", [q, k, v], tuple(self.full), (min(x.lo, 0.0), max(x.hi, 0.0)),
+                      "tg::scaled_dot_product_attention%s(%s, %s, %s%s)" % (targs, self.nodes[q].text, self.nodes[k].text,
+                                                                          x.text, extra),
+                      "sdpa %d %d %d %d%s" % (q, k, v, causal, line_tail), refs=refs)
+        elif op == "argmax":  # gather<axis>(x, argmax(y, axes<axis>, keepdim)): the extreme's x
+            cands = self.full_operands()
+            if not cands:
+                return False
+            a, y = rng.choice(cands), rng.choice(cands)
+            axis = rng.choice([1, 2])
+            fn = rng.choice(["argmax", "argmin"])
+            self.emit(fn, [y], (), (0, 0), "tg::%s(%s, tg::axes<%d>, tg::keepdim)" % (fn, self.nodes[y].text, axis),
+                      "%s %d %d" % (fn, y, axis), force=True, refs=[1])
+            ki = len(self.nodes) - 1
+            self.nodes[ki].odd = True
+            self.ids.add(ki)  # not a value: the loss does not reduce it
+            x = self.nodes[a]
+            shape = tuple(1 if j == axis else e for j, e in enumerate(self.full))
+            self.emit("gather", [a, ki], shape, (x.lo, x.hi), "tg::gather<%d>(%s, %s)" % (axis, x.text, self.nodes[ki].text),
+                      "gather %d %d %d" % (a, axis, ki), force=True, refs=[1, 3])
+            self.reduce_last()
+            return True
+        elif op == "narrow":  # along narrow_axis, start o and length n: the result is reduced
+            cands = self.full_operands()
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            axis = self.narrow_axis
+            shape = tuple("dn" if j == axis else e for j, e in enumerate(self.full))
+            self.emit(op, [a], shape, (x.lo, x.hi), "tg::narrow<%d>(%s, o, n)" % (axis, x.text),
+                      "narrow %d %d %d %d" % (a, axis, leaf["o"], leaf["n"]), force=True, refs=[1, 3, 4])
+            self.reduce_last()
+            return True
+        else:
+            cands = self.full_operands(bound=1e3)
+            if not cands:
+                return False
+            a = rng.choice(cands)
+            x = self.nodes[a]
+            m = max(abs(x.lo), abs(x.hi))
+            if op == "conv1d_dil":
+                p = self.k1 - 1
+                b = c * self.k1 * 0.5 * m + 0.5
+                self.emit("conv1d", [a], tuple(self.full), (-b, b), "tg::conv1d<1, %d, 2>(%s, u, s)" % (p, x.text),
+                          "conv1d %d %d %d 1 %d 2 1" % (a, leaf["u"], leaf["s"], p), refs=[1, 2, 3])
+            elif op == "conv2d_groups":
+                x4 = self.as_2d(a)
+                cg, g, d = c // self.groups, self.groups, self.dilation
+                self.emit("reshape", [leaf["v"]], (c, cg, 3, 3), (-0.5, 0.5), "tg::reshape<tg::shape<%d, %d, 3, 3>>(v)" % (c, cg),
+                          "reshape4 %d %d %d 3 3" % (leaf["v"], c, cg), force=True, refs=[1])
+                self.nodes[-1].odd = True
+                w4 = len(self.nodes) - 1
+                b = cg * 9 * 0.5 * m
+                self.emit("conv2d", [x4, w4], (n, c) + tuple(self.hw), (-b, b),
+                          "tg::conv2d<1, %d, %d, %d>(%s, %s)" % (d, d, g, self.nodes[x4].text, self.nodes[w4].text),
+                          "conv2d %d %d 1 %d %d %d" % (x4, w4, d, d, g), refs=[1, 2])
+                if len(self.nodes) == w4 + 1:
+                    return False
+                self.as_1d(len(self.nodes) - 1)
+            elif op == "adaptive_pool":  # to the input's extents, or to others (then reduced)
+                x4 = self.as_2d(a)
+                h, w = self.hw
+                oh, ow = rng.choice([(h, w), (1, 1), (2, 2), (h + 1, max(1, w - 1)), (max(1, h - 1), w + 2)])
+                self.emit(op, [x4], (n, c, oh, ow), (x.lo, x.hi), "tg::adaptive_avg_pool2d<%d, %d>(%s)" % (oh, ow, self.nodes[x4].text),
+                          "adaptive_avg_pool2d %d %d %d" % (x4, oh, ow), refs=[1], force=True)
+                if (oh, ow) != (h, w):
+                    self.reduce_last()
+                    return True
+                self.nodes[-1].odd = True
+                self.as_1d(len(self.nodes) - 1)
             else:
                 raise ValueError(op)
         if len(self.nodes) == before:

@@ -30,6 +30,13 @@ stride 2 reduced); max_pool2d and avg_pool2d <3, 1, 1> of any 2-D node likewise;
 [kk, m] node as [1, kk, m] (channels kk, statistics over m; weight p and bias q [kk] of one
 dtype), read through a sine as the norms. conv is lower precision (bf16 under CPU autocast), the
 pools keep their input's dtype and batch_norm promotes over input, weight and bias.
+Graphs FIRST_CONV2.. draw three of CONV2_OPS each, in turn, in place of CONV_OPS (try_conv2): the
+rest of those ops' forms. conv1d of a [kk, m] node with dilation 2 (padding k1 - 1) and groups
+(kk / G input channels a group: u [kk, kk / G, k1], a bias half the time), lower precision;
+adaptive_avg_pool2d<OH, OW> of any 2-D node as [1, 1, H, W] (reduced; the input's dtype); narrow
+of a node along an axis of extent kk, start o and length n std::int64_t inputs (reduced; the
+input's dtype); gather of a 2-D node by the argmax or argmin (keepdim) of another node of its
+shape along an axis (i64 ids; the gather keeps its operand's dtype; reduced).
 Leaves are f32 or bf16 (ids: i64). Some matmuls of leaves sit in a nested disabled region (they run in f32,
 their backward under the step's policy). Each graph is compiled twice: with the default backward
 policy (same_as_forward) and with backward_autocast::off. The generated function reports, for
@@ -42,7 +49,7 @@ import random
 import generate as g
 
 SEED = 20261124
-GRAPHS = 112
+GRAPHS = 124
 FIRST_PROD = 40     # graphs from here on (ids FIRST_ID + 40..) also draw prod, a float op under autocast
 FIRST_ACTIVATION = 52  # graphs from here on also draw the activations (generate.ACTIVATIONS), in turn
 FIRST_MODEL = 76    # graphs from here on also draw layer_norm, rms_norm, concat<0> and stack<1> (generate.py's)
@@ -52,6 +59,8 @@ INDEX_OPS_PER_GRAPH = 3
 FIRST_CONV = 100    # graphs from here on draw CONV_OPS (try_conv), three a graph, in turn (not INDEX_OPS)
 CONV_OPS = ["conv1d", "conv2d", "max_pool", "avg_pool", "batch_norm", "conv2d_s2"]
 CONV_OPS_PER_GRAPH = 3
+FIRST_CONV2 = 112   # graphs from here on draw CONV2_OPS (try_conv2) instead of CONV_OPS
+CONV2_OPS = ["conv1d_dg", "adaptive_pool", "narrow", "argmax"]
 FIRST_ID = 2000
 UNITS = 4
 LEAF_NAMES = "abcdef"
@@ -284,6 +293,8 @@ class Graph(g.Graph):
         weight u [kk, kk, k1] and bias s [kk], conv2d's weight w [3, 3], batch_norm's weight p and
         bias q [kk] (one dtype)."""
         rng = self.rng
+        if self.gid - FIRST_ID >= FIRST_CONV2:
+            return self.make_conv2_leaves(kk)
         k = self.gid - FIRST_ID - FIRST_CONV
         self.conv_ops = [CONV_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
         self.k1 = rng.choice([1, 3, 5])  # conv1d's kernel (padding (k1 - 1) / 2 keeps m)
@@ -302,9 +313,114 @@ class Graph(g.Graph):
             self.conv_leaf[name] = self.add_leaf(name, True, shape, lo, hi, dt)
             self.nodes[-1].odd = True
 
+    def make_conv2_leaves(self, kk):
+        """Graphs FIRST_CONV2..: the ops of CONV2_OPS this graph draws and their leaves: conv1d's
+        weight u [kk, kk / G, k1] and bias s [kk] (params, f32 or bf16), narrow's start o and
+        length n (std::int64_t inputs: the window lies inside an axis of extent kk)."""
+        rng = self.rng
+        k = self.gid - FIRST_ID - FIRST_CONV2
+        self.conv_ops = [CONV2_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV2_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
+        self.k1 = rng.choice([3, 5])  # dilation 2, padding k1 - 1: m kept
+        self.groups = rng.choice([d for d in (2, 3, 4, 5) if kk % d == 0])
+        self.conv_leaf = {}
+        for op in self.conv_ops:
+            pick = lambda: "bf16" if rng.random() < 0.5 else "f32"
+            if op == "conv1d_dg":
+                for name, shape in (("u", (kk, kk // self.groups, self.k1)), ("s", (kk,))):
+                    self.conv_leaf[name] = self.add_leaf(name, True, shape, -0.5, 0.5, pick())
+                    self.nodes[-1].odd = True
+            elif op == "narrow":
+                for name, lo, hi in (("o", 0, kk // 2), ("n", 1, kk - kk // 2)):
+                    self.conv_leaf[name] = self.add_leaf(name, False, (), lo, hi, "i64")
+                    self.nodes[-1].odd = True
+
+    def try_conv2(self, op):
+        """One of CONV2_OPS (graphs FIRST_CONV2..), as try_conv."""
+        rng = self.rng
+        n, kk, m = self.full
+        leaf = self.conv_leaf
+        before = len(self.nodes)
+
+        def operand(ok):
+            """A node that is not odd, within +-1e3, whose shape passes ok, and its index; or None."""
+            cands = [k for k, x in enumerate(self.nodes) if ok(x.shape) and not getattr(x, "odd", False)
+                     and max(abs(x.lo), abs(x.hi)) <= 1e3]
+            if not cands:
+                return None
+            a = rng.choice(cands)
+            return a, self.nodes[a]
+
+        if op == "conv1d_dg":
+            picked = operand(lambda s: s == (kk, m))
+            if picked is None:
+                return False
+            a, x = picked
+            p, gr = self.k1 - 1, self.groups
+            bias = rng.random() < 0.5
+            b = kk // gr * self.k1 * 0.5 * max(abs(x.lo), abs(x.hi)) + (0.5 if bias else 0.0)
+            self.pending_dtype = "bf16"
+            conv = "tg::conv1d<1, %d, 2, %d>(tg::unsqueeze<0>(%s), u%s)" % (p, gr, x.text, ", s" if bias else "")
+            if bias:
+                self.emit("conv1d_b", [], (kk, m), (-b, b), "tg::squeeze<0>(%s)" % conv,
+                          "conv1d_b %d %d %d %d 2 %d" % (a, leaf["u"], leaf["s"], p, gr), refs=[1, 2, 3])
+            else:
+                self.emit("conv1d", [], (kk, m), (-b, b), "tg::squeeze<0>(%s)" % conv,
+                          "conv1d %d %d %d 2 %d" % (a, leaf["u"], p, gr), refs=[1, 2])
+        elif op == "adaptive_pool":
+            picked = operand(lambda s: len(s) == 2)
+            if picked is None:
+                return False
+            a, x = picked
+            oh, ow = rng.choice([(1, 1), (2, 2), (2, 3), (3, 1)])
+            self.pending_dtype = self.node_dtype(x)
+            self.emit("adaptive_avg_pool2d", [], (1, 1, oh, ow), (x.lo, x.hi),
+                      "tg::adaptive_avg_pool2d<%d, %d>(tg::unsqueeze<0>(tg::unsqueeze<0>(%s)))" % (oh, ow, x.text),
+                      "adaptive_avg_pool2d %d %d %d" % (a, oh, ow), refs=[1])
+        elif op == "narrow":
+            picked = operand(lambda s: kk in s)
+            if picked is None:
+                return False
+            a, x = picked
+            axis = rng.choice([j for j, e in enumerate(x.shape) if e == kk])
+            self.pending_dtype = self.node_dtype(x)
+            shape = tuple("dn" if j == axis else e for j, e in enumerate(x.shape))
+            self.emit(op, [], shape, (x.lo, x.hi), "tg::narrow<%d>(%s, o, n)" % (axis, x.text),
+                      "narrow %d %d %d %d" % (a, axis, leaf["o"], leaf["n"]), refs=[1, 3, 4])
+        elif op == "argmax":  # gather<axis>(x, argmax(y, axes<axis>, keepdim)), x and y of one 2-D shape
+            picked = operand(lambda s: len(s) == 2)
+            if picked is None:
+                return False
+            a, x = picked
+            y = rng.choice([k for k, t in enumerate(self.nodes) if t.shape == x.shape and not getattr(t, "odd", False)
+                            and self.dtypes[k] != "i64"])
+            axis = rng.choice([0, 1])
+            fn = rng.choice(["argmax", "argmin"])
+            text = "tg::%s(%s, tg::axes<%d>, tg::keepdim)" % (fn, self.nodes[y].text, axis)
+            ki = self.existing(text)
+            if ki is None:
+                self.pending_dtype = "i64"
+                self.emit(fn, [], tuple(1 if j == axis else e for j, e in enumerate(x.shape)), (0, 0), text,
+                          "%s %d %d" % (fn, y, axis), force=True, refs=[1])
+                ki = len(self.nodes) - 1
+                self.nodes[ki].odd = True
+            self.pending_dtype = self.node_dtype(x)
+            self.emit("gather", [], self.nodes[ki].shape, (x.lo, x.hi),
+                      "tg::gather<%d>(%s, %s)" % (axis, x.text, self.nodes[ki].text),
+                      "gather %d %d %d" % (a, axis, ki), refs=[1, 3])
+        else:
+            raise ValueError(op)
+        if len(self.nodes) == before or self.dtypes[-1] == "i64":
+            return False
+        self.nodes[-1].odd = op != "conv1d_dg"  # the others are reduced (other extents)
+        self.index_nodes.append(len(self.nodes) - 1)
+        self.band_drawn.add(op)
+        return True
+
     def try_conv(self, op):
         """One of CONV_OPS over a view of a 2-D node; its result (squeezed back to the node's
         shape, or reduced) reaches the loss. False where no operand fits."""
+        if self.gid - FIRST_ID >= FIRST_CONV2:
+            return self.try_conv2(op)
         rng = self.rng
         n, kk, m = self.full
         leaf = self.conv_leaf

@@ -1196,6 +1196,217 @@ double autocast_graph_2108(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2112(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<tg::dyn, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<1, 5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<3>>;
+    constexpr auto e = tg::param<"e", tg::bf16, tg::shape<5>>;
+    constexpr auto f = tg::input<"f", float, tg::shape<3, 5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<3, 1, 3>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<3>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e12 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, f));
+    constexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 3>(tg::unsqueeze<0>(f), u));
+    constexpr auto e14 = tg::abs(g);
+    constexpr auto e15 = tg::adaptive_avg_pool2d<3, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));
+    constexpr auto e16 = tg::narrow<0>(e13, o, n);
+    constexpr auto e17 = tg::concat<0>(e14, e, e);
+    constexpr auto e18 = tg::mean(e17);
+    constexpr auto e19 = tg::rms_norm<1, 1e-06>(e, g);
+    constexpr auto e20 = tg::sin(e19);
+    constexpr auto e21 = tg::max(e20);
+    constexpr auto e22 = tg::max(e12);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e18);
+    constexpr auto e25 = tg::mean(e20);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e15);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e16);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(o), region_dtype(n), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<float>(in[7]);
+    const auto in8 = narrow<float>(in[8]);
+    const auto in9 = narrow<tg::bf16>(in[9]);
+    const auto in10 = ids_of(in[10]);
+    const auto in11 = ids_of(in[11]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    std::vector<float> g5(in[6].size());
+    std::vector<float> g6(in[7].size());
+    std::vector<float> g7(in[8].size());
+    std::vector<tg::bf16> g8(in[9].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(u, in8, {ext[8][0], ext[8][1], ext[8][2]}), tg::bind(s, in9, {ext[9][0]}), tg::bind(o, in10, {}), tg::bind(n, in11, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(u, g7), tg::grad_into(s, g8))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    grad[8] = widen(g8);
+    return v;
+}
+
+double autocast_graph_2116(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<5, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<1, 5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<3, 5>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<3, 1, 5>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<3>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e10 = tg::matmul(a, d);
+    constexpr auto e11 = tg::softplus<1.0>(e10);
+    constexpr auto e12 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(e11)));
+    constexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 3>(tg::unsqueeze<0>(d), u, s));
+    constexpr auto e14 = tg::narrow<0>(e13, o, n);
+    constexpr auto e16 = tg::stack<1>(g, h);
+    constexpr auto e17 = tg::mean(e16);
+    constexpr auto e18 = tg::rms_norm<1, 1e-06>(e10, g);
+    constexpr auto e19 = tg::sin(e18);
+    constexpr auto e20 = tg::max(e19);
+    constexpr auto e21 = (e20 + e17);
+    constexpr auto e22 = tg::mean(e19);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e12);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e13);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e14);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(o), region_dtype(n), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<float> g4(in[4].size());
+    std::vector<float> g5(in[5].size());
+    std::vector<tg::bf16> g6(in[6].size());
+    std::vector<tg::bf16> g7(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::bind(o, in8, {}), tg::bind(n, in9, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(u, g6), tg::grad_into(s, g7))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    return v;
+}
+
+double autocast_graph_2120(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<2, 4>>;
+    constexpr auto c = tg::input<"c", tg::bf16, tg::shape<4>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<4, 2>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<2, 1, 3>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<2>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e10 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(b, h));
+    constexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 2>(tg::unsqueeze<0>(b), u));
+    constexpr auto e13 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(d)));
+    constexpr auto e14 = tg::narrow<1>(a, o, n);
+    constexpr auto e15 = tg::stack<1>(e12, b);
+    constexpr auto e16 = tg::log_sum_exp(e15);
+    constexpr auto e17 = tg::layer_norm(c, g, h);
+    constexpr auto e18 = tg::sin(e17);
+    constexpr auto e19 = tg::max(e18);
+    constexpr auto e20 = tg::log_sum_exp(e10);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = (e21 + e16);
+    constexpr auto e23 = tg::mean(e18);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e12);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e14);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(o), region_dtype(n), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[3].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::bind(o, in8, {}), tg::bind(n, in9, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, d, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2000, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(c, tg::transpose(c));\nconstexpr auto e6 = tg::log_softmax(d);\nconstexpr auto e7 = tg::max(e6);\nconstexpr auto e8 = tg::max(e4);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
@@ -1310,6 +1521,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nmatmul 2 4\nconv1d 2 5 0\nrms_norm 8 3\nsin 10\nconv2d 2 7 1\nsigmoid 11\nmax_pool2d 12\ncat0 8 4 13\nmean 15\nmean 11\nadd 16 17\nadd 18 16\nmean 9\nadd 19 20\nmean 12\nadd 21 22\nmean 14\nadd 23 24",
                 {{"a", true, 2, {-1, 5}, -2.0, 2.0}, {"b", false, 1, {5}, -2.0, 2.0}, {"c", false, 2, {5, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {5, 5, 1}, -0.5, 0.5}, {"s", true, 1, {5}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
                 &autocast_graph_2108});
+    r.push_back({2112, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<1, 5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", tg::bf16, tg::shape<5>>;\nconstexpr auto f = tg::input<\"f\", float, tg::shape<3, 5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<3, 1, 3>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<3>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e12 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, f));\nconstexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 3>(tg::unsqueeze<0>(f), u));\nconstexpr auto e14 = tg::abs(g);\nconstexpr auto e15 = tg::adaptive_avg_pool2d<3, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));\nconstexpr auto e16 = tg::narrow<0>(e13, o, n);\nconstexpr auto e17 = tg::concat<0>(e14, e, e);\nconstexpr auto e18 = tg::mean(e17);\nconstexpr auto e19 = tg::rms_norm<1, 1e-06>(e, g);\nconstexpr auto e20 = tg::sin(e19);\nconstexpr auto e21 = tg::max(e20);\nconstexpr auto e22 = tg::max(e12);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e18);\nconstexpr auto e25 = tg::mean(e20);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e15);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e16);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nleaf 8 f32\nleaf 9 bf16\nleaf 10 i64\nleaf 11 i64\noff matmul 3 5\nconv1d 5 8 2 2 3\nabs 6\nadaptive_avg_pool2d 0 3 1\nnarrow 13 0 10 11\ncat0 14 4 4\nmean 17\nrms_norm 4 6\nsin 19\nmax 20\nmax 12\nadd 21 22\nadd 23 18\nmean 20\nadd 24 25\nmean 13\nadd 26 27\nmean 15\nadd 28 29\nmean 16\nadd 30 31",
+                {{"a", true, 2, {-1, 3}, 0.25, 2.0}, {"b", true, 2, {-1, 3}, -2.0, 2.0}, {"c", true, 2, {1, 5}, 0.25, 2.0}, {"d", true, 1, {3}, -2.0, 2.0}, {"e", true, 1, {5}, -2.0, 2.0}, {"f", false, 2, {3, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {3, 1, 3}, -0.5, 0.5}, {"s", true, 1, {3}, -0.5, 0.5}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}},
+                &autocast_graph_2112});
+    r.push_back({2116, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<5, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<1, 5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<3, 5>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<3, 1, 5>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<3>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e10 = tg::matmul(a, d);\nconstexpr auto e11 = tg::softplus<1.0>(e10);\nconstexpr auto e12 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(e11)));\nconstexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 3>(tg::unsqueeze<0>(d), u, s));\nconstexpr auto e14 = tg::narrow<0>(e13, o, n);\nconstexpr auto e16 = tg::stack<1>(g, h);\nconstexpr auto e17 = tg::mean(e16);\nconstexpr auto e18 = tg::rms_norm<1, 1e-06>(e10, g);\nconstexpr auto e19 = tg::sin(e18);\nconstexpr auto e20 = tg::max(e19);\nconstexpr auto e21 = (e20 + e17);\nconstexpr auto e22 = tg::mean(e19);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e12);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e13);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e14);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nmatmul 0 3\nsoftplus 10 1.0\nadaptive_avg_pool2d 11 2 3\nconv1d_b 3 6 7 4 2 3\nnarrow 13 0 8 9\nstack1 4 5\nmean 15\nrms_norm 10 4\nsin 17\nmax 18\nadd 19 16\nmean 18\nadd 20 21\nmean 12\nadd 22 23\nmean 13\nadd 24 25\nmean 14\nadd 26 27",
+                {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"b", true, 2, {5, 3}, -2.0, 2.0}, {"c", true, 2, {1, 5}, -2.0, 2.0}, {"d", true, 2, {3, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {3, 1, 5}, -0.5, 0.5}, {"s", true, 1, {3}, -0.5, 0.5}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}},
+                &autocast_graph_2116});
+    r.push_back({2120, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<2, 4>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<4>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<4, 2>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<2, 1, 3>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<2>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e10 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(b, h));\nconstexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 2>(tg::unsqueeze<0>(b), u));\nconstexpr auto e13 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(d)));\nconstexpr auto e14 = tg::narrow<1>(a, o, n);\nconstexpr auto e15 = tg::stack<1>(e12, b);\nconstexpr auto e16 = tg::log_sum_exp(e15);\nconstexpr auto e17 = tg::layer_norm(c, g, h);\nconstexpr auto e18 = tg::sin(e17);\nconstexpr auto e19 = tg::max(e18);\nconstexpr auto e20 = tg::log_sum_exp(e10);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = (e21 + e16);\nconstexpr auto e23 = tg::mean(e18);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e12);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e14);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\noff matmul 1 5\nconv1d 1 6 2 2 2\nadaptive_avg_pool2d 3 2 3\nnarrow 0 1 8 9\nstack1 11 1\nlse 14\nlayer_norm 2 4 5\nsin 16\nmax 17\nlse 10\nadd 18 19\nadd 20 15\nmean 17\nadd 21 22\nmean 11\nadd 23 24\nmean 12\nadd 25 26\nmean 13\nadd 27 28",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {2, 4}, -2.0, 2.0}, {"c", false, 1, {4}, 0.25, 2.0}, {"d", true, 2, {4, 2}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"u", true, 3, {2, 1, 3}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 1.0, true}},
+                &autocast_graph_2120});
     return true;
 }();
 

@@ -1179,6 +1179,185 @@ double autocast_graph_2109(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2113(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<4, 5>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<5, 5>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<5>>;
+    constexpr auto d = tg::input<"d", tg::bf16, tg::shape<4, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<5, 1, 5>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<5>>;
+    constexpr auto e8 = tg::matmul(c, tg::transpose(b));
+    constexpr auto e9 = tg::argmax(d, tg::axes<1>, tg::keepdim);
+    constexpr auto e10 = tg::gather<1>(d, e9);
+    constexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 5>(tg::unsqueeze<0>(b), u, s));
+    constexpr auto e13 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));
+    constexpr auto e14 = tg::rms_norm<1, 1e-06>(e8, g);
+    constexpr auto e15 = tg::sin(e14);
+    constexpr auto e16 = tg::concat<0>(e8, h, e8);
+    constexpr auto e17 = tg::mean(e16);
+    constexpr auto e18 = tg::mean(e15);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = (e19 + e17);
+    constexpr auto e21 = tg::mean(e10);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e12);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e13);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e26);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<tg::bf16> g2(in[4].size());
+    std::vector<tg::bf16> g3(in[5].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<tg::bf16> g5(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
+double autocast_graph_2117(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<5, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<3, 1, 3>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<3>>;
+    constexpr auto e7 = tg::linear(b, b);
+    constexpr auto e9 = tg::argmax(a, tg::axes<1>, tg::keepdim);
+    constexpr auto e10 = tg::gather<1>(a, e9);
+    constexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 3>(tg::unsqueeze<0>(c), u, s));
+    constexpr auto e15 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)));
+    constexpr auto e16 = tg::layer_norm(g, g, h);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::stack<1>(e7, e7);
+    constexpr auto e19 = tg::clamp(e18, tg::lit<-1.0>, tg::lit<1.0>);
+    constexpr auto e20 = tg::max(e19);
+    constexpr auto e21 = tg::mean(e17);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = (e22 + e20);
+    constexpr auto e24 = tg::mean(e10);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e13);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e15);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(e7), region_dtype(e9), region_dtype(e10), region_dtype(e13), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    std::vector<float> g5(in[5].size());
+    std::vector<tg::bf16> g6(in[6].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2121(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<5, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<3>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<5, 1, 3>>;
+    constexpr auto s = tg::param<"s", float, tg::shape<5>>;
+    constexpr auto e7 = tg::matmul(h, h);
+    constexpr auto e8 = tg::argmin(b, tg::axes<0>, tg::keepdim);
+    constexpr auto e9 = tg::gather<0>(b, e8);
+    constexpr auto e10 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 5>(tg::unsqueeze<0>(b), u));
+    constexpr auto e11 = tg::log1p(g);
+    constexpr auto e12 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));
+    constexpr auto e13 = tg::layer_norm(e11, g, h);
+    constexpr auto e14 = tg::sin(e13);
+    constexpr auto e15 = tg::stack<1>(e10, b);
+    constexpr auto e16 = tg::expm1(e15);
+    constexpr auto e17 = tg::mean(e16);
+    constexpr auto e18 = (e17 + e7);
+    constexpr auto e19 = tg::mean(e14);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e17);
+    constexpr auto e22 = tg::mean(e9);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e10);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e12);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e27);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<float> g4(in[5].size());
+    std::vector<float> g5(in[6].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2001, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 3>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<2>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<3>>;\nconstexpr auto e5 = tg::matmul(a, e);\nconstexpr auto e8 = tg::log_sum_exp(e);\nconstexpr auto e9 = tg::max(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
@@ -1293,6 +1472,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 f32\nleaf 8 f32\nleaf 9 f32\nmatmul 1 4\nbatch_norm 4 7 8\nsin 11\navg_pool2d 0\nconv2d 2 9 2\nrms_norm 6 5\nsin 15\nstack1 16 16\nerf 17\nlse 18\nmax 10\nadd 19 20\nmean 16\nadd 21 22\nadd 23 19\nmean 12\nadd 24 25\nmean 13\nadd 26 27\nmean 14\nadd 28 29",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", false, 1, {2}, 0.25, 2.0}, {"c", true, 2, {-1, 5}, -2.0, 2.0}, {"d", true, 2, {1, 5}, 0.25, 2.0}, {"e", true, 2, {2, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"p", true, 1, {2}, 0.5, 1.5}, {"q", true, 1, {2}, -1.0, 1.0}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
                 &autocast_graph_2109});
+    r.push_back({2113, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<4, 5>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<5, 5>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<5>>;\nconstexpr auto d = tg::input<\"d\", tg::bf16, tg::shape<4, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<5, 1, 5>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<5>>;\nconstexpr auto e8 = tg::matmul(c, tg::transpose(b));\nconstexpr auto e9 = tg::argmax(d, tg::axes<1>, tg::keepdim);\nconstexpr auto e10 = tg::gather<1>(d, e9);\nconstexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 5>(tg::unsqueeze<0>(b), u, s));\nconstexpr auto e13 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));\nconstexpr auto e14 = tg::rms_norm<1, 1e-06>(e8, g);\nconstexpr auto e15 = tg::sin(e14);\nconstexpr auto e16 = tg::concat<0>(e8, h, e8);\nconstexpr auto e17 = tg::mean(e16);\nconstexpr auto e18 = tg::mean(e15);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e17);\nconstexpr auto e21 = tg::mean(e10);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e12);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e13);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e26);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 f32\nleaf 7 bf16\nmatmul_t 2 1\nargmax 3 1\ngather 3 1 9\nconv1d_b 1 6 7 4 2 5\nadaptive_avg_pool2d 0 2 3\nrms_norm 8 4\nsin 13\ncat0 8 5 8\nmean 15\nmean 14\nadd 16 17\nadd 18 16\nmean 10\nadd 19 20\nmean 11\nadd 21 22\nmean 12\nadd 23 24",
+                {{"a", true, 2, {4, 5}, -2.0, 2.0}, {"b", false, 2, {5, 5}, -2.0, 2.0}, {"c", true, 1, {5}, -2.0, 2.0}, {"d", false, 2, {4, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {5, 1, 5}, -0.5, 0.5}, {"s", true, 1, {5}, -0.5, 0.5}},
+                &autocast_graph_2113});
+    r.push_back({2117, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<5, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<3, 1, 3>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<3>>;\nconstexpr auto e7 = tg::linear(b, b);\nconstexpr auto e9 = tg::argmax(a, tg::axes<1>, tg::keepdim);\nconstexpr auto e10 = tg::gather<1>(a, e9);\nconstexpr auto e13 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 3>(tg::unsqueeze<0>(c), u, s));\nconstexpr auto e15 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)));\nconstexpr auto e16 = tg::layer_norm(g, g, h);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::stack<1>(e7, e7);\nconstexpr auto e19 = tg::clamp(e18, tg::lit<-1.0>, tg::lit<1.0>);\nconstexpr auto e20 = tg::max(e19);\nconstexpr auto e21 = tg::mean(e17);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = (e22 + e20);\nconstexpr auto e24 = tg::mean(e10);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e13);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e15);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e29);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 f32\nleaf 6 bf16\nlinear 1 1\nargmax 0 1\ngather 0 1 8\nconv1d_b 2 5 6 2 2 3\nadaptive_avg_pool2d 2 2 3\nlayer_norm 3 3 4\nsin 12\nstack1 7 7\nclamp 14 -1.0 1.0\nmax 15\nmean 13\nadd 16 17\nadd 18 16\nmean 9\nadd 19 20\nmean 10\nadd 21 22\nmean 11\nadd 23 24",
+                {{"a", true, 2, {-1, 3}, 0.25, 2.0}, {"b", true, 2, {5, 3}, -2.0, 2.0}, {"c", true, 2, {3, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {3, 1, 3}, -0.5, 0.5}, {"s", true, 1, {3}, -0.5, 0.5}},
+                &autocast_graph_2117});
+    r.push_back({2121, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<5, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<3>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<5, 1, 3>>;\nconstexpr auto s = tg::param<\"s\", float, tg::shape<5>>;\nconstexpr auto e7 = tg::matmul(h, h);\nconstexpr auto e8 = tg::argmin(b, tg::axes<0>, tg::keepdim);\nconstexpr auto e9 = tg::gather<0>(b, e8);\nconstexpr auto e10 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 5>(tg::unsqueeze<0>(b), u));\nconstexpr auto e11 = tg::log1p(g);\nconstexpr auto e12 = tg::adaptive_avg_pool2d<2, 3>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));\nconstexpr auto e13 = tg::layer_norm(e11, g, h);\nconstexpr auto e14 = tg::sin(e13);\nconstexpr auto e15 = tg::stack<1>(e10, b);\nconstexpr auto e16 = tg::expm1(e15);\nconstexpr auto e17 = tg::mean(e16);\nconstexpr auto e18 = (e17 + e7);\nconstexpr auto e19 = tg::mean(e14);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e17);\nconstexpr auto e22 = tg::mean(e9);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e10);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e12);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e27);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 f32\nleaf 6 f32\nmatmul 4 4\nargmin 1 0\ngather 1 0 8\nconv1d 1 5 2 2 5\nlog1p 3\nadaptive_avg_pool2d 0 2 3\nlayer_norm 11 3 4\nsin 13\nstack1 10 1\nexpm1 15\nmean 16\nadd 17 7\nmean 14\nadd 18 19\nadd 20 17\nmean 9\nadd 21 22\nmean 10\nadd 23 24\nmean 12\nadd 25 26",
+                {{"a", true, 2, {-1, 5}, 0.25, 2.0}, {"b", false, 2, {5, 3}, -2.0, 2.0}, {"c", true, 1, {3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"u", true, 3, {5, 1, 3}, -0.5, 0.5}, {"s", true, 1, {5}, -0.5, 0.5}},
+                &autocast_graph_2121});
     return true;
 }();
 

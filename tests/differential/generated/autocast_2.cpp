@@ -1209,6 +1209,211 @@ double autocast_graph_2110(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2114(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<4>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<4, 4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto u = tg::param<"u", float, tg::shape<4, 2, 5>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<4>>;
+    constexpr auto e11 = tg::matmul(c, tg::transpose(e));
+    constexpr auto e13 = tg::narrow<0>(g, o, n);
+    constexpr auto e15 = tg::argmax(e, tg::axes<0>, tg::keepdim);
+    constexpr auto e16 = tg::gather<0>(e, e15);
+    constexpr auto e18 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 2>(tg::unsqueeze<0>(e), u, s));
+    constexpr auto e19 = tg::layer_norm(e11, g, h);
+    constexpr auto e20 = tg::sin(e19);
+    constexpr auto e21 = tg::stack<1>(e18, e18);
+    constexpr auto e22 = tg::log_sum_exp(e21);
+    constexpr auto e23 = tg::log_sum_exp(e11);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e20);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = (e26 + e22);
+    constexpr auto e28 = tg::mean(e13);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e16);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto e32 = tg::mean(e18);
+    constexpr auto e33 = (e31 + e32);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e33);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(g), region_dtype(h), region_dtype(o), region_dtype(n), region_dtype(u), region_dtype(s), region_dtype(e11), region_dtype(e13), region_dtype(e15), region_dtype(e16), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32), region_dtype(e33)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = ids_of(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = narrow<float>(in[9]);
+    const auto in10 = narrow<tg::bf16>(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<float> g3(in[5].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<float> g5(in[9].size());
+    std::vector<tg::bf16> g6(in[10].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(o, in7, {}), tg::bind(n, in8, {}), tg::bind(u, in9, {ext[9][0], ext[9][1], ext[9][2]}), tg::bind(s, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(e, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, e, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, e, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2118(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<3, 3>>;
+    constexpr auto e = tg::param<"e", tg::bf16, tg::shape<3, 3>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<3>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<3, 1, 5>>;
+    constexpr auto s = tg::param<"s", float, tg::shape<3>>;
+    constexpr auto e11 = tg::matmul(b, tg::transpose(e));
+    constexpr auto e12 = tg::narrow<0>(e11, o, n);
+    constexpr auto e13 = tg::argmin(c, tg::axes<1>, tg::keepdim);
+    constexpr auto e14 = tg::gather<1>(a, e13);
+    constexpr auto e15 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 3>(tg::unsqueeze<0>(d), u));
+    constexpr auto e16 = tg::layer_norm(e, g, h);
+    constexpr auto e17 = tg::sin(e16);
+    constexpr auto e18 = tg::concat<0>(c, c, a);
+    constexpr auto e19 = tg::elu<0.5>(e18);
+    constexpr auto e20 = tg::min(e19);
+    constexpr auto e21 = tg::sum(e11);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e17);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = (e24 + e20);
+    constexpr auto e26 = tg::mean(e12);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto e28 = tg::mean(e14);
+    constexpr auto e29 = (e27 + e28);
+    constexpr auto e30 = tg::mean(e15);
+    constexpr auto e31 = (e29 + e30);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(g), region_dtype(h), region_dtype(o), region_dtype(n), region_dtype(u), region_dtype(s), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = ids_of(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = narrow<tg::bf16>(in[9]);
+    const auto in10 = narrow<float>(in[10]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<float> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    std::vector<tg::bf16> g5(in[5].size());
+    std::vector<tg::bf16> g6(in[6].size());
+    std::vector<tg::bf16> g7(in[9].size());
+    std::vector<float> g8(in[10].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(o, in7, {}), tg::bind(n, in8, {}), tg::bind(u, in9, {ext[9][0], ext[9][1], ext[9][2]}), tg::bind(s, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(u, g7), tg::grad_into(s, g8))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    grad[7] = widen(g7);
+    grad[8] = widen(g8);
+    return v;
+}
+
+double autocast_graph_2122(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<tg::dyn, 3>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<2, 3>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<3>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<2, 1, 3>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<2>>;
+    constexpr auto e9 = tg::matmul(a, c);
+    constexpr auto e11 = tg::narrow<1>(a, o, n);
+    constexpr auto e12 = tg::argmin(e9, tg::axes<0>, tg::keepdim);
+    constexpr auto e13 = tg::gather<0>(e9, e12);
+    constexpr auto e14 = tg::expm1(b);
+    constexpr auto e16 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 2>(tg::unsqueeze<0>(c), u, s));
+    constexpr auto e17 = tg::layer_norm(e14, g, h);
+    constexpr auto e18 = tg::sin(e17);
+    constexpr auto e19 = tg::concat<0>(e18, e9, e14);
+    constexpr auto e20 = tg::gelu(e19);
+    constexpr auto e21 = tg::mean(e20);
+    constexpr auto e22 = tg::mean(e18);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e21);
+    constexpr auto e25 = tg::mean(e11);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e13);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e16);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(o), region_dtype(n), region_dtype(u), region_dtype(s), region_dtype(e9), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = ids_of(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = narrow<tg::bf16>(in[8]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[7].size());
+    std::vector<tg::bf16> g5(in[8].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(o, in5, {}), tg::bind(n, in6, {}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2002, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e7 = -d;\nconstexpr auto e9 = (e7 + tg::lit<0.25>);\nconstexpr auto e10 = tg::linear(c, c);\nconstexpr auto e11 = tg::cos(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::min(e10);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
@@ -1323,6 +1528,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 bf16\nleaf 6 f32\nleaf 7 f32\nleaf 8 f32\nleaf 9 f32\nleaf 10 bf16\nmatmul_t 2 4\nrelu 1\nconv1d 5 8 2\ncat0 13 13 13\nmin 14\nconv2d 5 10 1\nmax_pool2d 12\nlayer_norm 5 6 7\nsin 18\nmin 19\nlse 11\nadd 20 21\nadd 22 15\nmean 19\nadd 23 24\nmean 13\nadd 25 26\nmean 16\nadd 27 28\nmean 17\nadd 29 30",
                 {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", true, 2, {1, 3}, -2.0, 2.0}, {"c", true, 1, {4}, -2.0, 2.0}, {"d", false, 2, {-1, 4}, -2.0, 2.0}, {"e", false, 2, {3, 4}, 0.25, 2.0}, {"f", true, 2, {4, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"u", true, 3, {4, 4, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
                 &autocast_graph_2110});
+    r.push_back({2114, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<4>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<4, 4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto u = tg::param<\"u\", float, tg::shape<4, 2, 5>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<4>>;\nconstexpr auto e11 = tg::matmul(c, tg::transpose(e));\nconstexpr auto e13 = tg::narrow<0>(g, o, n);\nconstexpr auto e15 = tg::argmax(e, tg::axes<0>, tg::keepdim);\nconstexpr auto e16 = tg::gather<0>(e, e15);\nconstexpr auto e18 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 2>(tg::unsqueeze<0>(e), u, s));\nconstexpr auto e19 = tg::layer_norm(e11, g, h);\nconstexpr auto e20 = tg::sin(e19);\nconstexpr auto e21 = tg::stack<1>(e18, e18);\nconstexpr auto e22 = tg::log_sum_exp(e21);\nconstexpr auto e23 = tg::log_sum_exp(e11);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e20);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = (e26 + e22);\nconstexpr auto e28 = tg::mean(e13);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e16);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto e32 = tg::mean(e18);\nconstexpr auto e33 = (e31 + e32);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e33);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 i64\nleaf 8 i64\nleaf 9 f32\nleaf 10 bf16\nmatmul_t 2 4\nnarrow 5 0 7 8\nargmax 4 0\ngather 4 0 13\nconv1d_b 4 9 10 4 2 2\nlayer_norm 11 5 6\nsin 16\nstack1 15 15\nlse 18\nlse 11\nadd 19 20\nmean 17\nadd 21 22\nadd 23 19\nmean 12\nadd 24 25\nmean 14\nadd 26 27\nmean 15\nadd 28 29",
+                {{"a", true, 2, {-1, 4}, -2.0, 2.0}, {"b", true, 1, {4}, -2.0, 2.0}, {"c", false, 1, {4}, -2.0, 2.0}, {"d", false, 2, {-1, 4}, -2.0, 2.0}, {"e", true, 2, {4, 4}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 2.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}, {"u", true, 3, {4, 2, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}},
+                &autocast_graph_2114});
+    r.push_back({2118, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<3, 3>>;\nconstexpr auto e = tg::param<\"e\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<3>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<3, 1, 5>>;\nconstexpr auto s = tg::param<\"s\", float, tg::shape<3>>;\nconstexpr auto e11 = tg::matmul(b, tg::transpose(e));\nconstexpr auto e12 = tg::narrow<0>(e11, o, n);\nconstexpr auto e13 = tg::argmin(c, tg::axes<1>, tg::keepdim);\nconstexpr auto e14 = tg::gather<1>(a, e13);\nconstexpr auto e15 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 3>(tg::unsqueeze<0>(d), u));\nconstexpr auto e16 = tg::layer_norm(e, g, h);\nconstexpr auto e17 = tg::sin(e16);\nconstexpr auto e18 = tg::concat<0>(c, c, a);\nconstexpr auto e19 = tg::elu<0.5>(e18);\nconstexpr auto e20 = tg::min(e19);\nconstexpr auto e21 = tg::sum(e11);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e17);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = (e24 + e20);\nconstexpr auto e26 = tg::mean(e12);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto e28 = tg::mean(e14);\nconstexpr auto e29 = (e27 + e28);\nconstexpr auto e30 = tg::mean(e15);\nconstexpr auto e31 = (e29 + e30);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e31);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 i64\nleaf 8 i64\nleaf 9 bf16\nleaf 10 f32\nmatmul_t 1 4\nnarrow 11 0 7 8\nargmin 2 1\ngather 0 1 13\nconv1d 3 9 4 2 3\nlayer_norm 4 5 6\nsin 16\ncat0 2 2 0\nelu 18 0.5\nmin 19\nsum 11\nadd 20 21\nmean 17\nadd 22 23\nadd 24 20\nmean 12\nadd 25 26\nmean 14\nadd 27 28\nmean 15\nadd 29 30",
+                {{"a", true, 2, {-1, 3}, -2.0, 2.0}, {"b", true, 1, {3}, -2.0, 2.0}, {"c", true, 2, {-1, 3}, 0.25, 2.0}, {"d", true, 2, {3, 3}, 0.25, 2.0}, {"e", true, 2, {3, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}, {"u", true, 3, {3, 1, 5}, -0.5, 0.5}, {"s", true, 1, {3}, -0.5, 0.5}},
+                &autocast_graph_2118});
+    r.push_back({2122, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<2, 3>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<3>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<2, 1, 3>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<2>>;\nconstexpr auto e9 = tg::matmul(a, c);\nconstexpr auto e11 = tg::narrow<1>(a, o, n);\nconstexpr auto e12 = tg::argmin(e9, tg::axes<0>, tg::keepdim);\nconstexpr auto e13 = tg::gather<0>(e9, e12);\nconstexpr auto e14 = tg::expm1(b);\nconstexpr auto e16 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 2>(tg::unsqueeze<0>(c), u, s));\nconstexpr auto e17 = tg::layer_norm(e14, g, h);\nconstexpr auto e18 = tg::sin(e17);\nconstexpr auto e19 = tg::concat<0>(e18, e9, e14);\nconstexpr auto e20 = tg::gelu(e19);\nconstexpr auto e21 = tg::mean(e20);\nconstexpr auto e22 = tg::mean(e18);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e21);\nconstexpr auto e25 = tg::mean(e11);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e13);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e16);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 i64\nleaf 6 i64\nleaf 7 bf16\nleaf 8 bf16\nmatmul 0 2\nnarrow 0 1 5 6\nargmin 9 0\ngather 9 0 11\nexpm1 1\nconv1d_b 2 7 8 2 2 2\nlayer_norm 13 3 4\nsin 15\ncat0 16 9 13\ngelu 17\nmean 18\nmean 16\nadd 19 20\nadd 21 19\nmean 10\nadd 22 23\nmean 12\nadd 24 25\nmean 14\nadd 26 27",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {-1, 3}, 0.25, 2.0}, {"c", false, 2, {2, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 1.0, true}, {"u", true, 3, {2, 1, 3}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}},
+                &autocast_graph_2122});
     return true;
 }();
 

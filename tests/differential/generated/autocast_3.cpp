@@ -1197,6 +1197,191 @@ double autocast_graph_2111(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2115(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<3, 4>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<4>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<4, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e7 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(a, c));
+    constexpr auto e8 = tg::adaptive_avg_pool2d<2, 2>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));
+    constexpr auto e9 = tg::silu(e7);
+    constexpr auto e10 = tg::narrow<1>(a, o, n);
+    constexpr auto e12 = tg::sigmoid(e9);
+    constexpr auto e13 = tg::argmin(e7, tg::axes<0>, tg::keepdim);
+    constexpr auto e14 = tg::gather<0>(e9, e13);
+    constexpr auto e15 = tg::layer_norm(g, g, h);
+    constexpr auto e16 = tg::sin(e15);
+    constexpr auto e17 = tg::concat<0>(e9, e12, e12);
+    constexpr auto e18 = tg::sum(e17);
+    constexpr auto e19 = tg::mean(e16);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e18);
+    constexpr auto e22 = tg::mean(e8);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e10);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = tg::mean(e14);
+    constexpr auto e27 = (e25 + e26);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e27);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(g), region_dtype(h), region_dtype(o), region_dtype(n), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = ids_of(in[5]);
+    const auto in6 = ids_of(in[6]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    std::vector<tg::bf16> g4(in[4].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(o, in5, {}), tg::bind(n, in6, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
+double autocast_graph_2119(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<4, 2>>;
+    constexpr auto b = tg::input<"b", float, tg::shape<2>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<4, 5>>;
+    constexpr auto d = tg::param<"d", float, tg::shape<2, 5>>;
+    constexpr auto e = tg::param<"e", tg::bf16, tg::shape<5, 2>>;
+    constexpr auto f = tg::param<"f", float, tg::shape<4, 2>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e12 = tg::adaptive_avg_pool2d<3, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(f)));
+    constexpr auto e13 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(f, d));
+    constexpr auto e14 = tg::narrow<0>(b, o, n);
+    constexpr auto e15 = tg::argmax(f, tg::axes<1>, tg::keepdim);
+    constexpr auto e16 = tg::gather<1>(a, e15);
+    constexpr auto e17 = tg::layer_norm(g, g, h);
+    constexpr auto e18 = tg::sin(e17);
+    constexpr auto e19 = tg::stack<1>(b, b);
+    constexpr auto e20 = tg::erf(e19);
+    constexpr auto e21 = tg::max(e20);
+    constexpr auto e22 = tg::min(e13);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e18);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto e26 = (e25 + e21);
+    constexpr auto e27 = tg::mean(e12);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e14);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto e31 = tg::mean(e16);
+    constexpr auto e32 = (e30 + e31);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(o), region_dtype(n), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30), region_dtype(e31), region_dtype(e32)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = ids_of(in[8]);
+    const auto in9 = ids_of(in[9]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[2].size());
+    std::vector<float> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<float> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(o, in8, {}), tg::bind(n, in9, {}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(e, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, e, f, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, c, d, e, f, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2123(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 3>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<3>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<5, 3>>;
+    constexpr auto d = tg::input<"d", tg::bf16, tg::shape<3, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e8 = tg::linear(a, c);
+    constexpr auto e10 = tg::adaptive_avg_pool2d<2, 2>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)));
+    constexpr auto e11 = tg::narrow<1>(c, o, n);
+    constexpr auto e13 = tg::argmin(d, tg::axes<1>, tg::keepdim);
+    constexpr auto e14 = tg::gather<1>(d, e13);
+    constexpr auto e15 = tg::rms_norm<1, 1e-06>(g, g);
+    constexpr auto e16 = tg::sin(e15);
+    constexpr auto e17 = tg::stack<1>(e16, g);
+    constexpr auto e18 = tg::gelu(e17);
+    constexpr auto e19 = tg::sum(e18);
+    constexpr auto e20 = tg::sum(e8);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = tg::mean(e16);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e19);
+    constexpr auto e25 = tg::mean(e10);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = tg::mean(e11);
+    constexpr auto e28 = (e26 + e27);
+    constexpr auto e29 = tg::mean(e14);
+    constexpr auto e30 = (e28 + e29);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(o), region_dtype(n), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26), region_dtype(e27), region_dtype(e28), region_dtype(e29), region_dtype(e30)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = ids_of(in[7]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(o, in6, {}), tg::bind(n, in7, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2003, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(f)));\nconstexpr auto e7 = tg::softmax(c);\nconstexpr auto e9 = -e7;\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e6);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
@@ -1311,6 +1496,18 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 f32\nleaf 8 f32\nleaf 9 f32\nleaf 10 bf16\noff matmul 7 7\navg_pool2d 2\nbatch_norm 2 8 9\nsin 13\nconv2d 4 10 2\nrms_norm 2 6\nsin 16\nstack1 17 12\nlse 18\nadd 19 11\nmean 17\nadd 20 21\nadd 22 19\nmean 12\nadd 23 24\nmean 14\nadd 25 26\nmean 15\nadd 27 28",
                 {{"a", true, 2, {5, 4}, 0.25, 2.0}, {"b", true, 1, {4}, -2.0, 2.0}, {"c", true, 2, {4, 3}, 0.25, 2.0}, {"d", false, 1, {3}, 0.25, 2.0}, {"e", true, 2, {5, 3}, -2.0, 2.0}, {"f", false, 2, {1, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}, {"w", true, 2, {3, 3}, -0.5, 0.5}},
                 &autocast_graph_2111});
+    r.push_back({2115, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 4>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<4>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<4, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e7 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(a, c));\nconstexpr auto e8 = tg::adaptive_avg_pool2d<2, 2>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));\nconstexpr auto e9 = tg::silu(e7);\nconstexpr auto e10 = tg::narrow<1>(a, o, n);\nconstexpr auto e12 = tg::sigmoid(e9);\nconstexpr auto e13 = tg::argmin(e7, tg::axes<0>, tg::keepdim);\nconstexpr auto e14 = tg::gather<0>(e9, e13);\nconstexpr auto e15 = tg::layer_norm(g, g, h);\nconstexpr auto e16 = tg::sin(e15);\nconstexpr auto e17 = tg::concat<0>(e9, e12, e12);\nconstexpr auto e18 = tg::sum(e17);\nconstexpr auto e19 = tg::mean(e16);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e18);\nconstexpr auto e22 = tg::mean(e8);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e10);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = tg::mean(e14);\nconstexpr auto e27 = (e25 + e26);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e27);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 i64\nleaf 6 i64\noff matmul 0 2\nadaptive_avg_pool2d 0 2 2\nsilu 7\nnarrow 0 1 5 6\nsigmoid 9\nargmin 7 0\ngather 9 0 12\nlayer_norm 3 3 4\nsin 14\ncat0 9 11 11\nsum 16\nmean 15\nadd 17 18\nadd 19 17\nmean 8\nadd 20 21\nmean 10\nadd 22 23\nmean 13\nadd 24 25",
+                {{"a", true, 2, {3, 4}, -2.0, 2.0}, {"b", true, 1, {4}, 0.25, 2.0}, {"c", true, 2, {4, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 2.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}},
+                &autocast_graph_2115});
+    r.push_back({2119, 0, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<4, 2>>;\nconstexpr auto b = tg::input<\"b\", float, tg::shape<2>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<4, 5>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<2, 5>>;\nconstexpr auto e = tg::param<\"e\", tg::bf16, tg::shape<5, 2>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<4, 2>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e12 = tg::adaptive_avg_pool2d<3, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(f)));\nconstexpr auto e13 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(f, d));\nconstexpr auto e14 = tg::narrow<0>(b, o, n);\nconstexpr auto e15 = tg::argmax(f, tg::axes<1>, tg::keepdim);\nconstexpr auto e16 = tg::gather<1>(a, e15);\nconstexpr auto e17 = tg::layer_norm(g, g, h);\nconstexpr auto e18 = tg::sin(e17);\nconstexpr auto e19 = tg::stack<1>(b, b);\nconstexpr auto e20 = tg::erf(e19);\nconstexpr auto e21 = tg::max(e20);\nconstexpr auto e22 = tg::min(e13);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e18);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto e26 = (e25 + e21);\nconstexpr auto e27 = tg::mean(e12);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e14);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto e31 = tg::mean(e16);\nconstexpr auto e32 = (e30 + e31);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e32);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 f32\nleaf 4 bf16\nleaf 5 f32\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\nadaptive_avg_pool2d 5 3 1\noff matmul 5 3\nnarrow 1 0 8 9\nargmax 5 1\ngather 0 1 13\nlayer_norm 6 6 7\nsin 15\nstack1 1 1\nerf 17\nmax 18\nmin 11\nadd 19 20\nmean 16\nadd 21 22\nadd 23 19\nmean 10\nadd 24 25\nmean 12\nadd 26 27\nmean 14\nadd 28 29",
+                {{"a", true, 2, {4, 2}, -2.0, 2.0}, {"b", false, 1, {2}, -2.0, 2.0}, {"c", true, 2, {4, 5}, 0.25, 2.0}, {"d", true, 2, {2, 5}, -2.0, 2.0}, {"e", true, 2, {5, 2}, 0.25, 2.0}, {"f", true, 2, {4, 2}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 1.0, true}},
+                &autocast_graph_2119});
+    r.push_back({2123, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<3>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<5, 3>>;\nconstexpr auto d = tg::input<\"d\", tg::bf16, tg::shape<3, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e8 = tg::linear(a, c);\nconstexpr auto e10 = tg::adaptive_avg_pool2d<2, 2>(tg::unsqueeze<0>(tg::unsqueeze<0>(c)));\nconstexpr auto e11 = tg::narrow<1>(c, o, n);\nconstexpr auto e13 = tg::argmin(d, tg::axes<1>, tg::keepdim);\nconstexpr auto e14 = tg::gather<1>(d, e13);\nconstexpr auto e15 = tg::rms_norm<1, 1e-06>(g, g);\nconstexpr auto e16 = tg::sin(e15);\nconstexpr auto e17 = tg::stack<1>(e16, g);\nconstexpr auto e18 = tg::gelu(e17);\nconstexpr auto e19 = tg::sum(e18);\nconstexpr auto e20 = tg::sum(e8);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = tg::mean(e16);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e19);\nconstexpr auto e25 = tg::mean(e10);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = tg::mean(e11);\nconstexpr auto e28 = (e26 + e27);\nconstexpr auto e29 = tg::mean(e14);\nconstexpr auto e30 = (e28 + e29);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e30);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 i64\nleaf 7 i64\nlinear 0 2\nadaptive_avg_pool2d 2 2 2\nnarrow 2 1 6 7\nargmin 3 1\ngather 3 1 11\nrms_norm 4 4\nsin 13\nstack1 14 4\ngelu 15\nsum 16\nsum 8\nadd 17 18\nmean 14\nadd 19 20\nadd 21 17\nmean 9\nadd 22 23\nmean 10\nadd 24 25\nmean 12\nadd 26 27",
+                {{"a", true, 2, {-1, 3}, 0.25, 2.0}, {"b", true, 1, {3}, 0.25, 2.0}, {"c", true, 2, {5, 3}, 0.25, 2.0}, {"d", false, 2, {3, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}},
+                &autocast_graph_2123});
     return true;
 }();
 

@@ -736,6 +736,107 @@ T graph_2248(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0]}), tg::bind(c, in[2], {}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(r, r_ids, {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(c, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]), tg::grad_into(v, grad[5]));
 }
 
+template <class T>
+T graph_2252(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 2, 10>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<1, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<10>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<10>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<2, 2, 3>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<2>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<2, 1, 9>>;
+    constexpr auto e7 = -b;
+    constexpr auto e8 = tg::conv1d<1, 2, 2>(a, u, s);
+    constexpr auto e9 = tg::pow(g, g);
+    constexpr auto e10 = tg::where(tg::gt(e8, e9), e9, e7);
+    constexpr auto e11 = tg::reshape<tg::shape<2, 2, 2, 5>>(e10);
+    constexpr auto e12 = tg::reshape<tg::shape<2, 1, 3, 3>>(v);
+    constexpr auto e13 = tg::conv2d<1, 1, 1, 2>(e11, e12);
+    constexpr auto e14 = tg::reshape<tg::shape<2, 2, 10>>(e13);
+    constexpr auto e15 = tg::erf(e13);
+    constexpr auto e16 = tg::concat<0>(e13, e13, e15);
+    constexpr auto e17 = tg::sum(e16);
+    constexpr auto e18 = tg::reshape<tg::shape<2, 2, 2, 5>>(e10);
+    constexpr auto e19 = tg::adaptive_avg_pool2d<1, 1>(e18);
+    constexpr auto e20 = tg::sum(e19);
+    constexpr auto e21 = tg::mean(e15);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e8);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e14);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = (e26 + e17);
+    constexpr auto e28 = (e27 + e20);
+    constexpr auto step = tg::compile(e28, tg::wrt(a, g, h, u, s, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(u, in[4], {ext[4][0], ext[4][1], ext[4][2]}), tg::bind(s, in[5], {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(u, grad[3]), tg::grad_into(s, grad[4]), tg::grad_into(v, grad[5]));
+}
+
+template <class T>
+T graph_2256(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto o_ids = ids_of(in[6]);
+    const auto n_ids = ids_of(in[7]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 12>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<1>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<1, 1, 1>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", T, tg::shape<1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<12>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<12>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 3, 3, 4>>(a);
+    constexpr auto e9 = tg::adaptive_avg_pool2d<4, 3>(e8);
+    constexpr auto e10 = tg::gelu<tg::approximate::tanh>(e9);
+    constexpr auto e11 = tg::min(e10);
+    constexpr auto e13 = tg::argmin(a, tg::axes<1>, tg::keepdim);
+    constexpr auto e14 = tg::gather<1>(a, e13);
+    constexpr auto e15 = tg::silu(e14);
+    constexpr auto e16 = tg::log_sum_exp(e15);
+    constexpr auto e17 = tg::narrow<2>(a, o, n);
+    constexpr auto e18 = tg::softplus<1.0>(e17);
+    constexpr auto e19 = tg::min(e18);
+    constexpr auto e20 = (e19 + e11);
+    constexpr auto e21 = (e20 + e16);
+    constexpr auto e22 = (e21 + e19);
+    constexpr auto step = tg::compile(e22, tg::wrt(a, g, h));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
+template <class T>
+T graph_2260(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto o_ids = ids_of(in[3]);
+    const auto n_ids = ids_of(in[4]);
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 2, 10>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<10>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<10>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto m = tg::param<"m", T, tg::shape<2, 2>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<2, 2, 5>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<2>>;
+    constexpr auto e8 = tg::narrow<2>(a, o, n);
+    constexpr auto e9 = tg::sum(e8);
+    constexpr auto e10 = tg::elu<0.5>(e9);
+    constexpr auto e11 = tg::scaled_dot_product_attention<0.75>(a, a, a, m);
+    constexpr auto e12 = tg::conv1d<1, 4, 2>(e11, u, s);
+    constexpr auto e13 = tg::clamp(e10, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e14 = tg::log_sum_exp(a);
+    constexpr auto e15 = (e13 + e14);
+    constexpr auto e16 = (e15 + e9);
+    constexpr auto e17 = tg::mean(e11);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e12);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto step = tg::compile(e20, tg::wrt(a, g, h, m, u, s));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}), tg::bind(m, in[5], {ext[5][0], ext[5][1]}), tg::bind(u, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in[7], {ext[7][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(m, grad[3]), tg::grad_into(u, grad[4]), tg::grad_into(s, grad[5]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({0, 3, true,
@@ -913,6 +1014,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nsoftplus 4 2.0\nmaximum 7 4\ndropout 7 5 0.25\ncat0 7 8 8\nleaky_relu 10 0.2\nlse 11\nreshape4 0 2 3 3 4\nreshape4 6 3 3 3 3\nconv2d 13 14 2 1\nelu 15 0.5\nsum 16\nrms_norm 0 3\nsin 18\nreshape4 0 2 3 3 4\navg_pool2d 20 3 1 1\nreshape3 21 2 3 12\nreshape4 0 2 3 3 4\nmax_pool2d 23 2 2 0\nmean 24\nsum 23\nadd 25 26\nmean 9\nadd 27 28\nadd 29 12\nadd 30 17\nmean 19\nadd 31 32\nmean 22\nadd 33 34\nadd 35 25",
                 {{"a", true, 3, {2, 3, 12}, -2.0, 2.0}, {"b", true, 1, {1}, -2.0, 2.0}, {"c", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {3, 3, 9}, -0.5, 0.5}},
                 &graph_2248<double>, &graph_2248<float>});
+    r.push_back({2252, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 2, 10>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<10>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<10>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<2, 2, 3>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<2>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<2, 1, 9>>;\nconstexpr auto e7 = -b;\nconstexpr auto e8 = tg::conv1d<1, 2, 2>(a, u, s);\nconstexpr auto e9 = tg::pow(g, g);\nconstexpr auto e10 = tg::where(tg::gt(e8, e9), e9, e7);\nconstexpr auto e11 = tg::reshape<tg::shape<2, 2, 2, 5>>(e10);\nconstexpr auto e12 = tg::reshape<tg::shape<2, 1, 3, 3>>(v);\nconstexpr auto e13 = tg::conv2d<1, 1, 1, 2>(e11, e12);\nconstexpr auto e14 = tg::reshape<tg::shape<2, 2, 10>>(e13);\nconstexpr auto e15 = tg::erf(e13);\nconstexpr auto e16 = tg::concat<0>(e13, e13, e15);\nconstexpr auto e17 = tg::sum(e16);\nconstexpr auto e18 = tg::reshape<tg::shape<2, 2, 2, 5>>(e10);\nconstexpr auto e19 = tg::adaptive_avg_pool2d<1, 1>(e18);\nconstexpr auto e20 = tg::sum(e19);\nconstexpr auto e21 = tg::mean(e15);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e8);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e14);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = (e26 + e17);\nconstexpr auto e28 = (e27 + e20);\nconstexpr auto loss = e28;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nneg 1\nconv1d 0 4 5 1 2 2 1\npow 2 2\nwhere_gt 8 9 9 7\nreshape4 10 2 2 2 5\nreshape4 6 2 1 3 3\nconv2d 11 12 1 1 1 2\nreshape3 13 2 2 10\nerf 13\ncat0 13 13 15\nsum 16\nreshape4 10 2 2 2 5\nadaptive_avg_pool2d 18 1 1\nsum 19\nmean 15\nadd 20 21\nmean 8\nadd 22 23\nmean 14\nadd 24 25\nadd 26 17\nadd 27 20",
+                {{"a", true, 3, {2, 2, 10}, -2.0, 2.0}, {"b", false, 2, {1, 1}, -2.0, 2.0}, {"g", true, 1, {10}, 0.5, 1.5}, {"h", true, 1, {10}, -1.0, 1.0}, {"u", true, 3, {2, 2, 3}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}, {"v", true, 3, {2, 1, 9}, -0.5, 0.5}},
+                &graph_2252<double>, &graph_2252<float>});
+    r.push_back({2256, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 12>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<1, 1, 1>>;\nconstexpr auto d = tg::input<\"d\", T, tg::shape<1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<12>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<12>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 3, 3, 4>>(a);\nconstexpr auto e9 = tg::adaptive_avg_pool2d<4, 3>(e8);\nconstexpr auto e10 = tg::gelu<tg::approximate::tanh>(e9);\nconstexpr auto e11 = tg::min(e10);\nconstexpr auto e13 = tg::argmin(a, tg::axes<1>, tg::keepdim);\nconstexpr auto e14 = tg::gather<1>(a, e13);\nconstexpr auto e15 = tg::silu(e14);\nconstexpr auto e16 = tg::log_sum_exp(e15);\nconstexpr auto e17 = tg::narrow<2>(a, o, n);\nconstexpr auto e18 = tg::softplus<1.0>(e17);\nconstexpr auto e19 = tg::min(e18);\nconstexpr auto e20 = (e19 + e11);\nconstexpr auto e21 = (e20 + e16);\nconstexpr auto e22 = (e21 + e19);\nconstexpr auto loss = e22;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nreshape4 0 -1 3 3 4\nadaptive_avg_pool2d 8 4 3\ngelu_tanh 9\nmin 10\nargmin 0 1\ngather 0 1 12\nsilu 13\nlse 14\nnarrow 0 2 6 7\nsoftplus 16 1.0\nmin 17\nadd 18 11\nadd 19 15\nadd 20 18",
+                {{"a", true, 3, {-1, 3, 12}, 0.25, 2.0}, {"b", false, 1, {1}, -2.0, 2.0}, {"c", false, 3, {1, 1, 1}, 0.25, 2.0}, {"d", false, 1, {1}, 0.25, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 6.0, true}, {"n", false, 0, {}, 1.0, 6.0, true}},
+                &graph_2256<double>, &graph_2256<float>});
+    r.push_back({2260, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 2, 10>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<10>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<10>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto m = tg::param<\"m\", T, tg::shape<2, 2>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<2, 2, 5>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<2>>;\nconstexpr auto e8 = tg::narrow<2>(a, o, n);\nconstexpr auto e9 = tg::sum(e8);\nconstexpr auto e10 = tg::elu<0.5>(e9);\nconstexpr auto e11 = tg::scaled_dot_product_attention<0.75>(a, a, a, m);\nconstexpr auto e12 = tg::conv1d<1, 4, 2>(e11, u, s);\nconstexpr auto e13 = tg::clamp(e10, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e14 = tg::log_sum_exp(a);\nconstexpr auto e15 = (e13 + e14);\nconstexpr auto e16 = (e15 + e9);\nconstexpr auto e17 = tg::mean(e11);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e12);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto loss = e20;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nnarrow 0 2 3 4\nsum 8\nelu 9 0.5\nsdpa 0 0 0 0 0.75 5\nconv1d 11 6 7 1 4 2 1\nclamp 10 0.0 2.0\nlse 0\nadd 13 14\nadd 15 9\nmean 11\nadd 16 17\nmean 12\nadd 18 19",
+                {{"a", true, 3, {2, 2, 10}, -2.0, 2.0}, {"g", true, 1, {10}, 0.5, 1.5}, {"h", true, 1, {10}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 5.0, true}, {"n", false, 0, {}, 1.0, 5.0, true}, {"m", true, 2, {2, 2}, -2.0, 2.0}, {"u", true, 3, {2, 2, 5}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}},
+                &graph_2260<double>, &graph_2260<float>});
     return true;
 }();
 

@@ -712,6 +712,104 @@ T graph_2249(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(u, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in[6], {ext[6][0]}), tg::bind(v, in[7], {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(p, in[8], {ext[8][0]}), tg::bind(q, in[9], {ext[9][0]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(u, grad[3]), tg::grad_into(s, grad[4]), tg::grad_into(v, grad[5]), tg::grad_into(p, grad[6]), tg::grad_into(q, grad[7]));
 }
 
+template <class T>
+T graph_2253(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto o_ids = ids_of(in[3]);
+    const auto n_ids = ids_of(in[4]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 9>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<9>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<9>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto m = tg::param<"m", T, tg::shape<4, 4>>;
+    constexpr auto e6 = tg::layer_norm(h, g, h);
+    constexpr auto e7 = tg::sin(e6);
+    constexpr auto e8 = tg::argmax(a, tg::axes<2>, tg::keepdim);
+    constexpr auto e9 = tg::gather<2>(a, e8);
+    constexpr auto e10 = tg::mean(e9);
+    constexpr auto e11 = tg::narrow<2>(a, o, n);
+    constexpr auto e12 = tg::min(e11);
+    constexpr auto e13 = tg::scaled_dot_product_attention(a, a, a, m);
+    constexpr auto e14 = tg::mean(e13);
+    constexpr auto e15 = tg::mean(e6);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto e17 = tg::mean(e7);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = (e18 + e10);
+    constexpr auto e20 = (e19 + e12);
+    constexpr auto e21 = tg::mean(e13);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto step = tg::compile(e22, tg::wrt(a, g, h, m));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}), tg::bind(m, in[5], {ext[5][0], ext[5][1]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(m, grad[3]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}), tg::bind(m, in[5], {ext[5][0], ext[5][1]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(m, grad[3]));
+}
+
+template <class T>
+T graph_2257(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 4, 16>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<16>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<16>>;
+    constexpr auto m = tg::param<"m", T, tg::shape<4, 4>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 5>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 1, 9>>;
+    constexpr auto e8 = tg::scaled_dot_product_attention(a, a, a, tg::attention_math);
+    constexpr auto e9 = tg::min(a, a);
+    constexpr auto e10 = tg::max(e8, tg::lit<0.25>);
+    constexpr auto e11 = tg::conv1d<1, 4, 2>(e9, u, s);
+    constexpr auto e13 = (tg::lit<3.0> * e10);
+    constexpr auto e14 = tg::reshape<tg::shape<2, 4, 4, 4>>(e13);
+    constexpr auto e15 = tg::reshape<tg::shape<4, 1, 3, 3>>(v);
+    constexpr auto e16 = tg::conv2d<1, 1, 1, 4>(e14, e15);
+    constexpr auto e17 = tg::reshape<tg::shape<2, 4, 16>>(e16);
+    constexpr auto e18 = tg::sum(e17);
+    constexpr auto e19 = tg::sum(e9);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e8);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e11);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e17);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto step = tg::compile(e26, tg::wrt(a, b, g, h, m, u, s, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(m, in[4], {ext[4][0], ext[4][1]}), tg::bind(u, in[5], {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in[6], {ext[6][0]}), tg::bind(v, in[7], {ext[7][0], ext[7][1], ext[7][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(m, grad[4]), tg::grad_into(u, grad[5]), tg::grad_into(s, grad[6]), tg::grad_into(v, grad[7]));
+}
+
+template <class T>
+T graph_2261(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<2, 4, 10>>;
+    [[maybe_unused]] constexpr auto b = tg::input<"b", T, tg::shape<1, 1>>;
+    constexpr auto c = tg::param<"c", T, tg::shape<4, 1>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<2, 4, 10>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<10>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<10>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 1, 9>>;
+    constexpr auto e7 = tg::reshape<tg::shape<2, 4, 2, 5>>(a);
+    constexpr auto e8 = tg::reshape<tg::shape<4, 1, 3, 3>>(v);
+    constexpr auto e9 = tg::conv2d<1, 2, 2, 4>(e7, e8);
+    constexpr auto e10 = tg::reshape<tg::shape<2, 4, 10>>(e9);
+    constexpr auto e13 = tg::reshape<tg::shape<2, 4, 2, 5>>(d);
+    constexpr auto e14 = tg::adaptive_avg_pool2d<3, 4>(e13);
+    constexpr auto e15 = tg::clamp(e14, tg::lit<-0.5>, tg::lit<0.5>);
+    constexpr auto e16 = tg::log_sum_exp(e15);
+    constexpr auto e17 = tg::argmax(e10, tg::axes<1>, tg::keepdim);
+    constexpr auto e18 = tg::gather<1>(a, e17);
+    constexpr auto e19 = tg::max(e18);
+    constexpr auto e20 = tg::mean(e10);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = (e21 + e16);
+    constexpr auto e23 = (e22 + e19);
+    constexpr auto step = tg::compile(e23, tg::wrt(a, c, d, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1]}), tg::bind(d, in[3], {ext[3][0], ext[3][1], ext[3][2]}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(c, grad[1]), tg::grad_into(d, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]), tg::grad_into(v, grad[5]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({1, 0, false,
@@ -889,6 +987,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nconv1d 1 5 6 1 0\nreshape4 10 2 4 3 4\nreshape4 7 4 4 3 3\nconv2d 11 12 1 1\nreshape3 13 2 4 12\nreshape4 14 2 4 3 4\nmax_pool2d 15 3 1 1\nreshape3 16 2 4 12\nlayer_norm 0 3 4\nsin 18\nbatch_norm 1 8 9\nsin 20\nlse 21\nmax 20\nadd 22 23\nmean 10\nadd 24 25\nmean 14\nadd 26 27\nmean 17\nadd 28 29\nmean 19\nadd 30 31\nmean 21\nadd 32 33",
                 {{"a", true, 3, {2, 4, 12}, 0.25, 2.0}, {"b", false, 3, {2, 4, 12}, 0.25, 2.0}, {"c", false, 3, {2, 1, 1}, -2.0, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"u", true, 3, {4, 4, 1}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 4, 9}, -0.5, 0.5}, {"p", true, 1, {4}, 0.5, 1.5}, {"q", true, 1, {4}, -1.0, 1.0}},
                 &graph_2249<double>, &graph_2249<float>});
+    r.push_back({2253, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 9>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<9>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<9>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto m = tg::param<\"m\", T, tg::shape<4, 4>>;\nconstexpr auto e6 = tg::layer_norm(h, g, h);\nconstexpr auto e7 = tg::sin(e6);\nconstexpr auto e8 = tg::argmax(a, tg::axes<2>, tg::keepdim);\nconstexpr auto e9 = tg::gather<2>(a, e8);\nconstexpr auto e10 = tg::mean(e9);\nconstexpr auto e11 = tg::narrow<2>(a, o, n);\nconstexpr auto e12 = tg::min(e11);\nconstexpr auto e13 = tg::scaled_dot_product_attention(a, a, a, m);\nconstexpr auto e14 = tg::mean(e13);\nconstexpr auto e15 = tg::mean(e6);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = tg::mean(e7);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = (e18 + e10);\nconstexpr auto e20 = (e19 + e12);\nconstexpr auto e21 = tg::mean(e13);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto loss = e22;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nlayer_norm 2 1 2\nsin 6\nargmax 0 2\ngather 0 2 8\nmean 9\nnarrow 0 2 3 4\nmin 11\nsdpa 0 0 0 0 0.0 5\nmean 13\nmean 6\nadd 14 15\nmean 7\nadd 16 17\nadd 18 10\nadd 19 12\nmean 13\nadd 20 21",
+                {{"a", true, 3, {-1, 4, 9}, -2.0, 2.0}, {"g", true, 1, {9}, 0.5, 1.5}, {"h", true, 1, {9}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 4.0, true}, {"n", false, 0, {}, 1.0, 5.0, true}, {"m", true, 2, {4, 4}, -2.0, 2.0}},
+                &graph_2253<double>, &graph_2253<float>});
+    r.push_back({2257, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 4, 16>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<16>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<16>>;\nconstexpr auto m = tg::param<\"m\", T, tg::shape<4, 4>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 5>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 1, 9>>;\nconstexpr auto e8 = tg::scaled_dot_product_attention(a, a, a, tg::attention_math);\nconstexpr auto e9 = tg::min(a, a);\nconstexpr auto e10 = tg::max(e8, tg::lit<0.25>);\nconstexpr auto e11 = tg::conv1d<1, 4, 2>(e9, u, s);\nconstexpr auto e13 = (tg::lit<3.0> * e10);\nconstexpr auto e14 = tg::reshape<tg::shape<2, 4, 4, 4>>(e13);\nconstexpr auto e15 = tg::reshape<tg::shape<4, 1, 3, 3>>(v);\nconstexpr auto e16 = tg::conv2d<1, 1, 1, 4>(e14, e15);\nconstexpr auto e17 = tg::reshape<tg::shape<2, 4, 16>>(e16);\nconstexpr auto e18 = tg::sum(e17);\nconstexpr auto e19 = tg::sum(e9);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e8);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e11);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e17);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto loss = e26;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nsdpa 0 0 0 0 0.0\nminimum 0 0\nmaximum 8 c0.25\nconv1d 9 5 6 1 4 2 1\nmul c3.0 10\nreshape4 12 2 4 4 4\nreshape4 7 4 1 3 3\nconv2d 13 14 1 1 1 4\nreshape3 15 2 4 16\nsum 16\nsum 9\nadd 17 18\nmean 8\nadd 19 20\nmean 11\nadd 21 22\nmean 16\nadd 23 24",
+                {{"a", true, 3, {2, 4, 16}, 0.25, 2.0}, {"b", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"m", true, 2, {4, 4}, -2.0, 2.0}, {"u", true, 3, {4, 4, 5}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 1, 9}, -0.5, 0.5}},
+                &graph_2257<double>, &graph_2257<float>});
+    r.push_back({2261, 0, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<2, 4, 10>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<1, 1>>;\nconstexpr auto c = tg::param<\"c\", T, tg::shape<4, 1>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<2, 4, 10>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<10>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<10>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 1, 9>>;\nconstexpr auto e7 = tg::reshape<tg::shape<2, 4, 2, 5>>(a);\nconstexpr auto e8 = tg::reshape<tg::shape<4, 1, 3, 3>>(v);\nconstexpr auto e9 = tg::conv2d<1, 2, 2, 4>(e7, e8);\nconstexpr auto e10 = tg::reshape<tg::shape<2, 4, 10>>(e9);\nconstexpr auto e13 = tg::reshape<tg::shape<2, 4, 2, 5>>(d);\nconstexpr auto e14 = tg::adaptive_avg_pool2d<3, 4>(e13);\nconstexpr auto e15 = tg::clamp(e14, tg::lit<-0.5>, tg::lit<0.5>);\nconstexpr auto e16 = tg::log_sum_exp(e15);\nconstexpr auto e17 = tg::argmax(e10, tg::axes<1>, tg::keepdim);\nconstexpr auto e18 = tg::gather<1>(a, e17);\nconstexpr auto e19 = tg::max(e18);\nconstexpr auto e20 = tg::mean(e10);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = (e21 + e16);\nconstexpr auto e23 = (e22 + e19);\nconstexpr auto loss = e23;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nreshape4 0 2 4 2 5\nreshape4 6 4 1 3 3\nconv2d 7 8 1 2 2 4\nreshape3 9 2 4 10\nreshape4 3 2 4 2 5\nadaptive_avg_pool2d 11 3 4\nclamp 12 -0.5 0.5\nlse 13\nargmax 10 1\ngather 0 1 15\nmax 16\nmean 10\nadd 17 18\nadd 19 14\nadd 20 17",
+                {{"a", true, 3, {2, 4, 10}, -2.0, 2.0}, {"b", false, 2, {1, 1}, -2.0, 2.0}, {"c", true, 2, {4, 1}, 0.25, 2.0}, {"d", true, 3, {2, 4, 10}, 0.25, 2.0}, {"g", true, 1, {10}, 0.5, 1.5}, {"h", true, 1, {10}, -1.0, 1.0}, {"v", true, 3, {4, 1, 9}, -0.5, 0.5}},
+                &graph_2261<double>, &graph_2261<float>});
     return true;
 }();
 

@@ -731,6 +731,96 @@ T graph_2250(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(t, in[4], {ext[4][0], ext[4][1]}), tg::bind(k, k_ids, {ext[5][0], ext[5][1]}), tg::bind(i, i_ids, {ext[6][0]}), tg::bind(j, j_ids, {ext[7][0], ext[7][1], ext[7][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(t, grad[4]));
 }
 
+template <class T>
+T graph_2254(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 6>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<6>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<6>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 2, 9>>;
+    constexpr auto e5 = tg::reshape<tg::shape<tg::dyn, 4, 2, 3>>(a);
+    constexpr auto e6 = tg::reshape<tg::shape<4, 2, 3, 3>>(v);
+    constexpr auto e7 = tg::conv2d<1, 2, 2, 2>(e5, e6);
+    constexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 4, 6>>(e7);
+    constexpr auto e9 = tg::reshape<tg::shape<tg::dyn, 4, 2, 3>>(e8);
+    constexpr auto e10 = tg::adaptive_avg_pool2d<1, 1>(e9);
+    constexpr auto e11 = tg::min(e10);
+    constexpr auto e12 = tg::argmax(e8, tg::axes<2>, tg::keepdim);
+    constexpr auto e13 = tg::gather<2>(e8, e12);
+    constexpr auto e14 = tg::max(e13);
+    constexpr auto e15 = tg::mean(e8);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto e17 = (e16 + e11);
+    constexpr auto e18 = (e17 + e14);
+    constexpr auto step = tg::compile(e18, tg::wrt(a, b, g, h, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(v, in[4], {ext[4][0], ext[4][1], ext[4][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
+}
+
+template <class T>
+T graph_2258(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto o_ids = ids_of(in[3]);
+    const auto n_ids = ids_of(in[4]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 16>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<16>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<16>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto m = tg::param<"m", T, tg::shape<4, 4>>;
+    constexpr auto e6 = tg::argmax(a, tg::axes<2>, tg::keepdim);
+    constexpr auto e7 = tg::gather<2>(a, e6);
+    constexpr auto e8 = tg::max(e7);
+    constexpr auto e9 = (tg::lt(a, e8) * g);
+    constexpr auto e10 = tg::narrow<1>(e9, o, n);
+    constexpr auto e11 = tg::mean(e10);
+    constexpr auto e13 = tg::scaled_dot_product_attention(a, e9, e9, m);
+    constexpr auto e14 = tg::mean(e13);
+    constexpr auto e15 = tg::mean(m);
+    constexpr auto e16 = (e14 + e15);
+    constexpr auto e17 = (e16 + e8);
+    constexpr auto e18 = (e17 + e11);
+    constexpr auto e19 = tg::mean(e13);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto step = tg::compile(e20, tg::wrt(a, g, h, m));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}), tg::bind(m, in[5], {ext[5][0], ext[5][1]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(m, grad[3]));
+}
+
+template <class T>
+T graph_2262(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 16>>;
+    constexpr auto b = tg::input<"b", T, tg::shape<tg::dyn, 3, 16>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", T, tg::shape<3, 16>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<16>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<16>>;
+    constexpr auto m = tg::param<"m", T, tg::shape<3, 3>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<3, 3, 3>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<3>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<3, 1, 9>>;
+    constexpr auto e10 = tg::scaled_dot_product_attention(a, a, b, m);
+    constexpr auto e11 = tg::conv1d<1, 2, 2>(b, u, s);
+    constexpr auto e12 = tg::reshape<tg::shape<tg::dyn, 3, 4, 4>>(e10);
+    constexpr auto e13 = tg::reshape<tg::shape<3, 1, 3, 3>>(v);
+    constexpr auto e14 = tg::conv2d<1, 2, 2, 3>(e12, e13);
+    constexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 3, 16>>(e14);
+    constexpr auto e16 = tg::max(e15);
+    constexpr auto e17 = tg::log_sum_exp(m);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e10);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e11);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e15);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto step = tg::compile(e24, tg::wrt(a, g, h, m, u, s, v));
+    if (split) {
+        auto ctx = step.forward(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(m, in[5], {ext[5][0], ext[5][1]}), tg::bind(u, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in[7], {ext[7][0]}), tg::bind(v, in[8], {ext[8][0], ext[8][1], ext[8][2]}));
+        step.backward(ctx, tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(m, grad[3]), tg::grad_into(u, grad[4]), tg::grad_into(s, grad[5]), tg::grad_into(v, grad[6]));
+        return ctx.value();
+    }
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(m, in[5], {ext[5][0], ext[5][1]}), tg::bind(u, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in[7], {ext[7][0]}), tg::bind(v, in[8], {ext[8][0], ext[8][1], ext[8][2]}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]), tg::grad_into(m, grad[3]), tg::grad_into(u, grad[4]), tg::grad_into(s, grad[5]), tg::grad_into(v, grad[6]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({2, 0, false,
@@ -908,6 +998,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nsdpa 0 0 0 0\nembedding 5 4 -1\nindex_select 0 1 6\ngather 9 2 7\nclamp 10 0.0 2.0\nmax 12\nsum 12\nadd 13 14\nmean 8\nadd 15 16\nmean 9\nadd 17 18\nmean 10\nadd 19 20\nmean 11\nadd 21 22",
                 {{"a", true, 3, {-1, 4, 16}, -2.0, 2.0}, {"b", true, 3, {1, 4, 1}, 0.25, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"t", true, 2, {4, 16}, -2.0, 2.0}, {"k", false, 2, {-1, 4}, 0.0, 3.0, true}, {"i", false, 1, {4}, 0.0, 3.0, true}, {"j", false, 3, {-1, 4, 16}, 0.0, 15.0, true}},
                 &graph_2250<double>, &graph_2250<float>});
+    r.push_back({2254, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 6>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<6>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<6>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 2, 9>>;\nconstexpr auto e5 = tg::reshape<tg::shape<tg::dyn, 4, 2, 3>>(a);\nconstexpr auto e6 = tg::reshape<tg::shape<4, 2, 3, 3>>(v);\nconstexpr auto e7 = tg::conv2d<1, 2, 2, 2>(e5, e6);\nconstexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 4, 6>>(e7);\nconstexpr auto e9 = tg::reshape<tg::shape<tg::dyn, 4, 2, 3>>(e8);\nconstexpr auto e10 = tg::adaptive_avg_pool2d<1, 1>(e9);\nconstexpr auto e11 = tg::min(e10);\nconstexpr auto e12 = tg::argmax(e8, tg::axes<2>, tg::keepdim);\nconstexpr auto e13 = tg::gather<2>(e8, e12);\nconstexpr auto e14 = tg::max(e13);\nconstexpr auto e15 = tg::mean(e8);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = (e16 + e11);\nconstexpr auto e18 = (e17 + e14);\nconstexpr auto loss = e18;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nreshape4 0 -1 4 2 3\nreshape4 4 4 2 3 3\nconv2d 5 6 1 2 2 2\nreshape3 7 -1 4 6\nreshape4 8 -1 4 2 3\nadaptive_avg_pool2d 9 1 1\nmin 10\nargmax 8 2\ngather 8 2 12\nmax 13\nmean 8\nadd 14 15\nadd 16 11\nadd 17 14",
+                {{"a", true, 3, {-1, 4, 6}, -2.0, 2.0}, {"b", true, 0, {}, -2.0, 2.0}, {"g", true, 1, {6}, 0.5, 1.5}, {"h", true, 1, {6}, -1.0, 1.0}, {"v", true, 3, {4, 2, 9}, -0.5, 0.5}},
+                &graph_2254<double>, &graph_2254<float>});
+    r.push_back({2258, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 16>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<16>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<16>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto m = tg::param<\"m\", T, tg::shape<4, 4>>;\nconstexpr auto e6 = tg::argmax(a, tg::axes<2>, tg::keepdim);\nconstexpr auto e7 = tg::gather<2>(a, e6);\nconstexpr auto e8 = tg::max(e7);\nconstexpr auto e9 = (tg::lt(a, e8) * g);\nconstexpr auto e10 = tg::narrow<1>(e9, o, n);\nconstexpr auto e11 = tg::mean(e10);\nconstexpr auto e13 = tg::scaled_dot_product_attention(a, e9, e9, m);\nconstexpr auto e14 = tg::mean(e13);\nconstexpr auto e15 = tg::mean(m);\nconstexpr auto e16 = (e14 + e15);\nconstexpr auto e17 = (e16 + e8);\nconstexpr auto e18 = (e17 + e11);\nconstexpr auto e19 = tg::mean(e13);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto loss = e20;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nargmax 0 2\ngather 0 2 6\nmax 7\nmask_lt 0 8 1\nnarrow 9 1 3 4\nmean 10\nsdpa 0 9 9 0 0.0 5\nmean 12\nmean 5\nadd 13 14\nadd 15 8\nadd 16 11\nmean 12\nadd 17 18",
+                {{"a", true, 3, {-1, 4, 16}, 0.25, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 2.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}, {"m", true, 2, {4, 4}, -2.0, 2.0}},
+                &graph_2258<double>, &graph_2258<float>});
+    r.push_back({2262, 1, true,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 16>>;\nconstexpr auto b = tg::input<\"b\", T, tg::shape<tg::dyn, 3, 16>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<3, 16>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<16>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<16>>;\nconstexpr auto m = tg::param<\"m\", T, tg::shape<3, 3>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<3, 3, 3>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<3>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<3, 1, 9>>;\nconstexpr auto e10 = tg::scaled_dot_product_attention(a, a, b, m);\nconstexpr auto e11 = tg::conv1d<1, 2, 2>(b, u, s);\nconstexpr auto e12 = tg::reshape<tg::shape<tg::dyn, 3, 4, 4>>(e10);\nconstexpr auto e13 = tg::reshape<tg::shape<3, 1, 3, 3>>(v);\nconstexpr auto e14 = tg::conv2d<1, 2, 2, 3>(e12, e13);\nconstexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 3, 16>>(e14);\nconstexpr auto e16 = tg::max(e15);\nconstexpr auto e17 = tg::log_sum_exp(m);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e10);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e11);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e15);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto loss = e24;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nsdpa 0 0 1 0 0.0 5\nconv1d 1 6 7 1 2 2 1\nreshape4 9 -1 3 4 4\nreshape4 8 3 1 3 3\nconv2d 11 12 1 2 2 3\nreshape3 13 -1 3 16\nmax 14\nlse 5\nadd 15 16\nmean 9\nadd 17 18\nmean 10\nadd 19 20\nmean 14\nadd 21 22",
+                {{"a", true, 3, {-1, 3, 16}, -2.0, 2.0}, {"b", false, 3, {-1, 3, 16}, -2.0, 2.0}, {"c", false, 2, {3, 16}, -2.0, 2.0}, {"g", true, 1, {16}, 0.5, 1.5}, {"h", true, 1, {16}, -1.0, 1.0}, {"m", true, 2, {3, 3}, -2.0, 2.0}, {"u", true, 3, {3, 3, 3}, -0.5, 0.5}, {"s", true, 1, {3}, -0.5, 0.5}, {"v", true, 3, {3, 1, 9}, -0.5, 0.5}},
+                &graph_2262<double>, &graph_2262<float>});
     return true;
 }();
 

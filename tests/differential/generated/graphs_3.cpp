@@ -731,6 +731,106 @@ T graph_2251(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool sp
     return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[3], {ext[3][0]}), tg::bind(h, in[4], {ext[4][0]}), tg::bind(r, r_ids, {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(v, grad[4]));
 }
 
+template <class T>
+T graph_2255(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto o_ids = ids_of(in[6]);
+    const auto n_ids = ids_of(in[7]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 3, 9>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<1, 1, 9>>;
+    constexpr auto c = tg::input<"c", T, tg::shape<tg::dyn, 3, 9>>;
+    constexpr auto d = tg::param<"d", T, tg::shape<>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<9>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<9>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto m = tg::param<"m", T, tg::shape<3, 3>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<3, 3, 3>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<3>>;
+    constexpr auto e12 = tg::narrow<1>(a, o, n);
+    constexpr auto e13 = tg::gelu<tg::approximate::tanh>(e12);
+    constexpr auto e14 = tg::sum(e13);
+    constexpr auto e17 = tg::scaled_dot_product_attention<0.25>(c, c, c, m);
+    constexpr auto e18 = tg::conv1d<1, 2, 2>(a, u, s);
+    constexpr auto e19 = tg::max(e18);
+    constexpr auto e20 = (e19 + e14);
+    constexpr auto e21 = tg::mean(e17);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e18);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto step = tg::compile(e24, tg::wrt(a, b, d, g, h, m, u, s));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(c, in[2], {ext[2][0], ext[2][1], ext[2][2]}), tg::bind(d, in[3], {}), tg::bind(g, in[4], {ext[4][0]}), tg::bind(h, in[5], {ext[5][0]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}), tg::bind(m, in[8], {ext[8][0], ext[8][1]}), tg::bind(u, in[9], {ext[9][0], ext[9][1], ext[9][2]}), tg::bind(s, in[10], {ext[10][0]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(d, grad[2]), tg::grad_into(g, grad[3]), tg::grad_into(h, grad[4]), tg::grad_into(m, grad[5]), tg::grad_into(u, grad[6]), tg::grad_into(s, grad[7]));
+}
+
+template <class T>
+T graph_2259(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 4, 6>>;
+    constexpr auto b = tg::param<"b", T, tg::shape<tg::dyn, 4, 1>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<6>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<6>>;
+    constexpr auto u = tg::param<"u", T, tg::shape<4, 4, 3>>;
+    constexpr auto s = tg::param<"s", T, tg::shape<4>>;
+    constexpr auto v = tg::param<"v", T, tg::shape<4, 2, 9>>;
+    constexpr auto e7 = tg::conv1d<1, 2, 2>(a, u, s);
+    constexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 4, 3, 2>>(a);
+    constexpr auto e9 = tg::reshape<tg::shape<4, 2, 3, 3>>(v);
+    constexpr auto e10 = tg::conv2d<1, 1, 1, 2>(e8, e9);
+    constexpr auto e11 = tg::reshape<tg::shape<tg::dyn, 4, 6>>(e10);
+    constexpr auto e13 = tg::reshape<tg::shape<tg::dyn, 4, 3, 2>>(e11);
+    constexpr auto e14 = tg::adaptive_avg_pool2d<3, 2>(e13);
+    constexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 6>>(e14);
+    constexpr auto e16 = tg::sum(e15);
+    constexpr auto e17 = tg::mean(e7);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e11);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = tg::mean(e15);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto step = tg::compile(e22, tg::wrt(a, b, g, h, u, s, v));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(b, in[1], {ext[1][0], ext[1][1], ext[1][2]}), tg::bind(g, in[2], {ext[2][0]}), tg::bind(h, in[3], {ext[3][0]}), tg::bind(u, in[4], {ext[4][0], ext[4][1], ext[4][2]}), tg::bind(s, in[5], {ext[5][0]}), tg::bind(v, in[6], {ext[6][0], ext[6][1], ext[6][2]}), tg::grad_into(a, grad[0]), tg::grad_into(b, grad[1]), tg::grad_into(g, grad[2]), tg::grad_into(h, grad[3]), tg::grad_into(u, grad[4]), tg::grad_into(s, grad[5]), tg::grad_into(v, grad[6]));
+}
+
+template <class T>
+T graph_2263(const tensors<T>& in, const extents& ext, tensors<T>& grad, bool split) {
+    const auto o_ids = ids_of(in[3]);
+    const auto n_ids = ids_of(in[4]);
+    constexpr auto a = tg::param<"a", T, tg::shape<tg::dyn, 2, 10>>;
+    constexpr auto g = tg::param<"g", T, tg::shape<10>>;
+    constexpr auto h = tg::param<"h", T, tg::shape<10>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e5 = tg::stack<1>(h, g);
+    constexpr auto e6 = tg::log_sum_exp(e5);
+    constexpr auto e7 = tg::reshape<tg::shape<tg::dyn, 2, 2, 5>>(a);
+    constexpr auto e8 = tg::adaptive_avg_pool2d<2, 5>(e7);
+    constexpr auto e9 = tg::reshape<tg::shape<tg::dyn, 2, 10>>(e8);
+    constexpr auto e10 = tg::stack<1>(h, g);
+    constexpr auto e11 = tg::min(e10);
+    constexpr auto e12 = tg::argmin(a, tg::axes<1>, tg::keepdim);
+    constexpr auto e13 = tg::gather<1>(e9, e12);
+    constexpr auto e14 = tg::expm1(e13);
+    constexpr auto e15 = tg::sum(e14);
+    constexpr auto e16 = (e9 - tg::lit<0.5>);
+    constexpr auto e17 = tg::concat<0>(e16, a, e16);
+    constexpr auto e18 = tg::gelu(e17);
+    constexpr auto e19 = tg::mean(e18);
+    constexpr auto e20 = tg::narrow<2>(e16, o, n);
+    constexpr auto e21 = tg::log_sum_exp(e20);
+    constexpr auto e22 = tg::sum(e10);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = (e23 + e6);
+    constexpr auto e25 = tg::mean(e9);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto e27 = (e26 + e11);
+    constexpr auto e28 = (e27 + e15);
+    constexpr auto e29 = (e28 + e19);
+    constexpr auto e30 = (e29 + e21);
+    constexpr auto step = tg::compile(e30, tg::wrt(a, g, h));
+    (void)split;
+    return step.value_and_grad(tg::bind(a, in[0], {ext[0][0], ext[0][1], ext[0][2]}), tg::bind(g, in[1], {ext[1][0]}), tg::bind(h, in[2], {ext[2][0]}), tg::bind(o, o_ids, {}), tg::bind(n, n_ids, {}), tg::grad_into(a, grad[0]), tg::grad_into(g, grad[1]), tg::grad_into(h, grad[2]));
+}
+
 const bool registered = [] {
     auto& r = registry();
     r.push_back({3, 1, false,
@@ -908,6 +1008,21 @@ const bool registered = [] {
                 "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\ndropout 1 5 0.5\nreshape4 0 2 2 3 4\nreshape4 6 2 2 3 3\nconv2d 8 9 2 1\nclamp 10 0.0 2.0\nsum 11\nreshape4 0 2 2 3 4\navg_pool2d 13 3 1 1\nreshape3 14 2 2 12\nreshape4 0 2 2 3 4\nmax_pool2d 16 2 2 0\nmean 17\nmean 7\nadd 18 19\nadd 20 12\nmean 15\nadd 21 22\nadd 23 18",
                 {{"a", true, 3, {2, 2, 12}, -2.0, 2.0}, {"b", true, 3, {1, 2, 1}, -2.0, 2.0}, {"c", false, 1, {12}, -2.0, 2.0}, {"g", true, 1, {12}, 0.5, 1.5}, {"h", true, 1, {12}, -1.0, 1.0}, {"r", false, 1, {2}, 0.0, 1000000.0, true}, {"v", true, 3, {2, 2, 9}, -0.5, 0.5}},
                 &graph_2251<double>, &graph_2251<float>});
+    r.push_back({2255, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 3, 9>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<1, 1, 9>>;\nconstexpr auto c = tg::input<\"c\", T, tg::shape<tg::dyn, 3, 9>>;\nconstexpr auto d = tg::param<\"d\", T, tg::shape<>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<9>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<9>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto m = tg::param<\"m\", T, tg::shape<3, 3>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<3, 3, 3>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<3>>;\nconstexpr auto e12 = tg::narrow<1>(a, o, n);\nconstexpr auto e13 = tg::gelu<tg::approximate::tanh>(e12);\nconstexpr auto e14 = tg::sum(e13);\nconstexpr auto e17 = tg::scaled_dot_product_attention<0.25>(c, c, c, m);\nconstexpr auto e18 = tg::conv1d<1, 2, 2>(a, u, s);\nconstexpr auto e19 = tg::max(e18);\nconstexpr auto e20 = (e19 + e14);\nconstexpr auto e21 = tg::mean(e17);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e18);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto loss = e24;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nleaf 7\nleaf 8\nleaf 9\nleaf 10\nnarrow 0 1 6 7\ngelu_tanh 11\nsum 12\nsdpa 2 2 2 0 0.25 8\nconv1d 0 9 10 1 2 2 1\nmax 15\nadd 16 13\nmean 14\nadd 17 18\nmean 15\nadd 19 20",
+                {{"a", true, 3, {-1, 3, 9}, -2.0, 2.0}, {"b", true, 3, {1, 1, 9}, -2.0, 2.0}, {"c", false, 3, {-1, 3, 9}, -2.0, 2.0}, {"d", true, 0, {}, 0.25, 2.0}, {"g", true, 1, {9}, 0.5, 1.5}, {"h", true, 1, {9}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}, {"m", true, 2, {3, 3}, -2.0, 2.0}, {"u", true, 3, {3, 3, 3}, -0.5, 0.5}, {"s", true, 1, {3}, -0.5, 0.5}},
+                &graph_2255<double>, &graph_2255<float>});
+    r.push_back({2259, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 4, 6>>;\nconstexpr auto b = tg::param<\"b\", T, tg::shape<tg::dyn, 4, 1>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<6>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<6>>;\nconstexpr auto u = tg::param<\"u\", T, tg::shape<4, 4, 3>>;\nconstexpr auto s = tg::param<\"s\", T, tg::shape<4>>;\nconstexpr auto v = tg::param<\"v\", T, tg::shape<4, 2, 9>>;\nconstexpr auto e7 = tg::conv1d<1, 2, 2>(a, u, s);\nconstexpr auto e8 = tg::reshape<tg::shape<tg::dyn, 4, 3, 2>>(a);\nconstexpr auto e9 = tg::reshape<tg::shape<4, 2, 3, 3>>(v);\nconstexpr auto e10 = tg::conv2d<1, 1, 1, 2>(e8, e9);\nconstexpr auto e11 = tg::reshape<tg::shape<tg::dyn, 4, 6>>(e10);\nconstexpr auto e13 = tg::reshape<tg::shape<tg::dyn, 4, 3, 2>>(e11);\nconstexpr auto e14 = tg::adaptive_avg_pool2d<3, 2>(e13);\nconstexpr auto e15 = tg::reshape<tg::shape<tg::dyn, 4, 6>>(e14);\nconstexpr auto e16 = tg::sum(e15);\nconstexpr auto e17 = tg::mean(e7);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e11);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = tg::mean(e15);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto loss = e22;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nleaf 5\nleaf 6\nconv1d 0 4 5 1 2 2 1\nreshape4 0 -1 4 3 2\nreshape4 6 4 2 3 3\nconv2d 8 9 1 1 1 2\nreshape3 10 -1 4 6\nreshape4 11 -1 4 3 2\nadaptive_avg_pool2d 12 3 2\nreshape3 13 -1 4 6\nsum 14\nmean 7\nadd 15 16\nmean 11\nadd 17 18\nmean 14\nadd 19 20",
+                {{"a", true, 3, {-1, 4, 6}, -2.0, 2.0}, {"b", true, 3, {-1, 4, 1}, -2.0, 2.0}, {"g", true, 1, {6}, 0.5, 1.5}, {"h", true, 1, {6}, -1.0, 1.0}, {"u", true, 3, {4, 4, 3}, -0.5, 0.5}, {"s", true, 1, {4}, -0.5, 0.5}, {"v", true, 3, {4, 2, 9}, -0.5, 0.5}},
+                &graph_2259<double>, &graph_2259<float>});
+    r.push_back({2263, 1, false,
+                "constexpr auto a = tg::param<\"a\", T, tg::shape<tg::dyn, 2, 10>>;\nconstexpr auto g = tg::param<\"g\", T, tg::shape<10>>;\nconstexpr auto h = tg::param<\"h\", T, tg::shape<10>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e5 = tg::stack<1>(h, g);\nconstexpr auto e6 = tg::log_sum_exp(e5);\nconstexpr auto e7 = tg::reshape<tg::shape<tg::dyn, 2, 2, 5>>(a);\nconstexpr auto e8 = tg::adaptive_avg_pool2d<2, 5>(e7);\nconstexpr auto e9 = tg::reshape<tg::shape<tg::dyn, 2, 10>>(e8);\nconstexpr auto e10 = tg::stack<1>(h, g);\nconstexpr auto e11 = tg::min(e10);\nconstexpr auto e12 = tg::argmin(a, tg::axes<1>, tg::keepdim);\nconstexpr auto e13 = tg::gather<1>(e9, e12);\nconstexpr auto e14 = tg::expm1(e13);\nconstexpr auto e15 = tg::sum(e14);\nconstexpr auto e16 = (e9 - tg::lit<0.5>);\nconstexpr auto e17 = tg::concat<0>(e16, a, e16);\nconstexpr auto e18 = tg::gelu(e17);\nconstexpr auto e19 = tg::mean(e18);\nconstexpr auto e20 = tg::narrow<2>(e16, o, n);\nconstexpr auto e21 = tg::log_sum_exp(e20);\nconstexpr auto e22 = tg::sum(e10);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = (e23 + e6);\nconstexpr auto e25 = tg::mean(e9);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto e27 = (e26 + e11);\nconstexpr auto e28 = (e27 + e15);\nconstexpr auto e29 = (e28 + e19);\nconstexpr auto e30 = (e29 + e21);\nconstexpr auto loss = e30;",
+                "leaf 0\nleaf 1\nleaf 2\nleaf 3\nleaf 4\nstack1 2 1\nlse 5\nreshape4 0 -1 2 2 5\nadaptive_avg_pool2d 7 2 5\nreshape3 8 -1 2 10\nstack1 2 1\nmin 10\nargmin 0 1\ngather 9 1 12\nexpm1 13\nsum 14\nsub 9 c0.5\ncat0 16 0 16\ngelu 17\nmean 18\nnarrow 16 2 3 4\nlse 20\nsum 10\nadd 21 22\nadd 23 6\nmean 9\nadd 24 25\nadd 26 11\nadd 27 15\nadd 28 19\nadd 29 21",
+                {{"a", true, 3, {-1, 2, 10}, 0.25, 2.0}, {"g", true, 1, {10}, 0.5, 1.5}, {"h", true, 1, {10}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 5.0, true}, {"n", false, 0, {}, 1.0, 5.0, true}},
+                &graph_2263<double>, &graph_2263<float>});
     return true;
 }();
 
