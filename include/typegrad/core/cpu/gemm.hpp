@@ -2,7 +2,7 @@
 // Packed, cache-blocked GEMM for float and double (Goto / BLIS structure), row-major:
 //
 //   for jc in n step NC                    C column block; its B panel is reused by all of m
-//     for pc in k step KC                  one rank-KC update
+//     for pc in k step kc                  one rank-kc update (kc: depth_step, up to KC_MAX)
 //       pack op(B)[pc.., jc..] -> kc x nc  NR-wide column micro-panels (L2/L3 resident)
 //       for ic in m step MC
 //         pack op(A)[ic.., pc..] -> mc x kc  MR-tall row micro-panels (L2 resident)
@@ -14,7 +14,7 @@
 // the micro-kernel always runs a full MR x NR tile; a partial tile goes through a small stack
 // buffer. See docs/gemm.md for the blocking parameters and measurements.
 //
-// Every element of C is the same chain of FMAs (k in order, restarted at each KC block),
+// Every element of C is the same chain of FMAs (k in order, restarted at each depth block),
 // whatever tile or thread computes it, so the threaded result is bitwise identical to the
 // serial one.
 #include <algorithm>
@@ -49,7 +49,8 @@ namespace gemm_impl {
 // Cache blocking (tuned on Zen 4: 32 KiB L1d, 1 MiB L2 per core):
 //   KC  the depth of one rank-KC update. Large, to amortise the load and store of the C tile
 //       over KC FMAs per element; the A and B micro-panels then exceed L1 and stream from L2,
-//       which their rate allows (under 16 bytes per FMA cycle; L2 delivers 32 or more).
+//       which their rate allows (under 16 bytes per FMA cycle; L2 delivers 32 or more). A
+//       product's depth is cut into blocks of up to KC_MAX, of equal depth (depth_step).
 //   MC  the packed A block (MC x KC) takes about a third (float) or a quarter (double) of L2,
 //       leaving room for the B micro-panel in use and the C lines.
 //   NC  the packed B panel (KC x NC) lives in L2/L3; wide, so that A is packed once per KC
@@ -61,6 +62,7 @@ struct default_config {
     static constexpr std::size_t MR = wide_regs && sizeof(T) == 4 ? 8 : 6;
     static constexpr std::size_t NR = NV * simd::width<T>;
     static constexpr std::size_t KC = 384;
+    static constexpr std::size_t KC_MAX = KC + KC / 8;
     static constexpr std::size_t MC = (sizeof(T) == 4 ? 240 : 96) / MR * MR;
     static constexpr std::size_t NC = 4096 / NR * NR;
 };
@@ -332,26 +334,38 @@ struct stored_a {
 struct no_rows_done {
     void operator()(std::size_t, std::size_t) const {}
 };
+// The depth of each rank-kc update of a product of depth k: as few blocks as KC_MAX allows, of
+// equal depth (the last shorter by less than the block count). A product of depth 1568 (a
+// convolution's weight gradient over two 28 x 28 images) is four blocks of 392, where steps of
+// KC gave four of 384 and one of 32: a fifth pass over every C tile (its load and store) for a
+// forty-ninth of the work. Every path of a product uses this step, so each element of C is still
+// one chain of FMAs whatever tile or thread computes it.
+template <class Config>
+constexpr std::size_t depth_step(std::size_t k) {
+    const std::size_t blocks = (k + Config::KC_MAX - 1) / Config::KC_MAX;
+    return blocks <= 1 ? k : (k + blocks - 1) / blocks;
+}
+
 template <class T, class Config, class PackB, class PackA, class Done = no_rows_done>
 void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
                 std::size_t j_end, std::size_t size_m, std::size_t size_n, const PackB& pack, const PackA& pack_a,
                 const Done& done = {}) {
     constexpr std::size_t MR = Config::MR, NR = Config::NR, NV = Config::NV;
-    constexpr std::size_t KC = Config::KC, MC = Config::MC, NC = Config::NC;
+    constexpr std::size_t MC = Config::MC, NC = Config::NC;
     static_assert(NR == NV * simd::width<T> && MC % MR == 0 && NC % NR == 0);
     const std::size_t m = i_end - i_begin, n = j_end - j_begin, k = op.k;
     if (m == 0 || n == 0) return;
 
     thread_buffers<T>& bufs = buffers<T>();
-    const std::size_t kc_max = std::min(KC, k);
+    const std::size_t step = depth_step<Config>(k), kc_max = step;
     T* const bp = bufs.b.get(kc_max * ((std::min(NC, std::max(n, size_n)) + NR - 1) / NR * NR));
     T* const ap = bufs.a.get(kc_max * ((std::min(MC, std::max(m, size_m)) + MR - 1) / MR * MR));
     alignas(64) T edge[MR * NR];
 
     for (std::size_t jc = j_begin; jc < j_end; jc += NC) {
         const std::size_t nc = std::min(NC, j_end - jc);
-        for (std::size_t pc = 0; pc < k; pc += KC) {
-            const std::size_t kc = std::min(KC, k - pc);
+        for (std::size_t pc = 0; pc < k; pc += step) {
+            const std::size_t kc = std::min(step, k - pc);
             pack(pc, kc, jc, nc, bp);
             const bool add = op.accumulate || pc > 0;
             for (std::size_t ic = i_begin; ic < i_end; ic += MC) {
@@ -855,13 +869,13 @@ void gemm_rows(transpose ta, transpose tb, std::size_t m, std::size_t n, std::si
 }
 
 // The width of the column panels gemm_packed_b's pack writes (NR), the height of the row panels
-// gemm_packed_a's pack writes (MR), and the greatest depth either is asked for (KC).
+// gemm_packed_a's pack writes (MR), and the greatest depth either is asked for (KC_MAX).
 template <class T>
 inline constexpr std::size_t gemm_panel_width = gemm_impl::default_config<T>::NR;
 template <class T>
 inline constexpr std::size_t gemm_panel_height = gemm_impl::default_config<T>::MR;
 template <class T>
-inline constexpr std::size_t gemm_panel_depth = gemm_impl::default_config<T>::KC;
+inline constexpr std::size_t gemm_panel_depth = gemm_impl::default_config<T>::KC_MAX;
 
 // C[m x n] = (accumulate ? C : 0) + op(A) * B, B (k x n) packed by pack(pc, kc, jc, nc, out): the
 // rows [pc, pc + kc) and columns [jc, jc + nc) of B as gemm_panel_width<T>-column panels, one after

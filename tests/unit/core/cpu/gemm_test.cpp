@@ -114,15 +114,19 @@ void edge_sizes() {
 
 template <class T>
 void block_sizes() {
-    constexpr size_t MR = config<T>::MR, NR = config<T>::NR, KC = config<T>::KC, MC = config<T>::MC;
+    constexpr size_t MR = config<T>::MR, NR = config<T>::NR, KC_MAX = config<T>::KC_MAX, MC = config<T>::MC;
+    // depth blocks: as few as KC_MAX allows, of equal depth
+    STATIC_REQUIRE(typegrad::detail::gemm_impl::depth_step<config<T>>(KC_MAX) == KC_MAX);
+    STATIC_REQUIRE(typegrad::detail::gemm_impl::depth_step<config<T>>(KC_MAX + 1) == KC_MAX / 2 + 1);
+    STATIC_REQUIRE(typegrad::detail::gemm_impl::depth_step<config<T>>(1568) == 392);  // not 4 x 384 + 32
     std::uint64_t seed = 1000;
     for (transpose ta : both) {
         for (transpose tb : both) {
             const bool acc = ta != tb;
             check_gemm<T>({ta, tb, 100, 37, 513, acc}, seed++);
-            // crosses KC (two rank-KC updates, the second accumulating) and MC blocks
-            check_gemm<T>({ta, tb, MC + MR + 1, 2 * NR + 3, KC + 1, !acc}, seed++);
-            check_gemm<T>({ta, tb, 3, NR * 3, 2 * KC + 5, acc}, seed++);
+            // crosses a depth block (two rank-kc updates, the second accumulating) and MC blocks
+            check_gemm<T>({ta, tb, MC + MR + 1, 2 * NR + 3, KC_MAX + 1, !acc}, seed++);
+            check_gemm<T>({ta, tb, 3, NR * 3, 2 * KC_MAX + 5, acc}, seed++);  // three blocks, the last shorter
         }
     }
     // random shapes, random paddings
