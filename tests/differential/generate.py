@@ -560,6 +560,15 @@ class Graph:
         return [k for k, n in enumerate(self.nodes) if n.shape == full and not getattr(n, "odd", False)
                 and (n.varies or not varies) and max(abs(n.lo), abs(n.hi)) <= bound]
 
+    def draw_full(self, varies=False, bound=1e4):
+        """One of full_operands, drawn: (its index, the node, its largest |bound|), or None."""
+        cands = self.full_operands(varies=varies, bound=bound)
+        if not cands:
+            return None
+        a = self.rng.choice(cands)
+        x = self.nodes[a]
+        return a, x, max(abs(x.lo), abs(x.hi))
+
     def as_2d(self, ki):
         """Node ki ([N, C, L]) reshaped to [N, C, H, W] (an odd node); its index."""
         n, c, _ = self.full
@@ -617,12 +626,10 @@ class Graph:
                       "tg::dropout<%s>(%s, r)" % (cpp_num(pr), x.text), "dropout %d %d %s" % (a, leaf["r"], repr(pr)),
                       refs=[1, 2])
         else:
-            cands = self.full_operands(varies=op == "batch_norm", bound=1e3)
-            if not cands:
+            drawn = self.draw_full(varies=op == "batch_norm", bound=1e3)
+            if drawn is None:
                 return False
-            a = rng.choice(cands)
-            x = self.nodes[a]
-            m = max(abs(x.lo), abs(x.hi))
+            a, x, m = drawn
             if op == "conv1d":
                 p = (self.k1 - 1) // 2
                 b = c * self.k1 * 0.5 * m + 0.5
@@ -728,11 +735,10 @@ class Graph:
             self.reduce_last()
             return True
         elif op == "narrow":  # along narrow_axis, start o and length n: the result is reduced
-            cands = self.full_operands()
-            if not cands:
+            drawn = self.draw_full()
+            if drawn is None:
                 return False
-            a = rng.choice(cands)
-            x = self.nodes[a]
+            a, x, _ = drawn
             axis = self.narrow_axis
             shape = tuple("dn" if j == axis else e for j, e in enumerate(self.full))
             self.emit(op, [a], shape, (x.lo, x.hi), "tg::narrow<%d>(%s, o, n)" % (axis, x.text),
@@ -740,12 +746,10 @@ class Graph:
             self.reduce_last()
             return True
         else:
-            cands = self.full_operands(bound=1e3)
-            if not cands:
+            drawn = self.draw_full(bound=1e3)
+            if drawn is None:
                 return False
-            a = rng.choice(cands)
-            x = self.nodes[a]
-            m = max(abs(x.lo), abs(x.hi))
+            a, x, m = drawn
             if op == "conv1d_dil":
                 p = self.k1 - 1
                 b = c * self.k1 * 0.5 * m + 0.5
