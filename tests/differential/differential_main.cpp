@@ -8,7 +8,7 @@
 // inputs. Environment:
 //   TYPEGRAD_DIFF_CASES=<n>   cases to draw (default 1600, five a graph and dtype; a few are skipped)
 //   TYPEGRAD_DIFF_GRAPH=<id>  only this graph (ids from 2000: autocast graphs)
-//   TYPEGRAD_DIFF_AUTOCAST_CASES=<n>  autocast cases to draw (default 620, 5 per graph; autocast_harness.cpp)
+//   TYPEGRAD_DIFF_AUTOCAST_CASES=<n>  autocast cases to draw (default 650, 5 per graph; autocast_harness.cpp)
 //   TYPEGRAD_DIFF_SPECIAL_CASES=<n>  cases with special values (default 800, three a graph and dtype)
 // Any mismatch fails the run (exit status 1).
 //
@@ -1000,7 +1000,7 @@ int main() {
     const long only = env_long("TYPEGRAD_DIFF_GRAPH", -1);
     if (only >= 0)
         graphs.erase(std::remove_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.id != only; }), graphs.end());
-    const long autocast_cases = env_long("TYPEGRAD_DIFF_AUTOCAST_CASES", 620);
+    const long autocast_cases = env_long("TYPEGRAD_DIFF_AUTOCAST_CASES", 650);
     if (graphs.empty() && only < 2000) {
         std::printf("no graphs\n");
         return 1;

@@ -37,6 +37,11 @@ adaptive_avg_pool2d<OH, OW> of any 2-D node as [1, 1, H, W] (reduced; the input'
 of a node along an axis of extent kk, start o and length n std::int64_t inputs (reduced; the
 input's dtype); gather of a 2-D node by the argmax or argmin (keepdim) of another node of its
 shape along an axis (i64 ids; the gather keeps its operand's dtype; reduced).
+Graphs FIRST_ATTENTION.. draw scaled_dot_product_attention (try_conv2's "sdpa") and one of
+CONV2_OPS each: the fused op (q, k and v 2-D nodes of one dtype, within +-3: q [tq, d], k [tk, d],
+v [tk, dv]; causal half the time), lower precision under CPU autocast (computed in f32, its output
+and each operand's gradient rounded once); LibTorch 1.13 has no such op, so the program writes
+it out (matmul, scale, masked softmax, matmul) and autocast lowers its matmuls.
 Leaves are f32 or bf16 (ids: i64). Some matmuls of leaves sit in a nested disabled region (they run in f32,
 their backward under the step's policy). Each graph is compiled twice: with the default backward
 policy (same_as_forward) and with backward_autocast::off. The generated function reports, for
@@ -49,7 +54,7 @@ import random
 import generate as g
 
 SEED = 20261124
-GRAPHS = 124
+GRAPHS = 130
 FIRST_PROD = 40     # graphs from here on (ids FIRST_ID + 40..) also draw prod, a float op under autocast
 FIRST_ACTIVATION = 52  # graphs from here on also draw the activations (generate.ACTIVATIONS), in turn
 FIRST_MODEL = 76    # graphs from here on also draw layer_norm, rms_norm, concat<0> and stack<1> (generate.py's)
@@ -61,6 +66,7 @@ CONV_OPS = ["conv1d", "conv2d", "max_pool", "avg_pool", "batch_norm", "conv2d_s2
 CONV_OPS_PER_GRAPH = 3
 FIRST_CONV2 = 112   # graphs from here on draw CONV2_OPS (try_conv2) instead of CONV_OPS
 CONV2_OPS = ["conv1d_dg", "adaptive_pool", "narrow", "argmax"]
+FIRST_ATTENTION = 124  # graphs from here on draw "sdpa" and one of CONV2_OPS (try_conv2)
 FIRST_ID = 2000
 UNITS = 4
 LEAF_NAMES = "abcdef"
@@ -320,6 +326,8 @@ class Graph(g.Graph):
         rng = self.rng
         k = self.gid - FIRST_ID - FIRST_CONV2
         self.conv_ops = [CONV2_OPS[(CONV_OPS_PER_GRAPH * k + j) % len(CONV2_OPS)] for j in range(CONV_OPS_PER_GRAPH)]
+        if self.gid - FIRST_ID >= FIRST_ATTENTION:
+            self.conv_ops = ["sdpa", CONV2_OPS[k % len(CONV2_OPS)]]
         self.k1 = rng.choice([3, 5])  # dilation 2, padding k1 - 1: m kept
         self.groups = rng.choice([d for d in (2, 3, 4, 5) if kk % d == 0])
         self.conv_leaf = {}
@@ -386,6 +394,32 @@ class Graph(g.Graph):
             shape = tuple("dn" if j == axis else e for j, e in enumerate(x.shape))
             self.emit(op, [], shape, (x.lo, x.hi), "tg::narrow<%d>(%s, o, n)" % (axis, x.text),
                       "narrow %d %d %d %d" % (a, axis, leaf["o"], leaf["n"]), refs=[1, 3, 4])
+        elif op == "sdpa":
+            # the fused op: q, k and v of one dtype (typegrad fuses only those; the region then
+            # casts all three), bounded so that the scores are
+            picked = operand(lambda s: len(s) == 2)
+            if picked is None:
+                return False
+            qi, q = picked
+            q = self.nodes[qi]
+            if max(abs(q.lo), abs(q.hi)) > 3.0:
+                return False
+            dt = self.dtypes[qi]
+            same = [k for k, t in enumerate(self.nodes) if len(t.shape) == 2 and not getattr(t, "odd", False)
+                    and self.dtypes[k] == dt and max(abs(t.lo), abs(t.hi)) <= 1e3]
+            keys = [k for k in same if self.nodes[k].shape[1] == q.shape[1] and max(abs(self.nodes[k].lo), abs(self.nodes[k].hi)) <= 3.0]
+            if not keys:
+                return False
+            ki = rng.choice(keys)
+            values = [k for k in same if self.nodes[k].shape[0] == self.nodes[ki].shape[0]]
+            vi = rng.choice(values)
+            v = self.nodes[vi]
+            causal = rng.random() < 0.5
+            self.pending_dtype = "bf16"
+            self.emit(op, [], (q.shape[0], v.shape[1]), (min(v.lo, 0.0), max(v.hi, 0.0)),
+                      "tg::scaled_dot_product_attention(%s, %s, %s%s)" % (q.text, self.nodes[ki].text, v.text,
+                                                                        ", tg::causal" if causal else ""),
+                      "sdpa %d %d %d %d" % (qi, ki, vi, causal), refs=[1, 2, 3])
         elif op == "argmax":  # gather<axis>(x, argmax(y, axes<axis>, keepdim)), x and y of one 2-D shape
             picked = operand(lambda s: len(s) == 2)
             if picked is None:
@@ -411,7 +445,7 @@ class Graph(g.Graph):
             raise ValueError(op)
         if len(self.nodes) == before or self.dtypes[-1] == "i64":
             return False
-        self.nodes[-1].odd = op != "conv1d_dg"  # the others are reduced (other extents)
+        self.nodes[-1].odd = op not in ("conv1d_dg", "sdpa")  # the others are reduced (other extents)
         self.index_nodes.append(len(self.nodes) - 1)
         self.band_drawn.add(op)
         return True

@@ -1407,6 +1407,124 @@ double autocast_graph_2120(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2124(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<4, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<2>>;
+    [[maybe_unused]] constexpr auto c = tg::input<"c", float, tg::shape<4, 2>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<2, 5>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<5>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<2, 1, 5>>;
+    constexpr auto s = tg::param<"s", tg::bf16, tg::shape<2>>;
+    constexpr auto e8 = tg::matmul(b, d);
+    constexpr auto e9 = tg::scaled_dot_product_attention(d, d, d);
+    constexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 2>(tg::unsqueeze<0>(d), u));
+    constexpr auto e13 = tg::layer_norm(g, g, h);
+    constexpr auto e14 = tg::sin(e13);
+    constexpr auto e15 = tg::concat<0>(e12, e9, e12);
+    constexpr auto e16 = tg::min(e15);
+    constexpr auto e17 = tg::sum(e8);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e14);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e16);
+    constexpr auto e22 = tg::mean(e9);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e12);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(e8), region_dtype(e9), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<tg::bf16>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[3].size());
+    std::vector<tg::bf16> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, d, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2128(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", tg::bf16, tg::shape<tg::dyn, 5>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<tg::dyn, 4>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<5, 4>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<tg::dyn, 5>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto u = tg::param<"u", tg::bf16, tg::shape<5, 1, 3>>;
+    constexpr auto s = tg::param<"s", float, tg::shape<5>>;
+    constexpr auto e9 = tg::matmul(h, g);
+    constexpr auto e10 = tg::scaled_dot_product_attention(a, a, b);
+    constexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 5>(tg::unsqueeze<0>(c), u));
+    constexpr auto e13 = tg::clamp(e10, tg::lit<0.0>, tg::lit<2.0>);
+    constexpr auto e14 = tg::layer_norm(b, g, h);
+    constexpr auto e15 = tg::sin(e14);
+    constexpr auto e16 = tg::concat<0>(e13, e15, e15);
+    constexpr auto e17 = tg::max(e16);
+    constexpr auto e18 = (e17 + e9);
+    constexpr auto e19 = tg::mean(e15);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e17);
+    constexpr auto e22 = tg::mean(e10);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e12);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(g), region_dtype(h), region_dtype(u), region_dtype(s), region_dtype(e9), region_dtype(e10), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25)};
+        return 0;
+    }
+    const auto in0 = narrow<tg::bf16>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = narrow<float>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    const auto in8 = narrow<float>(in[8]);
+    std::vector<tg::bf16> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[4].size());
+    std::vector<float> g3(in[5].size());
+    std::vector<float> g4(in[6].size());
+    std::vector<tg::bf16> g5(in[7].size());
+    std::vector<float> g6(in[8].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(e, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, e, g, h, u, s)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, e, g, h, u, s)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2000, 3, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<1, tg::dyn>>;\nconstexpr auto e4 = tg::matmul(c, tg::transpose(c));\nconstexpr auto e6 = tg::log_softmax(d);\nconstexpr auto e7 = tg::max(e6);\nconstexpr auto e8 = tg::max(e4);\nconstexpr auto e9 = (e7 + e8);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e9);",
@@ -1533,6 +1651,14 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 bf16\nleaf 7 bf16\nleaf 8 i64\nleaf 9 i64\noff matmul 1 5\nconv1d 1 6 2 2 2\nadaptive_avg_pool2d 3 2 3\nnarrow 0 1 8 9\nstack1 11 1\nlse 14\nlayer_norm 2 4 5\nsin 16\nmax 17\nlse 10\nadd 18 19\nadd 20 15\nmean 17\nadd 21 22\nmean 11\nadd 23 24\nmean 12\nadd 25 26\nmean 13\nadd 27 28",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {2, 4}, -2.0, 2.0}, {"c", false, 1, {4}, 0.25, 2.0}, {"d", true, 2, {4, 2}, 0.25, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"u", true, 3, {2, 1, 3}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 1.0, true}},
                 &autocast_graph_2120});
+    r.push_back({2124, 0, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<4, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<2>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<4, 2>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<2, 5>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<5>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<2, 1, 5>>;\nconstexpr auto s = tg::param<\"s\", tg::bf16, tg::shape<2>>;\nconstexpr auto e8 = tg::matmul(b, d);\nconstexpr auto e9 = tg::scaled_dot_product_attention(d, d, d);\nconstexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 4, 2, 2>(tg::unsqueeze<0>(d), u));\nconstexpr auto e13 = tg::layer_norm(g, g, h);\nconstexpr auto e14 = tg::sin(e13);\nconstexpr auto e15 = tg::concat<0>(e12, e9, e12);\nconstexpr auto e16 = tg::min(e15);\nconstexpr auto e17 = tg::sum(e8);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e14);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e16);\nconstexpr auto e22 = tg::mean(e9);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e12);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);",
+                "leaf 0 bf16\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nmatmul 1 3\nsdpa 3 3 3 0\nconv1d 3 6 4 2 2\nlayer_norm 4 4 5\nsin 11\ncat0 10 9 10\nmin 13\nsum 8\nadd 14 15\nmean 12\nadd 16 17\nadd 18 14\nmean 9\nadd 19 20\nmean 10\nadd 21 22",
+                {{"a", true, 2, {4, 2}, 0.25, 2.0}, {"b", true, 1, {2}, 0.25, 2.0}, {"c", false, 2, {4, 2}, -2.0, 2.0}, {"d", true, 2, {2, 5}, 0.25, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"u", true, 3, {2, 1, 5}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}},
+                &autocast_graph_2124});
+    r.push_back({2128, 1, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, 5>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 4>>;\nconstexpr auto c = tg::input<\"c\", float, tg::shape<5, 4>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<tg::dyn, 5>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto u = tg::param<\"u\", tg::bf16, tg::shape<5, 1, 3>>;\nconstexpr auto s = tg::param<\"s\", float, tg::shape<5>>;\nconstexpr auto e9 = tg::matmul(h, g);\nconstexpr auto e10 = tg::scaled_dot_product_attention(a, a, b);\nconstexpr auto e12 = tg::squeeze<0>(tg::conv1d<1, 2, 2, 5>(tg::unsqueeze<0>(c), u));\nconstexpr auto e13 = tg::clamp(e10, tg::lit<0.0>, tg::lit<2.0>);\nconstexpr auto e14 = tg::layer_norm(b, g, h);\nconstexpr auto e15 = tg::sin(e14);\nconstexpr auto e16 = tg::concat<0>(e13, e15, e15);\nconstexpr auto e17 = tg::max(e16);\nconstexpr auto e18 = (e17 + e9);\nconstexpr auto e19 = tg::mean(e15);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e17);\nconstexpr auto e22 = tg::mean(e10);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e12);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);",
+                "leaf 0 bf16\nleaf 1 bf16\nleaf 2 f32\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 f32\nleaf 7 bf16\nleaf 8 f32\nmatmul 6 5\nsdpa 0 0 1 0\nconv1d 2 7 2 2 5\nclamp 10 0.0 2.0\nlayer_norm 1 5 6\nsin 13\ncat0 12 14 14\nmax 15\nadd 16 9\nmean 14\nadd 17 18\nadd 19 16\nmean 10\nadd 20 21\nmean 11\nadd 22 23",
+                {{"a", true, 2, {-1, 5}, 0.25, 2.0}, {"b", true, 2, {-1, 4}, -2.0, 2.0}, {"c", false, 2, {5, 4}, -2.0, 2.0}, {"d", false, 2, {-1, 5}, -2.0, 2.0}, {"e", true, 1, {4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"u", true, 3, {5, 1, 3}, -0.5, 0.5}, {"s", true, 1, {5}, -0.5, 0.5}},
+                &autocast_graph_2128});
     return true;
 }();
 

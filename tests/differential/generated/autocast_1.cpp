@@ -1358,6 +1358,118 @@ double autocast_graph_2121(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2125(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn, 2>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<3>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", tg::bf16, tg::shape<2>>;
+    constexpr auto e = tg::param<"e", float, tg::shape<2, 3>>;
+    constexpr auto f = tg::param<"f", tg::bf16, tg::shape<3>>;
+    constexpr auto g = tg::param<"g", tg::bf16, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", tg::bf16, tg::shape<3>>;
+    constexpr auto e8 = tg::matmul(b, e);
+    constexpr auto e10 = tg::scaled_dot_product_attention(b, b, a, tg::causal);
+    constexpr auto e11 = tg::adaptive_avg_pool2d<2, 2>(tg::unsqueeze<0>(tg::unsqueeze<0>(e10)));
+    constexpr auto e12 = tg::rms_norm<1, 1e-06>(f, g);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::concat<0>(e13, h, h);
+    constexpr auto e15 = tg::max(e14);
+    constexpr auto e16 = tg::sum(e8);
+    constexpr auto e17 = (e15 + e16);
+    constexpr auto e18 = tg::mean(e13);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = (e19 + e15);
+    constexpr auto e21 = tg::mean(e10);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e11);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e24);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(e), region_dtype(f), region_dtype(g), region_dtype(h), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<tg::bf16>(in[5]);
+    const auto in6 = narrow<tg::bf16>(in[6]);
+    const auto in7 = narrow<tg::bf16>(in[7]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<tg::bf16> g4(in[5].size());
+    std::vector<tg::bf16> g5(in[6].size());
+    std::vector<tg::bf16> g6(in[7].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, f, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    grad[6] = widen(g6);
+    return v;
+}
+
+double autocast_graph_2129(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<3, 4>>;
+    constexpr auto b = tg::param<"b", tg::bf16, tg::shape<3, 3>>;
+    constexpr auto c = tg::param<"c", float, tg::shape<3>>;
+    constexpr auto d = tg::param<"d", tg::bf16, tg::shape<4, 3>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<3>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<3>>;
+    constexpr auto e6 = tg::linear(h, b);
+    constexpr auto e7 = tg::clamp(e6, tg::lit<-1.0>, tg::lit<1.0>);
+    constexpr auto e8 = tg::scaled_dot_product_attention(d, b, b);
+    constexpr auto e9 = tg::adaptive_avg_pool2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));
+    constexpr auto e10 = tg::min(e8, e7);
+    constexpr auto e13 = tg::rms_norm<1, 1e-06>(b, g);
+    constexpr auto e14 = tg::sin(e13);
+    constexpr auto e15 = tg::concat<0>(e8, e10, d);
+    constexpr auto e16 = tg::erf(e15);
+    constexpr auto e17 = tg::sum(e16);
+    constexpr auto e18 = tg::mean(e14);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = (e19 + e17);
+    constexpr auto e21 = tg::mean(e8);
+    constexpr auto e22 = (e20 + e21);
+    constexpr auto e23 = tg::mean(e9);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e24);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(e6), region_dtype(e7), region_dtype(e8), region_dtype(e9), region_dtype(e10), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<tg::bf16>(in[1]);
+    const auto in2 = narrow<float>(in[2]);
+    const auto in3 = narrow<tg::bf16>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<tg::bf16> g1(in[1].size());
+    std::vector<float> g2(in[2].size());
+    std::vector<tg::bf16> g3(in[3].size());
+    std::vector<float> g4(in[4].size());
+    std::vector<float> g5(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    grad[5] = widen(g5);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2001, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 3>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<2, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<2>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<2>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<3>>;\nconstexpr auto e5 = tg::matmul(a, e);\nconstexpr auto e8 = tg::log_sum_exp(e);\nconstexpr auto e9 = tg::max(e5);\nconstexpr auto e10 = (e8 + e9);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e10);",
@@ -1484,6 +1596,14 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 f32\nleaf 6 f32\nmatmul 4 4\nargmin 1 0\ngather 1 0 8\nconv1d 1 5 2 2 5\nlog1p 3\nadaptive_avg_pool2d 0 2 3\nlayer_norm 11 3 4\nsin 13\nstack1 10 1\nexpm1 15\nmean 16\nadd 17 7\nmean 14\nadd 18 19\nadd 20 17\nmean 9\nadd 21 22\nmean 10\nadd 23 24\nmean 12\nadd 25 26",
                 {{"a", true, 2, {-1, 5}, 0.25, 2.0}, {"b", false, 2, {5, 3}, -2.0, 2.0}, {"c", true, 1, {3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"u", true, 3, {5, 1, 3}, -0.5, 0.5}, {"s", true, 1, {5}, -0.5, 0.5}},
                 &autocast_graph_2121});
+    r.push_back({2125, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", tg::bf16, tg::shape<2>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<2, 3>>;\nconstexpr auto f = tg::param<\"f\", tg::bf16, tg::shape<3>>;\nconstexpr auto g = tg::param<\"g\", tg::bf16, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", tg::bf16, tg::shape<3>>;\nconstexpr auto e8 = tg::matmul(b, e);\nconstexpr auto e10 = tg::scaled_dot_product_attention(b, b, a, tg::causal);\nconstexpr auto e11 = tg::adaptive_avg_pool2d<2, 2>(tg::unsqueeze<0>(tg::unsqueeze<0>(e10)));\nconstexpr auto e12 = tg::rms_norm<1, 1e-06>(f, g);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::concat<0>(e13, h, h);\nconstexpr auto e15 = tg::max(e14);\nconstexpr auto e16 = tg::sum(e8);\nconstexpr auto e17 = (e15 + e16);\nconstexpr auto e18 = tg::mean(e13);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e15);\nconstexpr auto e21 = tg::mean(e10);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e11);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e24);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 f32\nleaf 5 bf16\nleaf 6 bf16\nleaf 7 bf16\nmatmul 1 4\nsdpa 1 1 0 1\nadaptive_avg_pool2d 9 2 2\nrms_norm 5 6\nsin 11\ncat0 12 7 7\nmax 13\nsum 8\nadd 14 15\nmean 12\nadd 16 17\nadd 18 14\nmean 9\nadd 19 20\nmean 10\nadd 21 22",
+                {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {-1, 2}, 0.25, 2.0}, {"c", true, 1, {3}, -2.0, 2.0}, {"d", false, 1, {2}, 0.25, 2.0}, {"e", true, 2, {2, 3}, -2.0, 2.0}, {"f", true, 1, {3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &autocast_graph_2125});
+    r.push_back({2129, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<3, 4>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<3, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::param<\"d\", tg::bf16, tg::shape<4, 3>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<3>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<3>>;\nconstexpr auto e6 = tg::linear(h, b);\nconstexpr auto e7 = tg::clamp(e6, tg::lit<-1.0>, tg::lit<1.0>);\nconstexpr auto e8 = tg::scaled_dot_product_attention(d, b, b);\nconstexpr auto e9 = tg::adaptive_avg_pool2d<1, 1>(tg::unsqueeze<0>(tg::unsqueeze<0>(a)));\nconstexpr auto e10 = tg::min(e8, e7);\nconstexpr auto e13 = tg::rms_norm<1, 1e-06>(b, g);\nconstexpr auto e14 = tg::sin(e13);\nconstexpr auto e15 = tg::concat<0>(e8, e10, d);\nconstexpr auto e16 = tg::erf(e15);\nconstexpr auto e17 = tg::sum(e16);\nconstexpr auto e18 = tg::mean(e14);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = (e19 + e17);\nconstexpr auto e21 = tg::mean(e8);\nconstexpr auto e22 = (e20 + e21);\nconstexpr auto e23 = tg::mean(e9);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e24);",
+                "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 f32\nleaf 5 f32\nlinear 5 1\nclamp 6 -1.0 1.0\nsdpa 3 1 1 0\nadaptive_avg_pool2d 0 1 1\nminimum 8 7\nrms_norm 1 4\nsin 11\ncat0 8 10 3\nerf 13\nsum 14\nmean 12\nadd 15 16\nadd 17 15\nmean 8\nadd 18 19\nmean 9\nadd 20 21",
+                {{"a", true, 2, {3, 4}, -2.0, 2.0}, {"b", true, 2, {3, 3}, -2.0, 2.0}, {"c", true, 1, {3}, 0.25, 2.0}, {"d", true, 2, {4, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}},
+                &autocast_graph_2129});
     return true;
 }();
 

@@ -1414,6 +1414,62 @@ double autocast_graph_2122(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2126(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<4, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<4, 4>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<4, 4>>;
+    constexpr auto d = tg::input<"d", float, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<4>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<4>>;
+    constexpr auto o = tg::input<"o", std::int64_t, tg::shape<>>;
+    constexpr auto n = tg::input<"n", std::int64_t, tg::shape<>>;
+    constexpr auto e8 = tg::matmul(c, g);
+    constexpr auto e10 = tg::sin(c);
+    constexpr auto e11 = tg::scaled_dot_product_attention(e10, e10, c, tg::causal);
+    constexpr auto e12 = tg::layer_norm(g, g, h);
+    constexpr auto e13 = tg::sin(e12);
+    constexpr auto e14 = tg::narrow<0>(g, o, n);
+    constexpr auto e15 = tg::stack<1>(g, d);
+    constexpr auto e16 = tg::mean(e15);
+    constexpr auto e17 = tg::log_sum_exp(e8);
+    constexpr auto e18 = (e16 + e17);
+    constexpr auto e19 = tg::mean(e13);
+    constexpr auto e20 = (e18 + e19);
+    constexpr auto e21 = (e20 + e16);
+    constexpr auto e22 = tg::mean(e11);
+    constexpr auto e23 = (e21 + e22);
+    constexpr auto e24 = tg::mean(e14);
+    constexpr auto e25 = (e23 + e24);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(o), region_dtype(n), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e12), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in3 = narrow<float>(in[3]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    const auto in6 = ids_of(in[6]);
+    const auto in7 = ids_of(in[7]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(o, in6, {}), tg::bind(n, in7, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2002, 2, "constexpr auto a = tg::param<\"a\", tg::bf16, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", tg::bf16, tg::shape<tg::dyn, 2>>;\nconstexpr auto c = tg::input<\"c\", tg::bf16, tg::shape<2, tg::dyn>>;\nconstexpr auto d = tg::param<\"d\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto e7 = -d;\nconstexpr auto e9 = (e7 + tg::lit<0.25>);\nconstexpr auto e10 = tg::linear(c, c);\nconstexpr auto e11 = tg::cos(e9);\nconstexpr auto e12 = tg::mean(e11);\nconstexpr auto e13 = tg::min(e10);\nconstexpr auto e14 = (e12 + e13);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e14);",
@@ -1540,6 +1596,10 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 bf16\nleaf 2 f32\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 i64\nleaf 6 i64\nleaf 7 bf16\nleaf 8 bf16\nmatmul 0 2\nnarrow 0 1 5 6\nargmin 9 0\ngather 9 0 11\nexpm1 1\nconv1d_b 2 7 8 2 2 2\nlayer_norm 13 3 4\nsin 15\ncat0 16 9 13\ngelu 17\nmean 18\nmean 16\nadd 19 20\nadd 21 19\nmean 10\nadd 22 23\nmean 12\nadd 24 25\nmean 14\nadd 26 27",
                 {{"a", true, 2, {-1, 2}, -2.0, 2.0}, {"b", true, 2, {-1, 3}, 0.25, 2.0}, {"c", false, 2, {2, 3}, -2.0, 2.0}, {"g", true, 1, {3}, 0.5, 1.5}, {"h", true, 1, {3}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 1.0, true}, {"u", true, 3, {2, 1, 3}, -0.5, 0.5}, {"s", true, 1, {2}, -0.5, 0.5}},
                 &autocast_graph_2122});
+    r.push_back({2126, 0, "constexpr auto a = tg::param<\"a\", float, tg::shape<4, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<4, 4>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<4, 4>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<4>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<4>>;\nconstexpr auto o = tg::input<\"o\", std::int64_t, tg::shape<>>;\nconstexpr auto n = tg::input<\"n\", std::int64_t, tg::shape<>>;\nconstexpr auto e8 = tg::matmul(c, g);\nconstexpr auto e10 = tg::sin(c);\nconstexpr auto e11 = tg::scaled_dot_product_attention(e10, e10, c, tg::causal);\nconstexpr auto e12 = tg::layer_norm(g, g, h);\nconstexpr auto e13 = tg::sin(e12);\nconstexpr auto e14 = tg::narrow<0>(g, o, n);\nconstexpr auto e15 = tg::stack<1>(g, d);\nconstexpr auto e16 = tg::mean(e15);\nconstexpr auto e17 = tg::log_sum_exp(e8);\nconstexpr auto e18 = (e16 + e17);\nconstexpr auto e19 = tg::mean(e13);\nconstexpr auto e20 = (e18 + e19);\nconstexpr auto e21 = (e20 + e16);\nconstexpr auto e22 = tg::mean(e11);\nconstexpr auto e23 = (e21 + e22);\nconstexpr auto e24 = tg::mean(e14);\nconstexpr auto e25 = (e23 + e24);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e25);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nleaf 6 i64\nleaf 7 i64\nmatmul 2 4\nsin 2\nsdpa 9 9 2 1\nlayer_norm 4 4 5\nsin 11\nnarrow 4 0 6 7\nstack1 4 3\nmean 14\nlse 8\nadd 15 16\nmean 12\nadd 17 18\nadd 19 15\nmean 10\nadd 20 21\nmean 13\nadd 22 23",
+                {{"a", true, 2, {4, 4}, -2.0, 2.0}, {"b", true, 2, {4, 4}, -2.0, 2.0}, {"c", true, 2, {4, 4}, 0.25, 2.0}, {"d", false, 1, {4}, -2.0, 2.0}, {"g", true, 1, {4}, 0.5, 1.5}, {"h", true, 1, {4}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 2.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}},
+                &autocast_graph_2126});
     return true;
 }();
 

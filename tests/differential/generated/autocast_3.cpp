@@ -1382,6 +1382,58 @@ double autocast_graph_2123(const tensors<double>& in, const extents& ext, tensor
     return v;
 }
 
+double autocast_graph_2127(const tensors<double>& in, const extents& ext, tensors<double>& grad, int policy,
+                         std::vector<std::string_view>* dtypes) {
+    constexpr auto a = tg::param<"a", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto b = tg::param<"b", float, tg::shape<tg::dyn, 4>>;
+    constexpr auto c = tg::param<"c", tg::bf16, tg::shape<4, 5>>;
+    [[maybe_unused]] constexpr auto d = tg::input<"d", float, tg::shape<4>>;
+    constexpr auto g = tg::param<"g", float, tg::shape<5>>;
+    constexpr auto h = tg::param<"h", float, tg::shape<5>>;
+    constexpr auto e6 = tg::matmul(a, c);
+    constexpr auto e8 = tg::scaled_dot_product_attention(b, a, b, tg::causal);
+    constexpr auto e10 = tg::argmax(e6, tg::axes<0>, tg::keepdim);
+    constexpr auto e11 = tg::gather<0>(e6, e10);
+    constexpr auto e13 = tg::rms_norm<1, 1e-06>(g, g);
+    constexpr auto e14 = tg::sin(e13);
+    constexpr auto e15 = tg::concat<0>(e8, a, b);
+    constexpr auto e16 = tg::elu<1.0>(e15);
+    constexpr auto e17 = tg::mean(e16);
+    constexpr auto e18 = tg::mean(e6);
+    constexpr auto e19 = (e17 + e18);
+    constexpr auto e20 = tg::mean(e14);
+    constexpr auto e21 = (e19 + e20);
+    constexpr auto e22 = (e21 + e17);
+    constexpr auto e23 = tg::mean(e8);
+    constexpr auto e24 = (e22 + e23);
+    constexpr auto e25 = tg::mean(e11);
+    constexpr auto e26 = (e24 + e25);
+    constexpr auto loss = tg::autocast<tg::cpu_bf16>(e26);
+    if (dtypes != nullptr) {
+        *dtypes = {region_dtype(a), region_dtype(b), region_dtype(c), region_dtype(d), region_dtype(g), region_dtype(h), region_dtype(e6), region_dtype(e8), region_dtype(e10), region_dtype(e11), region_dtype(e13), region_dtype(e14), region_dtype(e15), region_dtype(e16), region_dtype(e17), region_dtype(e18), region_dtype(e19), region_dtype(e20), region_dtype(e21), region_dtype(e22), region_dtype(e23), region_dtype(e24), region_dtype(e25), region_dtype(e26)};
+        return 0;
+    }
+    const auto in0 = narrow<float>(in[0]);
+    const auto in1 = narrow<float>(in[1]);
+    const auto in2 = narrow<tg::bf16>(in[2]);
+    const auto in4 = narrow<float>(in[4]);
+    const auto in5 = narrow<float>(in[5]);
+    std::vector<float> g0(in[0].size());
+    std::vector<float> g1(in[1].size());
+    std::vector<tg::bf16> g2(in[2].size());
+    std::vector<float> g3(in[4].size());
+    std::vector<float> g4(in[5].size());
+    auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
+    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
+                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    grad[0] = widen(g0);
+    grad[1] = widen(g1);
+    grad[2] = widen(g2);
+    grad[3] = widen(g3);
+    grad[4] = widen(g4);
+    return v;
+}
+
 const bool registered = [] {
     auto& r = autocast_registry();
     r.push_back({2003, 2, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto c = tg::param<\"c\", float, tg::shape<3>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<3>>;\nconstexpr auto e = tg::param<\"e\", float, tg::shape<tg::dyn, tg::dyn>>;\nconstexpr auto f = tg::param<\"f\", float, tg::shape<tg::dyn, 3>>;\nconstexpr auto e6 = tg::autocast<tg::autocast_disabled<tg::cpu>>(tg::matmul(d, tg::transpose(f)));\nconstexpr auto e7 = tg::softmax(c);\nconstexpr auto e9 = -e7;\nconstexpr auto e10 = tg::max(e9);\nconstexpr auto e11 = tg::max(e6);\nconstexpr auto e12 = (e10 + e11);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e12);",
@@ -1508,6 +1560,10 @@ const bool registered = [] {
                 "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 bf16\nleaf 4 bf16\nleaf 5 bf16\nleaf 6 i64\nleaf 7 i64\nlinear 0 2\nadaptive_avg_pool2d 2 2 2\nnarrow 2 1 6 7\nargmin 3 1\ngather 3 1 11\nrms_norm 4 4\nsin 13\nstack1 14 4\ngelu 15\nsum 16\nsum 8\nadd 17 18\nmean 14\nadd 19 20\nadd 21 17\nmean 9\nadd 22 23\nmean 10\nadd 24 25\nmean 12\nadd 26 27",
                 {{"a", true, 2, {-1, 3}, 0.25, 2.0}, {"b", true, 1, {3}, 0.25, 2.0}, {"c", true, 2, {5, 3}, 0.25, 2.0}, {"d", false, 2, {3, 5}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}, {"o", false, 0, {}, 0.0, 1.0, true}, {"n", false, 0, {}, 1.0, 2.0, true}},
                 &autocast_graph_2123});
+    r.push_back({2127, 1, "constexpr auto a = tg::param<\"a\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto b = tg::param<\"b\", float, tg::shape<tg::dyn, 4>>;\nconstexpr auto c = tg::param<\"c\", tg::bf16, tg::shape<4, 5>>;\nconstexpr auto d = tg::input<\"d\", float, tg::shape<4>>;\nconstexpr auto g = tg::param<\"g\", float, tg::shape<5>>;\nconstexpr auto h = tg::param<\"h\", float, tg::shape<5>>;\nconstexpr auto e6 = tg::matmul(a, c);\nconstexpr auto e8 = tg::scaled_dot_product_attention(b, a, b, tg::causal);\nconstexpr auto e10 = tg::argmax(e6, tg::axes<0>, tg::keepdim);\nconstexpr auto e11 = tg::gather<0>(e6, e10);\nconstexpr auto e13 = tg::rms_norm<1, 1e-06>(g, g);\nconstexpr auto e14 = tg::sin(e13);\nconstexpr auto e15 = tg::concat<0>(e8, a, b);\nconstexpr auto e16 = tg::elu<1.0>(e15);\nconstexpr auto e17 = tg::mean(e16);\nconstexpr auto e18 = tg::mean(e6);\nconstexpr auto e19 = (e17 + e18);\nconstexpr auto e20 = tg::mean(e14);\nconstexpr auto e21 = (e19 + e20);\nconstexpr auto e22 = (e21 + e17);\nconstexpr auto e23 = tg::mean(e8);\nconstexpr auto e24 = (e22 + e23);\nconstexpr auto e25 = tg::mean(e11);\nconstexpr auto e26 = (e24 + e25);\nconstexpr auto loss = tg::autocast<tg::cpu_bf16>(e26);",
+                "leaf 0 f32\nleaf 1 f32\nleaf 2 bf16\nleaf 3 f32\nleaf 4 f32\nleaf 5 f32\nmatmul 0 2\nsdpa 1 0 1 1\nargmax 6 0\ngather 6 0 8\nrms_norm 4 4\nsin 10\ncat0 7 0 1\nelu 12 1.0\nmean 13\nmean 6\nadd 14 15\nmean 11\nadd 16 17\nadd 18 14\nmean 7\nadd 19 20\nmean 9\nadd 21 22",
+                {{"a", true, 2, {-1, 4}, 0.25, 2.0}, {"b", true, 2, {-1, 4}, 0.25, 2.0}, {"c", true, 2, {4, 5}, -2.0, 2.0}, {"d", false, 1, {4}, -2.0, 2.0}, {"g", true, 1, {5}, 0.5, 1.5}, {"h", true, 1, {5}, -1.0, 1.0}},
+                &autocast_graph_2127});
     return true;
 }();
 
