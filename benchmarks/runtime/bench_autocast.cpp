@@ -1,5 +1,8 @@
 // fp32 vs bf16 (autocast) matrix products and an MLP layer, forward and forward + backward.
 // Names: autocast/<workload>/<f32|bf16>/<n>. Counters: GFLOP/s of the matrix products.
+// One thread, as the rest of the suite (bench_gemm.cpp's _mt variants leave the pool at all
+// threads): Google Benchmark's CPU time is the benchmark thread's, so a product split across
+// the pool would count only its share.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -22,6 +25,7 @@ std::vector<T> filled(std::size_t n, float scale) {
 // C = A B with A, B leaves of dtype T (n x n): the GEMM alone, as a forward pass.
 template <class T, std::size_t N>
 void matmul_forward(benchmark::State& state) {
+    tg::set_num_threads(1);
     constexpr auto a = tg::input<"a", T, tg::shape<N, N>>;
     constexpr auto b = tg::input<"b", T, tg::shape<N, N>>;
     auto step = tg::compile(tg::sum(tg::matmul(a, b)), tg::wrt());
@@ -39,6 +43,7 @@ void matmul_forward(benchmark::State& state) {
 // matmuls run in bf16 too).
 template <bool Autocast, std::size_t Batch>
 void mlp_layer(benchmark::State& state) {
+    tg::set_num_threads(1);
     constexpr std::size_t in = 512, out = 512;
     constexpr auto x = tg::input<"x", float, tg::shape<Batch, in>>;
     constexpr auto w = tg::param<"W", float, tg::shape<out, in>>;

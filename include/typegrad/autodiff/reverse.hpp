@@ -20,6 +20,7 @@
 #include <typegrad/ops/broadcast.hpp>
 #include <typegrad/ops/cast.hpp>
 #include <typegrad/ops/hook.hpp>
+#include <typegrad/ops/view.hpp>
 
 namespace typegrad {
 namespace detail {
@@ -72,6 +73,14 @@ struct pattern_of<node<expand_op, constant<V>, Like>> {
     using parts = type_list<Like>;
     template <class L>
     using with = node<expand_op, constant<V>, type_at_t<0, L>>;
+};
+// A permute (transpose) is kept too: matmul's VJP reads a transposed operand's layout, and a
+// permute's VJP cancels against a permuted adjoint (ops/matmul.hpp, transposed_view).
+template <std::size_t... Ps, class X>
+struct pattern_of<node<permute_op<Ps...>, X>> {
+    using parts = type_list<X>;
+    template <class L>
+    using with = node<permute_op<Ps...>, type_at_t<0, L>>;
 };
 // Equal parts get one stand-in (x * x stays a square), numbered by first occurrence in All.
 template <class Parts, class All>

@@ -249,10 +249,34 @@ constexpr auto linear(X x, W w, B b) {
 }
 
 namespace detail {
+// True for an operand that is a transposed view of its last two axes (linear's W^T).
+template <class X>
+constexpr bool transposed_view() {
+    using N = typename X::node_type;
+    if constexpr (!permute_node<N>::value) {
+        return false;
+    } else {
+        constexpr auto p = permute_node<N>::perm;
+        for (std::size_t i = 0; i + 2 < p.size(); ++i)
+            if (p[i] != i) return false;
+        return p.size() >= 2 && p[p.size() - 2] == p.size() - 1 && p[p.size() - 1] == p.size() - 2;
+    }
+}
+
 template <std::size_t I, class G, class Out, class A, class B>
 constexpr auto matmul_op::vjp(G g, Out, A a, B b) {
-    if constexpr (I == 0) return typegrad::matmul(g, typegrad::transpose(b));
-    else return typegrad::matmul(typegrad::transpose(a), g);
+    // dA = g B^T, dB = A^T g. For a transposed view, whose VJP transposes its gradient back, the
+    // same product is written transposed with the operands swapped ((g^T A)^T for dB): the two
+    // transposes cancel (permute_node), and the GEMM writes the gradient in the layout of the
+    // operand's source, reading g and A through transpose flags, instead of writing A^T g for a
+    // strided copy to turn (linear's weight gradient: 19% of an MLP layer's step before).
+    if constexpr (I == 0) {
+        if constexpr (transposed_view<A>()) return typegrad::transpose(typegrad::matmul(b, typegrad::transpose(g)));
+        else return typegrad::matmul(g, typegrad::transpose(b));
+    } else {
+        if constexpr (transposed_view<B>()) return typegrad::transpose(typegrad::matmul(typegrad::transpose(g), a));
+        else return typegrad::matmul(typegrad::transpose(a), g);
+    }
 }
 }  // namespace detail
 }  // namespace typegrad

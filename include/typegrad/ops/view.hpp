@@ -58,16 +58,23 @@ constexpr bool is_permutation() {
     return true;
 }
 
-template <std::size_t... Ps, std::size_t... Is>
-constexpr auto inverse_permute_impl(std::index_sequence<Is...>) {
+// The permutation that undoes permute<Ps...>.
+template <std::size_t... Ps>
+constexpr std::array<std::size_t, sizeof...(Ps)> inverse_perm() {
     constexpr std::array<std::size_t, sizeof...(Ps)> p{Ps...};
-    constexpr auto inv = [&] {
-        std::array<std::size_t, sizeof...(Ps)> r{};
-        for (std::size_t i = 0; i < p.size(); ++i) r[p[i]] = i;
-        return r;
-    }();
-    return permute_op<inv[Is]...>{};
+    std::array<std::size_t, sizeof...(Ps)> r{};
+    for (std::size_t i = 0; i < p.size(); ++i) r[p[i]] = i;
+    return r;
 }
+
+// A node that is a permute of its one operand: its permutation and that operand.
+template <class N>
+struct permute_node : std::false_type {};
+template <std::size_t... Qs, class Y>
+struct permute_node<node<permute_op<Qs...>, Y>> : std::true_type {
+    static constexpr std::array<std::size_t, sizeof...(Qs)> perm{Qs...};
+    using operand = Y;
+};
 
 // ---- reshape (contiguous input; one dynamic extent may be inferred) --------------------------
 template <class Target>
@@ -357,8 +364,16 @@ constexpr auto permute(X x) {
                   "typegrad: permute<axes...>(x) needs one axis per dimension of x.");
     static_assert(detail::is_permutation<Ps...>(),
                   "typegrad: permute<axes...>(x) needs a permutation of 0 .. rank-1.");
-    if constexpr (detail::permute_op<Ps...>::keeps_contiguity) return x;
-    else return detail::make_node<detail::permute_op<Ps...>>(x);
+    if constexpr (detail::permute_op<Ps...>::keeps_contiguity) {
+        return x;
+    } else if constexpr (detail::permute_node<typename X::node_type>::value) {
+        // A permute of a permute is one view (none when they cancel): transpose(transpose(x)) is
+        // x, so that a VJP that transposes a transposed product hands the GEMM's result on as is.
+        using inner = detail::permute_node<typename X::node_type>;
+        return permute<inner::perm[Ps]...>(expr<typename inner::operand>{});
+    } else {
+        return detail::make_node<detail::permute_op<Ps...>>(x);
+    }
 }
 
 // Swaps axes A and B (default: the last two), as torch.transpose.
@@ -450,8 +465,10 @@ namespace detail {
 template <std::size_t... Ps>
 template <std::size_t I, class G, class Out, class X>
 constexpr auto permute_op<Ps...>::vjp(G g, Out, X) {
-    using inv = decltype(inverse_permute_impl<Ps...>(std::make_index_sequence<sizeof...(Ps)>{}));
-    return make_node<inv>(g);
+    constexpr auto inv = inverse_perm<Ps...>();
+    return [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+        return typegrad::permute<inv[Is]...>(g);  // composes with a permute g (permute_node)
+    }(std::make_index_sequence<sizeof...(Ps)>{});
 }
 template <class Target>
 template <std::size_t I, class G, class Out, class X>

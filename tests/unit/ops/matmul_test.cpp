@@ -2,6 +2,7 @@
 // double, and dynamic batch extents that never broadcast.
 #include <check_gradient.hpp>
 
+#include <type_traits>
 #include <vector>
 
 namespace tg = typegrad;
@@ -79,4 +80,54 @@ TEST_CASE("a matmul operand with neither inner axis unit-stride is read through 
     auto step = tg::compile(loss, tg::wrt(c, e));
     CHECK(step.forward(tg::bind(c, cv), tg::bind(e, ev), tg::bind(k, kv)).value() == Approx(expected).epsilon(1e-12));
     check_gradient(loss, fixed(tg::bind(k, kv)), at(c, cv), at(e, ev));
+}
+
+namespace {
+// True where a node of the tree is a permute of a matmul: a product written in one layout and
+// then viewed in the other, which the step copies through strided reads.
+template <class N>
+struct permuted_product : std::false_type {};
+template <class Op, class... Cs>
+struct permuted_product<tg::node<Op, Cs...>> : std::bool_constant<(permuted_product<Cs>::value || ...)> {};
+template <std::size_t... Ps, class... Cs>
+struct permuted_product<tg::node<tg::detail::permute_op<Ps...>, tg::node<tg::detail::matmul_op, Cs...>>>
+    : std::true_type {};
+}  // namespace
+
+TEST_CASE("a transposed matmul operand gets its gradient from one product in its own layout",
+          "[ops][matmul][gradient][view]") {
+    constexpr auto x = tg::param<"x", double, tg::shape<3, 4>>;
+    constexpr auto w = tg::param<"w", double, tg::shape<5, 4>>;
+    constexpr auto c = tg::param<"c", double, tg::shape<3, 4>>;
+    // transpose(transpose(w)) is w; permutes compose into one view
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::transpose(tg::transpose(w)))::node_type, decltype(w)::node_type>);
+    constexpr auto e = tg::param<"e", double, tg::shape<2, 3, 4>>;
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::permute<1, 2, 0>(tg::permute<2, 0, 1>(e)))::node_type,
+                                  decltype(e)::node_type>);
+    STATIC_REQUIRE(std::is_same_v<decltype(tg::permute<1, 0, 2>(tg::permute<2, 0, 1>(e)))::node_type,
+                                  decltype(tg::permute<0, 2, 1>(e))::node_type>);
+    // linear's weight gradient is g^T x, not (x^T g)^T; the same for a transposed left operand
+    const auto lin = tg::sum(tg::square(tg::linear(x, w)));
+    const auto left = tg::sum(tg::square(tg::matmul(tg::transpose(c), x)));
+    STATIC_REQUIRE_FALSE(permuted_product<decltype(tg::grad(lin, w))::node_type>::value);
+    STATIC_REQUIRE_FALSE(permuted_product<decltype(tg::grad(left, c))::node_type>::value);
+    // and the gradients are right: 2-D, batched, and a 2-D operand broadcast over the batch
+    const auto xv = uniform(12, -1.0, 1.0, 70);
+    check_gradient(lin, at(x, xv), at(w, uniform(20, -1.0, 1.0, 71)));
+    check_gradient(left, at(x, xv), at(c, uniform(12, -1.0, 1.0, 72)));
+    constexpr auto d = tg::param<"d", double, tg::shape<2, 5, 4>>;
+    constexpr auto f = tg::param<"f", double, tg::shape<5, 4>>;
+    constexpr auto h = tg::param<"h", double, tg::shape<2, 3, 5>>;
+    const auto ev = uniform(24, -1.0, 1.0, 73);
+    check_gradient(tg::sum(tg::sin(tg::matmul(e, tg::transpose(d)))), at(e, ev), at(d, uniform(40, -1.0, 1.0, 74)));
+    check_gradient(tg::sum(tg::sin(tg::matmul(e, tg::transpose(f)))), at(e, ev), at(f, uniform(20, -1.0, 1.0, 75)));
+    check_gradient(tg::sum(tg::sin(tg::matmul(tg::transpose(h), e))), at(h, uniform(30, -1.0, 1.0, 76)), at(e, ev));
+    // closed form, float: d/dW sum(x W^T) = column sums of x, in every row of W's gradient
+    constexpr auto xf = tg::input<"xf", float, tg::shape<2, 3>>;
+    constexpr auto wf = tg::param<"wf", float, tg::shape<2, 3>>;
+    std::vector<float> xd{1, 2, 3, 4, 5, 6}, wd{1, 0, 0, 0, 1, 0}, gw(6);
+    const float l = tg::compile(tg::sum(tg::linear(xf, wf)), tg::wrt(wf))
+                        .value_and_grad(tg::bind(xf, xd), tg::bind(wf, wd), tg::grad_into(wf, gw));
+    CHECK(l == 12.f);  // (1 + 2) + (4 + 5)
+    CHECK(gw == std::vector<float>{5, 7, 9, 5, 7, 9});
 }
