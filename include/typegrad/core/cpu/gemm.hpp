@@ -55,6 +55,8 @@ namespace gemm_impl {
 //       leaving room for the B micro-panel in use and the C lines.
 //   NC  the packed B panel (KC x NC) lives in L2/L3; wide, so that A is packed once per KC
 //       block for all but huge n.
+//   NB  when all of m is one MC block, B is packed NB columns at a time instead, each block
+//       used by every row right away (gemm_block).
 template <class T>
 struct default_config {
     static constexpr bool wide_regs = sizeof(simd::batch<T>) == 64;
@@ -65,6 +67,7 @@ struct default_config {
     static constexpr std::size_t KC_MAX = KC + KC / 8;
     static constexpr std::size_t MC = (sizeof(T) == 4 ? 240 : 96) / MR * MR;
     static constexpr std::size_t NC = 4096 / NR * NR;
+    static constexpr std::size_t NB = 4 * NR;  // B's columns packed at a time when m fits one MC block
 };
 
 // Straight-line code for the packing loops: f(0_c), f(1_c), ... f(N-1_c). Forced inline: an
@@ -362,6 +365,43 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
     T* const ap = bufs.a.get(kc_max * ((std::min(MC, std::max(m, size_m)) + MR - 1) / MR * MR));
     alignas(64) T edge[MR * NR];
 
+    if (m <= MC) {
+        // One row block: A is packed once per depth block, and B a few column panels at a time
+        // (NB), each used by every row while it is in L1/L2. Packing the whole kc x nc panel first
+        // (up to 1.7 MB of float) wrote it out to L3 and read it back for so few rows: 2-7% on
+        // the products of a convolution's forward with 64 or 128 output channels (docs/gemm.md).
+        // The same FMA chains in the same order for every element of C: the same bits.
+        constexpr std::size_t NB = Config::NB;
+        for (std::size_t pc = 0; pc < k; pc += step) {
+            const std::size_t kc = std::min(step, k - pc);
+            const bool add = op.accumulate || pc > 0;
+            pack_a(i_begin, m, pc, kc, ap);
+            for (std::size_t jc = j_begin; jc < j_end; jc += NB) {
+                const std::size_t nc = std::min(NB, j_end - jc);
+                pack(pc, kc, jc, nc, bp);
+                for (std::size_t jr = 0; jr < nc; jr += NR) {
+                    const std::size_t nr = std::min(NR, nc - jr);
+                    const T* b_panel = bp + jr * kc;
+                    for (std::size_t ir = 0; ir < m; ir += MR) {
+                        const std::size_t mr = std::min(MR, m - ir);
+                        const T* a_panel = ap + ir * kc;
+                        T* c_tile = op.c + (i_begin + ir) * op.ldc + jc + jr;
+                        if (mr == MR && nr == NR) {
+                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, c_tile, op.ldc, add);
+                        } else {
+                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, edge, NR, false);
+                            for (std::size_t i = 0; i < mr; ++i)
+                                for (std::size_t j = 0; j < nr; ++j)
+                                    c_tile[i * op.ldc + j] =
+                                        add ? c_tile[i * op.ldc + j] + edge[i * NR + j] : edge[i * NR + j];
+                        }
+                    }
+                }
+            }
+        }
+        done(i_begin, i_end);
+        return;
+    }
     for (std::size_t jc = j_begin; jc < j_end; jc += NC) {
         const std::size_t nc = std::min(NC, j_end - jc);
         for (std::size_t pc = 0; pc < k; pc += step) {
