@@ -776,11 +776,89 @@ struct in_place_saves {
     }
     static constexpr table value = make();
 };
-// Points those saved values at their gradients' buffers (after prepare_scratch and bind_grads).
+// Kernel results written straight into a gradient's buffer. A gradient that a kernel computes
+// (a matmul's, a convolution's, embedding's scatter-add) reached its buffer through a loop that
+// only copied it there: `expand(k, shape=param)`, the identity wherever the extents agree. When
+// that loop reads nothing but kernel k of this plan, fuses nothing but the expand (or stores k
+// itself), k has the store's element type and nothing stored after its elements, no view of k
+// exists, no later step reads k, and the gradient overwrites its buffer (not tg::accumulate),
+// then on a call where k's extents equal the store's (dynamic extents: checked per call), k
+// writes into the gradient's buffer and the loop is skipped (run_loops): the same values, one
+// pass less. It was a copy of every such gradient on every step: the 16 MB of an 8192 x 512
+// embedding table's gradient, a convolution's input gradient, every weight's in a transformer.
+// The table is indexed by loop: src[l] is k (or no_node) and store[l] the gradient's store.
+template <std::size_t L>
+struct kernel_store_table {
+    static constexpr std::size_t no_node = static_cast<std::size_t>(-1);
+    std::size_t count = 0;
+    std::size_t src[L]{};
+    std::size_t store[L]{};
+    std::size_t loop[L]{};  // the entries' loops, count of them
+};
+template <class Plan, class AccumulateMask>
+struct kernel_stores {
+    static constexpr std::size_t L = Plan::plan.loops.size() + 1;
+    using table = kernel_store_table<L>;
+    static constexpr table make() {
+        constexpr auto& plan = Plan::plan;
+        const node_info* const info = Plan::program::info.data();
+        const std::size_t* const members = plan.members.data();
+        const step_item* const items = schedule_v<Plan>.data();
+        constexpr std::size_t steps = schedule_size<Plan>();
+        table t;
+        for (std::size_t l = 0; l < L; ++l) t.src[l] = table::no_node;
+        // the last step reading each node, whether a kernel of this plan computes it, and views
+        std::size_t last_[Plan::M + 1]{};
+        bool viewed_[Plan::M + 1]{}, kernel_[Plan::M + 1]{};
+        std::size_t* const last = last_;
+        bool *const viewed = viewed_, *const kernel = kernel_;
+        for (std::size_t n = 0; n < Plan::M; ++n)
+            if (info[n].kind == op_kind::view) viewed[info[n].child[0]] = true;
+        for (std::size_t i = 0; i < steps; ++i) {
+            if (items[i].is_loop) {
+                const loop_plan& lp = plan.loops.data()[items[i].index];
+                for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) last[members[m]] = i + 1;
+            } else {
+                const node_info& ni = info[items[i].index];
+                kernel[items[i].index] = ni.kind == op_kind::kernel;
+                for (std::size_t c = 0; c < ni.arity; ++c) last[ni.child[c]] = i + 1;
+            }
+        }
+        for (std::size_t i = 0; i < steps; ++i) {
+            if (!items[i].is_loop) continue;
+            const loop_plan& lp = plan.loops.data()[items[i].index];
+            if (lp.in_end - lp.in_begin != 1 || lp.red_begin != lp.red_end || lp.mat_begin != lp.mat_end ||
+                lp.store_end - lp.store_begin != 1)
+                continue;
+            const std::size_t n = members[lp.in_begin], g = members[lp.store_begin], sn = Plan::stores[g];
+            if (!kernel[n] || viewed[n] || last[n] != i + 1 || AccumulateMask::test(g)) continue;
+            const node_info &k = info[n], &s = info[sn];
+            // (extra bytes: a custom op keeps saved values after its elements, past a gradient's end)
+            if (k.rank != s.rank || k.buffer != s.buffer || k.elem_size != s.elem_size || k.extra_bytes != 0) continue;
+            const bool expand_of_n = lp.body_end - lp.body_begin == 1 && members[lp.body_begin] == sn && s.arity >= 1 &&
+                                     s.child[0] == n && s.name == std::string_view("expand");
+            if (!(sn == n && lp.body_begin == lp.body_end) && !expand_of_n) continue;
+            t.src[items[i].index] = n, t.store[items[i].index] = g, t.loop[t.count++] = items[i].index;
+        }
+        return t;
+    }
+    static constexpr table value = make();
+};
+
+// Points those saved values at their gradients' buffers (after prepare_scratch and bind_grads),
+// and those kernel results too where their extents equal their gradients' on this call.
 template <class Plan, class AccumulateMask>
 void save_in_place(typename Plan::state_type& state) {
     constexpr auto& t = in_place_saves<Plan, AccumulateMask>::value;
     for (std::size_t i = 0; i < t.count; ++i) state.ptr[t.node[i]] = state.out[t.store[i]];
+    constexpr auto& k = kernel_stores<Plan, AccumulateMask>::value;
+    for (std::size_t i = 0; i < k.count; ++i) {
+        const std::size_t l = k.loop[i], n = k.src[l], s = Plan::stores[k.store[l]];
+        bool same = state.out[k.store[l]] != nullptr;
+        for (std::size_t a = 0; same && a < Plan::program::info[n].rank; ++a)
+            same = state.ext[Plan::rank_offset[n] + a] == state.ext[Plan::rank_offset[s] + a];
+        if (same) state.ptr[n] = state.out[k.store[l]];
+    }
 }
 
 // Post-accumulate hooks run by the schedule walk: entry k runs right after schedule step
@@ -851,6 +929,12 @@ void run_loops(typename Plan::state_type& state, const post_hook_calls& hooks = 
     for (std::size_t i = 0; i < items; ++i) {
         const step_item item = schedule_v<Plan>[i];
         if (item.is_loop) {
+            // a loop that would copy a kernel's result into the buffer it was written to
+            constexpr auto& k = kernel_stores<Plan, AccumulateMask>::value;
+            if (k.src[item.index] != k.no_node && state.ptr[k.src[item.index]] == state.out[k.store[item.index]]) {
+                if (next < hooks.count) run_post_hooks_until(hooks, next, i, state.out.data());
+                continue;
+            }
             constexpr auto& t = loops::layout::table;
             const std::size_t* ids = t.ids.data() + 2 * t.op_start[item.index];
             const loop_args args{state.ptr.data(), state.out.data(), state.ext.data(), state.stride.data(), ids,
