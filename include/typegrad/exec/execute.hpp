@@ -717,6 +717,31 @@ struct in_place_table {
     std::size_t node[N]{};
     std::size_t store[N]{};
 };
+// For the two tables below: the last schedule step (counted from 1) that reads each node
+// directly, whether a view reads it, and whether a kernel step of the plan computes it. Not
+// buffer_steps_v's table, which holds the same: read there, clang 14 ran past 12 minutes and
+// 14 GB on the 12-block GPT (gen.py gpt 12) against 32 s with this loop.
+template <class Plan>
+struct step_readers {
+    static constexpr void fill(std::size_t* last, bool* viewed, bool* kernel) {
+        constexpr auto& plan = Plan::plan;
+        const node_info* const info = Plan::program::info.data();
+        const std::size_t* const members = plan.members.data();
+        const step_item* const items = schedule_v<Plan>.data();
+        for (std::size_t n = 0; n < Plan::M; ++n)
+            if (info[n].kind == op_kind::view) viewed[info[n].child[0]] = true;
+        for (std::size_t i = 0; i < schedule_size<Plan>(); ++i) {
+            if (items[i].is_loop) {
+                const loop_plan& lp = plan.loops.data()[items[i].index];
+                for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) last[members[m]] = i + 1;
+            } else {
+                const node_info& ni = info[items[i].index];
+                kernel[items[i].index] = ni.kind == op_kind::kernel;
+                for (std::size_t c = 0; c < ni.arity; ++c) last[ni.child[c]] = i + 1;
+            }
+        }
+    }
+};
 template <class Plan, class AccumulateMask>
 struct in_place_saves {
     using table = in_place_table<Plan::NS + 1>;
@@ -733,24 +758,12 @@ struct in_place_saves {
         const step_item* const items = schedule_v<Plan>.data();
         constexpr std::size_t steps = schedule_size<Plan>();
         table t;
-        // the last step that reads each node (views of it are excluded below, so directly). Not
-        // buffer_steps_v's table, which holds the same: read here, clang 14 ran past 12 minutes
-        // and 14 GB on the 12-block GPT (gen.py gpt 12) against 32 s with this loop.
+        // (views of a node are excluded below, so `last` counts its direct readers)
         std::size_t last_[Plan::M + 1]{};
-        bool viewed_[Plan::M + 1]{}, used_[Plan::NS + 1]{};
+        bool viewed_[Plan::M + 1]{}, kernel_[Plan::M + 1]{}, used_[Plan::NS + 1]{};
         std::size_t* const last = last_;
         bool *const viewed = viewed_, *const used = used_;
-        for (std::size_t n = 0; n < Plan::M; ++n)
-            if (info[n].kind == op_kind::view) viewed[info[n].child[0]] = true;
-        for (std::size_t i = 0; i < steps; ++i) {
-            if (items[i].is_loop) {
-                const loop_plan& lp = plan.loops.data()[items[i].index];
-                for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) last[members[m]] = i + 1;
-            } else {
-                const node_info& ni = info[items[i].index];
-                for (std::size_t c = 0; c < ni.arity; ++c) last[ni.child[c]] = i + 1;
-            }
-        }
+        step_readers<Plan>::fill(last, viewed, kernel_);
         for (std::size_t i = 0; i < steps; ++i) {
             if (!items[i].is_loop) continue;
             const loop_plan& lp = plan.loops.data()[items[i].index];
@@ -807,23 +820,11 @@ struct kernel_stores {
         constexpr std::size_t steps = schedule_size<Plan>();
         table t;
         for (std::size_t l = 0; l < L; ++l) t.src[l] = table::no_node;
-        // the last step reading each node, whether a kernel of this plan computes it, and views
         std::size_t last_[Plan::M + 1]{};
         bool viewed_[Plan::M + 1]{}, kernel_[Plan::M + 1]{};
         std::size_t* const last = last_;
         bool *const viewed = viewed_, *const kernel = kernel_;
-        for (std::size_t n = 0; n < Plan::M; ++n)
-            if (info[n].kind == op_kind::view) viewed[info[n].child[0]] = true;
-        for (std::size_t i = 0; i < steps; ++i) {
-            if (items[i].is_loop) {
-                const loop_plan& lp = plan.loops.data()[items[i].index];
-                for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) last[members[m]] = i + 1;
-            } else {
-                const node_info& ni = info[items[i].index];
-                kernel[items[i].index] = ni.kind == op_kind::kernel;
-                for (std::size_t c = 0; c < ni.arity; ++c) last[ni.child[c]] = i + 1;
-            }
-        }
+        step_readers<Plan>::fill(last, viewed, kernel);
         for (std::size_t i = 0; i < steps; ++i) {
             if (!items[i].is_loop) continue;
             const loop_plan& lp = plan.loops.data()[items[i].index];

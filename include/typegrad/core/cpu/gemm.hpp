@@ -349,6 +349,35 @@ constexpr std::size_t depth_step(std::size_t k) {
     return blocks <= 1 ? k : (k + blocks - 1) / blocks;
 }
 
+// C's block [ic, ic + mc) x [jc, jc + nc) (+)= the packed A block (its mc rows at ap) times the
+// packed B block (its nc columns at bp), both kc deep: B's micro-panels in turn, each used by
+// every A micro-panel.
+template <class T, class Config>
+void block_tiles(const operands<T>& op, std::size_t ic, std::size_t mc, std::size_t jc, std::size_t nc, std::size_t kc,
+                 const T* ap, const T* bp, bool add) {
+    constexpr std::size_t MR = Config::MR, NR = Config::NR, NV = Config::NV;
+    alignas(64) T edge[MR * NR];
+    for (std::size_t jr = 0; jr < nc; jr += NR) {
+        const std::size_t nr = std::min(NR, nc - jr);
+        const T* b_panel = bp + jr * kc;
+        for (std::size_t ir = 0; ir < mc; ir += MR) {
+            const std::size_t mr = std::min(MR, mc - ir);
+            const T* a_panel = ap + ir * kc;
+            T* c_tile = op.c + (ic + ir) * op.ldc + jc + jr;
+            if (mr == MR && nr == NR) {
+                micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, c_tile, op.ldc, add);
+            } else {
+                // Same FMA chain into a full-size scratch tile, then the same lane-wise add as
+                // the full-tile path.
+                micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, edge, NR, false);
+                for (std::size_t i = 0; i < mr; ++i)
+                    for (std::size_t j = 0; j < nr; ++j)
+                        c_tile[i * op.ldc + j] = add ? c_tile[i * op.ldc + j] + edge[i * NR + j] : edge[i * NR + j];
+            }
+        }
+    }
+}
+
 template <class T, class Config, class PackB, class PackA, class Done = no_rows_done>
 void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
                 std::size_t j_end, std::size_t size_m, std::size_t size_n, const PackB& pack, const PackA& pack_a,
@@ -363,7 +392,6 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
     const std::size_t step = depth_step<Config>(k), kc_max = step;
     T* const bp = bufs.b.get(kc_max * ((std::min(NC, std::max(n, size_n)) + NR - 1) / NR * NR));
     T* const ap = bufs.a.get(kc_max * ((std::min(MC, std::max(m, size_m)) + MR - 1) / MR * MR));
-    alignas(64) T edge[MR * NR];
 
     if (m <= MC) {
         // One row block: A is packed once per depth block, and B a few column panels at a time
@@ -379,24 +407,7 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
             for (std::size_t jc = j_begin; jc < j_end; jc += NB) {
                 const std::size_t nc = std::min(NB, j_end - jc);
                 pack(pc, kc, jc, nc, bp);
-                for (std::size_t jr = 0; jr < nc; jr += NR) {
-                    const std::size_t nr = std::min(NR, nc - jr);
-                    const T* b_panel = bp + jr * kc;
-                    for (std::size_t ir = 0; ir < m; ir += MR) {
-                        const std::size_t mr = std::min(MR, m - ir);
-                        const T* a_panel = ap + ir * kc;
-                        T* c_tile = op.c + (i_begin + ir) * op.ldc + jc + jr;
-                        if (mr == MR && nr == NR) {
-                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, c_tile, op.ldc, add);
-                        } else {
-                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, edge, NR, false);
-                            for (std::size_t i = 0; i < mr; ++i)
-                                for (std::size_t j = 0; j < nr; ++j)
-                                    c_tile[i * op.ldc + j] =
-                                        add ? c_tile[i * op.ldc + j] + edge[i * NR + j] : edge[i * NR + j];
-                        }
-                    }
-                }
+                block_tiles<T, Config>(op, i_begin, m, jc, nc, kc, ap, bp, add);
             }
         }
         done(i_begin, i_end);
@@ -411,26 +422,7 @@ void gemm_block(const operands<T>& op, std::size_t i_begin, std::size_t i_end, s
             for (std::size_t ic = i_begin; ic < i_end; ic += MC) {
                 const std::size_t mc = std::min(MC, i_end - ic);
                 pack_a(ic, mc, pc, kc, ap);
-                for (std::size_t jr = 0; jr < nc; jr += NR) {
-                    const std::size_t nr = std::min(NR, nc - jr);
-                    const T* b_panel = bp + jr * kc;
-                    for (std::size_t ir = 0; ir < mc; ir += MR) {
-                        const std::size_t mr = std::min(MR, mc - ir);
-                        const T* a_panel = ap + ir * kc;
-                        T* c_tile = op.c + (ic + ir) * op.ldc + jc + jr;
-                        if (mr == MR && nr == NR) {
-                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, c_tile, op.ldc, add);
-                        } else {
-                            // Same FMA chain into a full-size scratch tile, then the same
-                            // lane-wise add as the full-tile path.
-                            micro_kernel<T, MR, NV>::run(kc, a_panel, b_panel, edge, NR, false);
-                            for (std::size_t i = 0; i < mr; ++i)
-                                for (std::size_t j = 0; j < nr; ++j)
-                                    c_tile[i * op.ldc + j] =
-                                        add ? c_tile[i * op.ldc + j] + edge[i * NR + j] : edge[i * NR + j];
-                        }
-                    }
-                }
+                block_tiles<T, Config>(op, ic, mc, jc, nc, kc, ap, bp, add);
                 if (jc + nc == j_end && pc + kc == k) done(ic, ic + mc);
             }
         }
