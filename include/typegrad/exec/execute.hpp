@@ -728,9 +728,12 @@ struct step_readers {
         const node_info* const info = Plan::program::info.data();
         const std::size_t* const members = plan.members.data();
         const step_item* const items = schedule_v<Plan>.data();
+        // a constant, not a call per step: schedule_size walks every node (quadratic otherwise:
+        // clang 14 ran past 12 minutes and 5 GB on gen.py gpt 12)
+        constexpr std::size_t steps = schedule_size<Plan>();
         for (std::size_t n = 0; n < Plan::M; ++n)
             if (info[n].kind == op_kind::view) viewed[info[n].child[0]] = true;
-        for (std::size_t i = 0; i < schedule_size<Plan>(); ++i) {
+        for (std::size_t i = 0; i < steps; ++i) {
             if (items[i].is_loop) {
                 const loop_plan& lp = plan.loops.data()[items[i].index];
                 for (std::size_t m = lp.in_begin; m < lp.in_end; ++m) last[members[m]] = i + 1;
