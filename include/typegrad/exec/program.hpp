@@ -55,6 +55,10 @@ struct node_info {
     // An elementwise op's cost per element in units of one arithmetic instruction (Op::cost;
     // about 12 for exp): the planner stores a value rather than recompute it where this is high.
     unsigned cost = 0;
+    // A select (where): its value is operand 1 where operand 0 is nonzero, else operand 2
+    // (Op::selects). A fused loop whose condition is the same along a row resolves it once per
+    // row (exec/cpu/kernel.hpp, loop_desc::select).
+    bool selects = false;
 };
 
 // Node N's row, without its operand ids. A class template's constant, not a function: a function
@@ -83,6 +87,11 @@ template <class Op>
 constexpr unsigned cost_of() {
     if constexpr (requires { Op::cost; }) return Op::cost;
     else return 0;
+}
+template <class Op>
+constexpr bool selects_of() {
+    if constexpr (requires { Op::selects; }) return Op::selects;
+    else return false;
 }
 template <class Op>
 constexpr std::size_t extra_bytes_of() {
@@ -139,7 +148,8 @@ struct node_row<op_row_key<Op, Arity, Shape, Value, Buffer>> {
                                                         .value = dtype_code_of<storage_t<Value>>(),
                                                         .extra_bytes = extra_bytes_of<Op>(),
                                                         .name = Op::name,
-                                                        .cost = cost_of<Op>()}));
+                                                        .cost = cost_of<Op>(),
+                                                        .selects = selects_of<Op>()}));
 };
 
 // The flat program of a graph (a topo<Roots...>): its nodes in topological order and one

@@ -35,6 +35,9 @@ struct finite_or_zero_op : nondifferentiable_elementwise_op {
 // where(cond, a, b): cond is a mask (nonzero = true). Gradient flows to the chosen side only.
 struct where_op : elementwise_op {
     static constexpr const char* name = "where";
+    // apply(c, a, b) is a where c != 0, else b, lane by lane: a fused loop may resolve a
+    // condition that is the same along its row once per row (exec/cpu/kernel.hpp).
+    static constexpr bool selects = true;
     static constexpr const char* device = "({0} != (T)0 ? {1} : {2})";
     template <class V>
     // !(c == 0), not c != 0: a NaN condition is nonzero, and xsimd's batch != is false for NaN

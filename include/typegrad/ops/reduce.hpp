@@ -368,8 +368,10 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
             auto none = eq(zeros, lit<0>);
             auto only_zero = where(one, lit<0>, lit<__builtin_nan("")>);
             auto others = where(one, g * lit<0>, lit<0>);
-            return where(eq(x, only_zero), grad_mul(g, rest),
-                         where(none, grad_mul(broadcast_like(g, x), out / where(none, x, lit<1>)), others));
+            // `none` outermost: it is the same along a reduced slice, so a fused loop resolves it
+            // once per row (exec/cpu/kernel.hpp) and a slice without a zero runs the division alone.
+            return where(none, grad_mul(broadcast_like(g, x), out / where(none, x, lit<1>)),
+                         where(eq(x, only_zero), grad_mul(g, rest), others));
         }
     } else {
         // Ties share the gradient evenly (torch.max / torch.amax); a NaN result (max and min

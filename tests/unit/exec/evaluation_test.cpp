@@ -276,3 +276,72 @@ TEST_CASE("a loop body longer than a chunk computes what the chain rule gives, i
     }
     CHECK(g3 == std::vector<double>(n, -7.0));  // nothing written
 }
+
+namespace {
+// Loops of a loss's joint plan that resolve a where once per row (exec/cpu/kernel.hpp,
+// loop_desc::select); Check: in anomaly mode's layout.
+template <bool Check, class Loss, class... Wrt>
+constexpr std::size_t row_select_loops(Loss, Wrt...) {
+    using plan = typename decltype(tg::compile(Loss{}, tg::wrt(Wrt{}...)))::template plans<>::joint;
+    using layout = tg::detail::loop_layout<plan, tg::detail::grad_mask<>, Check>;
+    std::size_t n = 0;
+    for (std::size_t l = 0; l < layout::count; ++l)
+        n += layout::table.desc[layout::table.desc_start[l] + tg::detail::loop_desc::select] != 0;
+    return n;
+}
+}  // namespace
+
+TEST_CASE("a where whose condition is the same along each row is resolved once per row", "[exec][plan]") {
+    constexpr auto m = tg::param<"m", float, tg::shape<tg::dyn, tg::dyn>>;
+    constexpr auto c = tg::input<"c", float, tg::shape<tg::dyn, 1>>;
+    const auto loss = tg::sum(tg::where(c, tg::log(m), m * m));
+    // which loops qualify: a condition broadcast along the row (the backward's where, and the
+    // forward's), not one that varies along it, not in anomaly mode; prod's gradient
+    STATIC_REQUIRE(row_select_loops<false>(loss, m) >= 1);
+    STATIC_REQUIRE(row_select_loops<true>(loss, m) == 0);
+    STATIC_REQUIRE(row_select_loops<false>(tg::sum(tg::where(tg::gt(m, tg::lit<0>), tg::log(m), m * m)), m) == 0);
+    STATIC_REQUIRE(row_select_loops<false>(tg::sum(tg::prod(m, tg::axes<1>)), m) >= 1);
+    STATIC_REQUIRE(row_select_loops<false>(tg::sum(m * m), m) == 0);
+
+    auto step = tg::compile(loss, tg::wrt(m));
+    auto checked = tg::compile<tg::detect_anomaly>(loss, tg::wrt(m));
+    const std::size_t W = tg::simd::width<float>;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    // nonzero, zero, NaN (nonzero: a NaN condition selects the first operand), -0 (zero)
+    const std::vector<float> conds{1.0f, 0.0f, nan, -0.0f, 2.0f, 0.0f, -3.0f};
+    for (std::size_t cols : {std::size_t(1), W - 1, W + 3, 4 * W + 5}) {
+        const std::size_t rows = conds.size(), n = rows * cols;
+        std::vector<float> a(n), g1(n, -7.0f), g3(n, -7.0f);
+        for (std::size_t i = 0; i < n; ++i) a[i] = float(std::sin(0.7 * double(i)) * 2);  // negative too: log NaN, not chosen
+        tg::set_num_threads(1);
+        const float l1 = step.value_and_grad(tg::bind(m, a, {rows, cols}), tg::bind(c, conds, {rows, 1}), tg::grad_into(m, g1));
+        tg::set_num_threads(3);
+        const float l3 = step.value_and_grad(tg::bind(m, a, {rows, cols}), tg::bind(c, conds, {rows, 1}), tg::grad_into(m, g3));
+        tg::set_num_threads(0);
+        INFO(rows << " x " << cols);
+        CHECK(std::memcmp(&l1, &l3, sizeof l1) == 0);
+        CHECK(std::memcmp(g1.data(), g3.data(), n * sizeof(float)) == 0);
+        bool log_nan = false;
+        for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t j = 0; j < cols; ++j) {
+                const std::size_t i = r * cols + j;
+                const double v = a[i];
+                const bool first = !(conds[r] == 0.0f);
+                log_nan = log_nan || (first && v < 0);
+                const double want = first ? 1 / v : 2 * v;
+                INFO("row " << r << " column " << j);
+                if (first && v < 0) CHECK(g1[i] == float(want));  // 1 / v: the reciprocal's rounding, whatever log(v) is
+                else CHECK_THAT(g1[i], Catch::Matchers::WithinAbs(want, 1e-6 * (1 + std::abs(want))));
+            }
+        CHECK(std::isnan(l1) == log_nan);
+        // every value finite (rows of positive m where the log is chosen, no NaN condition):
+        // anomaly mode, whose loops compute every where in full, gives the same bits
+        std::vector<float> pos(a), conds2(conds), gc(n, -7.0f), gp(n, -7.0f);
+        for (float& v : pos) v = std::abs(v) + 0.25f;
+        conds2[2] = 5.0f;
+        const float lp = step.value_and_grad(tg::bind(m, pos, {rows, cols}), tg::bind(c, conds2, {rows, 1}), tg::grad_into(m, gp));
+        const float lc = checked.value_and_grad(tg::bind(m, pos, {rows, cols}), tg::bind(c, conds2, {rows, 1}), tg::grad_into(m, gc));
+        CHECK(std::memcmp(&lp, &lc, sizeof lp) == 0);
+        CHECK(std::memcmp(gp.data(), gc.data(), n * sizeof(float)) == 0);
+    }
+}

@@ -448,6 +448,9 @@ inline auto select(const xsimd::batch_bool<T, A>& m, const xsimd::batch<T, A>& a
                    const xsimd::batch<T, A>& b) {
     return xsimd::select(m, a, b);
 }
+// Every lane 0 (a NaN lane is not).
+template <class T, class A>
+inline bool is_zero(const xsimd::batch<T, A>& x) { return xsimd::all(x == xsimd::batch<T, A>(T(0))); }
 template <class T, class A>
 inline auto is_finite(const xsimd::batch<T, A>& x) { return xsimd::isfinite(x); }
 

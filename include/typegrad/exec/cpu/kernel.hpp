@@ -117,8 +117,12 @@ struct loop_args {
 
 namespace loop_desc {
 // The integer list: a header, then 4 words per operand, 2 per reduction, 1 per
-// materialisation, 2 per store.
-inline constexpr std::size_t iter_rank = 0, n_in = 1, n_body = 2, n_red = 3, n_mat = 4, n_store = 5, header = 6;
+// materialisation, 2 per store. The header's `select` word: 0, or 1 + the slot of a condition
+// that is the same along every row (computed from inputs broadcast along the innermost axis and
+// constants) and that a where of the body selects on: the loop then resolves that where once
+// per row (loop_kernel).
+inline constexpr std::size_t iter_rank = 0, n_in = 1, n_body = 2, n_red = 3, n_mat = 4, n_store = 5, select = 6,
+                             header = 7;
 inline constexpr std::size_t flag_view = 1, flag_constant = 2;
 // A reduction's first word: its kind (these bits).
 inline constexpr std::size_t red_kind_bits = 3;
@@ -571,8 +575,21 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
         run_loop<T>(c, outer, gext[G - 1], rt, W, n_body + n_ops, Check, &walk_rows);
     }
 
+    // The slot of a condition the same along every row that a where selects on, or none
+    // (loop_desc::select).
+    static constexpr std::size_t no_select = ~std::size_t(0);
+    static constexpr std::size_t select_slot = d[loop_desc::select] == 0 ? no_select : d[loop_desc::select] - 1;
+
     // A run of rows (walk_rows): the loop's code, compiled once for the loop and its tasks.
-    [[gnu::always_inline]] static void rows(const row_run& rr, eval_fn eval) {
+    // With a select resolved per row (select_slot), `cond` computes the row's uniform values from
+    // its row constants, and the row runs `yes` where the condition is nonzero (for every lane:
+    // it is one value), else `no`: the body with those wheres replaced by their chosen operand.
+    // Each element gets the bits the select would have chosen, and a row of the common case runs
+    // without the select and the branch it drops (prod's gradient: a division, not a division
+    // beside a comparison and three selects).
+    template <bool Select>
+    [[gnu::always_inline]] static void rows(const row_run& rr, eval_fn yes, [[maybe_unused]] eval_fn cond,
+                                            [[maybe_unused]] eval_fn no) {
         std::array<const void*, n_in + 1> in_ptr{};
         std::array<void*, n_out + 1> out_ptr{};
         std::array<std::ptrdiff_t, n_in + 1> inner_stride{};
@@ -580,7 +597,15 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
         for (std::size_t k = 0; k < n_out; ++k) out_ptr[k] = rr.ptr[n_in + k];
         constexpr std::array<std::ptrdiff_t, n_ops + 1> off{};  // the pointers are the row's
         for (std::size_t r = 0; r < rr.rows; ++r) {
-            row(*rr.a, in_ptr, out_ptr, off, rr.j0, rr.j1, inner_stride, eval);
+            if constexpr (Select) {
+                values v;
+                load_row_constants(v, in_ptr, off);
+                cond(v);
+                if (simd::is_zero(v[select_slot])) row(*rr.a, in_ptr, out_ptr, off, rr.j0, rr.j1, inner_stride, no);
+                else row(*rr.a, in_ptr, out_ptr, off, rr.j0, rr.j1, inner_stride, yes);
+            } else {
+                row(*rr.a, in_ptr, out_ptr, off, rr.j0, rr.j1, inner_stride, yes);
+            }
             for (std::size_t i = 0; i < n_in; ++i) in_ptr[i] = static_cast<const char*>(in_ptr[i]) + rr.next[i];
             for (std::size_t k = 0; k < n_out; ++k) out_ptr[k] = static_cast<char*>(out_ptr[k]) + rr.next[n_in + k];
         }
@@ -608,10 +633,7 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
                                            const Off& off, std::size_t j0, std::size_t j1,
                                            const InnerStride& inner_stride, eval_fn eval) {
         values v;
-        // Inputs constant along the row.
-        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
-            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_row_constant<Is>(v, in_ptr, off)), 0)...};
-        }(std::make_index_sequence<n_in>{});
+        load_row_constants(v, in_ptr, off);
         std::array<batch_t, n_red + 1> acc;
         [&]<std::size_t... Rs>(std::index_sequence<Rs...>) {
             ((acc[Rs] = batch_t(reduce_identity<T, red_kind<Rs>()>())), ...);
@@ -667,6 +689,13 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
         return is_constant(I);
     }
 
+    // Inputs constant along the row.
+    template <class InPtr, class Off>
+    [[gnu::always_inline]] static void load_row_constants(values& v, const InPtr& in_ptr, const Off& off) {
+        [&]<std::size_t... Is>(std::index_sequence<Is...>) {
+            [[maybe_unused]] const int in_order[] = {0, (static_cast<void>(load_row_constant<Is>(v, in_ptr, off)), 0)...};
+        }(std::make_index_sequence<n_in>{});
+    }
     template <std::size_t I, class VB, class InPtr, class Off>
     static void load_row_constant(VB& v, const InPtr& in_ptr, const Off& off) {
         if constexpr (is_constant_input<I>()) {
@@ -827,6 +856,8 @@ struct loop_code<T, type_list<Bufs...>, type_list<Vals...>, std::index_sequence<
 // of their own, because two copies of thousands of nodes would double the loop's compile (and
 // g++ had kept such a body out of line itself). Named with their chunk only, not the loop.
 inline constexpr std::size_t body_chunk = 128;
+// At most this many inputs and body nodes in a loop that resolves a select once per row.
+inline constexpr std::size_t select_max_slots = 512;
 template <bool Check, class Values, class... Instrs>
 [[gnu::noinline]] void eval_chunk(Values& v, type_list<Instrs...>) {
     [[maybe_unused]] const int in_order[] = {0, (eval_instr<Check>(v, Instrs{}), 0)...};
@@ -841,15 +872,55 @@ template <class T, class Bufs, class Vals, class... Chunks, class Desc, bool Che
 struct loop_kernel<T, Bufs, Vals, type_list<Chunks...>, Desc, Check> {
     using code = loop_code<T, Bufs, Vals, Desc, Check>;
     [[gnu::always_inline]] static void eval(typename code::values& v) { (eval_chunk<Check>(v, Chunks{}), ...); }
-    static void rows(const row_run& rr) { code::rows(rr, &eval); }
+    static void rows(const row_run& rr) { code::template rows<false>(rr, &eval, nullptr, nullptr); }
 };
+// The slots whose values are the same along a row (loop_desc::select): constants, inputs
+// broadcast along the innermost axis, and body nodes of only such operands.
+template <class Code, class... Instrs>
+constexpr auto row_uniform_slots() {
+    std::array<bool, Code::n_slots + 1> u{};
+    for (std::size_t i = 0; i < Code::n_in; ++i) u[i] = Code::is_constant(i) || Code::inner_broadcast(i);
+    auto mark = [&]<class Op, class D, std::size_t Id, std::size_t Out, std::size_t... Cs>(
+                    loop_instr<Op, D, Id, Out, std::index_sequence<Cs...>>) { u[Out] = (u[Cs] && ...); };
+    (mark(Instrs{}), ...);
+    return u;
+}
 template <class T, class Bufs, class Vals, class... Instrs, class Desc, bool Check>
 struct loop_kernel<T, Bufs, Vals, type_list<type_list<Instrs...>>, Desc, Check> {
     using code = loop_code<T, Bufs, Vals, Desc, Check>;
-    [[gnu::always_inline]] static void eval(typename code::values& v) {
+    using values = typename code::values;
+    [[gnu::always_inline]] static void eval(values& v) {
         [[maybe_unused]] const int in_order[] = {0, (eval_instr<Check>(v, Instrs{}), 0)...};
     }
-    static void rows(const row_run& rr) { code::rows(rr, &eval); }
+    // A select resolved per row (code::select_slot): Mode 0 computes the row-uniform nodes
+    // only; 1 and 2 the body with every where on that condition replaced by its operand 1
+    // (condition nonzero) or 2.
+    template <int Mode, class Op, class D, std::size_t Id, std::size_t Out, std::size_t... Cs>
+    [[gnu::always_inline]] static void eval_resolved(values& v, loop_instr<Op, D, Id, Out, std::index_sequence<Cs...>> i) {
+        constexpr std::size_t cs[] = {Cs..., code::no_select};
+        if constexpr (Mode == 0) {
+            constexpr auto uniform = row_uniform_slots<code, Instrs...>();
+            if constexpr (uniform[Out]) eval_instr<Check>(v, i);
+        } else if constexpr (selects_of<Op>() && cs[0] == code::select_slot) {
+            if constexpr (is_reduced_precision_v<D>) v[Out] = simd::round_as<D>(v[cs[Mode]]);
+            else v[Out] = v[cs[Mode]];
+        } else {
+            eval_instr<Check>(v, i);
+        }
+    }
+    template <int Mode>
+    [[gnu::always_inline]] static void eval_as(values& v) {
+        [[maybe_unused]] const int in_order[] = {0, (eval_resolved<Mode>(v, Instrs{}), 0)...};
+    }
+    static void rows(const row_run& rr) {
+        if constexpr (code::select_slot == code::no_select) {
+            code::template rows<false>(rr, &eval, nullptr, nullptr);
+        } else {
+            static_assert(row_uniform_slots<code, Instrs...>()[code::select_slot],
+                          "typegrad: internal: a loop's per-row condition is not the same along its rows");
+            code::template rows<true>(rr, &eval_as<1>, &eval_as<0>, &eval_as<2>);
+        }
+    }
 };
 // What a plan calls to run loop l (exec/execute.hpp).
 struct loop_fns {
@@ -980,6 +1051,7 @@ struct loop_layout {
             // the descriptor (loop_desc's layout)
             std::size_t* r = descs + desc;
             const node_info& f = info[lp.iter];
+            r[loop_desc::select] = select_of(lp, c, slot_of);
             r[loop_desc::iter_rank] = f.rank;
             r[loop_desc::n_in] = c.n_in;
             r[loop_desc::n_body] = c.n_body;
@@ -1018,6 +1090,47 @@ struct loop_layout {
         return t;
     }
     static constexpr tables table = make();
+
+    // loop_desc::select of loop lp: 1 + the condition slot of its first where whose condition is
+    // the same along a row while the where's value is not (0: none). A value is the same along a
+    // row when it is a constant, an input broadcast along the innermost iteration axis (loaded
+    // once per row) or an elementwise op of such values. Not in anomaly mode (its report names the
+    // first non-finite value computed, selected or not), not for a body of several chunks, not
+    // for a loop of rank 0.
+    template <class SlotOf>
+    static constexpr std::size_t select_of(const loop_plan& lp, const loop_counts& c, SlotOf slot_of) {
+        const node_info* const info = prog::info.data();
+        const std::size_t* const members = Plan::plan.members.data();
+        const node_info& f = info[lp.iter];
+        if (Check || f.rank == 0 || c.n_body > body_chunk) return 0;
+        bool any = false;
+        for (std::size_t b = 0; b < c.n_body && !any; ++b) any = info[members[lp.body_begin + b]].selects;
+        if (!any) return 0;
+        std::array<bool, select_max_slots + 1> uniform_{};
+        bool* const uniform = uniform_.data();
+        const std::size_t n_slots = c.n_in + c.n_body;
+        if (n_slots > select_max_slots) return 0;
+        for (std::size_t s = 0; s < c.n_in; ++s) {
+            const node_info& ni = info[members[lp.in_begin + s]];
+            const std::size_t lead = f.rank - ni.rank;
+            const std::size_t a = f.rank - 1;
+            uniform[s] = ni.kind == op_kind::constant || a < lead || (ni.ext[a - lead] == 1 && f.ext[a] != 1);
+        }
+        for (std::size_t b = 0; b < c.n_body; ++b) {
+            const node_info& ni = info[members[lp.body_begin + b]];
+            bool u = true;
+            std::size_t cond = n_slots;
+            for (std::size_t i = 0, n = 0; i < ni.arity; ++i) {
+                if (ni.shape_only[i]) continue;
+                const std::size_t s = slot_of(ni.child[i]);
+                if (n++ == 0) cond = s;
+                u = u && s < n_slots && uniform[s];
+            }
+            uniform[c.n_in + b] = u;
+            if (ni.selects && !u && cond < n_slots && uniform[cond]) return cond + 1;
+        }
+        return 0;
+    }
 };
 
 // Body node J of a layout as a loop_instr whose value goes to slot Out.
