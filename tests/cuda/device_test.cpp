@@ -3,6 +3,7 @@
 // losses and forward + seeded backward for the non-scalar output; an MLP trains the same on both.
 #include "compare.hpp"
 #include "emulator.hpp"
+#include "graph_tests.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -21,51 +22,14 @@
 namespace tg = typegrad;
 using namespace cuda_compare;
 
-// TYPEGRAD_CUDA_GRAPHS=name,name,... runs only those graphs (a short session on a lent GPU).
-inline bool graph_selected(const char* name) {
-    const char* only = std::getenv("TYPEGRAD_CUDA_GRAPHS");
-    if (only == nullptr) return true;
-    const std::string list = std::string(",") + only + ",";
-    return list.find(std::string(",") + name + ",") != std::string::npos;
+TEST_CASE("every test graph gives the CPU's values and gradients on the device, part 1", "[cuda][device]") {
+    cuda_graph_tests::compare_on_device<0>();
 }
-
-TEST_CASE("every test graph gives the CPU's values and gradients on the device", "[cuda][device]") {
-    if (skip_without_device()) return;
-    std::printf("cuda device: %s\n", tg::cuda::device_name().c_str());
-    for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
-        cuda_tests::for_each_graph([&](const char* name, const auto& step) {
-            if (graph_selected(name)) compare_with_cpu(name, step, n);
-        });
+TEST_CASE("every test graph gives the CPU's values and gradients in host emulation, part 1", "[cuda][emulation]") {
+    cuda_graph_tests::emulate<0>(0);
 }
-
-// Without a GPU: the same comparisons with the generated kernels compiled by the host compiler and
-// run block by block (exec/cuda/runtime.hpp: emulator). A subset of the graphs by default (each module
-// is a host compile); TYPEGRAD_CUDA_EMULATE_ALL=1 runs them all.
-TEST_CASE("every test graph gives the CPU's values and gradients in host emulation", "[cuda][emulation]") {
-    if (tg::cuda::available()) {
-        WARN("a CUDA device is present: the device tests cover it; emulation skipped");
-        return;
-    }
-    cuda_emulation::scoped_emulator emulate;
-    const bool all = std::getenv("TYPEGRAD_CUDA_EMULATE_ALL") != nullptr;
-    const std::vector<std::string> subset = {"exp", "where_masks", "broadcast_row", "broadcast_to", "mean",
-                                             "max_min_all", "sum_columns", "max_min_axes", "prod_axes", "prod_all", "softmax_axis0",
-                                             "matmul", "linear", "matmul_batched", "matmul_dense_copy", "transpose", "slice",
-                                             "cross_entropy", "cast", "cast_bf16_to_f64", "hook_device", "mlp", "non_scalar",
-                                             "bf16_elementwise", "f16_elementwise", "bf16_reduction", "bf16_slice_transpose",
-                                             "bf16_matmul", "autocast_cuda_f16_mlp", "custom_device", "custom_device_f64",
-                                             "activations", "special", "layer_norm", "bf16_activations",
-                                             "embedding", "embedding_padding_f64", "embedding_of_argmax", "index_select",
-                                             "gather", "dynamic_slice", "narrow", "concat_stack", "dropout", "attention_causal",
-                                             "recurrence", "bf16_recurrence", "pool", "pool_f64", "pool_grad_grad",
-                                             "conv", "conv_f64", "conv_grad_grad", "conv_chunks", "bf16_conv",
-                                             "batch_norm", "attention", "attention_heads", "attention_f64",
-                                             "bf16_attention"};
-    for (std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(70000)})
-        cuda_tests::for_each_graph([&](const char* name, const auto& step) {
-            if (all || std::find(subset.begin(), subset.end(), name) != subset.end()) compare_with_cpu(name, step, n);
-        });
-    std::printf("cuda emulation: %zu modules compiled and run on the host\n", emulate.modules());
+TEST_CASE("every test graph gives the CPU's values and gradients in host emulation, part 2", "[cuda][emulation]") {
+    cuda_graph_tests::emulate<0>(1);
 }
 
 TEST_CASE("large fused reductions: split over many blocks, deterministic", "[cuda][device]") {
