@@ -359,9 +359,10 @@ constexpr auto reduce_op<K, Target>::vjp(G g, Out out, X x) {
             // The slice's statistics enter per slice, not per element: the value its only zero
             // equals (NaN, equal to nothing, unless it has exactly one), the zero's and the others'
             // gradient, and whether x is the divisor (1 where the slice has a zero: the quotient
-            // is not selected there, and out / 0 would make its second derivative NaN). An element
-            // costs a comparison and selects beside its division (a product of masks per element
-            // had made this loop 1.25x the hand-written one).
+            // is not selected there, and out / 0 would make its second derivative NaN). Where the
+            // slice holds no zero an element costs its division alone (the where on `none`,
+            // below); elsewhere a comparison and selects (a product of masks per element had made
+            // this loop 1.25x the hand-written one).
             auto zeros = make_node<prod_zeros_op<0>>(detach(out), x);
             auto rest = make_node<prod_zeros_op<1>>(detach(out), x);
             auto one = eq(zeros, lit<1>);
