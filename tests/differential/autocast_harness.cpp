@@ -1138,7 +1138,7 @@ long diff::run_autocast_differential(long cases, long only) {
             std::mt19937_64 pick(seed);
             std::vector<std::size_t> vars;
             for (int v = 0; v < g.vars; ++v) vars.push_back(sizes[pick() % std::size(sizes)]);
-            const int policy = k % 2 == 0 ? policy_same_as_forward : policy_off;
+            const int policy = policy_of(g.id);
             const ac_case c = make_case(g, vars, seed, policy);
             const verdict v = compare(g, c);
             zero_dim += v.zero_dim;
@@ -1204,8 +1204,8 @@ long diff::run_autocast_differential(long cases, long only) {
                 "<=4: %ld, <=8: %ld, more: %ld\n",
                 ulp_histogram[0], ulp_histogram[1], ulp_histogram[2], ulp_histogram[3], ulp_histogram[4],
                 ulp_histogram[5], ulp_histogram[6], ulp_histogram[7]);
-    // Special values (issue 17): TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES cases (default 390, 3 per graph), both
-    // policies; see make_case and compare. Not part of the drift statistics below.
+    // Special values (issue 17): TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES cases (default 390, 3 per graph), each
+    // graph's policy; see make_case and compare. Not part of the drift statistics below.
     const char* special_env = std::getenv("TYPEGRAD_DIFF_AUTOCAST_SPECIAL_CASES");
     const long special_cases = special_env ? std::atol(special_env) : 390;
     long s_compared = 0, s_nonfinite = 0, s_kinks = 0, s_overflow = 0, s_failures = 0;
@@ -1218,8 +1218,7 @@ long diff::run_autocast_differential(long cases, long only) {
                 std::mt19937_64 pick(seed);
                 std::vector<std::size_t> vars;
                 for (int v = 0; v < g.vars; ++v) vars.push_back(sizes[pick() % std::size(sizes)]);
-                const int policy = k % 2 == 0 ? policy_same_as_forward : policy_off;
-                const ac_case c = make_case(g, vars, seed, policy, true);
+                const ac_case c = make_case(g, vars, seed, policy_of(g.id), true);
                 const verdict v = compare(g, c);
                 if (v.ok && (v.near_kink || v.near_overflow)) {
                     ++(v.near_kink ? s_kinks : s_overflow);

@@ -1,7 +1,9 @@
 #pragma once
 // What a generated autocast graph (generated/autocast_*.cpp, from generate_autocast.py) tells the
 // harness (autocast_harness.cpp): its leaves, its C++ text and line program (as graph_registry.hpp),
-// and typegrad's evaluation of it under tg::autocast<tg::cpu_bf16> with either backward policy.
+// and typegrad's evaluation of it under tg::autocast<tg::cpu_bf16> with its backward policy (policy_of).
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -11,6 +13,16 @@ namespace typegrad_differential {
 
 inline constexpr int policy_same_as_forward = 0;  // tg::compile(loss, ...): the default
 inline constexpr int policy_off = 1;              // tg::compile<tg::backward_autocast::off>(loss, ...)
+
+// The one backward policy a generated graph is compiled with (generate_autocast.py): even ids the
+// default, odd ids off, so that every band of graphs holds both.
+constexpr int policy_of(int id) { return id % 2 == 0 ? policy_same_as_forward : policy_off; }
+
+// A generated graph asked to run under the policy it was not compiled with: a harness bug.
+inline void check_policy(int id, int policy) {
+    if (policy != policy_of(id))
+        throw std::logic_error("autocast graph " + std::to_string(id) + " is compiled for the other backward policy");
+}
 
 // Loss value, gradients of the params (leaf order, widened to double) into `grad`. Inputs arrive
 // as doubles that the leaf's dtype (float or bf16) holds exactly. With `dtypes` non-null, fills

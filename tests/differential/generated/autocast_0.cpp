@@ -30,8 +30,8 @@ double autocast_graph_2000(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2000, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -64,8 +64,8 @@ double autocast_graph_2004(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2004, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -102,8 +102,8 @@ double autocast_graph_2008(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
+    check_policy(2008, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -135,8 +135,8 @@ double autocast_graph_2012(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2012, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -169,8 +169,8 @@ double autocast_graph_2016(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[1].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
-                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    check_policy(2016, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -196,8 +196,8 @@ double autocast_graph_2020(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2020, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -240,8 +240,8 @@ double autocast_graph_2024(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[4].size());
     std::vector<float> g5(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(f, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, f)));
+    check_policy(2024, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -279,8 +279,8 @@ double autocast_graph_2028(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2028, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -314,8 +314,8 @@ double autocast_graph_2032(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<tg::bf16> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2032, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -349,8 +349,8 @@ double autocast_graph_2036(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[2].size());
     std::vector<tg::bf16> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d)));
+    check_policy(2036, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -379,8 +379,8 @@ double autocast_graph_2040(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    check_policy(2040, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -409,8 +409,8 @@ double autocast_graph_2044(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2044, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -444,8 +444,8 @@ double autocast_graph_2048(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2048, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -477,8 +477,8 @@ double autocast_graph_2052(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2052, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -509,8 +509,8 @@ double autocast_graph_2056(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<tg::bf16> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    check_policy(2056, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -538,8 +538,8 @@ double autocast_graph_2060(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    check_policy(2060, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -567,8 +567,8 @@ double autocast_graph_2064(const tensors<double>& in, const extents& ext, tensor
     const auto in1 = narrow<float>(in[1]);
     std::vector<float> g0(in[0].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::grad_into(a, g0))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a)))
-                                          : run(tg::compile(loss, tg::wrt(a)));
+    check_policy(2064, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a)));
     grad[0] = widen(g0);
     return v;
 }
@@ -600,8 +600,8 @@ double autocast_graph_2068(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e)));
+    check_policy(2068, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -638,8 +638,8 @@ double autocast_graph_2072(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
+    check_policy(2072, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -692,8 +692,8 @@ double autocast_graph_2076(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, f, g, h)));
+    check_policy(2076, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, e, f, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -738,8 +738,8 @@ double autocast_graph_2080(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[4].size());
     std::vector<float> g3(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, g, h)));
+    check_policy(2080, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -785,8 +785,8 @@ double autocast_graph_2084(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[6].size());
     std::vector<float> g5(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h)));
+    check_policy(2084, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -853,8 +853,8 @@ double autocast_graph_2088(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::bind(j, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, e, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d, e, g, h, t)));
+    check_policy(2088, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c, d, e, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -917,8 +917,8 @@ double autocast_graph_2092(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[4].size());
     std::vector<tg::bf16> g5(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(t, in5, {ext[5][0], ext[5][1]}), tg::bind(k, in6, {ext[6][0]}), tg::bind(i, in7, {ext[7][0]}), tg::bind(j, in8, {ext[8][0], ext[8][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(t, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, t)));
+    check_policy(2092, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -985,8 +985,8 @@ double autocast_graph_2096(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::bind(j, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, g, h, t)));
+    check_policy(2096, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, e, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1053,8 +1053,8 @@ double autocast_graph_2100(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[7].size());
     std::vector<tg::bf16> g6(in[8].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::bind(w, in8, {ext[8][0], ext[8][1]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5), tg::grad_into(w, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, g, h, u, s, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, d, g, h, u, s, w)));
+    check_policy(2100, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, d, g, h, u, s, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1123,8 +1123,8 @@ double autocast_graph_2104(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g8(in[8].size());
     std::vector<tg::bf16> g9(in[9].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::bind(w, in9, {ext[9][0], ext[9][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(u, g7), tg::grad_into(s, g8), tg::grad_into(w, g9))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, g, h, u, s, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s, w)));
+    check_policy(2104, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1185,8 +1185,8 @@ double autocast_graph_2108(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[6].size());
     std::vector<float> g5(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::bind(w, in7, {ext[7][0], ext[7][1]}), tg::grad_into(a, g0), tg::grad_into(g, g1), tg::grad_into(h, g2), tg::grad_into(u, g3), tg::grad_into(s, g4), tg::grad_into(w, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, g, h, u, s, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, g, h, u, s, w)));
+    check_policy(2108, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, g, h, u, s, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1258,8 +1258,8 @@ double autocast_graph_2112(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g7(in[8].size());
     std::vector<tg::bf16> g8(in[9].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(u, in8, {ext[8][0], ext[8][1], ext[8][2]}), tg::bind(s, in9, {ext[9][0]}), tg::bind(o, in10, {}), tg::bind(n, in11, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(u, g7), tg::grad_into(s, g8))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s)));
+    check_policy(2112, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1327,8 +1327,8 @@ double autocast_graph_2116(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g6(in[6].size());
     std::vector<tg::bf16> g7(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::bind(o, in8, {}), tg::bind(n, in9, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(u, g6), tg::grad_into(s, g7))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, u, s)));
+    check_policy(2116, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1395,8 +1395,8 @@ double autocast_graph_2120(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::bind(o, in8, {}), tg::bind(n, in9, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, g, h, u, s)));
+    check_policy(2120, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, d, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1453,8 +1453,8 @@ double autocast_graph_2124(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, g, h, u, s)));
+    check_policy(2124, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, d, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1513,8 +1513,8 @@ double autocast_graph_2128(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[7].size());
     std::vector<float> g6(in[8].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(e, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, e, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, e, g, h, u, s)));
+    check_policy(2128, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, e, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);

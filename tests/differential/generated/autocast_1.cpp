@@ -31,8 +31,8 @@ double autocast_graph_2001(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e)));
+    check_policy(2001, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -65,8 +65,8 @@ double autocast_graph_2005(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[3].size());
     std::vector<float> g3(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(e, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, e)));
+    check_policy(2005, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -103,8 +103,8 @@ double autocast_graph_2009(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<tg::bf16> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(e, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, e, f)));
+    check_policy(2009, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -132,8 +132,8 @@ double autocast_graph_2013(const tensors<double>& in, const extents& ext, tensor
     const auto in1 = narrow<tg::bf16>(in[1]);
     std::vector<float> g0(in[0].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::grad_into(a, g0))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a)))
-                                          : run(tg::compile(loss, tg::wrt(a)));
+    check_policy(2013, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a)));
     grad[0] = widen(g0);
     return v;
 }
@@ -159,8 +159,8 @@ double autocast_graph_2017(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[1].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
-                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    check_policy(2017, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -196,8 +196,8 @@ double autocast_graph_2021(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[3].size());
     std::vector<float> g3(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(e, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, e)));
+    check_policy(2021, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -230,8 +230,8 @@ double autocast_graph_2025(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2025, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -271,8 +271,8 @@ double autocast_graph_2029(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, f)));
+    check_policy(2029, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -306,8 +306,8 @@ double autocast_graph_2033(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2033, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -335,8 +335,8 @@ double autocast_graph_2037(const tensors<double>& in, const extents& ext, tensor
     const auto in1 = narrow<float>(in[1]);
     std::vector<float> g0(in[0].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::grad_into(a, g0))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a)))
-                                          : run(tg::compile(loss, tg::wrt(a)));
+    check_policy(2037, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a)));
     grad[0] = widen(g0);
     return v;
 }
@@ -366,8 +366,8 @@ double autocast_graph_2041(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2041, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -400,8 +400,8 @@ double autocast_graph_2045(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<tg::bf16> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    check_policy(2045, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -436,8 +436,8 @@ double autocast_graph_2049(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g0(in[0].size());
     std::vector<float> g1(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(d, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, d)));
+    check_policy(2049, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -464,8 +464,8 @@ double autocast_graph_2053(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g0(in[0].size());
     std::vector<float> g1(in[1].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
-                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    check_policy(2053, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -496,8 +496,8 @@ double autocast_graph_2057(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[1].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
-                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    check_policy(2057, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -527,8 +527,8 @@ double autocast_graph_2061(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2061, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -561,8 +561,8 @@ double autocast_graph_2065(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[2].size());
     std::vector<float> g2(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(f, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, f)));
+    check_policy(2065, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -597,8 +597,8 @@ double autocast_graph_2069(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[4].size());
     std::vector<float> g3(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(e, g2), tg::grad_into(f, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, e, f)));
+    check_policy(2069, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -631,8 +631,8 @@ double autocast_graph_2073(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[2].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d)));
+    check_policy(2073, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -674,8 +674,8 @@ double autocast_graph_2077(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    check_policy(2077, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -717,8 +717,8 @@ double autocast_graph_2081(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g2(in[3].size());
     std::vector<tg::bf16> g3(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, g, h)));
+    check_policy(2081, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -765,8 +765,8 @@ double autocast_graph_2085(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, g, h)));
+    check_policy(2085, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -832,8 +832,8 @@ double autocast_graph_2089(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[5].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, t)));
+    check_policy(2089, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -895,8 +895,8 @@ double autocast_graph_2093(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[5].size());
     std::vector<tg::bf16> g4(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(t, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, d, g, h, t)));
+    check_policy(2093, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -957,8 +957,8 @@ double autocast_graph_2097(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g4(in[5].size());
     std::vector<tg::bf16> g5(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::bind(i, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(t, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, t)));
+    check_policy(2097, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1022,8 +1022,8 @@ double autocast_graph_2101(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g6(in[7].size());
     std::vector<float> g7(in[8].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(p, in6, {ext[6][0]}), tg::bind(q, in7, {ext[7][0]}), tg::bind(w, in8, {ext[8][0], ext[8][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(p, g5), tg::grad_into(q, g6), tg::grad_into(w, g7))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, p, q, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, p, q, w)));
+    check_policy(2101, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, p, q, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1093,8 +1093,8 @@ double autocast_graph_2105(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g7(in[8].size());
     std::vector<tg::bf16> g8(in[9].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(p, in7, {ext[7][0]}), tg::bind(q, in8, {ext[8][0]}), tg::bind(w, in9, {ext[9][0], ext[9][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(p, g6), tg::grad_into(q, g7), tg::grad_into(w, g8))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, p, q, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, p, q, w)));
+    check_policy(2105, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, p, q, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1165,8 +1165,8 @@ double autocast_graph_2109(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g7(in[8].size());
     std::vector<float> g8(in[9].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(p, in7, {ext[7][0]}), tg::bind(q, in8, {ext[8][0]}), tg::bind(w, in9, {ext[9][0], ext[9][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(p, g6), tg::grad_into(q, g7), tg::grad_into(w, g8))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, e, g, h, p, q, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d, e, g, h, p, q, w)));
+    check_policy(2109, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, e, g, h, p, q, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1227,8 +1227,8 @@ double autocast_graph_2113(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[6].size());
     std::vector<tg::bf16> g5(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(u, in6, {ext[6][0], ext[6][1], ext[6][2]}), tg::bind(s, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, g, h, u, s)));
+    check_policy(2113, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1286,8 +1286,8 @@ double autocast_graph_2117(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g5(in[5].size());
     std::vector<tg::bf16> g6(in[6].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, u, s)));
+    check_policy(2117, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1347,8 +1347,8 @@ double autocast_graph_2121(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[5].size());
     std::vector<float> g5(in[6].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, g, h, u, s)));
+    check_policy(2121, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1404,8 +1404,8 @@ double autocast_graph_2125(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, f, g, h)));
+    check_policy(2125, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1459,8 +1459,8 @@ double autocast_graph_2129(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[4].size());
     std::vector<float> g5(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h)));
+    check_policy(2129, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);

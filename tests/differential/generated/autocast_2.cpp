@@ -32,8 +32,8 @@ double autocast_graph_2002(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[1].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    check_policy(2002, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -69,8 +69,8 @@ double autocast_graph_2006(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[4].size());
     std::vector<float> g3(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(e, g2), tg::grad_into(f, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, d, e, f)));
+    check_policy(2006, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, d, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -104,8 +104,8 @@ double autocast_graph_2010(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2010, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -143,8 +143,8 @@ double autocast_graph_2014(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[3].size());
     std::vector<tg::bf16> g3(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(f, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, f)));
+    check_policy(2014, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, d, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -184,8 +184,8 @@ double autocast_graph_2018(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, f)));
+    check_policy(2018, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -224,8 +224,8 @@ double autocast_graph_2022(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
+    check_policy(2022, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -259,8 +259,8 @@ double autocast_graph_2026(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g0(in[0].size());
     std::vector<float> g1(in[1].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
-                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    check_policy(2026, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -288,8 +288,8 @@ double autocast_graph_2030(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g0(in[0].size());
     std::vector<tg::bf16> g1(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    check_policy(2030, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -322,8 +322,8 @@ double autocast_graph_2034(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[1].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    check_policy(2034, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -354,8 +354,8 @@ double autocast_graph_2038(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g2(in[2].size());
     std::vector<float> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2038, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -387,8 +387,8 @@ double autocast_graph_2042(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, d)));
+    check_policy(2042, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -417,8 +417,8 @@ double autocast_graph_2046(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2046, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -451,8 +451,8 @@ double autocast_graph_2050(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[2].size());
     std::vector<tg::bf16> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2050, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -488,8 +488,8 @@ double autocast_graph_2054(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f)));
+    check_policy(2054, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -525,8 +525,8 @@ double autocast_graph_2058(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g2(in[4].size());
     std::vector<float> g3(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(e, g2), tg::grad_into(f, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, d, e, f)));
+    check_policy(2058, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, d, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -563,8 +563,8 @@ double autocast_graph_2062(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[3].size());
     std::vector<tg::bf16> g2(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(d, g1), tg::grad_into(e, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, d, e)));
+    check_policy(2062, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -597,8 +597,8 @@ double autocast_graph_2066(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    check_policy(2066, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -628,8 +628,8 @@ double autocast_graph_2070(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2070, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -663,8 +663,8 @@ double autocast_graph_2074(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[2].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d)));
+    check_policy(2074, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -708,8 +708,8 @@ double autocast_graph_2078(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g3(in[4].size());
     std::vector<tg::bf16> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d, g, h)));
+    check_policy(2078, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c, d, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -755,8 +755,8 @@ double autocast_graph_2082(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g2(in[6].size());
     std::vector<tg::bf16> g3(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(g, g2), tg::grad_into(h, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, g, h)));
+    check_policy(2082, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -798,8 +798,8 @@ double autocast_graph_2086(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g3(in[3].size());
     std::vector<tg::bf16> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    check_policy(2086, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -867,8 +867,8 @@ double autocast_graph_2090(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g6(in[7].size());
     std::vector<float> g7(in[10].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(j, in8, {ext[8][0], ext[8][1]}), tg::bind(r, in9, {ext[9][0]}), tg::bind(t, in10, {ext[10][0], ext[10][1]}), tg::bind(k, in11, {ext[11][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(t, g7))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f, g, h, t)));
+    check_policy(2090, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, f, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -935,8 +935,8 @@ double autocast_graph_2094(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[5].size());
     std::vector<tg::bf16> g6(in[8].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(j, in6, {ext[6][0], ext[6][1]}), tg::bind(r, in7, {ext[7][0]}), tg::bind(t, in8, {ext[8][0], ext[8][1]}), tg::bind(k, in9, {ext[9][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(t, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, t)));
+    check_policy(2094, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -995,8 +995,8 @@ double autocast_graph_2098(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(j, in5, {ext[5][0], ext[5][1]}), tg::bind(r, in6, {ext[6][0]}), tg::bind(t, in7, {ext[7][0], ext[7][1]}), tg::bind(k, in8, {ext[8][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(t, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h, t)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, g, h, t)));
+    check_policy(2098, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, g, h, t)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1054,8 +1054,8 @@ double autocast_graph_2102(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(u, in5, {ext[5][0], ext[5][1], ext[5][2]}), tg::bind(s, in6, {ext[6][0]}), tg::bind(w, in7, {ext[7][0], ext[7][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5), tg::grad_into(w, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h, u, s, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, g, h, u, s, w)));
+    check_policy(2102, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, g, h, u, s, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1123,8 +1123,8 @@ double autocast_graph_2106(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g6(in[8].size());
     std::vector<float> g7(in[9].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::bind(w, in9, {ext[9][0], ext[9][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(e, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6), tg::grad_into(w, g7))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, e, g, h, u, s, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, e, g, h, u, s, w)));
+    check_policy(2106, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, c, e, g, h, u, s, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1195,8 +1195,8 @@ double autocast_graph_2110(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g7(in[9].size());
     std::vector<tg::bf16> g8(in[10].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(u, in8, {ext[8][0], ext[8][1], ext[8][2]}), tg::bind(s, in9, {ext[9][0]}), tg::bind(w, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(f, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(u, g6), tg::grad_into(s, g7), tg::grad_into(w, g8))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, f, g, h, u, s, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, f, g, h, u, s, w)));
+    check_policy(2110, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, f, g, h, u, s, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1265,8 +1265,8 @@ double autocast_graph_2114(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g5(in[9].size());
     std::vector<tg::bf16> g6(in[10].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(o, in7, {}), tg::bind(n, in8, {}), tg::bind(u, in9, {ext[9][0], ext[9][1], ext[9][2]}), tg::bind(s, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(e, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(u, g5), tg::grad_into(s, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, e, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, e, g, h, u, s)));
+    check_policy(2114, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, e, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1337,8 +1337,8 @@ double autocast_graph_2118(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g7(in[9].size());
     std::vector<float> g8(in[10].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::bind(o, in7, {}), tg::bind(n, in8, {}), tg::bind(u, in9, {ext[9][0], ext[9][1], ext[9][2]}), tg::bind(s, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(g, g5), tg::grad_into(h, g6), tg::grad_into(u, g7), tg::grad_into(s, g8))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s)));
+    check_policy(2118, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, d, e, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1403,8 +1403,8 @@ double autocast_graph_2122(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g4(in[7].size());
     std::vector<tg::bf16> g5(in[8].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(o, in5, {}), tg::bind(n, in6, {}), tg::bind(u, in7, {ext[7][0], ext[7][1], ext[7][2]}), tg::bind(s, in8, {ext[8][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3), tg::grad_into(u, g4), tg::grad_into(s, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h, u, s)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, g, h, u, s)));
+    check_policy(2122, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, g, h, u, s)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1460,8 +1460,8 @@ double autocast_graph_2126(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(o, in6, {}), tg::bind(n, in7, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    check_policy(2126, policy);
+    const double v = run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);

@@ -37,8 +37,8 @@ double autocast_graph_2003(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, f)));
+    check_policy(2003, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -70,8 +70,8 @@ double autocast_graph_2007(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    check_policy(2007, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -105,8 +105,8 @@ double autocast_graph_2011(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2), tg::grad_into(e, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d, e, f)));
+    check_policy(2011, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -136,8 +136,8 @@ double autocast_graph_2015(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[1].size());
     std::vector<float> g2(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c)));
+    check_policy(2015, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -166,8 +166,8 @@ double autocast_graph_2019(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[1].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    check_policy(2019, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -202,8 +202,8 @@ double autocast_graph_2023(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<tg::bf16> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
+    check_policy(2023, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -243,8 +243,8 @@ double autocast_graph_2027(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[4].size());
     std::vector<float> g5(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(f, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, f)));
+    check_policy(2027, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -278,8 +278,8 @@ double autocast_graph_2031(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[1].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
-                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    check_policy(2031, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -309,8 +309,8 @@ double autocast_graph_2035(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g1(in[2].size());
     std::vector<tg::bf16> g2(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(e, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, e)));
+    check_policy(2035, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -339,8 +339,8 @@ double autocast_graph_2039(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(d, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, d)));
+    check_policy(2039, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -368,8 +368,8 @@ double autocast_graph_2043(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[2].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d)));
+    check_policy(2043, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -400,8 +400,8 @@ double autocast_graph_2047(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<tg::bf16> g1(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    check_policy(2047, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -438,8 +438,8 @@ double autocast_graph_2051(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g3(in[3].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f)));
+    check_policy(2051, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -473,8 +473,8 @@ double autocast_graph_2055(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g0(in[0].size());
     std::vector<float> g1(in[1].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)))
-                                          : run(tg::compile(loss, tg::wrt(a, b)));
+    check_policy(2055, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -503,8 +503,8 @@ double autocast_graph_2059(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g0(in[0].size());
     std::vector<float> g1(in[2].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)))
-                                          : run(tg::compile(loss, tg::wrt(a, c)));
+    check_policy(2059, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     return v;
@@ -532,8 +532,8 @@ double autocast_graph_2063(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g1(in[1].size());
     std::vector<float> g2(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(d, g2))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, d)));
+    check_policy(2063, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -570,8 +570,8 @@ double autocast_graph_2067(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(f, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(f, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, f)));
+    check_policy(2067, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, f)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -609,8 +609,8 @@ double autocast_graph_2071(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e)));
+    check_policy(2071, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -649,8 +649,8 @@ double autocast_graph_2075(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g2(in[2].size());
     std::vector<tg::bf16> g3(in[3].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d)));
+    check_policy(2075, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -692,8 +692,8 @@ double autocast_graph_2079(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d, g, h)));
+    check_policy(2079, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -740,8 +740,8 @@ double autocast_graph_2083(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g2(in[5].size());
     std::vector<tg::bf16> g3(in[6].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in5, {ext[5][0]}), tg::bind(h, in6, {ext[6][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(g, g2), tg::grad_into(h, g3))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, g, h)));
+    check_policy(2083, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -787,8 +787,8 @@ double autocast_graph_2087(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[3].size());
     std::vector<float> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    check_policy(2087, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -849,8 +849,8 @@ double autocast_graph_2091(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[6].size());
     std::vector<float> g4(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(i, in8, {ext[8][0]}), tg::bind(j, in9, {ext[9][0], ext[9][1]}), tg::bind(r, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(e, g1), tg::grad_into(f, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, e, f, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, e, f, g, h)));
+    check_policy(2091, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, e, f, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -913,8 +913,8 @@ double autocast_graph_2095(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g4(in[6].size());
     std::vector<float> g5(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(i, in8, {ext[8][0]}), tg::bind(j, in9, {ext[9][0], ext[9][1]}), tg::bind(r, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, g, h)));
+    check_policy(2095, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -982,8 +982,8 @@ double autocast_graph_2099(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g6(in[6].size());
     std::vector<tg::bf16> g7(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(i, in8, {ext[8][0]}), tg::bind(j, in9, {ext[9][0], ext[9][1]}), tg::bind(r, in10, {ext[10][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(d, g3), tg::grad_into(e, g4), tg::grad_into(f, g5), tg::grad_into(g, g6), tg::grad_into(h, g7))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, f, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, d, e, f, g, h)));
+    check_policy(2099, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, d, e, f, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1048,8 +1048,8 @@ double autocast_graph_2103(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g6(in[7].size());
     std::vector<float> g7(in[8].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(p, in6, {ext[6][0]}), tg::bind(q, in7, {ext[7][0]}), tg::bind(w, in8, {ext[8][0], ext[8][1]}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(p, g5), tg::grad_into(q, g6), tg::grad_into(w, g7))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, g, h, p, q, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d, g, h, p, q, w)));
+    check_policy(2103, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, g, h, p, q, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1114,8 +1114,8 @@ double autocast_graph_2107(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g6(in[6].size());
     std::vector<float> g7(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(p, in5, {ext[5][0]}), tg::bind(q, in6, {ext[6][0]}), tg::bind(w, in7, {ext[7][0], ext[7][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4), tg::grad_into(p, g5), tg::grad_into(q, g6), tg::grad_into(w, g7))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, p, q, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h, p, q, w)));
+    check_policy(2107, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h, p, q, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1183,8 +1183,8 @@ double autocast_graph_2111(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g7(in[9].size());
     std::vector<tg::bf16> g8(in[10].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(p, in8, {ext[8][0]}), tg::bind(q, in9, {ext[9][0]}), tg::bind(w, in10, {ext[10][0], ext[10][1]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(e, g3), tg::grad_into(g, g4), tg::grad_into(h, g5), tg::grad_into(p, g6), tg::grad_into(q, g7), tg::grad_into(w, g8))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h, p, q, w)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, e, g, h, p, q, w)));
+    check_policy(2111, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, e, g, h, p, q, w)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1244,8 +1244,8 @@ double autocast_graph_2115(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g3(in[3].size());
     std::vector<tg::bf16> g4(in[4].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in3, {ext[3][0]}), tg::bind(h, in4, {ext[4][0]}), tg::bind(o, in5, {}), tg::bind(n, in6, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    check_policy(2115, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1310,8 +1310,8 @@ double autocast_graph_2119(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g5(in[6].size());
     std::vector<tg::bf16> g6(in[7].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(e, in4, {ext[4][0], ext[4][1]}), tg::bind(f, in5, {ext[5][0], ext[5][1]}), tg::bind(g, in6, {ext[6][0]}), tg::bind(h, in7, {ext[7][0]}), tg::bind(o, in8, {}), tg::bind(n, in9, {}), tg::grad_into(a, g0), tg::grad_into(c, g1), tg::grad_into(d, g2), tg::grad_into(e, g3), tg::grad_into(f, g4), tg::grad_into(g, g5), tg::grad_into(h, g6))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, e, f, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, c, d, e, f, g, h)));
+    check_policy(2119, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, c, d, e, f, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1372,8 +1372,8 @@ double autocast_graph_2123(const tensors<double>& in, const extents& ext, tensor
     std::vector<tg::bf16> g3(in[4].size());
     std::vector<tg::bf16> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(d, in3, {ext[3][0], ext[3][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::bind(o, in6, {}), tg::bind(n, in7, {}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    check_policy(2123, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
@@ -1424,8 +1424,8 @@ double autocast_graph_2127(const tensors<double>& in, const extents& ext, tensor
     std::vector<float> g3(in[4].size());
     std::vector<float> g4(in[5].size());
     auto run = [&](const auto& step) { return double(step.value_and_grad(tg::bind(a, in0, {ext[0][0], ext[0][1]}), tg::bind(b, in1, {ext[1][0], ext[1][1]}), tg::bind(c, in2, {ext[2][0], ext[2][1]}), tg::bind(g, in4, {ext[4][0]}), tg::bind(h, in5, {ext[5][0]}), tg::grad_into(a, g0), tg::grad_into(b, g1), tg::grad_into(c, g2), tg::grad_into(g, g3), tg::grad_into(h, g4))); };
-    const double v = policy == policy_off ? run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)))
-                                          : run(tg::compile(loss, tg::wrt(a, b, c, g, h)));
+    check_policy(2127, policy);
+    const double v = run(tg::compile<tg::backward_autocast::off>(loss, tg::wrt(a, b, c, g, h)));
     grad[0] = widen(g0);
     grad[1] = widen(g1);
     grad[2] = widen(g2);
