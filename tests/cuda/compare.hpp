@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -128,12 +129,9 @@ void check_close(const char* what, std::span<const T> gpu, std::span<const T> cp
         if (both_nan || std::abs(double(gpu[i]) - double(cpu[i])) <= tol * (1 + std::abs(double(cpu[i])))) continue;
         if (bad++ == 0) first = i;
     }
-    if (bad == 0) {
-        SUCCEED();
-        return;
-    }
-    INFO(what << "[" << first << "]: gpu " << gpu[first] << " cpu " << cpu[first] << " (" << bad << " of " << cpu.size()
-              << " elements beyond the tolerance " << tol << ")");
+    std::ostringstream first_text;  // the first offending element, when there is one
+    if (bad != 0) first_text << "; the first, " << what << "[" << first << "]: gpu " << gpu[first] << " cpu " << cpu[first];
+    INFO(what << ": " << bad << " of " << cpu.size() << " elements beyond the tolerance " << tol << first_text.str());
     CHECK(bad == 0);
 }
 
