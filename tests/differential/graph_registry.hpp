@@ -38,8 +38,8 @@ struct graph_def {
     const char* cpp;
     const char* program;
     std::vector<leaf_spec> leaves;
-    graph_fn<double> f64;
-    graph_fn<float> f32;
+    graph_fn<double> f64;  // null where the graph is not compiled for double (generate.py: one dtype a graph)
+    graph_fn<float> f32;   // likewise for float
 };
 
 inline std::vector<graph_def>& registry() {
