@@ -6,8 +6,9 @@ A typegrad graph is a type, so random graphs must exist as source code. Each gra
 twice: as C++ (a function template over the dtype that compiles the graph with tg::compile and
 runs value_and_grad, or forward + backward) and as a line program that the LibTorch side
 interprets at run time. The template is registered (instantiated) for one dtype: double for even
-generator indices, float for odd ones (CI time: each instantiation is a whole step). The output is deterministic: a fixed seed, stdlib only. Rerun after
-changing this script and commit the result:
+generator indices, float for odd ones (CI time: each instantiation is a whole step). The output
+is deterministic: a fixed seed, stdlib only. Rerun after changing this script and commit the
+result:
 
     python3 tests/differential/generate.py
 
@@ -934,8 +935,9 @@ class Graph:
             leaves.append('{"%s", %s, %d, {%s}, %s, %s%s}' % (name, "true" if param else "false", len(shape), ext,
                                                                cpp_num(lo), cpp_num(hi), ", true" if i in self.ids else ""))
         # One dtype a graph (CI time: each instantiation is a whole step, 3-7 s of g++): even
-        # generator indices double, odd float, so that every band of graphs (and every op, drawn
-        # by dozens of graphs) is checked in both; graph_def's other pointer is null.
+        # generator indices double, odd float, so that every band of graphs is checked in both,
+        # and every op but the few that pruning leaves in one or two graphs (docs/reliability.md);
+        # graph_def's other pointer is null.
         f64 = "&graph_%d<double>" % gid if self.gid % 2 == 0 else "nullptr"
         f32 = "&graph_%d<float>" % gid if self.gid % 2 == 1 else "nullptr"
         reg = ("    r.push_back({%d, %d, %s,\n                %s,\n                %s,\n                {%s},\n"
