@@ -1,13 +1,21 @@
 # Runs one compile-fail build and checks that its FIRST error is the expected typegrad: sentence
 # (a PASS_REGULAR_EXPRESSION alone would accept it after unrelated errors).
-#   cmake -DBINARY_DIR=... -DTARGET=... -DEXPECTED=<regex> -P check_first_error.cmake
+#   cmake -DBINARY_DIR=... -DTARGET=... -DSOURCE=<the test's source> -DEXPECTED=<regex> -P check_first_error.cmake
 #   (-DMAKE_PROGRAM=<ninja>: the compile command is read from Ninja's manifest, which `-t commands`
 #   reads without touching the build logs, and run here, so that these tests run in parallel
 #   beside each other and beside builds of the same directory)
 if(MAKE_PROGRAM AND EXISTS ${BINARY_DIR}/build.ninja)
   execute_process(COMMAND ${MAKE_PROGRAM} -C ${BINARY_DIR} -t commands ${TARGET}
                   OUTPUT_VARIABLE commands RESULT_VARIABLE rc)
-  string(REGEX MATCH "[^\n]* -c [^\n]*" compile "${commands}")
+  # the test's own compile command: the manifest lists its precompiled header's build first
+  string(REPLACE "\n" ";" lines "${commands}")
+  set(compile "")
+  foreach(line IN LISTS lines)
+    string(FIND "${line}" " -c ${SOURCE}" at)
+    if(at GREATER -1)
+      set(compile "${line}")
+    endif()
+  endforeach()
   if(rc OR NOT compile)
     message(FATAL_ERROR "${TARGET}: no compile command in the Ninja manifest")
   endif()
